@@ -1,0 +1,378 @@
+// Package local is a backend for one host and no server: flock(2) on
+// <dir>/<lock>.lock, with the fencing token kept in <dir>/<lock>.token.
+//
+// The kernel drops a flock when the last descriptor of its open file goes
+// away, so a holder that dies for any reason (SIGKILL included) frees the lock
+// at once; the lease never expires otherwise (TTL 0). The token is a counter
+// incremented and made durable (write, fsync, rename, fsync of the directory)
+// while the lock is held, so it survives crashes and reboots.
+//
+// The local backend is for development and for several instances on one
+// machine. It coordinates nothing across hosts.
+package local
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/leaderrun/leaderrun/backends"
+)
+
+// Config describes one lock.
+type Config struct {
+	// Dir is the state directory; it is created (0700) if missing.
+	Dir string
+	// Lock is the lock name; see backends.ValidateLockName.
+	Lock string
+}
+
+// Backend is the local flock backend for one lock.
+type Backend struct {
+	dir  string
+	lock string
+}
+
+// New returns a backend for cfg.Lock in cfg.Dir. It touches nothing on disk
+// until the first Campaign or Status.
+func New(cfg Config) *Backend {
+	return &Backend{dir: cfg.Dir, lock: cfg.Lock}
+}
+
+// Name implements backends.Backend.
+func (b *Backend) Name() string { return "local" }
+
+// Close implements backends.Backend; the local backend holds no connection.
+func (b *Backend) Close() error { return nil }
+
+func (b *Backend) lockPath() string  { return filepath.Join(b.dir, b.lock+".lock") }
+func (b *Backend) tokenPath() string { return filepath.Join(b.dir, b.lock+".token") }
+func (b *Backend) queuePath() string { return filepath.Join(b.dir, b.lock+".queue") }
+
+func (b *Backend) unavailable(op string, err error) error {
+	return fmt.Errorf("local: %s in %s: %w: %w", op, b.dir, backends.ErrUnavailable, err)
+}
+
+// Campaign implements backends.Backend. Waiting candidates sleep on an
+// inotify watch of the lock file (Linux) and retry when a holder closes it,
+// so a handover costs no polling.
+func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (backends.Lease, error) {
+	if err := os.MkdirAll(b.dir, 0o700); err != nil {
+		return nil, b.unavailable("create state directory", err)
+	}
+	acquired := time.Now()
+	var queue *os.File
+	defer func() {
+		if queue != nil {
+			queue.Close()
+		}
+	}()
+	for {
+		l, err := b.campaignFile(ctx, opts, acquired, &queue)
+		if !errors.Is(err, errReplaced) {
+			return l, err
+		}
+	}
+}
+
+// errReplaced says the lock file was removed or replaced under us: start
+// again on the new file.
+var errReplaced = errors.New("local: lock file replaced")
+
+// campaignFile waits for the lock on the file now at the lock path. It keeps
+// that file open while it waits: closing it would wake every other waiter,
+// which would close theirs and wake us, for ever.
+func (b *Backend) campaignFile(ctx context.Context, opts backends.CampaignOptions, acquired time.Time, queue **os.File) (backends.Lease, error) {
+	f, err := os.OpenFile(b.lockPath(), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, b.unavailable("open lock file", err)
+	}
+	// Watch before trying, so that a release between a try and the wait
+	// still wakes us.
+	w, err := newWatcher(b.lockPath())
+	if err != nil {
+		f.Close()
+		return nil, b.unavailable("watch lock file", err)
+	}
+	defer w.close()
+	for {
+		err := flock(f, syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			if same, serr := sameFile(f, b.lockPath()); serr != nil || !same {
+				// Our lock is on an orphan file.
+				f.Close()
+				return nil, errReplaced
+			}
+			l, err := b.grant(f, opts.Identity, acquired)
+			if err != nil {
+				f.Close()
+				return nil, err
+			}
+			return l, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, b.unavailable("lock "+b.lockPath(), err)
+		}
+		if opts.Try {
+			f.Close()
+			return nil, fmt.Errorf("local: %s: %w", b.lockPath(), backends.ErrLocked)
+		}
+		if *queue == nil {
+			// A shared flock on the queue file counts this waiter for
+			// Status; the kernel drops it if we die.
+			q, err := os.OpenFile(b.queuePath(), os.O_RDONLY|os.O_CREATE, 0o600)
+			if err == nil {
+				if err = flock(q, syscall.LOCK_SH); err != nil {
+					q.Close()
+				}
+			}
+			if err != nil {
+				f.Close()
+				return nil, b.unavailable("join queue", err)
+			}
+			*queue = q
+		}
+		err = w.wait(ctx)
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			f.Close()
+			return nil, ctxErr
+		}
+		if err != nil {
+			f.Close()
+			return nil, b.unavailable("wait for lock", err)
+		}
+		if same, serr := sameFile(f, b.lockPath()); serr != nil || !same {
+			f.Close()
+			return nil, errReplaced
+		}
+	}
+}
+
+// grant runs with the lock held: it bumps the token durably and writes the
+// holder's identity into the lock file for Status.
+func (b *Backend) grant(f *os.File, identity string, acquired time.Time) (*lease, error) {
+	token, err := b.nextToken()
+	if err != nil {
+		return nil, err
+	}
+	info := fmt.Sprintf("identity=%s\ntoken=%d\npid=%d\n", identity, token, os.Getpid())
+	if err := f.Truncate(0); err == nil {
+		_, err = f.WriteAt([]byte(info), 0)
+	}
+	if err != nil {
+		return nil, b.unavailable("record holder", err)
+	}
+	l := &lease{
+		b:        b,
+		f:        f,
+		token:    token,
+		acquired: acquired,
+		lost:     make(chan struct{}),
+		stop:     make(chan struct{}),
+	}
+	if err := l.watchLoss(); err != nil {
+		return nil, b.unavailable("watch lock file", err)
+	}
+	return l, nil
+}
+
+// nextToken reads, increments and durably stores the counter. A counter
+// file that cannot be parsed is an error, never a reset to zero: a reset
+// would hand out tokens that fenced resources have already seen.
+func (b *Backend) nextToken() (uint64, error) {
+	var cur uint64
+	data, err := os.ReadFile(b.tokenPath())
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return 0, b.unavailable("read token", err)
+	default:
+		cur, err = strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("local: token file %s is corrupt (%q): %w", b.tokenPath(), data, backends.ErrUnavailable)
+		}
+	}
+	next := cur + 1
+	if err := writeFileSync(b.tokenPath(), []byte(strconv.FormatUint(next, 10)+"\n")); err != nil {
+		return 0, b.unavailable("store token", err)
+	}
+	return next, nil
+}
+
+// writeFileSync replaces path with data so that after a crash either the old
+// or the new content is there, never a torn write.
+func writeFileSync(path string, data []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Status implements backends.Backend.
+func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
+	st := backends.Status{Lock: b.lock, Backend: b.Name(), Key: b.lockPath(), Remaining: -1, Waiting: -1}
+	f, err := os.Open(b.lockPath())
+	if errors.Is(err, os.ErrNotExist) {
+		st.Waiting = 0
+		return st, nil
+	}
+	if err != nil {
+		return st, b.unavailable("open lock file", err)
+	}
+	defer f.Close()
+	info, err := readInfo(f)
+	if err != nil {
+		return st, b.unavailable("read lock file", err)
+	}
+	held, err := isHeld(f, info)
+	if err != nil {
+		return st, b.unavailable("inspect locks", err)
+	}
+	st.Waiting = countWaiters(b.queuePath())
+	if !held {
+		return st, nil
+	}
+	st.Held = true
+	st.Identity = info["identity"]
+	st.Token, _ = strconv.ParseUint(info["token"], 10, 64)
+	if host, err := os.Hostname(); err == nil {
+		st.Node = host
+	}
+	return st, nil
+}
+
+func readInfo(f *os.File) (map[string]string, error) {
+	buf := make([]byte, 4096)
+	n, err := f.ReadAt(buf, 0)
+	if err != nil && n == 0 && !errors.Is(err, errEOF) {
+		return nil, err
+	}
+	info := map[string]string{}
+	for _, line := range bytes.Split(buf[:n], []byte("\n")) {
+		k, v, ok := strings.Cut(string(line), "=")
+		if ok {
+			info[k] = v
+		}
+	}
+	return info, nil
+}
+
+// lease is a held flock.
+type lease struct {
+	b        *Backend
+	f        *os.File
+	token    uint64
+	acquired time.Time
+
+	lost    chan struct{}
+	stop    chan struct{}
+	watchWG sync.WaitGroup
+
+	mu       sync.Mutex
+	err      error
+	released bool
+}
+
+func (l *lease) Token() uint64               { return l.token }
+func (l *lease) TTL() time.Duration          { return 0 }
+func (l *lease) Acquired() time.Time         { return l.acquired }
+func (l *lease) Lost() <-chan struct{}       { return l.lost }
+func (l *lease) Err() error                  { l.mu.Lock(); defer l.mu.Unlock(); return l.err }
+func (l *lease) String() string              { return l.b.lockPath() }
+func (l *lease) Renew(context.Context) error { return l.check() }
+
+// check verifies that the lock file we hold is still the one at the path.
+// If it was removed or replaced, a newcomer can lock the new file while we
+// hold the old one: that is loss of leadership, the one way to lose a flock.
+func (l *lease) check() error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	same, err := sameFile(l.f, l.b.lockPath())
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("local: check %s: %w", l.b.lockPath(), err)
+	}
+	if !same {
+		l.markLost(fmt.Errorf("local: lock file %s was removed or replaced: %w", l.b.lockPath(), backends.ErrLeaseLost))
+		return l.Err()
+	}
+	return nil
+}
+
+func (l *lease) markLost(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err == nil {
+		l.err = err
+		close(l.lost)
+	}
+}
+
+// Release implements backends.Lease: it clears the holder record and closes
+// the file, which drops the flock and wakes waiters.
+func (l *lease) Release(context.Context) error {
+	l.mu.Lock()
+	if l.released {
+		l.mu.Unlock()
+		return nil
+	}
+	l.released = true
+	l.mu.Unlock()
+	close(l.stop)
+	l.watchWG.Wait()
+	if l.Err() == nil {
+		_ = l.f.Truncate(0)
+	}
+	return l.f.Close()
+}
+
+func sameFile(f *os.File, path string) (bool, error) {
+	fi, err := f.Stat()
+	if err != nil {
+		return false, err
+	}
+	pi, err := os.Stat(path)
+	if err != nil {
+		return false, err
+	}
+	return os.SameFile(fi, pi), nil
+}
+
+func flock(f *os.File, how int) error {
+	for {
+		err := syscall.Flock(int(f.Fd()), how)
+		if !errors.Is(err, syscall.EINTR) {
+			return err
+		}
+	}
+}

@@ -1,0 +1,118 @@
+// Package cmd is leaderrun's command line: flags and their environment
+// variables, validation, building a backend, and the mapping of errors to
+// exit codes (exit.go). Nothing below cmd imports urfave/cli.
+package cmd
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"slices"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leaderrun/leaderrun/signals"
+)
+
+// Main runs leaderrun with args (os.Args) and returns the process's exit code.
+func Main(args []string) int {
+	if signals.IsSupervisor() {
+		return signals.Supervise()
+	}
+	return run(args, os.Stdout, os.Stderr)
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	st := &state{stdout: stdout, stderr: stderr, code: 0, conflictCode: ExitConflict}
+	app := newApp(st)
+	if err := app.Run(withDefaultCommand(app, args)); err != nil {
+		code := exitCode(err, st.conflictCode)
+		st.report(err, code)
+		return code
+	}
+	return st.code
+}
+
+// state carries what an action decides back to run: the exit code of a
+// child, and the configured conflict code.
+type state struct {
+	stdout, stderr io.Writer
+	code           int
+	conflictCode   int
+	// logged is set once an error has been logged where it was handled,
+	// so that run does not print it twice.
+	logged bool
+}
+
+func (st *state) report(err error, code int) {
+	if st.logged {
+		return
+	}
+	fmt.Fprintf(st.stderr, "leaderrun: %v\n", err)
+	if code == ExitUsage {
+		fmt.Fprintf(st.stderr, "Run 'leaderrun --help' for usage.\n")
+	}
+}
+
+// withDefaultCommand makes run the default command: "leaderrun --lock x --
+// cmd" is "leaderrun run --lock x -- cmd". Inserting the name, rather than
+// giving the app an action, keeps a child called "status" from being taken
+// for the status command.
+func withDefaultCommand(app *cli.App, args []string) []string {
+	if len(args) < 2 {
+		return args
+	}
+	first := args[1]
+	if slices.Contains([]string{"-h", "--help", "-help", "help", "-v", "--version"}, first) {
+		return args
+	}
+	for _, c := range app.Commands {
+		if c.HasName(first) {
+			return args
+		}
+	}
+	return append([]string{args[0], "run"}, args[1:]...)
+}
+
+func newApp(st *state) *cli.App {
+	return &cli.App{
+		Name:      "leaderrun",
+		Usage:     "run a command only while this host holds a lock in etcd, Consul or a local lock file",
+		UsageText: "leaderrun [run] --lock NAME [flags] -- COMMAND [ARG...]\nleaderrun status --lock NAME [--json]\nleaderrun version",
+		Description: `leaderrun campaigns for the lock NAME and runs COMMAND only while it holds
+it. The command gets $FENCE_TOKEN, a number that grows with every grant of
+the lock: send it with every write so that a resource can refuse a leader
+that was paused and lost its lease. If the lease is lost, leaderrun stops the
+command (--kill-signal, then SIGKILL after --kill-grace) before the store can
+hand the lock to anyone else, and exits 76.
+
+crontab, on every host (one runs the job, the others exit 75 quietly):
+   0 2 * * * leaderrun --try --quiet --min-hold 10m --lock billing -- /opt/billing/run
+
+systemd unit (standbys wait; the leader runs the service):
+   [Service]
+   Environment=LEADERRUN_ETCD_ENDPOINTS=http://10.0.0.1:2379,http://10.0.0.2:2379
+   ExecStart=/usr/bin/leaderrun --lock relay -- /usr/bin/relay
+   Restart=always
+   TimeoutStopSec=10
+
+Exit codes: the command's own; 128+N if it died of signal N; 64 usage;
+69 store unreachable; 75 not acquired (--try, --wait); 76 leadership lost;
+126 command not executable; 127 command not found.`,
+		HideHelpCommand: true,
+		Writer:          st.stdout,
+		ErrWriter:       st.stderr,
+		// Only Main turns errors into exit codes.
+		ExitErrHandler: func(*cli.Context, error) {},
+		OnUsageError:   onUsageError,
+		Action: func(c *cli.Context) error {
+			_ = cli.ShowAppHelp(c)
+			return usageErrorf("no command given")
+		},
+		Commands: []*cli.Command{runCommand(st), statusCommand(st), versionCommand(st)},
+	}
+}
+
+func onUsageError(_ *cli.Context, err error, _ bool) error {
+	return &usageError{msg: err.Error()}
+}

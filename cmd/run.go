@@ -1,0 +1,156 @@
+package cmd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leaderrun/leaderrun/runner"
+	"github.com/leaderrun/leaderrun/signals"
+)
+
+func runFlags() []cli.Flag {
+	flags := []cli.Flag{
+		&cli.StringFlag{Name: "identity", Category: categoryLock, EnvVars: []string{"LEADERRUN_IDENTITY"},
+			Usage: "`ID` stored with the lock and shown by status (default: hostname:pid)"},
+		&cli.BoolFlag{Name: "try", Category: categoryLock,
+			Usage: "do not wait: exit with --conflict-exit-code at once if the lock is held"},
+		&cli.DurationFlag{Name: "wait", Category: categoryLock, EnvVars: []string{"LEADERRUN_WAIT"},
+			Usage: "give up waiting for the lock after `D` (0: wait forever)"},
+		&cli.IntFlag{Name: "conflict-exit-code", Category: categoryLock, EnvVars: []string{"LEADERRUN_CONFLICT_EXIT_CODE"}, Value: ExitConflict,
+			Usage: "exit `CODE` when the lock was not acquired (--try, --wait)"},
+		&cli.DurationFlag{Name: "min-hold", Category: categoryLock, EnvVars: []string{"LEADERRUN_MIN_HOLD"},
+			Usage: "keep leadership at least `D` after the command starts, so that a late cron run elsewhere finds it held"},
+		&cli.DurationFlag{Name: "lease-duration", Category: categoryTiming, EnvVars: []string{"LEADERRUN_LEASE_DURATION"}, Value: runner.DefaultLeaseDuration,
+			Usage: "lease TTL `D` asked of the store; must exceed --renew-deadline + --kill-grace"},
+		&cli.DurationFlag{Name: "renew-deadline", Category: categoryTiming, EnvVars: []string{"LEADERRUN_RENEW_DEADLINE"}, Value: runner.DefaultRenewDeadline,
+			Usage: "stop the command when no renewal was acknowledged for `D`, counted from the renewal's send time"},
+		&cli.DurationFlag{Name: "retry-period", Category: categoryTiming, EnvVars: []string{"LEADERRUN_RETRY_PERIOD"}, Value: runner.DefaultRetryPeriod,
+			Usage: "renew (and retry a failed renewal) every `D`"},
+		&cli.DurationFlag{Name: "kill-grace", Category: categoryChild, EnvVars: []string{"LEADERRUN_KILL_GRACE"}, Value: runner.DefaultKillGrace,
+			Usage: "time `D` between the kill signal and SIGKILL"},
+		&cli.StringFlag{Name: "kill-signal", Category: categoryChild, EnvVars: []string{"LEADERRUN_KILL_SIGNAL"}, Value: "SIGTERM",
+			Usage: "first `SIGNAL` sent to stop the command"},
+		&cli.BoolFlag{Name: "shell", Category: categoryChild,
+			Usage: `run sh -c "COMMAND ARG..." instead of executing COMMAND`},
+	}
+	return append(flags, storeFlags()...)
+}
+
+func runCommand(st *state) *cli.Command {
+	return &cli.Command{
+		Name:         "run",
+		Usage:        "run COMMAND while holding the lock (the default command)",
+		UsageText:    "leaderrun [run] --lock NAME [flags] -- COMMAND [ARG...]",
+		Flags:        runFlags(),
+		OnUsageError: onUsageError,
+		Action:       func(c *cli.Context) error { return runAction(c, st) },
+	}
+}
+
+func runAction(c *cli.Context, st *state) error {
+	code := c.Int("conflict-exit-code")
+	if code < 0 || code > 255 {
+		return usageErrorf("--conflict-exit-code %d: want 0-255", code)
+	}
+	st.conflictCode = code
+	log, err := newLogger(c, os.Stderr)
+	if err != nil {
+		return err
+	}
+	cfg, err := runConfig(c)
+	if err != nil {
+		return err
+	}
+	// Resolve before campaigning: a typo must never take leadership.
+	path, err := signals.Resolve(cfg.Args[0])
+	if err != nil {
+		return err
+	}
+	cfg.Path = path
+	backend, store, err := openBackend(c, cfg.LeaseDuration)
+	if err != nil {
+		return err
+	}
+	defer backend.Close()
+	cfg.Backend = backend
+	cfg.Lock = store.Lock
+	cfg.Log = log
+
+	if err := signals.BecomeSubreaper(); err != nil {
+		log.Warn("cannot become child subreaper; orphaned grandchildren go to init", "error", err)
+	}
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, signals.Forwarded...)
+	defer signal.Stop(sigs)
+	cfg.Signals = sigs
+
+	status, err := runner.Run(context.Background(), cfg)
+	switch {
+	case err == nil:
+		st.code = status.ExitCode()
+		return nil
+	case errors.Is(err, runner.ErrNotAcquired):
+		// The normal outcome for all but one host of a cron job: one line
+		// at info level, nothing at all with --quiet.
+		log.Info("not acquired; not running the command", "lock", cfg.Lock, "reason", err)
+		st.logged = true
+	default:
+		log.Error("leaderrun failed", "lock", cfg.Lock, "error", err)
+		st.logged = true
+	}
+	return err
+}
+
+// runConfig reads and validates the flags of run that do not depend on the
+// store.
+func runConfig(c *cli.Context) (runner.Config, error) {
+	cfg := runner.Config{
+		Identity:      c.String("identity"),
+		LeaseDuration: c.Duration("lease-duration"),
+		RenewDeadline: c.Duration("renew-deadline"),
+		RetryPeriod:   c.Duration("retry-period"),
+		KillGrace:     c.Duration("kill-grace"),
+		Try:           c.Bool("try"),
+		Wait:          c.Duration("wait"),
+		MinHold:       c.Duration("min-hold"),
+	}
+	if err := runner.ValidateTimings(cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod, cfg.KillGrace); err != nil {
+		return cfg, usageErrorf("%v", err)
+	}
+	if cfg.Wait < 0 {
+		return cfg, usageErrorf("--wait %v: must not be negative", cfg.Wait)
+	}
+	if cfg.MinHold < 0 {
+		return cfg, usageErrorf("--min-hold %v: must not be negative", cfg.MinHold)
+	}
+	if cfg.Try && cfg.Wait > 0 {
+		return cfg, usageErrorf("--try and --wait %v exclude each other", cfg.Wait)
+	}
+	sig, err := signals.Parse(c.String("kill-signal"))
+	if err != nil {
+		return cfg, usageErrorf("--kill-signal: %v", err)
+	}
+	cfg.KillSignal = sig
+	if cfg.Identity == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			host = "unknown"
+		}
+		cfg.Identity = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+	args := c.Args().Slice()
+	if len(args) == 0 {
+		return cfg, usageErrorf("no command given: leaderrun --lock NAME [flags] -- COMMAND [ARG...]")
+	}
+	if c.Bool("shell") {
+		args = []string{"sh", "-c", strings.Join(args, " ")}
+	}
+	cfg.Args = args
+	return cfg, nil
+}

@@ -1,0 +1,55 @@
+package cmd
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leaderrun/leaderrun/runner"
+)
+
+func statusCommand(st *state) *cli.Command {
+	flags := append([]cli.Flag{
+		&cli.BoolFlag{Name: "json", Usage: "print the status as one JSON object"},
+		&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "give up on the store after `D`"},
+	}, storeFlags()...)
+	return &cli.Command{
+		Name:         "status",
+		Usage:        "show who holds the lock (exit 0 with a leader, 3 with none)",
+		UsageText:    "leaderrun status --lock NAME [--json] [store flags]",
+		Flags:        flags,
+		OnUsageError: onUsageError,
+		Action: func(c *cli.Context) error {
+			if _, err := newLogger(c, os.Stderr); err != nil {
+				return err
+			}
+			backend, _, err := openBackend(c, runner.DefaultLeaseDuration)
+			if err != nil {
+				return err
+			}
+			defer backend.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), c.Duration("timeout"))
+			defer cancel()
+			s, err := backend.Status(ctx)
+			if err != nil {
+				return fmt.Errorf("status of %q: %w", c.String("lock"), err)
+			}
+			if c.Bool("json") {
+				enc := json.NewEncoder(st.stdout)
+				if err := enc.Encode(s); err != nil {
+					return err
+				}
+			} else {
+				printStatus(st, s)
+			}
+			if !s.Held {
+				st.code = ExitNoLeader
+			}
+			return nil
+		},
+	}
+}

@@ -1,0 +1,188 @@
+// Package runner owns the leadership loop: campaign, start the child with its
+// fencing token, renew the lease and watch for its loss, stop the child, and
+// release the lease only once the child is gone.
+//
+// The runner owns time; backends only speak to their store. It measures the
+// renew deadline on the monotonic clock from the send time of the last
+// renewal the store acknowledged (S2), so that the child is stopped before
+// the store can let another candidate take over.
+//
+// What the runner cannot guarantee: a process that is paused (GC, SIGSTOP,
+// VM freeze) cannot act during the pause. It signals the child the moment it
+// resumes (S7), but the child may have resumed too and may issue a write in
+// between. Resources must check $FENCE_TOKEN to be safe against that.
+package runner
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/leaderrun/leaderrun/backends"
+)
+
+// Defaults as in DESIGN §3.
+const (
+	DefaultLeaseDuration = 15 * time.Second
+	DefaultRenewDeadline = 10 * time.Second
+	DefaultRetryPeriod   = 2 * time.Second
+	DefaultKillGrace     = 3 * time.Second
+)
+
+// Config is everything one run needs. Zero values are noted per field.
+type Config struct {
+	// Backend is the store to campaign in. Required.
+	Backend backends.Backend
+	// Lock and Identity are passed to the child and shown in logs.
+	Lock     string
+	Identity string
+
+	// LeaseDuration is the TTL asked of the store: how long after the last
+	// renewal another candidate may take over. Longer means slower failover
+	// after a crash; shorter means a slow store or a GC pause can cost
+	// leadership. Must exceed RenewDeadline + KillGrace so that the child is
+	// dead before the store lets the lease go. Default 15 s.
+	LeaseDuration time.Duration
+
+	// RenewDeadline is how long the runner tolerates no acknowledged renewal,
+	// counted from the send time of the last one, before it stops the child.
+	// Too short stops healthy jobs on a brief store hiccup; too long leaves
+	// too little of the lease for the kill grace. Default 10 s.
+	RenewDeadline time.Duration
+
+	// RetryPeriod is the interval between renewals, and between retries of a
+	// failed one. Must be well under RenewDeadline (RenewDeadline > 1.2 ×
+	// RetryPeriod) so that several attempts fit. Default 2 s.
+	RetryPeriod time.Duration
+
+	// KillGrace is the time between KillSignal and SIGKILL. Default 3 s.
+	KillGrace time.Duration
+
+	// KillSignal is the first signal sent to stop the child. Default SIGTERM.
+	KillSignal syscall.Signal
+
+	// Try returns ErrNotAcquired at once if the lock is held.
+	Try bool
+
+	// Wait gives up with ErrNotAcquired after this long. Zero waits forever.
+	Wait time.Duration
+
+	// MinHold keeps leadership at least this long after the child starts,
+	// even if the child exits sooner, so that a late cron run on another
+	// host finds the lock held. Zero: release as soon as the child exits.
+	MinHold time.Duration
+
+	// Command is the child's resolved executable and argv (Args[0] included).
+	Path string
+	Args []string
+
+	// Env is the environment the child inherits before leaderrun's own
+	// variables are set. Nil: os.Environ().
+	Env []string
+
+	// Signals delivers the signals leaderrun receives (signals.Forwarded).
+	// Nil: the runner reacts to no signal.
+	Signals <-chan os.Signal
+
+	// Log receives one line per event. Nil: slog.Default().
+	Log *slog.Logger
+
+	// Observer is told of every state change (sd_notify, metrics, check).
+	// Nil: nobody.
+	Observer Observer
+}
+
+// ConfigError is a configuration that cannot be run safely.
+type ConfigError struct{ msg string }
+
+func (e *ConfigError) Error() string { return e.msg }
+
+func configErrorf(format string, args ...any) error {
+	return &ConfigError{msg: fmt.Sprintf(format, args...)}
+}
+
+func (c *Config) setDefaults() {
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = DefaultLeaseDuration
+	}
+	if c.RenewDeadline == 0 {
+		c.RenewDeadline = DefaultRenewDeadline
+	}
+	if c.RetryPeriod == 0 {
+		c.RetryPeriod = DefaultRetryPeriod
+	}
+	if c.KillGrace == 0 {
+		c.KillGrace = DefaultKillGrace
+	}
+	if c.KillSignal == 0 {
+		c.KillSignal = syscall.SIGTERM
+	}
+	if c.Env == nil {
+		c.Env = os.Environ()
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	if c.Observer == nil {
+		c.Observer = nopObserver{}
+	}
+}
+
+// ValidateTimings checks how the timings relate, as client-go's elector
+// does. The names are those of the flags, since that is what a user fixes.
+func ValidateTimings(lease, deadline, retry, grace time.Duration) error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"--lease-duration", lease}, {"--renew-deadline", deadline}, {"--retry-period", retry}, {"--kill-grace", grace}} {
+		if d.v <= 0 {
+			return configErrorf("%s must be greater than 0, got %v", d.name, d.v)
+		}
+	}
+	if lease <= deadline+grace {
+		return configErrorf("--lease-duration (%v) must be greater than --renew-deadline (%v) + --kill-grace (%v), "+
+			"or the child could outlive the lease", lease, deadline, grace)
+	}
+	if float64(deadline) <= 1.2*float64(retry) {
+		return configErrorf("--renew-deadline (%v) must be greater than 1.2 × --retry-period (%v)", deadline, retry)
+	}
+	return nil
+}
+
+// ValidateGrantedTTL checks the TTL the store actually granted, which may
+// differ from what was asked. Zero means the lease never expires by itself.
+func ValidateGrantedTTL(ttl, deadline, grace time.Duration) error {
+	if ttl > 0 && ttl <= deadline+grace {
+		return configErrorf("the store granted a lease of %v, not more than --renew-deadline (%v) + --kill-grace (%v): "+
+			"raise --lease-duration", ttl, deadline, grace)
+	}
+	return nil
+}
+
+// Errors that end a run without the child's own status.
+var (
+	// ErrNotAcquired: --try found the lock held, or --wait ran out.
+	ErrNotAcquired = errors.New("runner: leadership not acquired")
+	// ErrLeadershipLost: the lease was lost while the child ran and the
+	// child was stopped. LostError carries the detail.
+	ErrLeadershipLost = errors.New("runner: leadership lost")
+)
+
+// LostError says why leadership was lost and how the stopped child ended.
+type LostError struct {
+	Reason error
+	Child  interface{ ExitCode() int }
+}
+
+func (e *LostError) Error() string   { return fmt.Sprintf("leadership lost: %v", e.Reason) }
+func (e *LostError) Unwrap() []error { return []error{ErrLeadershipLost, e.Reason} }
+
+// InterruptedError: a signal withdrew the candidacy before leadership was won.
+type InterruptedError struct{ Signal syscall.Signal }
+
+func (e *InterruptedError) Error() string {
+	return fmt.Sprintf("interrupted by %v while waiting for leadership", e.Signal)
+}

@@ -1,0 +1,285 @@
+package signals
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Spec describes a command to run.
+type Spec struct {
+	// Path is the resolved executable (see Resolve); Args is the full argv,
+	// Args[0] included.
+	Path string
+	Args []string
+	// Env is the complete environment of the command.
+	Env []string
+	// KillSignal is sent first when the command is stopped. Zero: SIGTERM.
+	KillSignal syscall.Signal
+	// KillGrace is how long a stopped command, and anything it leaves in its
+	// process group, gets between KillSignal and SIGKILL. Zero: 3 s.
+	KillGrace time.Duration
+	// Stdin, Stdout, Stderr default to leaderrun's own.
+	Stdin          *os.File
+	Stdout, Stderr *os.File
+	// Log receives one line per signal sent. Zero: slog.Default().
+	Log *slog.Logger
+}
+
+// Child is a running command under its supervisor.
+type Child struct {
+	sup  *exec.Cmd
+	conn *os.File
+	pid  int
+	log  *slog.Logger
+
+	done   chan struct{}
+	status Status
+	err    error // set when the supervisor died without reporting
+}
+
+// supervisorEnv carries the supervisor's instructions. It is removed from
+// the environment before the command starts.
+const supervisorEnv = "_LEADERRUN_SUPERVISOR"
+
+type supervisorConfig struct {
+	Path       string        `json:"path"`
+	KillSignal int           `json:"kill_signal"`
+	KillGrace  time.Duration `json:"kill_grace"`
+}
+
+// Start runs the command under a supervisor and returns once the command
+// has been forked and exec'd, or has failed to be: an exec failure is an
+// error wrapping ErrNotFound or ErrNotExecutable.
+func Start(spec Spec) (*Child, error) {
+	if spec.KillSignal == 0 {
+		spec.KillSignal = syscall.SIGTERM
+	}
+	if spec.KillGrace == 0 {
+		spec.KillGrace = 3 * time.Second
+	}
+	if spec.Log == nil {
+		spec.Log = slog.Default()
+	}
+	self, err := executable()
+	if err != nil {
+		return nil, fmt.Errorf("find own executable for the supervisor: %w", err)
+	}
+	cfg, _ := json.Marshal(supervisorConfig{Path: spec.Path, KillSignal: int(spec.KillSignal), KillGrace: spec.KillGrace})
+
+	fds, err := socketpair()
+	if err != nil {
+		return nil, fmt.Errorf("socketpair: %w", err)
+	}
+	ours := os.NewFile(uintptr(fds[0]), "supervisor")
+	theirs := os.NewFile(uintptr(fds[1]), "leaderrun")
+	defer theirs.Close()
+
+	sup := &exec.Cmd{
+		Path:       self,
+		Args:       append([]string{"leaderrun-supervisor"}, spec.Args...),
+		Env:        append(append([]string(nil), spec.Env...), supervisorEnv+"="+string(cfg)),
+		Stdin:      orDefault(spec.Stdin, os.Stdin),
+		Stdout:     orDefault(spec.Stdout, os.Stdout),
+		Stderr:     orDefault(spec.Stderr, os.Stderr),
+		ExtraFiles: []*os.File{theirs},
+		// Its own process group: a Ctrl-C meant for leaderrun must not
+		// reach the supervisor behind leaderrun's back.
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+	}
+	if err := startTracked(sup); err != nil {
+		ours.Close()
+		return nil, fmt.Errorf("start supervisor %s: %w", self, err)
+	}
+	theirs.Close()
+
+	c := &Child{sup: sup, conn: ours, log: spec.Log, done: make(chan struct{})}
+	r := bufio.NewReader(ours)
+	line, err := r.ReadString('\n')
+	kind, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
+	switch {
+	case err == nil && kind == "started":
+		c.pid, _ = strconv.Atoi(arg)
+	case err == nil && kind == "error":
+		c.reap()
+		code, msg, _ := strings.Cut(arg, " ")
+		switch code {
+		case "notfound":
+			return nil, fmt.Errorf("%s: %w", msg, ErrNotFound)
+		case "notexec":
+			return nil, fmt.Errorf("%s: %w", msg, ErrNotExecutable)
+		}
+		return nil, errors.New(msg)
+	default:
+		c.reap()
+		return nil, fmt.Errorf("supervisor failed before starting the command: %q: %v", line, err)
+	}
+	go c.watch(r)
+	return c, nil
+}
+
+func orDefault(f, def *os.File) *os.File {
+	if f != nil {
+		return f
+	}
+	return def
+}
+
+// watch reads the supervisor's final report, reaps it and closes done.
+func (c *Child) watch(r *bufio.Reader) {
+	defer close(c.done)
+	line, _ := r.ReadString('\n')
+	kind, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
+	n, convErr := strconv.Atoi(arg)
+	switch {
+	case kind == "exit" && convErr == nil:
+		c.status = Status{Code: n}
+	case kind == "signal" && convErr == nil:
+		c.status = Status{Signal: syscall.Signal(n)}
+	default:
+		// The supervisor died without a word (someone killed it): make sure
+		// nothing of the command survives it.
+		_ = syscall.Kill(-c.pid, syscall.SIGKILL)
+		c.status = Status{Signal: syscall.SIGKILL}
+		c.err = fmt.Errorf("supervisor of pid %d died without reporting", c.pid)
+	}
+	c.reap()
+}
+
+func (c *Child) reap() {
+	c.conn.Close()
+	_ = c.sup.Wait()
+	untrack(c.sup)
+}
+
+// Pid is the command's pid, which is also its process group id.
+func (c *Child) Pid() int { return c.pid }
+
+// Done is closed once the command and its process group are gone and the
+// supervisor has been reaped.
+func (c *Child) Done() <-chan struct{} { return c.done }
+
+// Wait blocks until Done and returns how the command ended.
+func (c *Child) Wait() (Status, error) {
+	<-c.done
+	return c.status, c.err
+}
+
+// Signal sends sig to the command's whole process group.
+func (c *Child) Signal(sig syscall.Signal) error {
+	select {
+	case <-c.done:
+		return nil
+	default:
+	}
+	c.log.Info("signalling child", "pid", c.pid, "signal", sigName(sig))
+	err := syscall.Kill(-c.pid, sig)
+	if errors.Is(err, syscall.ESRCH) {
+		return nil
+	}
+	return err
+}
+
+// Stop sends sig to the process group, waits up to grace for it to end,
+// then sends SIGKILL, and returns only once the command has been reaped
+// (S5). The SIGKILL is sent however the wait ends early, so nothing of the
+// group can linger.
+func (c *Child) Stop(sig syscall.Signal, grace time.Duration) (Status, error) {
+	if err := c.Signal(sig); err != nil {
+		c.log.Warn("signal failed", "pid", c.pid, "signal", sigName(sig), "error", err)
+	}
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-c.done:
+	case <-t.C:
+		_ = c.Signal(syscall.SIGKILL)
+	}
+	return c.Wait()
+}
+
+func sigName(sig syscall.Signal) string {
+	for name, s := range byName {
+		if s == sig {
+			return "SIG" + name
+		}
+	}
+	return strconv.Itoa(int(sig))
+}
+
+// Resolve finds the executable for name the way a shell would, and reports
+// ErrNotFound (exit 127) or ErrNotExecutable (exit 126) before anything is
+// started, so that a typo in a crontab line never takes leadership.
+func Resolve(name string) (string, error) {
+	if name == "" {
+		return "", fmt.Errorf("empty command: %w", ErrNotFound)
+	}
+	path, err := exec.LookPath(name)
+	if err == nil {
+		return path, nil
+	}
+	if strings.Contains(name, "/") {
+		fi, serr := os.Stat(name)
+		switch {
+		case serr != nil:
+			return "", fmt.Errorf("%s: %w", name, ErrNotFound)
+		case fi.IsDir():
+			return "", fmt.Errorf("%s: is a directory: %w", name, ErrNotExecutable)
+		default:
+			return "", fmt.Errorf("%s: permission denied: %w", name, ErrNotExecutable)
+		}
+	}
+	if errors.Is(err, exec.ErrNotFound) {
+		// A match in PATH without the execute bit is "permission denied" to
+		// a shell, not "not found".
+		for _, dir := range strings.Split(os.Getenv("PATH"), ":") {
+			if dir == "" {
+				dir = "."
+			}
+			if fi, serr := os.Stat(dir + "/" + name); serr == nil && !fi.IsDir() {
+				return "", fmt.Errorf("%s: permission denied: %w", dir+"/"+name, ErrNotExecutable)
+			}
+		}
+	}
+	return "", fmt.Errorf("%s: %w", name, ErrNotFound)
+}
+
+var _ io.Closer = (*os.File)(nil)
+
+// tracked holds the pids of supervisors this process waits for itself, so
+// that the orphan reaper (see BecomeSubreaper) leaves them alone.
+var tracked struct {
+	sync.Mutex
+	pids map[int]bool
+}
+
+func startTracked(cmd *exec.Cmd) error {
+	tracked.Lock()
+	defer tracked.Unlock()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	if tracked.pids == nil {
+		tracked.pids = map[int]bool{}
+	}
+	tracked.pids[cmd.Process.Pid] = true
+	return nil
+}
+
+func untrack(cmd *exec.Cmd) {
+	tracked.Lock()
+	defer tracked.Unlock()
+	if cmd.Process != nil {
+		delete(tracked.pids, cmd.Process.Pid)
+	}
+}

@@ -1,0 +1,151 @@
+package signals
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+	"time"
+)
+
+// IsSupervisor reports whether this process was started by Start as a
+// command's supervisor. main must then call Supervise and nothing else.
+func IsSupervisor() bool {
+	_, ok := os.LookupEnv(supervisorEnv)
+	return ok
+}
+
+// Supervise is the whole life of a supervisor process. It starts the command
+// as the leader of a new process group, with SIGKILL as its parent-death
+// signal, and then:
+//   - if leaderrun goes away (its socket end closes: exit, crash, SIGKILL),
+//     it kills the whole group with SIGKILL and exits;
+//   - when the command exits, it stops whatever the command left running in
+//     its group (kill signal, grace, SIGKILL), since nothing may run once the
+//     lease is released;
+//   - it reports how the command ended on the socket and exits 0.
+//
+// The supervisor is a subreaper, so orphaned grandchildren are reparented
+// to it and reaped.
+func Supervise() int {
+	var cfg supervisorConfig
+	if err := json.Unmarshal([]byte(os.Getenv(supervisorEnv)), &cfg); err != nil {
+		fmt.Fprintf(os.Stderr, "leaderrun-supervisor: bad configuration: %v\n", err)
+		return 70
+	}
+	os.Unsetenv(supervisorEnv)
+	conn := os.NewFile(3, "leaderrun")
+	report := func(format string, args ...any) {
+		_, _ = fmt.Fprintf(conn, format+"\n", args...)
+	}
+	_ = becomeSubreaper()
+
+	// Signals sent to the supervisor itself are meant for the command.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, Forwarded...)
+
+	// Pdeathsig belongs to the forking thread, not the process: keep this
+	// goroutine on its thread for the supervisor's whole life so that the
+	// thread cannot exit and fire it early.
+	runtime.LockOSThread()
+	pid, err := syscall.ForkExec(cfg.Path, os.Args[1:], &syscall.ProcAttr{
+		Env:   os.Environ(),
+		Files: []uintptr{0, 1, 2},
+		Sys:   childAttr(),
+	})
+	if err != nil {
+		kind := "other"
+		switch {
+		case errors.Is(err, syscall.ENOENT):
+			kind = "notfound"
+		case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM),
+			errors.Is(err, syscall.ENOEXEC), errors.Is(err, syscall.EISDIR):
+			kind = "notexec"
+		}
+		report("error %s %s: %v", kind, cfg.Path, err)
+		return 0
+	}
+	report("started %d", pid)
+
+	go func() {
+		// The only thing leaderrun ever writes is nothing: a read returns
+		// when its end closes.
+		var b [1]byte
+		_, _ = conn.Read(b[:])
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		os.Exit(1)
+	}()
+	go func() {
+		for s := range sigs {
+			_ = syscall.Kill(-pid, s.(syscall.Signal))
+		}
+	}()
+
+	var ws syscall.WaitStatus
+	for {
+		wpid, err := syscall.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil || wpid == pid {
+			break
+		}
+	}
+	status := statusOf(ws)
+	clearGroup(pid, syscall.Signal(cfg.KillSignal), cfg.KillGrace)
+	if status.Signal != 0 {
+		report("signal %d", int(status.Signal))
+	} else {
+		report("exit %d", status.Code)
+	}
+	return 0
+}
+
+// clearGroup stops what is left in process group pgid after its leader
+// exited: kill signal, up to grace, SIGKILL.
+func clearGroup(pgid int, sig syscall.Signal, grace time.Duration) {
+	if !groupAlive(pgid) {
+		return
+	}
+	_ = syscall.Kill(-pgid, sig)
+	if waitGroup(pgid, time.Now().Add(grace)) {
+		return
+	}
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	waitGroup(pgid, time.Now().Add(10*time.Second))
+}
+
+// waitGroup reaps what it can and reports whether the group emptied before
+// the deadline. Members are not all our children, so there is no single
+// wait to block on; a short poll is the simplest correct thing here.
+func waitGroup(pgid int, deadline time.Time) bool {
+	for groupAlive(pgid) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		var ws syscall.WaitStatus
+		for {
+			wpid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if wpid <= 0 || err != nil {
+				break
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
+
+func groupAlive(pgid int) bool {
+	return syscall.Kill(-pgid, 0) == nil
+}
+
+// Forwarded are the signals that leaderrun passes on to the command's
+// process group as they are (S6). SIGTERM and SIGINT also start the stop
+// sequence in the runner.
+var Forwarded = []os.Signal{
+	syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM,
+	syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH,
+}
