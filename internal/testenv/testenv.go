@@ -1,0 +1,68 @@
+// Package testenv starts the real servers and processes that tests need:
+// etcd members, Consul agents, a TCP proxy that can stall or cut a link,
+// and leaderrun itself. Servers come from the binaries that
+// scripts/install-etcd.sh and scripts/install-consul.sh build.
+//
+// A missing binary skips the test on a developer's machine and fails it
+// when CI=true: CI must never pass by not testing.
+package testenv
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// Binary finds a server binary: $envVar, then the cache that the install
+// scripts fill ($LEADERRUN_CACHE, default ~/.cache/leaderrun), then PATH.
+// It skips the test if none is found, or fails it under CI=true.
+func Binary(t testing.TB, envVar, cacheRel, name string) string {
+	t.Helper()
+	if p := os.Getenv(envVar); p != "" {
+		return p
+	}
+	cache := os.Getenv("LEADERRUN_CACHE")
+	if cache == "" {
+		base := os.Getenv("XDG_CACHE_HOME")
+		if base == "" {
+			home, _ := os.UserHomeDir()
+			base = filepath.Join(home, ".cache")
+		}
+		cache = filepath.Join(base, "leaderrun")
+	}
+	if p := filepath.Join(cache, cacheRel); isExecutable(p) {
+		return p
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	Missing(t, name+" not found: set "+envVar+" or run scripts/test.sh, which installs it")
+	return ""
+}
+
+// Missing skips the test, or fails it when CI=true.
+func Missing(t testing.TB, why string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("CI=true and a required server is missing: %s", why)
+	}
+	t.Skip(why)
+}
+
+func isExecutable(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
+}
+
+// FreePort asks the kernel for a free TCP port on ip.
+func FreePort(t testing.TB, ip string) int {
+	t.Helper()
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatalf("free port on %s: %v", ip, err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
