@@ -1,0 +1,16 @@
+// Package e2e runs the leaderrun binary as users do: real processes, real
+// signals, real stores. The test binary doubles as the child command (see
+// childMain), which records what it sees in an events file.
+package e2e
+
+import (
+	"os"
+	"testing"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("E2E_CHILD") != "" {
+		os.Exit(childMain())
+	}
+	os.Exit(m.Run())
+}

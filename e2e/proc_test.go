@@ -1,0 +1,143 @@
+package e2e
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/leaderrun/leaderrun/internal/testenv"
+)
+
+// proc is one leaderrun process, in a process group of its own so that a
+// test can pause or kill the group as a whole.
+type proc struct {
+	t      testing.TB
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	done   chan struct{}
+	code   int
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// childCmd is the argv of the test binary acting as child in mode (see
+// childMain); env is what it needs, to be passed to start.
+func childEnv(events, mode string) []string {
+	return []string{"E2E_CHILD=" + mode, "E2E_EVENTS=" + events}
+}
+
+func childArgv(t testing.TB) []string {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []string{self}
+}
+
+// start runs leaderrun with args, with env added to the test's environment.
+func start(t testing.TB, env []string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(testenv.Leaderrun(t), args...)
+	cmd.Env = append(os.Environ(), env...)
+	p := &proc{t: t, cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stderr = p.stderr
+	cmd.Stdout = p.stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(p.done)
+		err := cmd.Wait()
+		var ee *exec.ExitError
+		switch {
+		case err == nil:
+		case errors.As(err, &ee):
+			p.code = ee.ExitCode()
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				p.code = 128 + int(ws.Signal())
+			}
+		default:
+			p.code = -1
+		}
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("leaderrun %v output:\n%s", args, p.stderr.String())
+		}
+	})
+	return p
+}
+
+// wait returns the exit code, failing the test after timeout.
+func (p *proc) wait(timeout time.Duration) int {
+	p.t.Helper()
+	select {
+	case <-p.done:
+		return p.code
+	case <-time.After(timeout):
+		p.t.Fatalf("leaderrun still running after %v; output:\n%s", timeout, p.stderr.String())
+		return -1
+	}
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *proc) signal(sig syscall.Signal) {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		p.t.Fatalf("signal %v: %v", sig, err)
+	}
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+// alive reports whether pid exists and is not a zombie.
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	// Field 3 is the state; Z is a zombie.
+	i := bytes.LastIndexByte(data, ')')
+	return i < 0 || i+2 >= len(data) || data[i+2] != 'Z'
+}
+
