@@ -42,10 +42,13 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// childCmd is the argv of the test binary acting as child in mode (see
-// childMain); env is what it needs, to be passed to start.
+// childEnv is the environment that makes the test binary act as the child
+// in mode (see childMain), recording to events.
 func childEnv(events, mode string) []string {
-	return []string{"E2E_CHILD=" + mode, "E2E_EVENTS=" + events}
+	// Under -race the child is a race-enabled binary, which by default
+	// sleeps 1 s at exit (atexit_sleep_ms) and would look like a child that
+	// ignores its kill signal.
+	return []string{"E2E_CHILD=" + mode, "E2E_EVENTS=" + events, "GORACE=atexit_sleep_ms=0"}
 }
 
 func childArgv(t testing.TB) []string {

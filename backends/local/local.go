@@ -177,7 +177,6 @@ func (b *Backend) grant(f *os.File, identity string, acquired time.Time) (*lease
 		token:    token,
 		acquired: acquired,
 		lost:     make(chan struct{}),
-		stop:     make(chan struct{}),
 	}
 	if err := l.watchLoss(); err != nil {
 		return nil, b.unavailable("watch lock file", err)
@@ -294,9 +293,9 @@ type lease struct {
 	token    uint64
 	acquired time.Time
 
-	lost    chan struct{}
-	stop    chan struct{}
-	watchWG sync.WaitGroup
+	lost      chan struct{}
+	stopWatch context.CancelFunc // ends watchLoss's goroutine; nil if none
+	watchWG   sync.WaitGroup
 
 	mu       sync.Mutex
 	err      error
@@ -348,7 +347,9 @@ func (l *lease) Release(context.Context) error {
 	}
 	l.released = true
 	l.mu.Unlock()
-	close(l.stop)
+	if l.stopWatch != nil {
+		l.stopWatch()
+	}
 	l.watchWG.Wait()
 	if l.Err() == nil {
 		_ = l.f.Truncate(0)

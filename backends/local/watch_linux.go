@@ -64,12 +64,8 @@ func (l *lease) watchLoss() error {
 		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l.watchWG.Add(2)
-	go func() {
-		defer l.watchWG.Done()
-		defer cancel()
-		<-l.stop
-	}()
+	l.stopWatch = cancel
+	l.watchWG.Add(1)
 	go func() {
 		defer l.watchWG.Done()
 		defer w.close()
