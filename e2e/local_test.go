@@ -401,3 +401,58 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// TestLocalPauseSignalsOnResume (S7): after the whole tree was stopped for
+// longer than the renew deadline, the child is signalled the moment it
+// resumes and leaderrun exits 76.
+func TestLocalPauseSignalsOnResume(t *testing.T) {
+	dir := t.TempDir()
+	events := filepath.Join(dir, "events")
+	p := start(t, childEnv(events, "forever"), cmdArgs(t, localArgs(dir, "pause"))...)
+	evs := waitEvents(t, events, 10*time.Second, "child start", func(evs []event) bool { return count(evs, "start") == 1 })
+	groups := pauseGroups(t, p.pid(), evs[0].Pid)
+	for _, g := range groups {
+		_ = syscall.Kill(-g, syscall.SIGSTOP)
+	}
+	// Paused past the 2s renew deadline. Nothing runs meanwhile: this
+	// sleep is the fault being injected, not a wait for an outcome.
+	time.Sleep(2500 * time.Millisecond)
+	resumed := time.Now()
+	for _, g := range groups {
+		_ = syscall.Kill(-g, syscall.SIGCONT)
+	}
+	evs = waitEvents(t, events, 5*time.Second, "child signalled", func(evs []event) bool { return count(evs, "signal") == 1 })
+	for _, e := range evs {
+		if e.Kind == "signal" {
+			d := e.At.Sub(resumed)
+			t.Logf("child signalled %v after the resume", d)
+			if d > 200*time.Millisecond {
+				t.Errorf("child signalled %v after the resume, want within 200ms", d)
+			}
+		}
+	}
+	if code := p.wait(5 * time.Second); code != 76 {
+		t.Errorf("exit %d, want 76", code)
+	}
+}
+
+// pauseGroups lists the process groups of a leaderrun tree: leaderrun's,
+// its supervisor's and the child's.
+func pauseGroups(t *testing.T, leaderrun, child int) []int {
+	t.Helper()
+	// Children are listed per thread: the supervisor was forked by any.
+	files, err := filepath.Glob(filepath.Join("/proc", strconv.Itoa(leaderrun), "task", "*", "children"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("list children of %d: %v", leaderrun, err)
+	}
+	groups := []int{leaderrun, child}
+	for _, file := range files {
+		data, _ := os.ReadFile(file)
+		for _, f := range strings.Fields(string(data)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				groups = append(groups, pid)
+			}
+		}
+	}
+	return groups
+}
