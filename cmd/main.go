@@ -63,7 +63,7 @@ func withDefaultCommand(app *cli.App, args []string) []string {
 		return args
 	}
 	first := args[1]
-	if slices.Contains([]string{"-h", "--help", "-help", "help", "-v", "--version"}, first) {
+	if slices.Contains([]string{"-h", "--help", "-help", "help", "-v", "--version", "--generate-bash-completion"}, first) {
 		return args
 	}
 	for _, c := range app.Commands {
@@ -78,7 +78,7 @@ func newApp(st *state) *cli.App {
 	return &cli.App{
 		Name:      "leaderrun",
 		Usage:     "run a command only while this host holds a lock in etcd, Consul or a local lock file",
-		UsageText: "leaderrun [run] --lock NAME [flags] -- COMMAND [ARG...]\nleaderrun status --lock NAME [--json]\nleaderrun version",
+		UsageText: "leaderrun [run] --lock NAME [flags] -- COMMAND [ARG...]\nleaderrun status --lock NAME [--json]\nleaderrun check [--min-remaining D] [-v]\nleaderrun version\nleaderrun completion bash|zsh|fish",
 		Description: `leaderrun campaigns for the lock NAME and runs COMMAND only while it holds
 it. The command gets $FENCE_TOKEN, a number that grows with every grant of
 the lock: send it with every write so that a resource can refuse a leader
@@ -99,9 +99,10 @@ systemd unit (standbys wait; the leader runs the service):
 Exit codes: the command's own; 128+N if it died of signal N; 64 usage;
 69 store unreachable; 75 not acquired (--try, --wait); 76 leadership lost;
 126 command not executable; 127 command not found.`,
-		HideHelpCommand: true,
-		Writer:          st.stdout,
-		ErrWriter:       st.stderr,
+		HideHelpCommand:      true,
+		EnableBashCompletion: true,
+		Writer:               st.stdout,
+		ErrWriter:            st.stderr,
 		// Only Main turns errors into exit codes.
 		ExitErrHandler: func(*cli.Context, error) {},
 		OnUsageError:   onUsageError,
@@ -109,7 +110,7 @@ Exit codes: the command's own; 128+N if it died of signal N; 64 usage;
 			_ = cli.ShowAppHelp(c)
 			return usageErrorf("no command given")
 		},
-		Commands: []*cli.Command{runCommand(st), statusCommand(st), versionCommand(st)},
+		Commands: []*cli.Command{runCommand(st), statusCommand(st), checkCommand(st), versionCommand(st), completionCommand(st)},
 	}
 }
 

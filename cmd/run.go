@@ -38,6 +38,8 @@ func runFlags() []cli.Flag {
 			Usage: "first `SIGNAL` sent to stop the command"},
 		&cli.BoolFlag{Name: "shell", Category: categoryChild,
 			Usage: `run sh -c "COMMAND ARG..." instead of executing COMMAND`},
+		&cli.StringFlag{Name: "metrics-addr", Category: categoryLogging, EnvVars: []string{"LEADERRUN_METRICS_ADDR"},
+			Usage: "serve Prometheus /metrics and /healthz on `HOST:PORT` (default: off)"},
 	}
 	return append(flags, storeFlags()...)
 }
@@ -81,6 +83,13 @@ func runAction(c *cli.Context, st *state) error {
 	cfg.Backend = backend
 	cfg.Lock = store.Lock
 	cfg.Log = log
+
+	obs, cleanup, err := observers(c, &cfg, backend, log)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	cfg.Observer = obs
 
 	if err := signals.BecomeSubreaper(); err != nil {
 		log.Warn("cannot become child subreaper; orphaned grandchildren go to init", "error", err)

@@ -4,13 +4,20 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"testing"
+
+	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
 	if os.Getenv("E2E_CHILD") != "" {
 		os.Exit(childMain())
+	}
+	if _, err := testenv.BuildLeaderrun(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
 	os.Exit(m.Run())
 }

@@ -93,6 +93,10 @@ type Config struct {
 	// Observer is told of every state change (sd_notify, metrics, check).
 	// Nil: nobody.
 	Observer Observer
+
+	// Socket is the unix socket that `leaderrun check` in the child asks,
+	// passed as LEADERRUN_SOCKET. Empty: not set.
+	Socket string
 }
 
 // ConfigError is a configuration that cannot be run safely.

@@ -59,3 +59,13 @@ func (f ObserverFunc) Observe(e Event) { f(e) }
 type nopObserver struct{}
 
 func (nopObserver) Observe(Event) {}
+
+// Observers fans events out to several observers, in order.
+type Observers []Observer
+
+// Observe implements Observer.
+func (os Observers) Observe(e Event) {
+	for _, o := range os {
+		o.Observe(e)
+	}
+}

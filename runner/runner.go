@@ -342,10 +342,14 @@ func childEnv(base []string, cfg Config, token uint64) []string {
 			env = append(env, kv)
 		}
 	}
-	return append(env,
+	env = append(env,
 		"FENCE_TOKEN="+strconv.FormatUint(token, 10),
 		"LEADERRUN_LOCK="+cfg.Lock,
 		"LEADERRUN_IDENTITY="+cfg.Identity,
 		"LEADERRUN_BACKEND="+cfg.Backend.Name(),
 	)
+	if cfg.Socket != "" {
+		env = append(env, "LEADERRUN_SOCKET="+cfg.Socket)
+	}
+	return env
 }

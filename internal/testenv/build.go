@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,7 +14,6 @@ var build struct {
 	once sync.Once
 	path string
 	err  error
-	out  []byte
 }
 
 // Leaderrun builds the leaderrun binary once per test process and returns
@@ -23,6 +23,16 @@ var build struct {
 // tests cover races in-process.
 func Leaderrun(t testing.TB) string {
 	t.Helper()
+	path, err := BuildLeaderrun()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// BuildLeaderrun builds the binary, once; a TestMain calls it so that no
+// test's timing includes the build.
+func BuildLeaderrun() (string, error) {
 	build.once.Do(func() {
 		dir, err := os.MkdirTemp("", "leaderrun-test-bin-")
 		if err != nil {
@@ -34,10 +44,9 @@ func Leaderrun(t testing.TB) string {
 		root := filepath.Join(filepath.Dir(file), "..", "..")
 		cmd := exec.Command("go", "build", "-o", build.path, ".")
 		cmd.Dir = root
-		build.out, build.err = cmd.CombinedOutput()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			build.err = fmt.Errorf("build leaderrun: %w\n%s", err, out)
+		}
 	})
-	if build.err != nil {
-		t.Fatalf("build leaderrun: %v\n%s", build.err, build.out)
-	}
-	return build.path
+	return build.path, build.err
 }

@@ -1,0 +1,53 @@
+package cmd
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leaderrun/leaderrun/internal/control"
+)
+
+// ExitNotLeader is check's answer when leadership is not held.
+const ExitNotLeader = 1
+
+func checkCommand(st *state) *cli.Command {
+	return &cli.Command{
+		Name:  "check",
+		Usage: "inside the command: exit 0 while leadership is held, 1 otherwise",
+		UsageText: "leaderrun check [--min-remaining D] [-v]\n\n" +
+			"Call it before each side effect of a shell job: it asks the leaderrun that\n" +
+			"started the job, through $LEADERRUN_SOCKET, and fails once leadership is\n" +
+			"lost, or when less than D is left before leaderrun would stop the job.",
+		Flags: []cli.Flag{
+			&cli.DurationFlag{Name: "min-remaining", Usage: "also fail when less than `D` is left before the renew deadline"},
+			&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "print the token and the time left"},
+		},
+		OnUsageError: onUsageError,
+		Action: func(c *cli.Context) error {
+			if c.Duration("min-remaining") < 0 {
+				return usageErrorf("--min-remaining %v: must not be negative", c.Duration("min-remaining"))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			a, err := control.Query(ctx, os.Getenv("LEADERRUN_SOCKET"))
+			if err != nil {
+				// No answer is no leadership.
+				fmt.Fprintf(st.stderr, "leaderrun check: %v\n", err)
+				st.code = ExitNotLeader
+				return nil
+			}
+			ok := a.Leader && a.Remaining >= c.Duration("min-remaining")
+			if c.Bool("verbose") {
+				fmt.Fprintf(st.stdout, "leader=%t token=%d remaining=%v\n", a.Leader, a.Token, a.Remaining.Round(time.Millisecond))
+			}
+			if !ok {
+				st.code = ExitNotLeader
+			}
+			return nil
+		},
+	}
+}

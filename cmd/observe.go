@@ -1,0 +1,58 @@
+package cmd
+
+import (
+	"log/slog"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/internal/control"
+	"github.com/leaderrun/leaderrun/internal/metrics"
+	"github.com/leaderrun/leaderrun/internal/notify"
+	"github.com/leaderrun/leaderrun/runner"
+)
+
+// observers builds what watches a run: the check socket, sd_notify when
+// under systemd, and metrics when --metrics-addr is set. cleanup stops them
+// all; call it after runner.Run returns.
+func observers(c *cli.Context, cfg *runner.Config, backend backends.Backend, log *slog.Logger) (runner.Observer, func(), error) {
+	var (
+		obs     runner.Observers
+		closers []func()
+		cleanup = func() {
+			for i := len(closers) - 1; i >= 0; i-- {
+				closers[i]()
+			}
+		}
+	)
+	state := &control.State{}
+	srv, err := control.Listen("", state)
+	if err != nil {
+		return nil, nil, err
+	}
+	closers = append(closers, func() { srv.Close() })
+	obs = append(obs, state)
+	cfg.Socket = srv.Path()
+
+	if addr := c.String("metrics-addr"); addr != "" {
+		m := metrics.New(cfg.Lock, backend.Name())
+		ms, err := metrics.Serve(addr, m)
+		if err != nil {
+			cleanup()
+			return nil, nil, usageErrorf("--metrics-addr %q: %v", addr, err)
+		}
+		log.Info("serving metrics", "addr", ms.Addr())
+		closers = append(closers, func() { ms.Close() })
+		obs = append(obs, m)
+	}
+
+	if n := notify.New(cfg.Lock, backend.Status, log); n != nil {
+		if iv := n.WatchdogInterval(); iv > 0 && iv < cfg.RetryPeriod {
+			log.Warn("systemd's WatchdogSec is shorter than two --retry-period; the watchdog may fire while renewals are healthy",
+				"watchdog_half", iv, "retry_period", cfg.RetryPeriod)
+		}
+		closers = append(closers, n.Close)
+		obs = append(obs, n)
+	}
+	return obs, cleanup, nil
+}

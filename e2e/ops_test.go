@@ -1,0 +1,201 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/leaderrun/leaderrun/internal/testenv"
+)
+
+// TestNotifySocket: under systemd (Type=notify) leaderrun reports READY
+// while standing by, STATUS as standby and as leader, WATCHDOG while
+// renewals succeed, and STOPPING; the child does not see NOTIFY_SOCKET.
+func TestNotifySocket(t *testing.T) {
+	dir := t.TempDir()
+	events := filepath.Join(dir, "events")
+	sock := filepath.Join(dir, "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	msgs := make(chan string, 256)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := conn.Read(buf)
+			if err != nil {
+				close(msgs)
+				return
+			}
+			msgs <- string(buf[:n])
+		}
+	}()
+
+	holder := start(t, childEnv(events, "forever"), cmdArgs(t, localArgs(dir, "unit", "--identity", "web-2"))...)
+	waitEvents(t, events, 10*time.Second, "holder's child", func(evs []event) bool { return count(evs, "start") == 1 })
+
+	env := append(childEnv(events, "forever"), "NOTIFY_SOCKET="+sock, "WATCHDOG_USEC=2000000")
+	unit := start(t, env, cmdArgs(t, localArgs(dir, "unit", "--identity", "web-1"))...)
+	var got []string
+	expect := func(what string, match func(string) bool) {
+		t.Helper()
+		timeout := time.After(10 * time.Second)
+		for {
+			select {
+			case m := <-msgs:
+				got = append(got, m)
+				if match(m) {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("no %s from leaderrun; got %q", what, got)
+			}
+		}
+	}
+	expect("READY=1", func(m string) bool { return strings.Contains(m, "READY=1") })
+	expect("standby STATUS naming the leader", func(m string) bool {
+		return strings.Contains(m, "STATUS=standby; leader is web-2 (token 1)")
+	})
+	holder.signal(syscall.SIGTERM)
+	holder.wait(10 * time.Second)
+	expect("leading STATUS", func(m string) bool { return strings.Contains(m, "STATUS=leading with token 2") })
+	expect("WATCHDOG=1", func(m string) bool { return strings.Contains(m, "WATCHDOG=1") })
+	unit.signal(syscall.SIGTERM)
+	expect("STOPPING=1", func(m string) bool { return strings.Contains(m, "STOPPING=1") })
+	if code := unit.wait(10 * time.Second); code != 0 {
+		t.Errorf("exit %d", code)
+	}
+	t.Logf("notifications: %q", got)
+}
+
+// TestCheck: `leaderrun check` in the child exits 0 while leading, and 1
+// within 100 ms once leadership is lost.
+func TestCheck(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "checks")
+	bin := testenv.Leaderrun(t)
+	// The job ignores SIGTERM so that it can observe what check says after
+	// the loss; each line is "<unix-ns> <exit code of check>".
+	job := fmt.Sprintf(`trap '' TERM; while :; do %s check; echo "$(date +%%s%%N) $?" >> %s; done`, bin, out)
+	p := start(t, nil, localArgs(dir, "chk", "--lease-duration", "8s", "--kill-grace", "3s", "--shell", "--", job)...)
+	waitFor(t, 10*time.Second, "a successful check", func() bool { return len(checks(out, 0)) > 0 })
+	removed := time.Now()
+	if err := os.Remove(filepath.Join(dir, "chk.lock")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "a failing check", func() bool { return len(checks(out, 1)) > 0 })
+	first := checks(out, 1)[0]
+	t.Logf("check failed %v after the loss", first.Sub(removed))
+	if first.Sub(removed) > 100*time.Millisecond {
+		t.Errorf("check still succeeded up to %v after the loss, want under 100ms", first.Sub(removed))
+	}
+	for _, ok := range checks(out, 0) {
+		if ok.After(first) {
+			t.Errorf("check succeeded at %v, after it had failed at %v", ok, first)
+		}
+	}
+	if code := p.wait(10 * time.Second); code != 76 {
+		t.Errorf("exit %d, want 76", code)
+	}
+}
+
+// checks returns the times at which check exited with code.
+func checks(path string, code int) []time.Time {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var ts []time.Time
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) != 2 || fields[1] != strconv.Itoa(code) {
+			continue
+		}
+		ns, _ := strconv.ParseInt(fields[0], 10, 64)
+		ts = append(ts, time.Unix(0, ns))
+	}
+	return ts
+}
+
+// TestMetrics: /metrics shows leaderrun_is_leader 1 on the leader and 0 on a
+// standby; /healthz answers.
+func TestMetrics(t *testing.T) {
+	dir := t.TempDir()
+	events := filepath.Join(dir, "events")
+	addrA := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))
+	addrB := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))
+	a := start(t, childEnv(events, "forever"), cmdArgs(t, localArgs(dir, "met", "--identity", "a", "--metrics-addr", addrA))...)
+	waitEvents(t, events, 10*time.Second, "a's child", func(evs []event) bool { return count(evs, "start") == 1 })
+	b := start(t, childEnv(events, "forever"), cmdArgs(t, localArgs(dir, "met", "--identity", "b", "--metrics-addr", addrB))...)
+
+	var leader, standby string
+	waitFor(t, 10*time.Second, "both metrics endpoints", func() bool {
+		leader, standby = scrape(addrA), scrape(addrB)
+		return leader != "" && standby != ""
+	})
+	if !strings.Contains(leader, "\nleaderrun_is_leader{") || !hasSample(leader, "leaderrun_is_leader", "1") {
+		t.Errorf("leader's metrics lack leaderrun_is_leader 1:\n%s", grep(leader, "leader"))
+	}
+	if !hasSample(leader, `leader_election_master_status{name="met"}`, "1") {
+		t.Errorf("leader's metrics lack leader_election_master_status 1:\n%s", grep(leader, "leader"))
+	}
+	if !hasSample(standby, "leaderrun_is_leader", "0") {
+		t.Errorf("standby's metrics lack leaderrun_is_leader 0:\n%s", grep(standby, "leader"))
+	}
+	resp, err := http.Get("http://" + addrA + "/healthz")
+	if err != nil || resp.StatusCode != 200 {
+		t.Errorf("/healthz: %v %v", resp, err)
+	}
+	if resp != nil {
+		resp.Body.Close()
+	}
+	a.signal(syscall.SIGTERM)
+	a.wait(10 * time.Second)
+	waitFor(t, 10*time.Second, "b to lead", func() bool { return hasSample(scrape(addrB), "leaderrun_is_leader", "1") })
+	b.signal(syscall.SIGTERM)
+	b.wait(10 * time.Second)
+}
+
+func scrape(addr string) string {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return "\n" + string(data)
+}
+
+// hasSample reports whether a line of the exposition starts with name (and
+// its labels) and has value.
+func hasSample(exposition, name, value string) bool {
+	for _, line := range strings.Split(exposition, "\n") {
+		if strings.HasPrefix(line, name) && strings.HasSuffix(line, " "+value) {
+			return true
+		}
+	}
+	return false
+}
+
+func grep(s, sub string) string {
+	var out []string
+	for _, line := range strings.Split(s, "\n") {
+		if strings.Contains(line, sub) && !strings.HasPrefix(line, "#") {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
+}

@@ -1,0 +1,137 @@
+// Package control answers `leaderrun check` from inside the child: the
+// runner's state is kept by an Observer and served as one JSON object on a
+// unix socket whose path the child gets in LEADERRUN_SOCKET.
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/leaderrun/leaderrun/runner"
+)
+
+// Answer is what the socket says.
+type Answer struct {
+	// Leader is true while the lease is held and the local deadline has
+	// not passed.
+	Leader bool `json:"leader"`
+	// Token is the fencing token of the current grant.
+	Token uint64 `json:"token,omitempty"`
+	// Remaining is how long until the local renew deadline, at which the
+	// child would be stopped unless a renewal is acknowledged first.
+	Remaining time.Duration `json:"remaining_ns"`
+}
+
+// State follows the runner's events. Its zero value is not leading.
+type State struct {
+	mu       sync.Mutex
+	leading  bool
+	token    uint64
+	deadline time.Time
+}
+
+// Observe implements runner.Observer.
+func (s *State) Observe(e runner.Event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch e.Kind {
+	case runner.Acquired, runner.ChildStarted, runner.Renewed:
+		s.leading, s.token = true, e.Token
+		if !e.Deadline.IsZero() {
+			s.deadline = e.Deadline
+		}
+	case runner.Lost, runner.Stopping, runner.Released:
+		s.leading = false
+	}
+}
+
+// Answer computes the answer now.
+func (s *State) Answer() Answer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	left := time.Until(s.deadline)
+	return Answer{Leader: s.leading && left > 0, Token: s.token, Remaining: max(left, 0)}
+}
+
+// Server serves a State on a unix socket in a private directory.
+type Server struct {
+	path string
+	dir  string
+	ln   net.Listener
+	wg   sync.WaitGroup
+}
+
+// Listen creates the socket under a new 0700 directory in dir (os.TempDir
+// if empty), so that only this user can ask.
+func Listen(dir string, state *State) (*Server, error) {
+	d, err := os.MkdirTemp(dir, "leaderrun-")
+	if err != nil {
+		return nil, fmt.Errorf("create control socket directory: %w", err)
+	}
+	path := filepath.Join(d, "check.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		os.RemoveAll(d)
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	s := &Server{path: path, dir: d, ln: ln}
+	s.wg.Add(1)
+	go s.serve(state)
+	return s, nil
+}
+
+// Path is the socket's path, for LEADERRUN_SOCKET.
+func (s *Server) Path() string { return s.path }
+
+func (s *Server) serve(state *State) {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		_ = c.SetDeadline(time.Now().Add(time.Second))
+		_ = json.NewEncoder(c).Encode(state.Answer())
+		c.Close()
+	}
+}
+
+// Close stops serving and removes the socket.
+func (s *Server) Close() error {
+	err := s.ln.Close()
+	s.wg.Wait()
+	os.RemoveAll(s.dir)
+	return err
+}
+
+// ErrNoSocket means LEADERRUN_SOCKET is not set: check is not running under
+// leaderrun.
+var ErrNoSocket = errors.New("control: LEADERRUN_SOCKET is not set (check runs inside a command started by leaderrun)")
+
+// Query asks the socket at path.
+func Query(ctx context.Context, path string) (Answer, error) {
+	if path == "" {
+		return Answer{}, ErrNoSocket
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return Answer{}, fmt.Errorf("ask leaderrun at %s: %w", path, err)
+	}
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(dl)
+	}
+	var a Answer
+	if err := json.NewDecoder(c).Decode(&a); err != nil {
+		return Answer{}, fmt.Errorf("read answer from %s: %w", path, err)
+	}
+	return a, nil
+}
