@@ -75,6 +75,20 @@ func runAction(c *cli.Context, st *state) error {
 		return err
 	}
 	cfg.Path = path
+	cfg.Log = log
+	cfg.Lock = c.String("lock")
+	// The supervisor's start-up (a Go binary's) overlaps with connecting
+	// and campaigning. runner.Run starts or aborts it; until it has it, an
+	// early return aborts it here.
+	sup, err := signals.Prepare(runner.SupervisorSpec(cfg))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if sup != nil {
+			sup.Abort()
+		}
+	}()
 	backend, store, err := openBackend(c, cfg.LeaseDuration)
 	if err != nil {
 		return err
@@ -82,7 +96,6 @@ func runAction(c *cli.Context, st *state) error {
 	defer backend.Close()
 	cfg.Backend = backend
 	cfg.Lock = store.Lock
-	cfg.Log = log
 
 	obs, cleanup, err := observers(c, &cfg, backend, log)
 	if err != nil {
@@ -99,6 +112,7 @@ func runAction(c *cli.Context, st *state) error {
 	defer signal.Stop(sigs)
 	cfg.Signals = sigs
 
+	cfg.Supervisor, sup = sup, nil
 	status, err := runner.Run(context.Background(), cfg)
 	switch {
 	case err == nil:

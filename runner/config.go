@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/signals"
 )
 
 // Defaults as in DESIGN §3.
@@ -97,6 +98,11 @@ type Config struct {
 	// Socket is the unix socket that `leaderrun check` in the child asks,
 	// passed as LEADERRUN_SOCKET. Empty: not set.
 	Socket string
+
+	// Supervisor, if set, was prepared for Path and Args by the caller as
+	// early as it could (see signals.Prepare); Run starts or aborts it.
+	// Nil: Run prepares one when it starts to campaign.
+	Supervisor *signals.Supervisor
 }
 
 // ConfigError is a configuration that cannot be run safely.

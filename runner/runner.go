@@ -32,11 +32,34 @@ const releaseTimeout = 5 * time.Second
 func Run(ctx context.Context, cfg Config) (signals.Status, error) {
 	cfg.setDefaults()
 	r := &run{cfg: cfg, log: cfg.Log.With("lock", cfg.Lock, "identity", cfg.Identity, "backend", cfg.Backend.Name())}
+	// The supervisor starts while we campaign: its start-up then costs
+	// nothing between winning the lock and running the command.
+	sup := cfg.Supervisor
+	if sup == nil {
+		var err error
+		if sup, err = signals.Prepare(SupervisorSpec(cfg)); err != nil {
+			return signals.Status{}, err
+		}
+	}
 	lease, err := r.campaign(ctx)
 	if err != nil {
+		sup.Abort()
 		return signals.Status{}, err
 	}
-	return r.lead(ctx, lease)
+	return r.lead(ctx, lease, sup)
+}
+
+// SupervisorSpec is the supervisor that Run needs for cfg, for a caller
+// that prepares it early.
+func SupervisorSpec(cfg Config) signals.Spec {
+	cfg.setDefaults()
+	return signals.Spec{
+		Path:       cfg.Path,
+		Args:       cfg.Args,
+		KillSignal: cfg.KillSignal,
+		KillGrace:  cfg.KillGrace,
+		Log:        cfg.Log.With("lock", cfg.Lock, "identity", cfg.Identity),
+	}
 }
 
 type run struct {
@@ -49,9 +72,10 @@ type run struct {
 func (r *run) campaign(ctx context.Context) (backends.Lease, error) {
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	waitCtx := cctx
 	if r.cfg.Wait > 0 {
 		var c2 context.CancelFunc
-		cctx, c2 = context.WithTimeout(cctx, r.cfg.Wait)
+		waitCtx, c2 = context.WithTimeout(cctx, r.cfg.Wait)
 		defer c2()
 	}
 	type result struct {
@@ -62,7 +86,7 @@ func (r *run) campaign(ctx context.Context) (backends.Lease, error) {
 	r.log.Info("campaigning", "try", r.cfg.Try, "wait", r.cfg.Wait)
 	r.cfg.Observer.Observe(Event{Kind: Campaigning})
 	go func() {
-		l, err := r.cfg.Backend.Campaign(cctx, backends.CampaignOptions{Identity: r.cfg.Identity, Try: r.cfg.Try})
+		l, err := r.cfg.Backend.Campaign(waitCtx, backends.CampaignOptions{Identity: r.cfg.Identity, Try: r.cfg.Try})
 		done <- result{l, err}
 	}()
 
@@ -81,7 +105,9 @@ func (r *run) campaign(ctx context.Context) (backends.Lease, error) {
 				return res.lease, nil
 			case errors.Is(res.err, backends.ErrLocked):
 				return nil, fmt.Errorf("%w: lock %q is held (--try): %w", ErrNotAcquired, r.cfg.Lock, res.err)
-			case errors.Is(res.err, context.DeadlineExceeded) && ctx.Err() == nil:
+			case r.cfg.Wait > 0 && errors.Is(waitCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil:
+				// Only our own --wait timer counts as "not acquired"; a
+				// backend error that merely wraps a deadline is not.
 				return nil, fmt.Errorf("%w: lock %q still held after --wait %v", ErrNotAcquired, r.cfg.Lock, r.cfg.Wait)
 			case ctx.Err() != nil:
 				return nil, &InterruptedError{Signal: syscall.SIGTERM}
@@ -111,31 +137,26 @@ type renewal struct {
 }
 
 // lead runs the child under the lease.
-func (r *run) lead(ctx context.Context, lease backends.Lease) (signals.Status, error) {
+func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Supervisor) (signals.Status, error) {
 	cfg := r.cfg
 	token := lease.Token()
 	log := r.log.With("token", token)
 	if err := ValidateGrantedTTL(lease.TTL(), cfg.RenewDeadline, cfg.KillGrace); err != nil {
+		sup.Abort()
 		r.release(lease)
 		return signals.Status{}, err
 	}
 	lastAck := lease.Acquired()
 	deadline := lastAck.Add(cfg.RenewDeadline)
 	if !time.Now().Before(deadline) {
+		sup.Abort()
 		r.release(lease)
 		return signals.Status{}, &LostError{Reason: errors.New("renew deadline passed before the child could start")}
 	}
 	log.Info("leadership acquired", "ttl", lease.TTL())
 	cfg.Observer.Observe(Event{Kind: Acquired, Token: token, Deadline: deadline})
 
-	child, err := signals.Start(signals.Spec{
-		Path:       cfg.Path,
-		Args:       cfg.Args,
-		Env:        childEnv(cfg.Env, cfg, token),
-		KillSignal: cfg.KillSignal,
-		KillGrace:  cfg.KillGrace,
-		Log:        log,
-	})
+	child, err := sup.Start(childEnv(cfg.Env, cfg, token))
 	if err != nil {
 		r.release(lease)
 		return signals.Status{}, err
@@ -151,7 +172,7 @@ func (r *run) lead(ctx context.Context, lease backends.Lease) (signals.Status, e
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		renewLoop(rctx, lease, cfg.RetryPeriod, cfg.RenewDeadline, renewals)
+		renewLoop(rctx, lease, cfg.RetryPeriod, renewAttemptTimeout(cfg), renewals)
 	}()
 
 	deadlineTimer := time.NewTimer(time.Until(deadline))
@@ -188,6 +209,12 @@ func (r *run) lead(ctx context.Context, lease backends.Lease) (signals.Status, e
 		}
 		log.Error("leadership lost; stopping child", "reason", reason, "signal", cfg.KillSignal.String())
 		cfg.Observer.Observe(Event{Kind: Lost, Token: token, Err: reason})
+		if unsafeLateKill {
+			// The deliberately broken build of unsafe_on.go: let the child
+			// run on well past the lease.
+			killAt = time.After(cfg.LeaseDuration + cfg.KillGrace)
+			return
+		}
 		stop(cfg.KillSignal)
 	}
 	for !finished {
@@ -296,6 +323,14 @@ func (r *run) release(lease backends.Lease) {
 		r.log.Info("leadership released", "token", lease.Token())
 	}
 	r.cfg.Observer.Observe(Event{Kind: Released, Token: lease.Token()})
+}
+
+// renewAttemptTimeout bounds one renewal. A request stuck on a dead
+// connection or a store that is electing a new leader must not use up the
+// whole deadline: a retry over a fresh connection, or to another member,
+// may well succeed.
+func renewAttemptTimeout(cfg Config) time.Duration {
+	return max(cfg.RetryPeriod, cfg.RenewDeadline/3)
 }
 
 // renewLoop renews every period until ctx ends or the lease is lost for

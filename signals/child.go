@@ -58,10 +58,20 @@ type supervisorConfig struct {
 	KillGrace  time.Duration `json:"kill_grace"`
 }
 
-// Start runs the command under a supervisor and returns once the command
-// has been forked and exec'd, or has failed to be: an exec failure is an
-// error wrapping ErrNotFound or ErrNotExecutable.
-func Start(spec Spec) (*Child, error) {
+// Supervisor is a supervisor process started ahead of its command. Starting
+// it costs a Go binary's start-up; Prepare pays that while the caller
+// campaigns, so that winning the lock is followed by nothing slower than a
+// fork and exec of the command.
+type Supervisor struct {
+	spec Spec
+	sup  *exec.Cmd
+	conn *os.File
+	r    *bufio.Reader
+}
+
+// Prepare starts the supervisor for spec; spec.Env is ignored, the
+// command's environment is given to Start. Call Start or Abort exactly once.
+func Prepare(spec Spec) (*Supervisor, error) {
 	if spec.KillSignal == 0 {
 		spec.KillSignal = syscall.SIGTERM
 	}
@@ -88,7 +98,7 @@ func Start(spec Spec) (*Child, error) {
 	sup := &exec.Cmd{
 		Path:       self,
 		Args:       append([]string{"leaderrun-supervisor"}, spec.Args...),
-		Env:        append(append([]string(nil), spec.Env...), supervisorEnv+"="+string(cfg)),
+		Env:        append(os.Environ(), supervisorEnv+"="+string(cfg)),
 		Stdin:      orDefault(spec.Stdin, os.Stdin),
 		Stdout:     orDefault(spec.Stdout, os.Stdout),
 		Stderr:     orDefault(spec.Stderr, os.Stderr),
@@ -101,11 +111,28 @@ func Start(spec Spec) (*Child, error) {
 		ours.Close()
 		return nil, fmt.Errorf("start supervisor %s: %w", self, err)
 	}
-	theirs.Close()
+	return &Supervisor{spec: spec, sup: sup, conn: ours, r: bufio.NewReader(ours)}, nil
+}
 
-	c := &Child{sup: sup, conn: ours, log: spec.Log, done: make(chan struct{})}
-	r := bufio.NewReader(ours)
-	line, err := r.ReadString('\n')
+// Abort kills an unused supervisor and reaps it. It has started nothing.
+func (s *Supervisor) Abort() {
+	_ = s.sup.Process.Kill()
+	s.conn.Close()
+	_ = s.sup.Wait()
+	untrack(s.sup)
+}
+
+// Start tells the supervisor to run the command with env, and returns once
+// the command has been forked and exec'd, or has failed to be: an exec
+// failure is an error wrapping ErrNotFound or ErrNotExecutable.
+func (s *Supervisor) Start(env []string) (*Child, error) {
+	c := &Child{sup: s.sup, conn: s.conn, log: s.spec.Log, done: make(chan struct{})}
+	msg, _ := json.Marshal(goMessage{Env: env})
+	if _, err := fmt.Fprintf(s.conn, "go %s\n", msg); err != nil {
+		c.reap()
+		return nil, fmt.Errorf("instruct supervisor: %w", err)
+	}
+	line, err := s.r.ReadString('\n')
 	kind, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
 	switch {
 	case err == nil && kind == "started":
@@ -124,8 +151,23 @@ func Start(spec Spec) (*Child, error) {
 		c.reap()
 		return nil, fmt.Errorf("supervisor failed before starting the command: %q: %v", line, err)
 	}
-	go c.watch(r)
+	go c.watch(s.r)
 	return c, nil
+}
+
+// goMessage is leaderrun's one instruction to its supervisor: run the
+// command now, with this environment.
+type goMessage struct {
+	Env []string `json:"env"`
+}
+
+// Start runs the command under a new supervisor: Prepare, then Start.
+func Start(spec Spec) (*Child, error) {
+	s, err := Prepare(spec)
+	if err != nil {
+		return nil, err
+	}
+	return s.Start(spec.Env)
 }
 
 func orDefault(f, def *os.File) *os.File {

@@ -1,12 +1,15 @@
 package signals
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -18,9 +21,10 @@ func IsSupervisor() bool {
 	return ok
 }
 
-// Supervise is the whole life of a supervisor process. It starts the command
-// as the leader of a new process group, with SIGKILL as its parent-death
-// signal, and then:
+// Supervise is the whole life of a supervisor process. It waits for
+// leaderrun's word (a "go" line with the command's environment; if the
+// socket closes first, it exits), starts the command as the leader of a new
+// process group, with SIGKILL as its parent-death signal, and then:
 //   - if leaderrun goes away (its socket end closes: exit, crash, SIGKILL),
 //     it kills the whole group with SIGKILL and exits;
 //   - when the command exits, it stops whatever the command left running in
@@ -36,7 +40,6 @@ func Supervise() int {
 		fmt.Fprintf(os.Stderr, "leaderrun-supervisor: bad configuration: %v\n", err)
 		return 70
 	}
-	os.Unsetenv(supervisorEnv)
 	conn := os.NewFile(3, "leaderrun")
 	report := func(format string, args ...any) {
 		_, _ = fmt.Fprintf(conn, format+"\n", args...)
@@ -47,12 +50,22 @@ func Supervise() int {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, Forwarded...)
 
+	// Wait for the word to start. Leaderrun closing its end first means it
+	// did not win, or died: there is nothing to do.
+	r := bufio.NewReader(conn)
+	line, err := r.ReadString('\n')
+	kind, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
+	var msg goMessage
+	if err != nil || kind != "go" || json.Unmarshal([]byte(arg), &msg) != nil {
+		return 0
+	}
+
 	// Pdeathsig belongs to the forking thread, not the process: keep this
 	// goroutine on its thread for the supervisor's whole life so that the
 	// thread cannot exit and fire it early.
 	runtime.LockOSThread()
 	pid, err := syscall.ForkExec(cfg.Path, os.Args[1:], &syscall.ProcAttr{
-		Env:   os.Environ(),
+		Env:   msg.Env,
 		Files: []uintptr{0, 1, 2},
 		Sys:   childAttr(),
 	})
@@ -73,8 +86,7 @@ func Supervise() int {
 	go func() {
 		// The only thing leaderrun ever writes is nothing: a read returns
 		// when its end closes.
-		var b [1]byte
-		_, _ = conn.Read(b[:])
+		_, _ = io.Copy(io.Discard, r)
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 		os.Exit(1)
 	}()
