@@ -1,16 +1,37 @@
 package cmd
 
 import (
+	"crypto/tls"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+
 	"github.com/urfave/cli/v2"
+	"google.golang.org/grpc/grpclog"
 
 	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/backends/etcd"
 )
 
-// etcdFlags are the flags of the etcd backend.
+// etcdFlags are the flags of the etcd backend. TLS and authentication read
+// the variables etcdctl reads, so that an environment set up for etcdctl
+// works as it is.
 func etcdFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "etcd-endpoints", Category: categoryStore, EnvVars: []string{"LEADERRUN_ETCD_ENDPOINTS", "ETCDCTL_ENDPOINTS"},
-			Usage: "comma-separated etcd `URLS`"},
+			Usage: "comma-separated etcd `URLS` (http://host:port, https://host:port); list every member so that the client can fail over"},
+		&cli.StringFlag{Name: "etcd-cacert", Category: categoryStore, EnvVars: []string{"ETCDCTL_CACERT"},
+			Usage: "verify etcd's TLS certificate with the CA bundle in `FILE`"},
+		&cli.StringFlag{Name: "etcd-cert", Category: categoryStore, EnvVars: []string{"ETCDCTL_CERT"},
+			Usage: "TLS client certificate `FILE` (with --etcd-key)"},
+		&cli.StringFlag{Name: "etcd-key", Category: categoryStore, EnvVars: []string{"ETCDCTL_KEY"},
+			Usage: "TLS client key `FILE` (with --etcd-cert)"},
+		&cli.StringFlag{Name: "etcd-user", Category: categoryStore, EnvVars: []string{"ETCDCTL_USER"},
+			Usage: "authenticate as `USER:PASSWORD` (prefer the variable: arguments are visible to every user of the host)"},
+		&cli.DurationFlag{Name: "etcd-dial-timeout", Category: categoryStore, EnvVars: []string{"LEADERRUN_ETCD_DIAL_TIMEOUT"}, Value: etcd.DefaultDialTimeout,
+			Usage: "give up after `D` when etcd cannot be reached before leadership (exit 69)"},
 	}
 }
 
@@ -18,5 +39,84 @@ func etcdFlags() []cli.Flag {
 func etcdSelected(c *cli.Context) bool { return c.String("etcd-endpoints") != "" }
 
 func newEtcdBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
-	return nil, usageErrorf("--backend etcd: not available in this build")
+	endpoints, err := etcdEndpoints(c.String("etcd-endpoints"))
+	if err != nil {
+		return nil, err
+	}
+	// Without TLS flags, plain TCP unless an https:// endpoint asks for
+	// TLS with the system's roots.
+	var tlsCfg *tls.Config
+	if ca, cert, key := c.String("etcd-cacert"), c.String("etcd-cert"), c.String("etcd-key"); ca+cert+key != "" {
+		if tlsCfg, err = etcd.LoadTLS(ca, cert, key); err != nil {
+			return nil, usageErrorf("--etcd-cacert %q, --etcd-cert %q, --etcd-key %q: %v", ca, cert, key, err)
+		}
+	}
+	var user, password string
+	if u := c.String("etcd-user"); u != "" {
+		var ok bool
+		user, password, ok = strings.Cut(u, ":")
+		if !ok || user == "" {
+			// Never echo the value: it may be a password.
+			return nil, usageErrorf("--etcd-user: want USER:PASSWORD")
+		}
+	}
+	dial := c.Duration("etcd-dial-timeout")
+	if dial <= 0 {
+		return nil, usageErrorf("--etcd-dial-timeout %v: must be greater than 0", dial)
+	}
+	log, err := newLogger(c, os.Stderr)
+	if err != nil {
+		return nil, err
+	}
+	// gRPC logs connection trouble on its own; leaderrun reports it once,
+	// where the error is handled.
+	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, io.Discard))
+	return etcd.New(etcd.Config{
+		Endpoints:   endpoints,
+		TLS:         tlsCfg,
+		Username:    user,
+		Password:    password,
+		DialTimeout: dial,
+		Prefix:      cfg.Prefix,
+		Lock:        cfg.Lock,
+		TTL:         cfg.LeaseDuration,
+		Log:         log,
+	})
+}
+
+// etcdEndpoints splits and checks --etcd-endpoints.
+func etcdEndpoints(s string) ([]string, error) {
+	var eps []string
+	for _, ep := range strings.Split(s, ",") {
+		ep = strings.TrimSpace(ep)
+		if ep == "" {
+			continue
+		}
+		if !validEndpoint(ep) {
+			return nil, usageErrorf("--etcd-endpoints %q: %q is not an endpoint like http://HOST:PORT, https://HOST:PORT or HOST:PORT", s, ep)
+		}
+		eps = append(eps, ep)
+	}
+	if len(eps) == 0 {
+		return nil, usageErrorf("--etcd-endpoints %q: no endpoint given", s)
+	}
+	return eps, nil
+}
+
+func validEndpoint(ep string) bool {
+	if !strings.Contains(ep, "://") {
+		_, port, err := net.SplitHostPort(ep)
+		return err == nil && port != ""
+	}
+	u, err := url.Parse(ep)
+	if err != nil {
+		return false
+	}
+	switch u.Scheme {
+	case "http", "https":
+		return u.Host != ""
+	case "unix", "unixs":
+		return u.Host != "" || u.Path != ""
+	}
+	return false
 }

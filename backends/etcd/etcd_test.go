@@ -1,0 +1,397 @@
+package etcd_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/backends/backendtest"
+	"github.com/leaderrun/leaderrun/backends/etcd"
+	"github.com/leaderrun/leaderrun/internal/testenv"
+)
+
+// etcdLease is what the tests need of the backend's lease beyond
+// backends.Lease.
+type etcdLease interface {
+	backends.Lease
+	Key() string
+	ID() clientv3.LeaseID
+}
+
+// TestEtcd runs every test of the backend against one real etcd: starting
+// one costs about a second.
+func TestEtcd(t *testing.T) {
+	e := testenv.StartEtcd(t, 1)
+	eps := e.Endpoints()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	store := &env{eps: eps, cli: cli}
+	for _, tc := range []struct {
+		name string
+		run  func(*testing.T, *env)
+	}{
+		{"Conformance", testConformance},
+		{"GrantedTTL", testGrantedTTL},
+		{"KeyDeleted", testKeyDeleted},
+		{"KeyOverwritten", testKeyOverwritten},
+		{"TryLeavesNoTrace", testTryLeavesNoTrace},
+		{"WaiterSessionEnds", testWaiterSessionEnds},
+		{"AcquiredAfterWaiting", testAcquiredAfterWaiting},
+		{"CancelWhileStoreStalled", testCancelWhileStoreStalled},
+		{"Unreachable", testUnreachable},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.run(t, store) })
+	}
+}
+
+// env is the shared server, and a client of its own that plays the
+// operator or another host.
+type env struct {
+	eps []string
+	cli *clientv3.Client
+}
+
+func newBackend(t *testing.T, eps []string, lock string, ttl time.Duration) *etcd.Backend {
+	t.Helper()
+	b, err := etcd.New(etcd.Config{Endpoints: eps, Prefix: "leaderrun-test/", Lock: lock, TTL: ttl, DialTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func testConformance(t *testing.T, env *env) {
+	backendtest.Run(t, backendtest.Harness{
+		New: func(t *testing.T, lock string) backends.Backend {
+			b, err := etcd.New(etcd.Config{Endpoints: env.eps, Prefix: "leaderrun-test/", Lock: lock, TTL: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		},
+		Drop: func(t *testing.T, l backends.Lease) {
+			if _, err := env.cli.Revoke(context.Background(), l.(etcdLease).ID()); err != nil {
+				t.Fatal(err)
+			}
+		},
+	})
+}
+
+func campaign(t *testing.T, b *etcd.Backend, id string) etcdLease {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l, err := b.Campaign(ctx, backends.CampaignOptions{Identity: id})
+	if err != nil {
+		t.Fatalf("%s: campaign: %v", id, err)
+	}
+	t.Cleanup(func() { l.Release(context.Background()) })
+	return l.(etcdLease)
+}
+
+// keys lists the candidates' keys of lock, oldest first.
+func keys(t *testing.T, cli *clientv3.Client, lock string) []string {
+	t.Helper()
+	resp, err := cli.Get(context.Background(), "leaderrun-test/"+lock+"/",
+		clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ks []string
+	for _, kv := range resp.Kvs {
+		ks = append(ks, string(kv.Key))
+	}
+	return ks
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// testGrantedTTL: etcd grants whole seconds and raises a TTL below its
+// minimum (2 s with the default election timeout); the lease reports what
+// was granted, not what was asked.
+func testGrantedTTL(t *testing.T, env *env) {
+	for _, tc := range []struct {
+		name      string
+		ask, want time.Duration
+	}{
+		{"whole seconds", 3 * time.Second, 3 * time.Second},
+		{"rounded up", 2500 * time.Millisecond, 3 * time.Second},
+		{"raised to the minimum", 500 * time.Millisecond, 2 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBackend(t, env.eps, "ttl-"+strings.ReplaceAll(tc.name, " ", "-"), tc.ask)
+			l := campaign(t, b, "a")
+			if l.TTL() != tc.want {
+				t.Errorf("asked %v, TTL() = %v, want %v", tc.ask, l.TTL(), tc.want)
+			}
+			st, err := b.Status(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.TTL != tc.want || st.Remaining <= 0 || st.Remaining > tc.want {
+				t.Errorf("status TTL %v remaining %v, want %v and (0, %v]", st.TTL, st.Remaining, tc.want, tc.want)
+			}
+		})
+	}
+}
+
+// testKeyDeleted: deleting the leader's key (lease still alive) is loss,
+// reported at once, and Renew must not pretend otherwise.
+func testKeyDeleted(t *testing.T, env *env) {
+	cli := env.cli
+	b := newBackend(t, env.eps, "key-deleted", 5*time.Second)
+	l := campaign(t, b, "a")
+	if _, err := cli.Delete(context.Background(), l.Key()); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	select {
+	case <-l.Lost():
+		t.Logf("loss reported %v after the delete", time.Since(deleted))
+	case <-time.After(time.Second):
+		t.Fatal("Lost() not closed within 1s of deleting the key")
+	}
+	if err := l.Err(); !errors.Is(err, backends.ErrLeaseLost) || !strings.Contains(err.Error(), "deleted") {
+		t.Errorf("Err() = %v, want ErrLeaseLost saying the key was deleted", err)
+	}
+	if err := l.Renew(context.Background()); !errors.Is(err, backends.ErrLeaseLost) {
+		t.Errorf("Renew after the key was deleted = %v, want ErrLeaseLost", err)
+	}
+	if err := l.Release(context.Background()); err != nil {
+		t.Errorf("release after loss: %v", err)
+	}
+	if err := l.Release(context.Background()); err != nil {
+		t.Errorf("second release: %v", err)
+	}
+}
+
+// testKeyOverwritten: a put on the leader's key without its lease detaches
+// the key from the lease, so the lease no longer proves anything: that is
+// loss too, and release deletes the key rather than leave it blocking the
+// election for ever.
+func testKeyOverwritten(t *testing.T, env *env) {
+	lock := "key-overwritten"
+	b := newBackend(t, env.eps, lock, 5*time.Second)
+	l := campaign(t, b, "a")
+	if _, err := env.cli.Put(context.Background(), l.Key(), "intruder"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Lost():
+	case <-time.After(time.Second):
+		t.Fatal("Lost() not closed within 1s of overwriting the key")
+	}
+	if err := l.Err(); !errors.Is(err, backends.ErrLeaseLost) || !strings.Contains(err.Error(), "overwritten") {
+		t.Errorf("Err() = %v, want ErrLeaseLost saying the key was overwritten", err)
+	}
+	if err := l.Release(context.Background()); err != nil {
+		t.Errorf("release: %v", err)
+	}
+	if ks := keys(t, env.cli, lock); len(ks) != 0 {
+		t.Errorf("keys after release: %v, want none", ks)
+	}
+}
+
+// testTryLeavesNoTrace: a --try on a held lock neither queues nor leaves a
+// key or lease behind.
+func testTryLeavesNoTrace(t *testing.T, env *env) {
+	cli := env.cli
+	lock := "try-no-trace"
+	a, b := newBackend(t, env.eps, lock, 5*time.Second), newBackend(t, env.eps, lock, 5*time.Second)
+	la := campaign(t, a, "a")
+	before, err := cli.Leases(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Campaign(context.Background(), backends.CampaignOptions{Identity: "b", Try: true})
+	if !errors.Is(err, backends.ErrLocked) {
+		t.Fatalf("try: %v, want ErrLocked", err)
+	}
+	if !strings.Contains(err.Error(), `"a"`) {
+		t.Errorf("error %q does not name the holder", err)
+	}
+	if ks := keys(t, cli, lock); len(ks) != 1 || ks[0] != la.Key() {
+		t.Errorf("keys after try: %v, want only the holder's %s", ks, la.Key())
+	}
+	after, err := cli.Leases(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after.Leases) > len(before.Leases) {
+		t.Errorf("try left a lease behind: %d leases before, %d after", len(before.Leases), len(after.Leases))
+	}
+}
+
+// testWaiterSessionEnds: a waiting candidate whose lease is revoked under it
+// notices, campaigns again with a new session and still gets the lock.
+func testWaiterSessionEnds(t *testing.T, env *env) {
+	cli := env.cli
+	lock := "waiter-session-ends"
+	a, b := newBackend(t, env.eps, lock, 5*time.Second), newBackend(t, env.eps, lock, 5*time.Second)
+	la := campaign(t, a, "a")
+	got := make(chan backends.Lease, 1)
+	errc := make(chan error, 1)
+	go func() {
+		l, err := b.Campaign(context.Background(), backends.CampaignOptions{Identity: "b"})
+		errc <- err
+		got <- l
+	}()
+	var first string
+	waitFor(t, "the waiter's key", func() bool {
+		ks := keys(t, cli, lock)
+		if len(ks) == 2 {
+			first = ks[1]
+		}
+		return first != ""
+	})
+	var id int64
+	resp, err := cli.Get(context.Background(), first)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("read waiter's key: %v", err)
+	}
+	id = resp.Kvs[0].Lease
+	if _, err := cli.Revoke(context.Background(), clientv3.LeaseID(id)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the waiter to queue again under a new key", func() bool {
+		ks := keys(t, cli, lock)
+		return len(ks) == 2 && ks[1] != first
+	})
+	if err := la.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-errc:
+		if err != nil {
+			t.Fatalf("waiter: %v", err)
+		}
+		lb := (<-got).(etcdLease)
+		defer lb.Release(context.Background())
+		if lb.Key() == first {
+			t.Errorf("waiter won with its revoked key %s", first)
+		}
+		if lb.Token() <= la.Token() {
+			t.Errorf("waiter's token %d not greater than %d", lb.Token(), la.Token())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter did not get the lock after the holder released")
+	}
+}
+
+// testAcquiredAfterWaiting: a candidate that waited reports as Acquired the
+// send time of a renewal after it won, not its old Grant's: the runner
+// counts its first deadline from it.
+func testAcquiredAfterWaiting(t *testing.T, env *env) {
+	lock := "acquired-after-waiting"
+	a, b := newBackend(t, env.eps, lock, 5*time.Second), newBackend(t, env.eps, lock, 5*time.Second)
+	la := campaign(t, a, "a")
+	got := make(chan backends.Lease, 1)
+	start := time.Now()
+	go func() {
+		l, err := b.Campaign(context.Background(), backends.CampaignOptions{Identity: "b"})
+		if err != nil {
+			t.Errorf("waiter: %v", err)
+		}
+		got <- l
+	}()
+	waitFor(t, "the waiter to queue", func() bool {
+		st, err := a.Status(context.Background())
+		return err == nil && st.Waiting == 1 && time.Since(start) > 500*time.Millisecond
+	})
+	released := time.Now()
+	if err := la.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	lb := <-got
+	if lb == nil {
+		return
+	}
+	defer lb.Release(context.Background())
+	if lb.Acquired().Before(released) {
+		t.Errorf("Acquired %v is before the holder released (%v): the wait's Grant was used",
+			lb.Acquired().Sub(released), released)
+	}
+}
+
+// testCancelWhileStoreStalled: a waiting candidate whose connection to etcd
+// hangs still returns promptly when its context is cancelled; the
+// concurrency package's own clean-up must not block on the dead link.
+func testCancelWhileStoreStalled(t *testing.T, env *env) {
+	lock := "cancel-stalled"
+	proxy := testenv.NewProxy(t, strings.TrimPrefix(env.eps[0], "http://"))
+	a := newBackend(t, env.eps, lock, 5*time.Second)
+	b := newBackend(t, []string{"http://" + proxy.Addr()}, lock, 5*time.Second)
+	campaign(t, a, "a")
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := b.Campaign(ctx, backends.CampaignOptions{Identity: "b"})
+		errc <- err
+	}()
+	waitFor(t, "the waiter to queue", func() bool {
+		st, err := a.Status(context.Background())
+		return err == nil && st.Waiting == 1
+	})
+	proxy.Stall()
+	defer proxy.Resume()
+	cancelled := time.Now()
+	cancel()
+	select {
+	case err := <-errc:
+		took := time.Since(cancelled)
+		t.Logf("cancelled campaign returned after %v", took)
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("cancelled campaign: %v, want context.Canceled", err)
+		}
+		if took > 3*time.Second {
+			t.Errorf("cancelled campaign took %v to return, want about the withdraw timeout at most", took)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancelled campaign still blocked 10s after cancel with etcd stalled")
+	}
+}
+
+// testUnreachable: a store that cannot be reached fails fast, naming it.
+func testUnreachable(t *testing.T, env *env) {
+	ep := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))
+	for _, try := range []bool{false, true} {
+		b, err := etcd.New(etcd.Config{Endpoints: []string{ep}, Lock: "unreachable", DialTimeout: 300 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err = b.Campaign(context.Background(), backends.CampaignOptions{Identity: "a", Try: try})
+		took := time.Since(start)
+		if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), ep) {
+			t.Errorf("try=%v: campaign: %v, want ErrUnavailable naming %s", try, err, ep)
+		}
+		if took > 2*time.Second {
+			t.Errorf("try=%v: took %v to give up, want about the dial timeout", try, took)
+		}
+		_, err = b.Status(context.Background())
+		if !errors.Is(err, backends.ErrUnavailable) {
+			t.Errorf("status: %v, want ErrUnavailable", err)
+		}
+		b.Close()
+	}
+}

@@ -1,0 +1,217 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/leaderrun/leaderrun/backends"
+)
+
+// lease is won leadership: the candidacy whose key leads the election.
+//
+// Two goroutines watch for its loss. One watches the key: etcd deletes it
+// when the lease is revoked or expires, or someone deletes or overwrites
+// it, and the watch reports that within a round trip. The other waits for the session's
+// keep-alive to stop; that happens when etcd says the lease is gone, but also
+// when etcd did not answer for a whole TTL, so it asks etcd before it calls
+// the lease lost. A store that cannot be asked is the runner's business: its
+// renew deadline expires first.
+type lease struct {
+	c        *candidacy
+	key      string
+	token    uint64
+	acquired time.Time
+
+	lost chan struct{}
+	stop context.CancelFunc // ends the watchers
+	wg   sync.WaitGroup
+
+	mu       sync.Mutex
+	err      error
+	released bool
+}
+
+var _ backends.Lease = (*lease)(nil)
+
+// newLease starts watching for the loss of key from revision verified+1:
+// the key was seen held at verified, so any later deletion is replayed.
+func newLease(c *candidacy, key string, rev int64, acquired time.Time, verified int64) *lease {
+	ctx, stop := context.WithCancel(context.Background())
+	l := &lease{
+		c:        c,
+		key:      key,
+		token:    uint64(rev),
+		acquired: acquired,
+		lost:     make(chan struct{}),
+		stop:     stop,
+	}
+	l.wg.Add(2)
+	go func() {
+		defer l.wg.Done()
+		l.watchKey(ctx, verified+1)
+	}()
+	go func() {
+		defer l.wg.Done()
+		l.watchSession(ctx)
+	}()
+	return l
+}
+
+func (l *lease) Token() uint64         { return l.token }
+func (l *lease) TTL() time.Duration    { return l.c.ttl }
+func (l *lease) Acquired() time.Time   { return l.acquired }
+func (l *lease) Lost() <-chan struct{} { return l.lost }
+
+// Key is the leader's key in etcd.
+func (l *lease) Key() string { return l.key }
+
+// ID is the etcd lease that the key is attached to.
+func (l *lease) ID() clientv3.LeaseID { return l.c.id() }
+
+func (l *lease) String() string { return fmt.Sprintf("%s (lease %x)", l.key, l.ID()) }
+
+// Err implements backends.Lease.
+func (l *lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+func (l *lease) markLost(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err == nil {
+		l.err = err
+		close(l.lost)
+	}
+}
+
+func (l *lease) lostErr(format string, args ...any) error {
+	return fmt.Errorf("etcd: "+format+": %w", append(args, backends.ErrLeaseLost)...)
+}
+
+// Renew implements backends.Lease with one keep-alive request. A lease that
+// is already known to be lost is not renewed: its key may be gone while the
+// lease itself lives on.
+func (l *lease) Renew(ctx context.Context) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	_, err := l.c.b.cli.KeepAliveOnce(ctx, l.ID())
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		l.markLost(l.lostErr("lease %x of %s expired or was revoked", l.ID(), l.key))
+		return l.Err()
+	case err != nil:
+		return fmt.Errorf("etcd %s: renew lease %x of %s: %w", l.c.b.endpoints, l.ID(), l.key, err)
+	}
+	return l.Err()
+}
+
+// Release implements backends.Lease: revoking the lease deletes the key in
+// the same step, so the next candidate wakes after a single round trip.
+func (l *lease) Release(ctx context.Context) error {
+	l.mu.Lock()
+	if l.released {
+		l.mu.Unlock()
+		return nil
+	}
+	l.released = true
+	l.mu.Unlock()
+	l.stop()
+	l.wg.Wait()
+	if l.Err() != nil {
+		// A key overwritten without our lease would outlive it and
+		// block the election: delete it if it is still the one we
+		// created (Resign compares the create revision).
+		e := concurrency.ResumeElection(l.c.session, l.c.b.prefix(), l.key, int64(l.token))
+		_ = e.Resign(ctx)
+	}
+	return l.c.close(ctx)
+}
+
+// watchKey closes Lost when the key is deleted, or overwritten without our
+// lease. A watch that ends without either (its history was compacted, etcd
+// cancelled it) is replaced after a look at the key.
+func (l *lease) watchKey(ctx context.Context, from int64) {
+	cli := l.c.b.cli
+	pause := 50 * time.Millisecond
+	for {
+		for wr := range cli.Watch(ctx, l.key, clientv3.WithRev(from)) {
+			for _, ev := range wr.Events {
+				switch {
+				case ev.Type == mvccpb.Event_DELETE:
+					l.markLost(l.lostErr("key %s was deleted at revision %d (lease %x revoked or expired, or the key removed)",
+						l.key, ev.Kv.ModRevision, l.ID()))
+					return
+				case clientv3.LeaseID(ev.Kv.Lease) != l.ID():
+					// Overwritten without our lease: the key no
+					// longer ends with it, so it no longer proves
+					// anything about us.
+					l.markLost(l.lostErr("key %s was overwritten at revision %d and detached from lease %x",
+						l.key, ev.Kv.ModRevision, l.ID()))
+					return
+				}
+			}
+			if wr.Header.Revision >= from {
+				from = wr.Header.Revision + 1
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		resp, err := cli.Get(ctx, l.key)
+		switch {
+		case err != nil:
+			// Look again in a moment; meanwhile renewals and the
+			// runner's deadline stand guard.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(pause):
+			}
+			pause = min(2*pause, time.Second)
+			continue
+		case len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != int64(l.token):
+			l.markLost(l.lostErr("key %s is gone", l.key))
+			return
+		}
+		from = resp.Header.Revision + 1
+	}
+}
+
+// watchSession asks etcd about the lease once the session's keep-alive has
+// stopped, and closes Lost if etcd says that the lease is gone.
+func (l *lease) watchSession(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-l.c.session.Done():
+	}
+	for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		resp, err := l.c.b.cli.TimeToLive(ctx, l.ID())
+		switch {
+		case err == nil && resp.TTL >= 0:
+			// Alive: the keep-alive stopped on a silence. Renew keeps
+			// the lease from here on, or its deadline stops the child.
+			return
+		case err == nil, errors.Is(err, rpctypes.ErrLeaseNotFound):
+			// TTL -1: etcd no longer knows the lease.
+			l.markLost(l.lostErr("lease %x of %s expired or was revoked", l.ID(), l.key))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+	}
+}
