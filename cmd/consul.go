@@ -1,22 +1,75 @@
 package cmd
 
 import (
+	"os"
+	"time"
+
+	"github.com/hashicorp/consul/api"
 	"github.com/urfave/cli/v2"
 
 	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/backends/consul"
 )
 
-// consulFlags are the flags of the Consul backend.
+// defaultConsulLockDelay is Consul's own default lock-delay: long enough
+// for a holder that was cut off to notice and stop its command.
+const defaultConsulLockDelay = 15 * time.Second
+
+// consulFlags are the flags of the Consul backend. The address, token and
+// TLS settings are read as the consul CLI reads them; TLS comes from the
+// CONSUL_CACERT, CONSUL_CAPATH, CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY,
+// CONSUL_TLS_SERVER_NAME and CONSUL_HTTP_SSL* variables only.
 func consulFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "consul-addr", Category: categoryStore, EnvVars: []string{"LEADERRUN_CONSUL_ADDR", "CONSUL_HTTP_ADDR"},
-			Usage: "Consul agent `ADDR` (host:port or URL)"},
+		&cli.StringFlag{Name: "consul-addr", Category: categoryStore, EnvVars: []string{"LEADERRUN_CONSUL_ADDR", api.HTTPAddrEnvName},
+			Usage: "Consul agent `ADDR` (host:port or URL; https:// for TLS, with CONSUL_CACERT, CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY)"},
+		&cli.StringFlag{Name: "consul-token", Category: categoryStore, EnvVars: []string{api.HTTPTokenEnvName},
+			Usage: "Consul ACL `TOKEN` (prefer --consul-token-file: arguments are visible to every user of the host)"},
+		&cli.StringFlag{Name: "consul-token-file", Category: categoryStore, EnvVars: []string{api.HTTPTokenFileEnvName},
+			Usage: "`FILE` holding the Consul ACL token; wins over --consul-token"},
+		&cli.DurationFlag{Name: "consul-lock-delay", Category: categoryStore, EnvVars: []string{"LEADERRUN_CONSUL_LOCK_DELAY"}, Value: defaultConsulLockDelay,
+			Usage: "after a leader's session is invalidated, Consul keeps the lock from everyone for `D` (0s-60s); failover after a crash takes up to 2 × --lease-duration + D"},
 	}
 }
 
 // consulSelected reports whether a Consul address is configured.
 func consulSelected(c *cli.Context) bool { return c.String("consul-addr") != "" }
 
+// newConsulBackend validates the Consul flags and builds the backend. The
+// token's precedence is the consul CLI's: --consul-token-file, then
+// --consul-token, then CONSUL_HTTP_TOKEN_FILE, then CONSUL_HTTP_TOKEN
+// (api.NewClient applies it, telling a flag from the variable by value).
 func newConsulBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
-	return nil, usageErrorf("--backend consul: not available in this build")
+	if d := c.Duration("consul-lock-delay"); d < 0 || d > consul.MaxLockDelay {
+		return nil, usageErrorf("--consul-lock-delay %v: want 0s to %v", d, consul.MaxLockDelay)
+	}
+	if cfg.LeaseDuration < consul.MinTTL || cfg.LeaseDuration > consul.MaxTTL {
+		return nil, usageErrorf("--lease-duration %v: a Consul session TTL must be within %v and %v",
+			cfg.LeaseDuration, consul.MinTTL, consul.MaxTTL)
+	}
+	addr := c.String("consul-addr")
+	if addr == "" {
+		return nil, usageErrorf("--backend consul needs --consul-addr (or CONSUL_HTTP_ADDR)")
+	}
+	apiCfg := api.DefaultConfig()
+	apiCfg.Address = addr
+	apiCfg.Token = c.String("consul-token")
+	apiCfg.TokenFile = c.String("consul-token-file")
+	if f := apiCfg.TokenFile; f != "" {
+		// Say which flag is wrong before the client's own message does.
+		if _, err := os.Stat(f); err != nil {
+			return nil, usageErrorf("--consul-token-file: %v", err)
+		}
+	}
+	b, err := consul.New(consul.Config{
+		API:       apiCfg,
+		Lock:      cfg.Lock,
+		Prefix:    cfg.Prefix,
+		TTL:       cfg.LeaseDuration,
+		LockDelay: c.Duration("consul-lock-delay"),
+	})
+	if err != nil {
+		return nil, usageErrorf("%v", err)
+	}
+	return b, nil
 }

@@ -1,0 +1,279 @@
+// Package consul is the Consul backend. A candidate creates a session whose
+// TTL is the lease duration, acquires the key <prefix><lock> with it
+// (?acquire=), and waits for the key with blocking queries while another
+// session holds it. The key's value is the holder's identity.
+//
+// # Fencing token
+//
+// The token is the key's ModifyIndex read right after this session acquired
+// it. ModifyIndex is a Raft index: every write in the datacenter gets a
+// larger one, so a later grant always has a larger token, even when the key
+// was deleted and created again in between. LockIndex is not used: it counts
+// acquisitions of one incarnation of the key and restarts at 1 when the key
+// is deleted and re-created, so it can go backwards. A Raft index goes
+// backwards only if the servers lose their state (a snapshot restore, or a
+// dev agent restarted: its state lives in memory).
+//
+// # Timing
+//
+// Consul's servers invalidate a session between TTL and 2×TTL after its last
+// renewal: they double the TTL to allow for clock skew. When a session that
+// holds a lock is invalidated (it expired, its node failed or it was
+// destroyed), Consul refuses every acquisition of that key for the session's
+// lock-delay. So after a holder dies a standby takes over within
+// 2×TTL + lock-delay. A holder that releases the key first (leaderrun exits
+// normally, or stops after losing leadership) hands over at once: lock-delay
+// applies only to keys released by invalidation.
+//
+// Liveness of a holder is judged by the runner from acknowledged renewals
+// (PUT /v1/session/renew); the lease also watches its key with a blocking
+// query and reports loss the moment the key is deleted, taken by another
+// session, or released because the session was destroyed.
+package consul
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leaderrun/leaderrun/backends"
+)
+
+// Limits Consul puts on sessions.
+const (
+	// MinTTL and MaxTTL bound a session TTL (Consul's session_ttl_min
+	// default, and its fixed maximum).
+	MinTTL = 10 * time.Second
+	MaxTTL = 24 * time.Hour
+	// MaxLockDelay is the largest lock-delay Consul accepts.
+	MaxLockDelay = 60 * time.Second
+)
+
+const (
+	// requestTimeout bounds every request that is not a blocking query, so
+	// that a connection that stalls without closing cannot hang a campaign.
+	requestTimeout = 10 * time.Second
+	// withdrawTimeout bounds the clean-up of a cancelled candidacy: it runs
+	// after the caller's context ended and must not keep it waiting.
+	withdrawTimeout = 2 * time.Second
+	// maxWait caps a blocking query (Consul caps it at 10 minutes).
+	maxWait = 5 * time.Minute
+)
+
+// Config describes one lock in one Consul datacenter.
+type Config struct {
+	// API says how to reach the agent: address, ACL token, TLS. It is
+	// copied, not kept. Nil means api.DefaultConfig(), which reads
+	// CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, CONSUL_HTTP_TOKEN_FILE,
+	// CONSUL_CACERT, CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY and the rest as
+	// the consul CLI does.
+	API *api.Config
+
+	// Lock is the lock name; see backends.ValidateLockName.
+	Lock string
+
+	// Prefix is prepended to Lock to form the key, e.g. "leaderrun/".
+	// Zero value: the key is the lock name.
+	Prefix string
+
+	// TTL is the session TTL: how long after the last renewal Consul may
+	// invalidate the session (it may wait up to twice as long). It must be
+	// within MinTTL and MaxTTL. Too short loses leadership on a brief store
+	// hiccup; too long delays failover after a crash.
+	TTL time.Duration
+
+	// LockDelay is how long Consul refuses to hand the key to anyone else
+	// after this session is invalidated while holding it, so that a holder
+	// that was cut off has time to notice and stop. 0 to MaxLockDelay.
+	// Zero value: no delay (unlike the Consul API, whose default is 15 s;
+	// leaderrun's --consul-lock-delay defaults to 15 s).
+	LockDelay time.Duration
+}
+
+// Backend campaigns for one lock in Consul. Its methods are safe for
+// concurrent use, but Campaign is meant for one campaign at a time.
+type Backend struct {
+	client    *api.Client
+	http      *http.Client
+	addr      string
+	lock      string
+	key       string
+	ttl       time.Duration
+	lockDelay time.Duration
+}
+
+// New returns a backend for cfg.Lock. It validates cfg and builds the
+// client, but sends nothing to Consul until the first Campaign or Status.
+func New(cfg Config) (*Backend, error) {
+	if err := backends.ValidateLockName(cfg.Lock); err != nil {
+		return nil, fmt.Errorf("consul: %w", err)
+	}
+	if cfg.TTL < MinTTL || cfg.TTL > MaxTTL {
+		return nil, fmt.Errorf("consul: session TTL %v out of range: Consul accepts %v to %v", cfg.TTL, MinTTL, MaxTTL)
+	}
+	if cfg.LockDelay < 0 || cfg.LockDelay > MaxLockDelay {
+		return nil, fmt.Errorf("consul: lock-delay %v out of range: Consul accepts 0s to %v", cfg.LockDelay, MaxLockDelay)
+	}
+	var apiCfg api.Config
+	if cfg.API != nil {
+		apiCfg = *cfg.API
+	} else {
+		apiCfg = *api.DefaultConfig()
+	}
+	addr := redactAddr(apiCfg.Address)
+	client, err := api.NewClient(&apiCfg)
+	if err != nil {
+		// NewClient fails on a bad scheme, TLS files or token file; none of
+		// its messages contains the token itself.
+		return nil, fmt.Errorf("consul: client for %s: %w", addr, err)
+	}
+	if addr == "" {
+		addr = apiCfg.Address
+	}
+	return &Backend{
+		client:    client,
+		http:      apiCfg.HttpClient,
+		addr:      addr,
+		lock:      cfg.Lock,
+		key:       cfg.Prefix + cfg.Lock,
+		ttl:       cfg.TTL,
+		lockDelay: cfg.LockDelay,
+	}, nil
+}
+
+// redactAddr drops user information from an address given as a URL, so that
+// messages that name the address never carry a password.
+func redactAddr(addr string) string {
+	scheme, rest, ok := strings.Cut(addr, "://")
+	if !ok {
+		scheme, rest = "", addr
+	}
+	host, path, _ := strings.Cut(rest, "/")
+	if i := strings.LastIndexByte(host, '@'); i >= 0 {
+		host = host[i+1:]
+	}
+	if path != "" {
+		host += "/" + path
+	}
+	if scheme != "" {
+		return scheme + "://" + host
+	}
+	return host
+}
+
+// Name implements backends.Backend.
+func (b *Backend) Name() string { return "consul" }
+
+// Key is where the lock lives in Consul's KV store.
+func (b *Backend) Key() string { return b.key }
+
+// Close implements backends.Backend: it closes idle connections to the
+// agent. Leases must be released first.
+func (b *Backend) Close() error {
+	if b.http != nil {
+		b.http.CloseIdleConnections()
+	}
+	return nil
+}
+
+// sessionName is the name of every candidate's session for this lock.
+// Status counts the sessions of that name to tell how many wait.
+func (b *Backend) sessionName() string { return "leaderrun " + b.key }
+
+// unavailable wraps an error met before leadership: it names the address
+// and the key, and never the token.
+func (b *Backend) unavailable(op string, err error) error {
+	return fmt.Errorf("consul at %s: %s %s: %w: %w", b.addr, op, b.key, backends.ErrUnavailable, err)
+}
+
+// errSessionGone says that the candidate's session was invalidated (it
+// expired, its node failed, or it was destroyed): campaign again with a new
+// one.
+var errSessionGone = errors.New("consul: session invalidated")
+
+// isInvalidSession reports whether Consul refused a write because the
+// session no longer exists ("raft apply failed: invalid session ...").
+func isInvalidSession(err error) bool {
+	var se api.StatusError
+	return errors.As(err, &se) && strings.Contains(strings.ToLower(se.Body), "invalid session")
+}
+
+// get reads the key. With index > 0 it is a blocking query that returns
+// when the key's index passes index, or after at most wait.
+func (b *Backend) get(ctx context.Context, index uint64, wait time.Duration, consistent bool) (*api.KVPair, *api.QueryMeta, error) {
+	q := &api.QueryOptions{RequireConsistent: consistent}
+	timeout := requestTimeout
+	if index > 0 {
+		wait = min(max(wait, time.Millisecond), maxWait)
+		// Consul adds a random jitter of up to 1/16 of the wait time: ask
+		// for 16/17 of it so that the answer comes by wait at the latest.
+		q.WaitIndex, q.WaitTime = index, max(wait-wait/17, time.Millisecond)
+		timeout += wait
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return b.client.KV().Get(b.key, q.WithContext(ctx))
+}
+
+// nextIndex is the index for the next blocking query after one that
+// returned got. Consul's rules: an index that went backwards (a snapshot
+// restore, a new dev agent) starts over from 0, which does not block; an
+// index of 0 must not be used to block, so it becomes 1.
+func nextIndex(prev, got uint64) uint64 {
+	if got < prev {
+		return 0
+	}
+	return max(got, 1)
+}
+
+// Status implements backends.Backend. The token is the key's current
+// ModifyIndex: the holder writes the key only when it acquires it, so that
+// equals its token unless something else wrote the key since. Waiting counts
+// the sessions named for this lock other than the holder's; a candidate
+// that died while waiting is counted until Consul expires its session.
+// Remaining is -1: Consul does not tell when a session will expire.
+//
+// Status needs key:read on the key; without session:read as well it still
+// reports the holder and token, with Waiting -1 and no TTL or node.
+func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
+	st := backends.Status{Lock: b.lock, Backend: b.Name(), Key: b.key, Remaining: -1, Waiting: -1}
+	pair, _, err := b.get(ctx, 0, 0, false)
+	if err != nil {
+		return st, b.unavailable("read", err)
+	}
+	lctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	var holder *api.SessionEntry
+	sessions, meta, err := b.client.Session().List((&api.QueryOptions{}).WithContext(lctx))
+	if err == nil {
+		waiting := 0
+		for _, s := range sessions {
+			switch {
+			case pair != nil && s.ID == pair.Session:
+				holder = s
+			case s.Name == b.sessionName():
+				waiting++
+			}
+		}
+		// A list that the token's ACLs cut short cannot be counted.
+		if !meta.ResultsFilteredByACLs {
+			st.Waiting = waiting
+		}
+	}
+	if pair == nil || pair.Session == "" {
+		return st, nil
+	}
+	st.Held = true
+	st.Identity = string(pair.Value)
+	st.Token = pair.ModifyIndex
+	if holder != nil {
+		st.Node = holder.Node
+		st.TTL, _ = time.ParseDuration(holder.TTL)
+	}
+	return st, nil
+}

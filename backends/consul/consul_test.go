@@ -1,0 +1,666 @@
+package consul_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/backends/backendtest"
+	"github.com/leaderrun/leaderrun/backends/consul"
+	"github.com/leaderrun/leaderrun/internal/testenv"
+)
+
+const ttl = 10 * time.Second
+
+// newBackend returns a backend for lock on the agent at addr. The suite and
+// the tests below close it.
+func newBackend(t *testing.T, addr, lock string, lockDelay time.Duration) *consul.Backend {
+	t.Helper()
+	cfg := api.DefaultConfig()
+	cfg.Address = addr
+	b, err := consul.New(consul.Config{API: cfg, Lock: lock, Prefix: "leaderrun-test/", TTL: ttl, LockDelay: lockDelay})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// admin is a separate client that plays the operator.
+func admin(t *testing.T, addr string) *api.Client {
+	t.Helper()
+	cfg := api.DefaultConfig()
+	cfg.Address = addr
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func sessionOf(t *testing.T, l backends.Lease) string {
+	t.Helper()
+	s, ok := l.(interface{ Session() string })
+	if !ok {
+		t.Fatalf("lease %T does not tell its session", l)
+	}
+	return s.Session()
+}
+
+func destroy(t *testing.T, c *api.Client, session string) {
+	t.Helper()
+	if _, err := c.Session().Destroy(session, nil); err != nil {
+		t.Fatalf("destroy session %s: %v", session, err)
+	}
+}
+
+func campaign(t *testing.T, b backends.Backend, id string) backends.Lease {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := b.Campaign(ctx, backends.CampaignOptions{Identity: id})
+	if err != nil {
+		t.Fatalf("%s: campaign: %v", id, err)
+	}
+	return l
+}
+
+type campaignResult struct {
+	lease backends.Lease
+	err   error
+}
+
+func (r campaignResult) get(t *testing.T) backends.Lease {
+	t.Helper()
+	if r.err != nil {
+		t.Fatalf("campaign: %v", r.err)
+	}
+	return r.lease
+}
+
+// campaignAsync campaigns in a goroutine that ends when the campaign does.
+func campaignAsync(b backends.Backend, id string) <-chan campaignResult {
+	ch := make(chan campaignResult, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		l, err := b.Campaign(ctx, backends.CampaignOptions{Identity: id})
+		ch <- campaignResult{l, err}
+	}()
+	return ch
+}
+
+func release(t *testing.T, l backends.Lease) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("release: %v", err)
+	}
+}
+
+// TestConsulConformance runs the shared suite against a real dev agent. Lock-delay
+// is 0: the suite hands the lock over 50 times, some of them by dropping a
+// session, which would otherwise cost 15 s each.
+func TestConsulConformance(t *testing.T) {
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
+	op := admin(t, agent.Addr())
+	backendtest.Run(t, backendtest.Harness{
+		New: func(t *testing.T, lock string) backends.Backend {
+			return newBackend(t, agent.Addr(), lock, 0)
+		},
+		Drop: func(t *testing.T, l backends.Lease) { destroy(t, op, sessionOf(t, l)) },
+	})
+}
+
+// TestConsulTokenAfterKeyDeleted: the token keeps growing when an operator deletes
+// the key between two grants, where LockIndex starts again at 1.
+func TestConsulTokenAfterKeyDeleted(t *testing.T) {
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
+	op := admin(t, agent.Addr())
+	b := newBackend(t, agent.Addr(), "deleted", 0)
+	var tokens, lockIndexes []uint64
+	for round := range 3 {
+		for range 2 {
+			l := campaign(t, b, "a")
+			pair, _, err := op.KV().Get(b.Key(), nil)
+			if err != nil || pair == nil {
+				t.Fatalf("read %s: %v", b.Key(), err)
+			}
+			tokens = append(tokens, l.Token())
+			lockIndexes = append(lockIndexes, pair.LockIndex)
+			release(t, l)
+		}
+		if _, err := op.KV().Delete(b.Key(), nil); err != nil {
+			t.Fatalf("round %d: delete %s: %v", round, b.Key(), err)
+		}
+	}
+	t.Logf("tokens %v; LockIndex %v", tokens, lockIndexes)
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Errorf("grant %d: token %d not greater than %d (all %v)", i, tokens[i], tokens[i-1], tokens)
+		}
+	}
+	// What the token must not be: LockIndex went back to 1 after each delete.
+	if lockIndexes[2] != 1 || lockIndexes[1] != 2 {
+		t.Errorf("LockIndex %v: expected it to restart at 1 after a delete (test premise)", lockIndexes)
+	}
+}
+
+// TestConsulLockDelay: when the holder's session is destroyed, a waiter gets the
+// lock once the holder's lock-delay has passed, and not before, without
+// polling the agent meanwhile.
+func TestConsulLockDelay(t *testing.T) {
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
+	op := admin(t, agent.Addr())
+	const delay = 2 * time.Second
+	holder := newBackend(t, agent.Addr(), "delay", delay)
+	counter := newCountingProxy(t, agent.Addr())
+	waiter := newBackend(t, counter.addr(), "delay", 0)
+
+	lh := campaign(t, holder, "holder")
+	got := campaignAsync(waiter, "waiter")
+	counter.waitBlocked(t)
+	before := counter.requests()
+	destroy(t, op, sessionOf(t, lh))
+	dropped := time.Now()
+	select {
+	case res := <-got:
+		lw := res.get(t)
+		took := time.Since(dropped)
+		n := counter.requests() - before
+		t.Logf("waiter acquired %v after the holder's session was destroyed (lock-delay %v), with %d requests: %v", took, delay, n, counter.paths())
+		if took < delay-50*time.Millisecond {
+			t.Errorf("acquired %v after the drop, before the lock-delay of %v had passed", took, delay)
+		}
+		if took > delay+500*time.Millisecond {
+			t.Errorf("acquired %v after the drop, want within 500ms of the lock-delay of %v", took, delay)
+		}
+		if n > 10 {
+			t.Errorf("%d requests while waiting out the lock-delay: polling", n)
+		}
+		if lw.Token() <= lh.Token() {
+			t.Errorf("token %d after %d", lw.Token(), lh.Token())
+		}
+		release(t, lw)
+	case <-time.After(delay + 10*time.Second):
+		t.Fatal("waiter did not acquire the lock")
+	}
+	release(t, lh)
+}
+
+// TestConsulIdleWaiterBlocks: a waiter holds one blocking query open and sends
+// nothing else until its session needs renewing.
+func TestConsulIdleWaiterBlocks(t *testing.T) {
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
+	holder := newBackend(t, agent.Addr(), "idle", 0)
+	counter := newCountingProxy(t, agent.Addr())
+	waiter := newBackend(t, counter.addr(), "idle", 0)
+	lh := campaign(t, holder, "holder")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	_, err := waiter.Campaign(ctx, backends.CampaignOptions{Identity: "waiter"})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("waiter: %v, want context.DeadlineExceeded", err)
+	}
+	// create, info, acquire, read, holder's info, blocking read; then
+	// withdrawal: destroy.
+	n := counter.requests()
+	t.Logf("a waiter sent %d requests in 3s: %v", n, counter.paths())
+	if n > 8 {
+		t.Errorf("waiter sent %d requests in 3s; want a handful (no polling)", n)
+	}
+	release(t, lh)
+}
+
+// TestConsulWaiterSessionInvalidated: a waiter whose session is destroyed behind
+// its back campaigns again with a new session and still gets the lock.
+func TestConsulWaiterSessionInvalidated(t *testing.T) {
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
+	op := admin(t, agent.Addr())
+	counter := newCountingProxy(t, agent.Addr())
+	a, b := newBackend(t, agent.Addr(), "rewait", 0), newBackend(t, counter.addr(), "rewait", 0)
+	la := campaign(t, a, "a")
+	got := campaignAsync(b, "b")
+	counter.waitBlocked(t)
+	var waiting string
+	waitUntil(t, "the waiter's session", func() bool {
+		sessions, _, err := op.Session().List(nil)
+		if err != nil {
+			return false
+		}
+		for _, s := range sessions {
+			if s.ID != sessionOf(t, la) && strings.HasSuffix(s.Name, a.Key()) {
+				waiting = s.ID
+				return true
+			}
+		}
+		return false
+	})
+	destroy(t, op, waiting)
+	released := time.Now()
+	release(t, la)
+	select {
+	case res := <-got:
+		lb := res.get(t)
+		t.Logf("waiter acquired %v after the release, with session %s (destroyed one: %s)", time.Since(released), sessionOf(t, lb), waiting)
+		if sessionOf(t, lb) == waiting {
+			t.Error("the waiter holds the lock with the session that was destroyed")
+		}
+		if lb.Token() <= la.Token() {
+			t.Errorf("token %d after %d", lb.Token(), la.Token())
+		}
+		release(t, lb)
+	case <-time.After(15 * time.Second):
+		t.Fatal("waiter did not acquire the lock after its session was destroyed")
+	}
+}
+
+// TestConsulSessionDestroyedAtBirth: a session destroyed between its
+// creation and the first look at it (an operator cleaning up, a node check
+// failing) makes the candidate start over with a new one, not fail.
+func TestConsulSessionDestroyedAtBirth(t *testing.T) {
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
+	op := admin(t, agent.Addr())
+	var first atomic.Value
+	proxy := newHookedProxy(t, agent.Addr(), func(r *http.Request) {
+		if id, ok := strings.CutPrefix(r.URL.Path, "/v1/session/info/"); ok && first.CompareAndSwap(nil, id) {
+			if _, err := op.Session().Destroy(id, nil); err != nil {
+				t.Errorf("destroy %s: %v", id, err)
+			}
+		}
+	})
+	b := newBackend(t, proxy.addr(), "birth", 0)
+	l := campaign(t, b, "a")
+	if first.Load() == nil || sessionOf(t, l) == first.Load().(string) {
+		t.Errorf("lease holds session %s; want a new one after %v was destroyed", sessionOf(t, l), first.Load())
+	}
+	release(t, l)
+}
+
+// TestConsulLossReasons: each way the key stops being ours closes Lost at once
+// and Err says which.
+func TestConsulLossReasons(t *testing.T) {
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
+	op := admin(t, agent.Addr())
+	cases := []struct {
+		name string
+		do   func(t *testing.T, key string, l backends.Lease)
+		want string
+	}{
+		{name: "session destroyed", want: "no longer holds", do: func(t *testing.T, key string, l backends.Lease) {
+			destroy(t, op, sessionOf(t, l))
+		}},
+		{name: "key deleted", want: "was deleted", do: func(t *testing.T, key string, l backends.Lease) {
+			if _, err := op.KV().Delete(key, nil); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{name: "key taken", want: "was taken by session", do: func(t *testing.T, key string, l backends.Lease) {
+			// Delete and acquire with another session: as if an operator
+			// broke the lock and another tool took it.
+			s, _, err := op.Session().Create(&api.SessionEntry{TTL: "10s"}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { op.Session().Destroy(s, nil) })
+			// In one transaction, so that the lease sees no deletion first.
+			ok, resp, _, err := op.Txn().Txn(api.TxnOps{
+				{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: key}},
+				{KV: &api.KVTxnOp{Verb: api.KVLock, Key: key, Value: []byte("intruder"), Session: s}},
+			}, nil)
+			if err != nil || !ok {
+				t.Fatalf("take %s: %v %+v", key, err, resp)
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBackend(t, agent.Addr(), strings.ReplaceAll(tc.name, " ", "-"), 0)
+			l := campaign(t, b, "a")
+			defer release(t, l)
+			tc.do(t, b.Key(), l)
+			at := time.Now()
+			select {
+			case <-l.Lost():
+				t.Logf("loss reported %v after the change: %v", time.Since(at), l.Err())
+			case <-time.After(time.Second):
+				t.Fatal("Lost() not closed within 1s")
+			}
+			if err := l.Err(); !errors.Is(err, backends.ErrLeaseLost) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Err() = %v, want ErrLeaseLost saying %q", err, tc.want)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := l.Renew(ctx); !errors.Is(err, backends.ErrLeaseLost) {
+				t.Errorf("Renew after loss = %v, want ErrLeaseLost", err)
+			}
+		})
+	}
+}
+
+// TestConsulLeaseProperties: the lease reports the TTL Consul granted and the
+// send time of the session's creation; the session carries the configured
+// lock-delay, 0 included (the API's Create would send 15s for 0).
+func TestConsulLeaseProperties(t *testing.T) {
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
+	op := admin(t, agent.Addr())
+	for _, delay := range []time.Duration{0, 15 * time.Second, consul.MaxLockDelay} {
+		b := newBackend(t, agent.Addr(), "props", delay)
+		before := time.Now()
+		l := campaign(t, b, "a")
+		after := time.Now()
+		if l.TTL() != ttl {
+			t.Errorf("TTL() = %v, want %v", l.TTL(), ttl)
+		}
+		if l.Acquired().Before(before) || l.Acquired().After(after) {
+			t.Errorf("Acquired() %v not within the campaign [%v, %v]", l.Acquired(), before, after)
+		}
+		info, _, err := op.Session().Info(sessionOf(t, l), nil)
+		if err != nil || info == nil {
+			t.Fatalf("session info: %v", err)
+		}
+		if info.LockDelay != delay || info.Behavior != api.SessionBehaviorRelease || info.TTL != "10s" {
+			t.Errorf("session %+v, want lock-delay %v, behavior release, TTL 10s", info, delay)
+		}
+		st, err := b.Status(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.TTL != ttl || st.Node != agent.Node() || st.Remaining != -1 || st.Waiting != 0 || st.Key != "leaderrun-test/props" {
+			t.Errorf("status %+v, want TTL %v, node %s, remaining -1, waiting 0", st, ttl, agent.Node())
+		}
+		release(t, l)
+		if err := l.Release(context.Background()); err != nil {
+			t.Errorf("second release: %v", err)
+		}
+	}
+}
+
+// TestConsulUnavailable: an agent that cannot be reached, or that refuses the
+// token, is ErrUnavailable naming the address and never the token.
+func TestConsulUnavailable(t *testing.T) {
+	const secret = "d9b1c2a4-secret-token"
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{ACLToken: "management-" + secret})
+	closed := func() string {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		return l.Addr().String()
+	}()
+	cases := []struct{ name, addr, want string }{
+		{name: "nothing listening", addr: closed, want: "connection refused"},
+		{name: "token refused", addr: agent.Addr(), want: "403"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := api.DefaultConfig()
+			cfg.Address, cfg.Token = tc.addr, secret
+			b, err := consul.New(consul.Config{API: cfg, Lock: "x", TTL: ttl})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, cerr := b.Campaign(ctx, backends.CampaignOptions{Identity: "a"})
+			_, serr := b.Status(ctx)
+			for _, err := range []error{cerr, serr} {
+				if !errors.Is(err, backends.ErrUnavailable) {
+					t.Errorf("got %v, want ErrUnavailable", err)
+					continue
+				}
+				msg := err.Error()
+				if !strings.Contains(msg, tc.addr) || !strings.Contains(msg, tc.want) {
+					t.Errorf("%q does not name the address %s and %q", msg, tc.addr, tc.want)
+				}
+				if strings.Contains(msg, secret) {
+					t.Errorf("%q contains the token", msg)
+				}
+				t.Log(msg)
+			}
+		})
+	}
+}
+
+func TestConsulNewValidates(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  consul.Config
+		want string
+	}{
+		{name: "ttl too short", cfg: consul.Config{Lock: "x", TTL: 9 * time.Second}, want: "TTL 9s"},
+		{name: "ttl too long", cfg: consul.Config{Lock: "x", TTL: 25 * time.Hour}, want: "TTL 25h0m0s"},
+		{name: "negative lock-delay", cfg: consul.Config{Lock: "x", TTL: ttl, LockDelay: -time.Second}, want: "lock-delay -1s"},
+		{name: "lock-delay too long", cfg: consul.Config{Lock: "x", TTL: ttl, LockDelay: 61 * time.Second}, want: "lock-delay 1m1s"},
+		{name: "bad lock", cfg: consul.Config{Lock: "a/b", TTL: ttl}, want: "lock name"},
+		{name: "bad scheme", cfg: consul.Config{Lock: "x", TTL: ttl, API: &api.Config{Address: "ftp://u:pw@h:1"}}, want: "ftp://h:1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := consul.New(tc.cfg)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("New() = %v, want an error saying %q", err, tc.want)
+			}
+			if err != nil && strings.Contains(err.Error(), "pw") {
+				t.Errorf("%v shows the address's password", err)
+			}
+		})
+	}
+}
+
+// countingProxy forwards HTTP to an agent and counts the requests. If
+// before is set, it sees each request before it is forwarded.
+type countingProxy struct {
+	srv    *httptest.Server
+	mu     sync.Mutex
+	log    []string
+	n      atomic.Int64
+	before func(r *http.Request)
+}
+
+func newCountingProxy(t *testing.T, target string) *countingProxy {
+	return newHookedProxy(t, target, nil)
+}
+
+func newHookedProxy(t *testing.T, target string, before func(r *http.Request)) *countingProxy {
+	t.Helper()
+	u, err := url.Parse("http://" + target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &countingProxy{before: before}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.n.Add(1)
+		p.mu.Lock()
+		p.log = append(p.log, r.Method+" "+r.URL.Path+"?"+r.URL.RawQuery)
+		p.mu.Unlock()
+		if p.before != nil {
+			p.before(r)
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+func (p *countingProxy) addr() string    { return strings.TrimPrefix(p.srv.URL, "http://") }
+func (p *countingProxy) requests() int64 { return p.n.Load() }
+func (p *countingProxy) paths() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.log...)
+}
+
+// waitBlocked waits until a blocking query went through the proxy: a
+// candidate has tried, failed and is waiting.
+func (p *countingProxy) waitBlocked(t *testing.T) {
+	t.Helper()
+	waitUntil(t, "a blocking query", func() bool {
+		for _, path := range p.paths() {
+			if strings.Contains(path, "index=") {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// waitUntil polls cond, a condition in another process, for up to 10 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestConsulClusterLeaderChange: on a 3-server cluster, the Raft leader is
+// stopped while one candidate holds the lock through one follower and
+// another waits through the other. The holder's session survives the
+// election, the waiter rides it out, and the waiter's token after the
+// handover is greater: ModifyIndex is a Raft index, which a new leader
+// continues.
+func TestConsulClusterLeaderChange(t *testing.T) {
+	servers := testenv.StartConsulCluster(t, 3)
+	ops := make([]*api.Client, len(servers))
+	for i, s := range servers {
+		ops[i] = admin(t, s.Addr())
+	}
+	leaderOf := func() int {
+		for {
+			addr, err := ops[0].Status().Leader()
+			if err == nil && addr != "" {
+				host, _, _ := net.SplitHostPort(addr)
+				for i, s := range servers {
+					if sh, _, _ := net.SplitHostPort(s.Addr()); sh == host {
+						return i
+					}
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	li := leaderOf()
+	var (
+		followers []*testenv.ConsulAgent
+		other     *api.Client
+	)
+	for i, s := range servers {
+		if i != li {
+			followers = append(followers, s)
+			other = ops[i]
+		}
+	}
+	a := newBackend(t, followers[0].Addr(), "cluster", 0)
+	counter := newCountingProxy(t, followers[1].Addr())
+	b := newBackend(t, counter.addr(), "cluster", 0)
+	la := campaign(t, a, "a")
+	got := campaignAsync(b, "b")
+	counter.waitBlocked(t)
+
+	stopped := time.Now()
+	servers[li].Stop()
+	waitUntil(t, "a new leader", func() bool {
+		addr, err := other.Status().Leader()
+		return err == nil && addr != "" && !strings.HasPrefix(addr, strings.Split(servers[li].Addr(), ":")[0]+":")
+	})
+	t.Logf("new Raft leader after %v", time.Since(stopped))
+	waitUntil(t, "the holder's renewal through the new leader", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		return la.Renew(ctx) == nil
+	})
+	select {
+	case <-la.Lost():
+		t.Fatalf("the holder lost its lease in the election: %v", la.Err())
+	default:
+	}
+	released := time.Now()
+	release(t, la)
+	select {
+	case res := <-got:
+		lb := res.get(t)
+		t.Logf("waiter acquired %v after the release; tokens %d then %d", time.Since(released), la.Token(), lb.Token())
+		if lb.Token() <= la.Token() {
+			t.Errorf("token %d after the election, not greater than %d", lb.Token(), la.Token())
+		}
+		release(t, lb)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the waiter did not get the lock after the election")
+	}
+	servers[li].Start()
+}
+
+// TestConsulACLPolicies: the least a token needs. To campaign: write on the
+// key and on sessions of the agent's node. For status: read on the key;
+// without session read it still shows the holder and token.
+func TestConsulACLPolicies(t *testing.T) {
+	const root = "root-token-for-tests"
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{ACLToken: root})
+	cfg := api.DefaultConfig()
+	cfg.Address, cfg.Token = agent.Addr(), root
+	op, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := func(name, rules string) string {
+		t.Helper()
+		p, _, err := op.ACL().PolicyCreate(&api.ACLPolicy{Name: name, Rules: rules}, nil)
+		if err != nil {
+			t.Fatalf("policy %s: %v", name, err)
+		}
+		tok, _, err := op.ACL().TokenCreate(&api.ACLToken{Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
+		if err != nil {
+			t.Fatalf("token %s: %v", name, err)
+		}
+		return tok.SecretID
+	}
+	withToken := func(secret string) *consul.Backend {
+		cfg := api.DefaultConfig()
+		cfg.Address, cfg.Token = agent.Addr(), secret
+		b, err := consul.New(consul.Config{API: cfg, Lock: "acl", Prefix: "leaderrun-test/", TTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		return b
+	}
+	runner := withToken(token("runner", `key_prefix "leaderrun-test/" { policy = "write" }
+session_prefix "" { policy = "write" }`))
+	reader := withToken(token("reader", `key_prefix "leaderrun-test/" { policy = "read" }`))
+
+	l := campaign(t, runner, "holder")
+	defer release(t, l)
+	st, err := runner.Status(context.Background())
+	if err != nil || !st.Held || st.Token != l.Token() || st.Waiting != 0 || st.TTL != ttl {
+		t.Errorf("status with the runner's token: %+v, %v", st, err)
+	}
+	st, err = reader.Status(context.Background())
+	if err != nil || !st.Held || st.Identity != "holder" || st.Token != l.Token() || st.Waiting != -1 {
+		t.Errorf("status with a read-only token: %+v, %v; want holder and token, waiting -1", st, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := reader.Campaign(ctx, backends.CampaignOptions{Identity: "reader"}); !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "403") {
+		t.Errorf("campaign with a read-only token: %v, want ErrUnavailable (403)", err)
+	}
+}

@@ -1,0 +1,167 @@
+package consul
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leaderrun/leaderrun/backends"
+)
+
+// watchWait is how long one blocking query of the lease's watch lasts.
+// Consul answers at once when the key changes; the wait only bounds how
+// long a silently broken connection goes unnoticed by the watch (renewals
+// notice it sooner).
+const watchWait = time.Minute
+
+// lease is a session that holds the key. A goroutine started by newLease
+// watches the key and closes lost when the key stops being ours; Release
+// stops it and waits for it.
+type lease struct {
+	b        *Backend
+	session  string
+	identity string
+	token    uint64
+	ttl      time.Duration
+	acquired time.Time
+
+	lost      chan struct{}
+	stopWatch context.CancelFunc
+	watchDone chan struct{}
+
+	mu       sync.Mutex
+	err      error
+	released bool
+}
+
+// newLease starts watching the key from index, the X-Consul-Index of the
+// read that found it held by session.
+func newLease(b *Backend, session, identity string, token uint64, ttl time.Duration, acquired time.Time, index uint64) *lease {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &lease{
+		b:         b,
+		session:   session,
+		identity:  identity,
+		token:     token,
+		ttl:       ttl,
+		acquired:  acquired,
+		lost:      make(chan struct{}),
+		stopWatch: cancel,
+		watchDone: make(chan struct{}),
+	}
+	go l.watch(ctx, index)
+	return l
+}
+
+func (l *lease) Token() uint64         { return l.token }
+func (l *lease) TTL() time.Duration    { return l.ttl }
+func (l *lease) Acquired() time.Time   { return l.acquired }
+func (l *lease) Lost() <-chan struct{} { return l.lost }
+
+// Session is the ID of the Consul session that holds the lock.
+func (l *lease) Session() string { return l.session }
+
+func (l *lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+func (l *lease) markLost(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err == nil {
+		l.err = err
+		close(l.lost)
+	}
+}
+
+// Renew implements backends.Lease with one PUT /v1/session/renew. Consul
+// answers 404 for a session it no longer has: the lease is lost.
+func (l *lease) Renew(ctx context.Context) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	entry, _, err := l.b.client.Session().Renew(l.session, (&api.WriteOptions{}).WithContext(ctx))
+	switch {
+	case err != nil:
+		return fmt.Errorf("consul at %s: renew session %s holding %s: %w", l.b.addr, l.session, l.b.key, err)
+	case entry == nil:
+		l.markLost(fmt.Errorf("consul: session %s holding %s is gone (expired or destroyed): %w", l.session, l.b.key, backends.ErrLeaseLost))
+		return l.Err()
+	}
+	return nil
+}
+
+// watch holds a blocking query on the key until the key is no longer held
+// by this session, or ctx ends. Failed queries are retried: whether the
+// store can still be reached is for renewals and the runner's deadline to
+// judge; the watch reports only what Consul says about the key.
+func (l *lease) watch(ctx context.Context, index uint64) {
+	defer close(l.watchDone)
+	var retry backoff
+	for {
+		pair, meta, err := l.b.get(ctx, index, watchWait, false)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			if retry.sleep(ctx) != nil {
+				return
+			}
+			continue
+		}
+		retry = 0
+		if err := l.check(pair); err != nil {
+			l.markLost(err)
+			return
+		}
+		index = nextIndex(index, meta.LastIndex)
+	}
+}
+
+// check says why pair shows that the key is no longer ours, or nil.
+func (l *lease) check(pair *api.KVPair) error {
+	switch {
+	case pair == nil:
+		return fmt.Errorf("consul: lock key %s was deleted: %w", l.b.key, backends.ErrLeaseLost)
+	case pair.Session == "":
+		return fmt.Errorf("consul: session %s no longer holds %s (destroyed, expired or released): %w",
+			l.session, l.b.key, backends.ErrLeaseLost)
+	case pair.Session != l.session:
+		return fmt.Errorf("consul: %s was taken by session %s (%q): %w", l.b.key, pair.Session, pair.Value, backends.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Release implements backends.Lease: it stops the watch, releases the key
+// (a release, unlike an invalidation, imposes no lock-delay on the next
+// holder) and destroys the session. If the release fails but the destroy
+// succeeds, the key is freed anyway, after the lock-delay. The error says
+// only whether the session may outlive Release: it then expires within
+// 2×TTL.
+func (l *lease) Release(ctx context.Context) error {
+	l.mu.Lock()
+	if l.released {
+		l.mu.Unlock()
+		return nil
+	}
+	l.released = true
+	lost := l.err != nil
+	l.mu.Unlock()
+
+	l.stopWatch()
+	<-l.watchDone
+	wo := (&api.WriteOptions{}).WithContext(ctx)
+	if !lost {
+		p := &api.KVPair{Key: l.b.key, Value: []byte(l.identity), Session: l.session}
+		_, _, _ = l.b.client.KV().Release(p, wo)
+	}
+	if _, err := l.b.client.Session().Destroy(l.session, wo); err != nil {
+		return fmt.Errorf("consul at %s: destroy session %s holding %s: %w", l.b.addr, l.session, l.b.key, err)
+	}
+	return nil
+}

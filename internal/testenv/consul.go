@@ -1,0 +1,250 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// ConsulBinary finds the consul binary that scripts/install-consul.sh
+// builds (v1.14.8, the last MPL-2.0 release line), or skips the test.
+func ConsulBinary(t testing.TB) string {
+	t.Helper()
+	return Binary(t, "LEADERRUN_CONSUL_BIN", "consul-v1.14.8/bin/consul", "consul")
+}
+
+// ConsulOptions tune a Consul server started for a test.
+type ConsulOptions struct {
+	// ACLToken, if set, turns ACLs on with a default policy of deny and
+	// this initial management token. Zero value: no ACLs.
+	ACLToken string
+}
+
+// ConsulAgent is one Consul server process started for a test, on free
+// ports and with its data in the test's temp dir. It is stopped when the
+// test ends. Its methods are not safe for concurrent use.
+type ConsulAgent struct {
+	t     testing.TB
+	name  string // node name
+	addr  string // host:port of the HTTP API
+	token string // management token, if ACLs are on
+	argv  []string
+	log   string
+
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// StartConsul starts a single dev agent (server and client in one, state
+// in memory) on 127.0.0.1 and waits until it can create sessions.
+func StartConsul(t testing.TB, opts ConsulOptions) *ConsulAgent {
+	t.Helper()
+	bin := ConsulBinary(t)
+	dir := t.TempDir()
+	ports := consulPorts{http: FreePort(t, "127.0.0.1"), lan: FreePort(t, "127.0.0.1"), server: FreePort(t, "127.0.0.1")}
+	argv := append(consulArgs(bin, "dev1", "127.0.0.1", ports), "-dev")
+	if opts.ACLToken != "" {
+		argv = append(argv, "-hcl", fmt.Sprintf(`acl { enabled = true, default_policy = "deny", tokens { initial_management = %q } }`, opts.ACLToken))
+	}
+	a := &ConsulAgent{t: t, name: "dev1", addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports.http)),
+		token: opts.ACLToken, argv: argv, log: filepath.Join(dir, "consul.log")}
+	t.Cleanup(a.Stop)
+	a.Start()
+	return a
+}
+
+// StartConsulCluster starts n servers (at most 9) on 127.0.0.1,
+// 127.0.0.2, ... that elect a leader among themselves, with data on disk so
+// that a restarted server rejoins with its state. It waits until every
+// server sees the leader.
+func StartConsulCluster(t testing.TB, n int) []*ConsulAgent {
+	t.Helper()
+	if n < 1 || n > 9 {
+		t.Fatalf("StartConsulCluster: %d servers, want 1 to 9", n)
+	}
+	bin := ConsulBinary(t)
+	dir := t.TempDir()
+	ports := make([]consulPorts, n)
+	for i := range ports {
+		ip := fmt.Sprintf("127.0.0.%d", i+1)
+		ports[i] = consulPorts{http: FreePort(t, ip), lan: FreePort(t, ip), server: FreePort(t, ip)}
+	}
+	agents := make([]*ConsulAgent, n)
+	for i := range agents {
+		ip, name := fmt.Sprintf("127.0.0.%d", i+1), fmt.Sprintf("s%d", i+1)
+		argv := append(consulArgs(bin, name, ip, ports[i]), "-server",
+			"-bootstrap-expect", strconv.Itoa(n), "-data-dir", filepath.Join(dir, name+".data"),
+			"-hcl", `gossip_lan { gossip_interval = "100ms", probe_interval = "200ms", probe_timeout = "100ms" }`)
+		for j := range agents {
+			if j != i {
+				argv = append(argv, "-retry-join", net.JoinHostPort(fmt.Sprintf("127.0.0.%d", j+1), strconv.Itoa(ports[j].lan)))
+			}
+		}
+		agents[i] = &ConsulAgent{t: t, name: name, addr: net.JoinHostPort(ip, strconv.Itoa(ports[i].http)),
+			argv: argv, log: filepath.Join(dir, name+".log")}
+		t.Cleanup(agents[i].Stop)
+	}
+	// A server elects no leader before bootstrap-expect servers run, so
+	// start them all before waiting for any.
+	for _, a := range agents {
+		a.spawn()
+	}
+	for _, a := range agents {
+		a.waitReady()
+	}
+	return agents
+}
+
+type consulPorts struct{ http, lan, server int }
+
+func consulArgs(bin, node, ip string, p consulPorts) []string {
+	return []string{bin, "agent", "-node", node, "-bind", ip, "-client", ip, "-disable-host-node-id",
+		"-hcl", fmt.Sprintf("ports { http = %d, serf_lan = %d, server = %d, serf_wan = -1, dns = -1, grpc = -1, grpc_tls = -1, https = -1 }",
+			p.http, p.lan, p.server),
+		"-hcl", "disable_update_check = true",
+		"-hcl", "performance { raft_multiplier = 1 }",
+		"-hcl", `log_level = "warn"`,
+	}
+}
+
+// Addr is host:port of the agent's HTTP API.
+func (a *ConsulAgent) Addr() string { return a.addr }
+
+// URL is the agent's HTTP API base URL.
+func (a *ConsulAgent) URL() string { return "http://" + a.addr }
+
+// Node is the agent's node name.
+func (a *ConsulAgent) Node() string { return a.name }
+
+// Start starts the agent, if it is not running, on the same ports as
+// before, and waits until it is ready. A dev agent starts with empty state.
+func (a *ConsulAgent) Start() {
+	a.t.Helper()
+	a.spawn()
+	a.waitReady()
+}
+
+func (a *ConsulAgent) running() bool {
+	if a.cmd == nil {
+		return false
+	}
+	select {
+	case <-a.done:
+		return false
+	default:
+		return true
+	}
+}
+
+func (a *ConsulAgent) spawn() {
+	a.t.Helper()
+	if a.running() {
+		return
+	}
+	logf, err := os.OpenFile(a.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	cmd := exec.Command(a.argv[0], a.argv[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Its own group, so that a test's signals to leaderrun never reach it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		a.t.Fatalf("start consul %s: %v", a.name, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = cmd.Wait()
+		logf.Close()
+	}()
+	a.cmd, a.done = cmd, done
+}
+
+// waitReady polls the agent until it knows a leader and its node's
+// serfHealth check passes: Consul refuses to create sessions before. An
+// agent is another process with nothing to wait on but its API.
+func (a *ConsulAgent) waitReady() {
+	a.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		leader := a.get("/v1/status/leader")
+		health := a.get("/v1/health/node/" + a.name)
+		if strings.Contains(leader, ":") && strings.Contains(health, `"serfHealth"`) && strings.Contains(health, `"passing"`) {
+			return
+		}
+		select {
+		case <-a.done:
+			a.t.Fatalf("consul %s exited while starting:\n%s", a.name, a.tail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			a.t.Fatalf("consul %s not ready after 60s (leader %q, health %q):\n%s", a.name, leader, health, a.tail())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// get returns the body of a 200 answer to path, or "".
+func (a *ConsulAgent) get(path string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.URL()+path, nil)
+	if err != nil {
+		return ""
+	}
+	if a.token != "" {
+		req.Header.Set("X-Consul-Token", a.token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return ""
+	}
+	return string(body)
+}
+
+func (a *ConsulAgent) tail() string {
+	data, _ := os.ReadFile(a.log)
+	if len(data) > 4000 {
+		data = data[len(data)-4000:]
+	}
+	return string(data)
+}
+
+// Stop stops the agent with SIGTERM, or SIGKILL if it is still running 10 s
+// later, and waits until it is gone. Stopping a stopped agent does nothing.
+func (a *ConsulAgent) Stop() {
+	if !a.running() {
+		return
+	}
+	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-a.done:
+	case <-time.After(10 * time.Second):
+		_ = a.cmd.Process.Kill()
+		<-a.done
+	}
+}
+
+// Restart stops the agent and starts it again on the same ports.
+func (a *ConsulAgent) Restart() {
+	a.t.Helper()
+	a.Stop()
+	a.Start()
+}
