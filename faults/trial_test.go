@@ -1,0 +1,281 @@
+package faults
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/leaderrun/leaderrun/internal/testenv"
+)
+
+// candidate is one leaderrun process of a trial.
+type candidate struct {
+	id      string
+	cmd     *exec.Cmd
+	proxies []*testenv.Proxy
+	out     *lockedBuffer
+	done    chan struct{}
+	exitAt  time.Time
+	code    int
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (c *candidate) exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// groups are the process groups of the candidate's tree: leaderrun's, its
+// supervisor's and the child's (pid of the child known from the ledger).
+func (c *candidate) groups(childPid int) []int {
+	groups := []int{c.cmd.Process.Pid}
+	files, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(c.cmd.Process.Pid), "task", "*", "children"))
+	for _, f := range files {
+		data, _ := os.ReadFile(f)
+		for _, s := range strings.Fields(string(data)) {
+			if pid, err := strconv.Atoi(s); err == nil {
+				groups = append(groups, pid)
+			}
+		}
+	}
+	if childPid > 0 {
+		groups = append(groups, childPid)
+	}
+	return groups
+}
+
+// fault is one kind of trouble, injected on the leader.
+type fault struct {
+	name string
+	// failover: a new leader is expected; otherwise none is.
+	failover bool
+	// overlapAllowed: the old child may run on, paused, after the new one
+	// starts; its writes after the takeover must all be rejected.
+	overlapAllowed bool
+	// inject breaks things and returns when the fault is over (healed).
+	inject func(tr *trial, leader *candidate, childPid int)
+	// only restricts the fault to one store.
+	only string
+}
+
+var scenarios = []fault{
+	{name: "kill -9 leader", failover: true, inject: func(tr *trial, c *candidate, _ int) {
+		_ = c.cmd.Process.Signal(syscall.SIGKILL)
+	}},
+	{name: "kill -9 child", failover: true, inject: func(tr *trial, c *candidate, childPid int) {
+		_ = syscall.Kill(childPid, syscall.SIGKILL)
+	}},
+	{name: "pause group 2x lease", failover: true, overlapAllowed: true, inject: func(tr *trial, c *candidate, childPid int) {
+		groups := c.groups(childPid)
+		for _, g := range groups {
+			_ = syscall.Kill(-g, syscall.SIGSTOP)
+		}
+		time.Sleep(2 * tr.timing.lease) // the fault itself
+		for _, g := range groups {
+			_ = syscall.Kill(-g, syscall.SIGCONT)
+		}
+	}},
+	{name: "stall link 2x lease", failover: true, inject: func(tr *trial, c *candidate, _ int) {
+		for _, p := range c.proxies {
+			p.Stall()
+		}
+		time.Sleep(2 * tr.timing.lease) // the fault itself
+		for _, p := range c.proxies {
+			p.Resume()
+		}
+	}},
+	{name: "short link resets", inject: func(tr *trial, c *candidate, _ int) {
+		// Three resets spread over less than the renew deadline.
+		for range 3 {
+			for _, p := range c.proxies {
+				p.Reset()
+			}
+			time.Sleep(tr.timing.deadline / 4)
+		}
+	}},
+	{name: "store node restart", inject: func(tr *trial, _ *candidate, _ int) {
+		tr.store.restartNode(tr.t)
+	}},
+	{name: "raft leader killed", only: "etcd", inject: func(tr *trial, _ *candidate, _ int) {
+		if !tr.store.killRaftLeader(tr.t) {
+			tr.t.Errorf("no raft leader found to kill")
+		}
+	}},
+	{name: "SIGTERM handover", failover: true, inject: func(tr *trial, c *candidate, _ int) {
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	}},
+}
+
+// trial is one run of one scenario: three candidates, one fault.
+type trial struct {
+	t      testing.TB
+	store  store
+	timing timing
+	fault  fault
+	bin    string
+	child  string
+	ledger *ledger
+	cands  []*candidate
+
+	begin, faultStart, faultEnd, end time.Time
+	leaderAtFault                    string
+	exits                            map[string]time.Time // identity → leaderrun exit
+	orphans                          []int                // child pids alive after their leaderrun
+}
+
+const candidates = 3
+
+func runTrial(t testing.TB, st store, f fault, bin, child string, n int) *trial {
+	tr := &trial{t: t, store: st, timing: st.timings(), fault: f, bin: bin, child: child,
+		ledger: newLedger(t), exits: map[string]time.Time{}}
+	lock := fmt.Sprintf("faults-%d-%d", time.Now().UnixNano()%1e9, n)
+	tr.begin = time.Now()
+	for i := range candidates {
+		storeArgs, proxies := st.candidate(t)
+		id := fmt.Sprintf("c%d", i)
+		args := append(append(append([]string{"--lock", lock, "--identity", id}, storeArgs...), tr.timing.args()...), "--", child)
+		c := &candidate{id: id, proxies: proxies, out: &lockedBuffer{}, done: make(chan struct{})}
+		c.cmd = exec.Command(bin, args...)
+		c.cmd.Env = append(os.Environ(), tr.ledger.env()...)
+		c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
+		c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := c.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			err := c.cmd.Wait()
+			c.exitAt = time.Now()
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				c.code = ee.ExitCode()
+			}
+			close(c.done)
+		}()
+		tr.cands = append(tr.cands, c)
+	}
+	defer tr.teardown()
+
+	leader, lf := tr.waitLeader(30*time.Second, "")
+	if leader == nil {
+		t.Errorf("%s: no leader within 30s", f.name)
+		return tr
+	}
+	tr.leaderAtFault = leader.id
+	tr.faultStart = time.Now()
+	f.inject(tr, leader, lf.Pid)
+	tr.faultEnd = time.Now()
+	if f.failover {
+		if next, _ := tr.waitLeader(3*tr.timing.lease+10*time.Second, leader.id); next == nil {
+			t.Errorf("%s: no new leader within %v of the fault", f.name, 3*tr.timing.lease+10*time.Second)
+		}
+		if f.overlapAllowed {
+			// Let the resumed old leader notice and stop its child.
+			tr.waitExit(leader, 2*tr.timing.lease)
+		}
+	} else {
+		// Watch for a false failover for as long as a lease could last.
+		time.Sleep(tr.timing.lease + tr.timing.deadline)
+	}
+	return tr
+}
+
+// waitLeader waits for a child of a candidate other than not that has had
+// at least three writes accepted.
+func (tr *trial) waitLeader(timeout time.Duration, not string) (*candidate, life) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		_, lives := tr.ledger.snapshot()
+		for _, lf := range lives {
+			if lf.Identity != not && lf.End.IsZero() && tr.ledger.accepted(lf.Writer) >= 3 {
+				for _, c := range tr.cands {
+					if c.id == lf.Identity {
+						return c, lf
+					}
+				}
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return nil, life{}
+}
+
+func (tr *trial) waitExit(c *candidate, timeout time.Duration) {
+	select {
+	case <-c.done:
+	case <-time.After(timeout):
+	}
+}
+
+// teardown stops every candidate, records exits, finds orphaned children
+// and closes the ledger.
+func (tr *trial) teardown() {
+	for _, c := range tr.cands {
+		if !c.exited() {
+			_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for _, c := range tr.cands {
+		select {
+		case <-c.done:
+		case <-time.After(20 * time.Second):
+			tr.t.Errorf("%s: candidate %s did not exit within 20s of SIGTERM\n%s", tr.fault.name, c.id, c.out.String())
+			_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+			<-c.done
+		}
+		tr.exits[c.id] = c.exitAt
+	}
+	// Every child must be gone with its leaderrun: wait briefly for the
+	// ledger to see the last connections close, then look.
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) && tr.openLives() > 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	_, lives := tr.ledger.snapshot()
+	for _, lf := range lives {
+		if lf.End.IsZero() {
+			tr.orphans = append(tr.orphans, lf.Pid)
+			_ = syscall.Kill(lf.Pid, syscall.SIGKILL)
+		}
+	}
+	tr.end = time.Now()
+	tr.ledger.close()
+}
+
+func (tr *trial) openLives() int {
+	_, lives := tr.ledger.snapshot()
+	n := 0
+	for _, lf := range lives {
+		if lf.End.IsZero() {
+			n++
+		}
+	}
+	return n
+}

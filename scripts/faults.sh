@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Fault-injection suite: real leaderrun binaries against a real 3-member
+# etcd cluster and a real 3-server Consul cluster, each candidate's store
+# traffic through a TCP proxy that the suite stalls and resets, checked
+# against a fencing ledger. Prints a table per store and scenario and writes
+# it, with one SVG timeline per scenario, to --out. Exits non-zero on any
+# violation.
+#
+#   scripts/faults.sh [--trials N] [--backend etcd|consul|all] [--out DIR]
+#
+# --trials 3 is the short mode that CI runs; the published table in
+# docs/faults/ comes from --trials 20 --out docs/faults.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+trials=3 backend=all out=""
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--trials) trials=$2; shift 2 ;;
+	--backend) backend=$2; shift 2 ;;
+	--out) out=$2; shift 2 ;;
+	*) echo "usage: $0 [--trials N] [--backend etcd|consul|all] [--out DIR]" >&2; exit 64 ;;
+	esac
+done
+case "$trials" in '' | *[!0-9]* | 0) echo "--trials $trials: want a positive number" >&2; exit 64 ;; esac
+case "$backend" in etcd | consul | all) ;; *) echo "--backend $backend: want etcd, consul or all" >&2; exit 64 ;; esac
+if [ -z "$out" ]; then
+	out=$(mktemp -d -t leaderrun-faults.XXXXXX)
+fi
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+
+etcd_dir=$(scripts/install-etcd.sh)
+consul_dir=$(scripts/install-consul.sh)
+export LEADERRUN_ETCD_BIN="$etcd_dir/etcd" LEADERRUN_ETCDCTL_BIN="$etcd_dir/etcdctl" LEADERRUN_CONSUL_BIN="$consul_dir/consul"
+export FAULTS_TRIALS=$trials FAULTS_BACKEND=$backend FAULTS_OUT=$out
+
+# -v shows each trial; the table is printed at the end and saved as faults.md.
+go test -count=1 -timeout 0 -run '^TestFaults$' -v ./faults/ 2>&1 |
+	grep -vE '^\s+(time=|leaderrun )' | tee "$out/faults.log" | grep -E '^(=== RUN|--- FAIL|\||FAIL|ok|PASS)|faults_test.go' || true
+status=${PIPESTATUS[0]}
+echo "table, timelines and log in $out"
+exit "$status"
