@@ -28,12 +28,11 @@ type lease struct {
 	ttl      time.Duration
 	acquired time.Time
 
-	lost      chan struct{}
-	stopWatch context.CancelFunc
-	watchDone chan struct{}
+	*backends.Loss // Lost and Err
+	stopWatch      context.CancelFunc
+	watchDone      chan struct{}
 
 	mu       sync.Mutex
-	err      error
 	released bool
 }
 
@@ -48,7 +47,7 @@ func newLease(b *Backend, session, identity string, token uint64, ttl time.Durat
 		token:     token,
 		ttl:       ttl,
 		acquired:  acquired,
-		lost:      make(chan struct{}),
+		Loss:      backends.NewLoss(),
 		stopWatch: cancel,
 		watchDone: make(chan struct{}),
 	}
@@ -56,28 +55,12 @@ func newLease(b *Backend, session, identity string, token uint64, ttl time.Durat
 	return l
 }
 
-func (l *lease) Token() uint64         { return l.token }
-func (l *lease) TTL() time.Duration    { return l.ttl }
-func (l *lease) Acquired() time.Time   { return l.acquired }
-func (l *lease) Lost() <-chan struct{} { return l.lost }
+func (l *lease) Token() uint64       { return l.token }
+func (l *lease) TTL() time.Duration  { return l.ttl }
+func (l *lease) Acquired() time.Time { return l.acquired }
 
 // Session is the ID of the Consul session that holds the lock.
 func (l *lease) Session() string { return l.session }
-
-func (l *lease) Err() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.err
-}
-
-func (l *lease) markLost(err error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.err == nil {
-		l.err = err
-		close(l.lost)
-	}
-}
 
 // Renew implements backends.Lease with one PUT /v1/session/renew. Consul
 // answers 404 for a session it no longer has: the lease is lost.
@@ -90,7 +73,7 @@ func (l *lease) Renew(ctx context.Context) error {
 	case err != nil:
 		return fmt.Errorf("consul at %s: renew session %s holding %s: %w", l.b.addr, l.session, l.b.key, err)
 	case entry == nil:
-		l.markLost(fmt.Errorf("consul: session %s holding %s is gone (expired or destroyed): %w", l.session, l.b.key, backends.ErrLeaseLost))
+		l.Set(fmt.Errorf("consul: session %s holding %s is gone (expired or destroyed): %w", l.session, l.b.key, backends.ErrLeaseLost))
 		return l.Err()
 	}
 	return nil
@@ -116,7 +99,7 @@ func (l *lease) watch(ctx context.Context, index uint64) {
 		}
 		retry = 0
 		if err := l.check(pair); err != nil {
-			l.markLost(err)
+			l.Set(err)
 			return
 		}
 		index = nextIndex(index, meta.LastIndex)
@@ -150,7 +133,7 @@ func (l *lease) Release(ctx context.Context) error {
 		return nil
 	}
 	l.released = true
-	lost := l.err != nil
+	lost := l.Err() != nil
 	l.mu.Unlock()
 
 	l.stopWatch()

@@ -30,12 +30,11 @@ type lease struct {
 	token    uint64
 	acquired time.Time
 
-	lost chan struct{}
-	stop context.CancelFunc // ends the watchers
-	wg   sync.WaitGroup
+	*backends.Loss                    // Lost and Err
+	stop           context.CancelFunc // ends the watchers
+	wg             sync.WaitGroup
 
 	mu       sync.Mutex
-	err      error
 	released bool
 }
 
@@ -50,7 +49,7 @@ func newLease(c *candidacy, key string, rev int64, acquired time.Time, verified 
 		key:      key,
 		token:    uint64(rev),
 		acquired: acquired,
-		lost:     make(chan struct{}),
+		Loss:     backends.NewLoss(),
 		stop:     stop,
 	}
 	l.wg.Add(2)
@@ -65,10 +64,9 @@ func newLease(c *candidacy, key string, rev int64, acquired time.Time, verified 
 	return l
 }
 
-func (l *lease) Token() uint64         { return l.token }
-func (l *lease) TTL() time.Duration    { return l.c.ttl }
-func (l *lease) Acquired() time.Time   { return l.acquired }
-func (l *lease) Lost() <-chan struct{} { return l.lost }
+func (l *lease) Token() uint64       { return l.token }
+func (l *lease) TTL() time.Duration  { return l.c.ttl }
+func (l *lease) Acquired() time.Time { return l.acquired }
 
 // Key is the leader's key in etcd.
 func (l *lease) Key() string { return l.key }
@@ -77,22 +75,6 @@ func (l *lease) Key() string { return l.key }
 func (l *lease) ID() clientv3.LeaseID { return l.c.id() }
 
 func (l *lease) String() string { return fmt.Sprintf("%s (lease %x)", l.key, l.ID()) }
-
-// Err implements backends.Lease.
-func (l *lease) Err() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.err
-}
-
-func (l *lease) markLost(err error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.err == nil {
-		l.err = err
-		close(l.lost)
-	}
-}
 
 func (l *lease) lostErr(format string, args ...any) error {
 	return fmt.Errorf("etcd: "+format+": %w", append(args, backends.ErrLeaseLost)...)
@@ -108,7 +90,7 @@ func (l *lease) Renew(ctx context.Context) error {
 	_, err := l.c.b.cli.KeepAliveOnce(ctx, l.ID())
 	switch {
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
-		l.markLost(l.lostErr("lease %x of %s expired or was revoked", l.ID(), l.key))
+		l.Set(l.lostErr("lease %x of %s expired or was revoked", l.ID(), l.key))
 		return l.Err()
 	case err != nil:
 		return fmt.Errorf("etcd %s: renew lease %x of %s: %w", l.c.b.endpoints, l.ID(), l.key, err)
@@ -149,14 +131,14 @@ func (l *lease) watchKey(ctx context.Context, from int64) {
 			for _, ev := range wr.Events {
 				switch {
 				case ev.Type == mvccpb.Event_DELETE:
-					l.markLost(l.lostErr("key %s was deleted at revision %d (lease %x revoked or expired, or the key removed)",
+					l.Set(l.lostErr("key %s was deleted at revision %d (lease %x revoked or expired, or the key removed)",
 						l.key, ev.Kv.ModRevision, l.ID()))
 					return
 				case clientv3.LeaseID(ev.Kv.Lease) != l.ID():
 					// Overwritten without our lease: the key no
 					// longer ends with it, so it no longer proves
 					// anything about us.
-					l.markLost(l.lostErr("key %s was overwritten at revision %d and detached from lease %x",
+					l.Set(l.lostErr("key %s was overwritten at revision %d and detached from lease %x",
 						l.key, ev.Kv.ModRevision, l.ID()))
 					return
 				}
@@ -181,7 +163,7 @@ func (l *lease) watchKey(ctx context.Context, from int64) {
 			pause = min(2*pause, time.Second)
 			continue
 		case len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != int64(l.token):
-			l.markLost(l.lostErr("key %s is gone", l.key))
+			l.Set(l.lostErr("key %s is gone", l.key))
 			return
 		}
 		from = resp.Header.Revision + 1
@@ -205,7 +187,7 @@ func (l *lease) watchSession(ctx context.Context) {
 			return
 		case err == nil, errors.Is(err, rpctypes.ErrLeaseNotFound):
 			// TTL -1: etcd no longer knows the lease.
-			l.markLost(l.lostErr("lease %x of %s expired or was revoked", l.ID(), l.key))
+			l.Set(l.lostErr("lease %x of %s expired or was revoked", l.ID(), l.key))
 			return
 		}
 		select {

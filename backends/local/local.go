@@ -176,7 +176,7 @@ func (b *Backend) grant(f *os.File, identity string, acquired time.Time) (*lease
 		f:        f,
 		token:    token,
 		acquired: acquired,
-		lost:     make(chan struct{}),
+		Loss:     backends.NewLoss(),
 	}
 	if err := l.watchLoss(); err != nil {
 		return nil, b.unavailable("watch lock file", err)
@@ -293,20 +293,17 @@ type lease struct {
 	token    uint64
 	acquired time.Time
 
-	lost      chan struct{}
-	stopWatch context.CancelFunc // ends watchLoss's goroutine; nil if none
-	watchWG   sync.WaitGroup
+	*backends.Loss                    // Lost and Err
+	stopWatch      context.CancelFunc // ends watchLoss's goroutine; nil if none
+	watchWG        sync.WaitGroup
 
 	mu       sync.Mutex
-	err      error
 	released bool
 }
 
 func (l *lease) Token() uint64               { return l.token }
 func (l *lease) TTL() time.Duration          { return 0 }
 func (l *lease) Acquired() time.Time         { return l.acquired }
-func (l *lease) Lost() <-chan struct{}       { return l.lost }
-func (l *lease) Err() error                  { l.mu.Lock(); defer l.mu.Unlock(); return l.err }
 func (l *lease) String() string              { return l.b.lockPath() }
 func (l *lease) Renew(context.Context) error { return l.check() }
 
@@ -322,19 +319,10 @@ func (l *lease) check() error {
 		return fmt.Errorf("local: check %s: %w", l.b.lockPath(), err)
 	}
 	if !same {
-		l.markLost(fmt.Errorf("local: lock file %s was removed or replaced: %w", l.b.lockPath(), backends.ErrLeaseLost))
+		l.Set(fmt.Errorf("local: lock file %s was removed or replaced: %w", l.b.lockPath(), backends.ErrLeaseLost))
 		return l.Err()
 	}
 	return nil
-}
-
-func (l *lease) markLost(err error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.err == nil {
-		l.err = err
-		close(l.lost)
-	}
 }
 
 // Release implements backends.Lease: it clears the holder record and closes

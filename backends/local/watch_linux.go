@@ -56,7 +56,7 @@ func (w *watcher) wait(ctx context.Context) error {
 
 func (w *watcher) close() { w.f.Close() }
 
-// watchLoss closes l.lost as soon as the lock file is unlinked, renamed or
+// watchLoss closes Lost() as soon as the lock file is unlinked, renamed or
 // replaced (S3); Renew runs the same check as a backstop.
 func (l *lease) watchLoss() error {
 	w, err := newWatcher(l.b.lockPath())
