@@ -11,9 +11,6 @@ import (
 	"github.com/leaderrun/leaderrun/internal/control"
 )
 
-// ExitNotLeader is check's answer when leadership is not held.
-const ExitNotLeader = 1
-
 func checkCommand(st *state) *cli.Command {
 	return &cli.Command{
 		Name:  "check",

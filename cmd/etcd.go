@@ -55,9 +55,13 @@ func newEtcdBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
 	if u := c.String("etcd-user"); u != "" {
 		var ok bool
 		user, password, ok = strings.Cut(u, ":")
+		if !ok {
+			// As etcdctl: the password may come from ETCDCTL_PASSWORD.
+			password, ok = os.LookupEnv("ETCDCTL_PASSWORD")
+		}
 		if !ok || user == "" {
 			// Never echo the value: it may be a password.
-			return nil, usageErrorf("--etcd-user: want USER:PASSWORD")
+			return nil, usageErrorf("--etcd-user: want USER:PASSWORD, or USER with ETCDCTL_PASSWORD set")
 		}
 	}
 	dial := c.Duration("etcd-dial-timeout")

@@ -12,14 +12,15 @@ import (
 // Exit codes, as in the README's table. The child's own status and 128+N
 // for a child killed by signal N come from the child.
 const (
-	ExitNoLeader    = 3  // status: nobody holds the lock
-	ExitUsage       = 64 // EX_USAGE: bad flags or configuration
-	ExitUnavailable = 69 // EX_UNAVAILABLE: store unreachable or refused before leadership
-	ExitSoftware    = 70 // EX_SOFTWARE: an internal error
-	ExitConflict    = 75 // EX_TEMPFAIL: not acquired (--try, --wait); see --conflict-exit-code
-	ExitLost        = 76 // leadership lost while the child ran; the child was stopped
-	ExitNotExec     = 126
-	ExitNotFound    = 127
+	ExitNotLeader   = 1   // check: leadership is not held
+	ExitNoLeader    = 3   // status: nobody holds the lock
+	ExitUsage       = 64  // EX_USAGE: bad flags or configuration
+	ExitUnavailable = 69  // EX_UNAVAILABLE: store unreachable or refused before leadership
+	ExitSoftware    = 70  // EX_SOFTWARE: an internal error
+	ExitConflict    = 75  // EX_TEMPFAIL: not acquired (--try, --wait); see --conflict-exit-code
+	ExitLost        = 76  // leadership lost while the child ran; the child was stopped
+	ExitNotExec     = 126 // COMMAND is not executable, as shells report it
+	ExitNotFound    = 127 // COMMAND is not found, as shells report it
 )
 
 // usageError is bad input: a flag, an argument or a combination of them.

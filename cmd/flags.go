@@ -51,14 +51,20 @@ func logFlags() []cli.Flag {
 	}
 }
 
-// defaultStateDir: /run/leaderrun as root, else $XDG_RUNTIME_DIR/leaderrun,
-// else a per-user directory under the temp dir.
+// defaultStateDir is where the local backend keeps its lock and token
+// files. It must survive reboots: the token counter starting again at 1
+// would hand out tokens that fenced resources have already seen. So
+// /var/lib/leaderrun as root, else $XDG_STATE_HOME/leaderrun, else
+// ~/.local/state/leaderrun (DESIGN.md's /run/leaderrun is a tmpfs).
 func defaultStateDir() string {
 	if os.Geteuid() == 0 {
-		return "/run/leaderrun"
+		return "/var/lib/leaderrun"
 	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
 		return filepath.Join(d, "leaderrun")
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "state", "leaderrun")
 	}
 	return filepath.Join(os.TempDir(), fmt.Sprintf("leaderrun-%d", os.Geteuid()))
 }
@@ -89,34 +95,50 @@ type storeConfig struct {
 }
 
 // openBackend validates the store flags and builds the chosen backend.
-func openBackend(c *cli.Context, leaseDuration time.Duration) (backends.Backend, storeConfig, error) {
-	cfg := storeConfig{Lock: c.String("lock"), Prefix: c.String("prefix"), LeaseDuration: leaseDuration}
-	if cfg.Lock == "" {
-		return nil, cfg, usageErrorf("--lock is required (or LEADERRUN_LOCK)")
+// chooseStore validates the lock and store flags, touching nothing: a
+// usage error must come before anything is started.
+func chooseStore(c *cli.Context) (string, error) {
+	lock := c.String("lock")
+	if lock == "" {
+		return "", usageErrorf("--lock is required (or LEADERRUN_LOCK)")
 	}
-	if err := backends.ValidateLockName(cfg.Lock); err != nil {
-		return nil, cfg, usageErrorf("--lock: %v", err)
+	if err := backends.ValidateLockName(lock); err != nil {
+		return "", usageErrorf("--lock: %v", err)
 	}
 	name := c.String("backend")
 	if name == "" {
 		etcd, consul := etcdSelected(c), consulSelected(c)
 		switch {
 		case etcd && consul:
-			return nil, cfg, usageErrorf("both etcd endpoints and a Consul address are set: choose one with --backend")
+			return "", usageErrorf("both etcd endpoints and a Consul address are set: choose one with --backend")
 		case etcd:
 			name = "etcd"
 		case consul:
 			name = "consul"
 		default:
-			return nil, cfg, usageErrorf("no store configured: set --etcd-endpoints, --consul-addr, or --backend local for a single host")
+			return "", usageErrorf("no store configured: set --etcd-endpoints, --consul-addr, or --backend local for a single host")
 		}
 	}
 	switch name {
 	case "local":
 		if strings.TrimSpace(c.String("state-dir")) == "" {
-			return nil, cfg, usageErrorf("--state-dir must not be empty")
+			return "", usageErrorf("--state-dir must not be empty")
 		}
-		return local.New(local.Config{Dir: c.String("state-dir"), Lock: cfg.Lock}), cfg, nil
+	case "etcd", "consul":
+	default:
+		return "", usageErrorf("--backend %q: want etcd, consul or local", name)
+	}
+	return name, nil
+}
+
+// openBackend validates the store flags and builds the chosen backend.
+func openBackend(c *cli.Context, leaseDuration time.Duration) (backends.Backend, storeConfig, error) {
+	cfg := storeConfig{Lock: c.String("lock"), Prefix: c.String("prefix"), LeaseDuration: leaseDuration}
+	name, err := chooseStore(c)
+	if err != nil {
+		return nil, cfg, err
+	}
+	switch name {
 	case "etcd":
 		b, err := newEtcdBackend(c, cfg)
 		return b, cfg, err
@@ -124,5 +146,5 @@ func openBackend(c *cli.Context, leaseDuration time.Duration) (backends.Backend,
 		b, err := newConsulBackend(c, cfg)
 		return b, cfg, err
 	}
-	return nil, cfg, usageErrorf("--backend %q: want etcd, consul or local", name)
+	return local.New(local.Config{Dir: c.String("state-dir"), Lock: cfg.Lock}), cfg, nil
 }

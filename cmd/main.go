@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"slices"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -23,6 +24,11 @@ func Main(args []string) int {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if n := len(args); n > 1 && args[n-1] == "--generate-bash-completion" && slices.Contains(args[:n-1], "--") {
+		// Completing the command's own arguments: urfave/cli would parse
+		// this as a run and start the command. Let the shell complete files.
+		return 0
+	}
 	st := &state{stdout: stdout, stderr: stderr, code: 0, conflictCode: ExitConflict}
 	app := newApp(st)
 	if err := app.Run(withDefaultCommand(app, args)); err != nil {
@@ -42,6 +48,9 @@ type state struct {
 	// logged is set once an error has been logged where it was handled,
 	// so that run does not print it twice.
 	logged bool
+	// command is "run ", "status " or "check " once one runs, for the
+	// usage hint.
+	command string
 }
 
 func (st *state) report(err error, code int) {
@@ -50,7 +59,7 @@ func (st *state) report(err error, code int) {
 	}
 	fmt.Fprintf(st.stderr, "leaderrun: %v\n", err)
 	if code == ExitUsage {
-		fmt.Fprintf(st.stderr, "Run 'leaderrun --help' for usage.\n")
+		fmt.Fprintf(st.stderr, "Run 'leaderrun %s--help' for usage.\n", st.command)
 	}
 }
 
@@ -63,7 +72,7 @@ func withDefaultCommand(app *cli.App, args []string) []string {
 		return args
 	}
 	first := args[1]
-	if slices.Contains([]string{"-h", "--help", "-help", "help", "-v", "--version", "--generate-bash-completion"}, first) {
+	if slices.Contains([]string{"-h", "--help", "help", "-v", "--version", "--generate-bash-completion"}, first) {
 		return args
 	}
 	for _, c := range app.Commands {
@@ -89,16 +98,25 @@ hand the lock to anyone else, and exits 76.
 crontab, on every host (one runs the job, the others exit 75 quietly):
    0 2 * * * leaderrun --try --quiet --min-hold 10m --lock billing -- /opt/billing/run
 
-systemd unit (standbys wait; the leader runs the service):
+systemd unit (standbys wait; the leader runs the service; see
+examples/systemd/ for the commented original):
    [Service]
+   Type=notify
+   NotifyAccess=main
    Environment=LEADERRUN_ETCD_ENDPOINTS=http://10.0.0.1:2379,http://10.0.0.2:2379
    ExecStart=/usr/bin/leaderrun --lock relay -- /usr/bin/relay
    Restart=always
+   SuccessExitStatus=76 143
+   KillMode=mixed
    TimeoutStopSec=10
 
-Exit codes: the command's own; 128+N if it died of signal N; 64 usage;
-69 store unreachable; 75 not acquired (--try, --wait); 76 leadership lost;
-126 command not executable; 127 command not found.`,
+Exit codes: the command's own; 128+N if it died of signal N; 1 check: not
+leader; 3 status: no leader; 64 usage; 69 store unreachable; 70 internal
+error; 75 not acquired (--try, --wait); 76 leadership lost; 126 command not
+executable; 127 command not found.
+
+Run 'leaderrun run --help' for every flag of run.`,
+		Version:              Version(),
 		HideHelpCommand:      true,
 		EnableBashCompletion: true,
 		Writer:               st.stdout,
@@ -114,6 +132,15 @@ Exit codes: the command's own; 128+N if it died of signal N; 64 usage;
 	}
 }
 
+// onUsageError rewrites the flag package's wording ("flag provided but not
+// defined: -x", "invalid value ... for flag -x") in the CLI's own terms.
 func onUsageError(_ *cli.Context, err error, _ bool) error {
-	return &usageError{msg: err.Error()}
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		msg = "unknown flag --" + strings.TrimPrefix(name, "-")
+	}
+	if before, after, ok := strings.Cut(msg, " for flag -"); ok {
+		msg = before + " for --" + strings.TrimPrefix(after, "-")
+	}
+	return &usageError{msg: msg}
 }

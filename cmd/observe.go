@@ -2,6 +2,7 @@ package cmd
 
 import (
 	"log/slog"
+	"os"
 
 	"github.com/urfave/cli/v2"
 
@@ -26,7 +27,8 @@ func observers(c *cli.Context, cfg *runner.Config, backend backends.Backend, log
 		}
 	)
 	state := &control.State{}
-	srv, err := control.Listen("", state)
+	// $XDG_RUNTIME_DIR (per user, cleared at logout) if there is one.
+	srv, err := control.Listen(os.Getenv("XDG_RUNTIME_DIR"), state)
 	if err != nil {
 		return nil, nil, err
 	}

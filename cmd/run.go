@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/urfave/cli/v2"
 
@@ -46,16 +47,20 @@ func runFlags() []cli.Flag {
 
 func runCommand(st *state) *cli.Command {
 	return &cli.Command{
-		Name:         "run",
-		Usage:        "run COMMAND while holding the lock (the default command)",
-		UsageText:    "leaderrun [run] --lock NAME [flags] -- COMMAND [ARG...]",
-		Flags:        runFlags(),
-		OnUsageError: onUsageError,
-		Action:       func(c *cli.Context) error { return runAction(c, st) },
+		Name:      "run",
+		Usage:     "run COMMAND while holding the lock (the default command)",
+		UsageText: "leaderrun [run] --lock NAME [flags] -- COMMAND [ARG...]",
+		Flags:     runFlags(),
+		OnUsageError: func(c *cli.Context, err error, sub bool) error {
+			st.command = "run "
+			return onUsageError(c, err, sub)
+		},
+		Action: func(c *cli.Context) error { return runAction(c, st) },
 	}
 }
 
 func runAction(c *cli.Context, st *state) error {
+	st.command = "run "
 	code := c.Int("conflict-exit-code")
 	if code < 0 || code > 255 {
 		return usageErrorf("--conflict-exit-code %d: want 0-255", code)
@@ -67,6 +72,9 @@ func runAction(c *cli.Context, st *state) error {
 	}
 	cfg, err := runConfig(c)
 	if err != nil {
+		return err
+	}
+	if _, err := chooseStore(c); err != nil {
 		return err
 	}
 	// Resolve before campaigning: a typo must never take leadership.
@@ -111,6 +119,12 @@ func runAction(c *cli.Context, st *state) error {
 	signal.Notify(sigs, signals.Forwarded...)
 	defer signal.Stop(sigs)
 	cfg.Signals = sigs
+	// A closed stderr (leaderrun ... 2>&1 | head) must fail writes, not
+	// kill leaderrun with SIGPIPE while it holds a child and a lease.
+	// Notify, not Ignore, so that the child does not inherit SIG_IGN.
+	pipes := make(chan os.Signal, 1)
+	signal.Notify(pipes, syscall.SIGPIPE)
+	defer signal.Stop(pipes)
 
 	cfg.Supervisor, sup = sup, nil
 	status, err := runner.Run(context.Background(), cfg)
@@ -121,12 +135,17 @@ func runAction(c *cli.Context, st *state) error {
 	case errors.Is(err, runner.ErrNotAcquired):
 		// The normal outcome for all but one host of a cron job: one line
 		// at info level, nothing at all with --quiet.
-		log.Info("not acquired; not running the command", "lock", cfg.Lock, "reason", err)
-		st.logged = true
+		log.Info("not acquired; not running the command", "lock", cfg.Lock, "identity", cfg.Identity,
+			"backend", backend.Name(), "reason", err)
+	case errors.As(err, new(*runner.InterruptedError)):
+		// A standby stopped by systemctl stop: nothing went wrong. The
+		// runner logged the withdrawal.
+	case errors.Is(err, runner.ErrLeadershipLost):
+		// The runner logged the loss, with its reason, where it happened.
 	default:
-		log.Error("leaderrun failed", "lock", cfg.Lock, "error", err)
-		st.logged = true
+		log.Error("leaderrun failed", "lock", cfg.Lock, "identity", cfg.Identity, "backend", backend.Name(), "error", err)
 	}
+	st.logged = true
 	return err
 }
 
@@ -159,7 +178,13 @@ func runConfig(c *cli.Context) (runner.Config, error) {
 	if err != nil {
 		return cfg, usageErrorf("--kill-signal: %v", err)
 	}
+	if sig == syscall.SIGSTOP || sig == syscall.SIGCONT {
+		return cfg, usageErrorf("--kill-signal %s: would not stop the command", c.String("kill-signal"))
+	}
 	cfg.KillSignal = sig
+	if err := validIdentity(cfg.Identity); err != nil {
+		return cfg, err
+	}
 	if cfg.Identity == "" {
 		host, err := os.Hostname()
 		if err != nil {
@@ -176,4 +201,18 @@ func runConfig(c *cli.Context) (runner.Config, error) {
 	}
 	cfg.Args = args
 	return cfg, nil
+}
+
+// validIdentity keeps identities printable and short: they are stored in
+// the lock's record and printed by status.
+func validIdentity(id string) error {
+	if len(id) > 256 {
+		return usageErrorf("--identity: longer than 256 bytes")
+	}
+	for _, r := range id {
+		if r < ' ' || r == 0x7f {
+			return usageErrorf("--identity %q: control characters are not allowed", id)
+		}
+	}
+	return nil
 }

@@ -24,6 +24,7 @@ func statusCommand(st *state) *cli.Command {
 		Flags:        flags,
 		OnUsageError: onUsageError,
 		Action: func(c *cli.Context) error {
+			st.command = "status "
 			if _, err := newLogger(c, os.Stderr); err != nil {
 				return err
 			}

@@ -21,11 +21,13 @@ func cmdArgs(t *testing.T, extra []string) []string {
 }
 
 // TestLocalExclusionAndTokens: two instances started together never run
-// their children at once, and the second leader's token is greater.
+// their children at once, and the second leader's token is greater. Each
+// child runs longer than --renew-deadline (2s), so the second waits longer
+// than that too, and must still run its child.
 func TestLocalExclusionAndTokens(t *testing.T) {
 	dir := t.TempDir()
 	events := filepath.Join(dir, "events")
-	env := childEnv(events, "sleep:300ms")
+	env := childEnv(events, "sleep:2500ms")
 	a := start(t, env, cmdArgs(t, localArgs(dir, "pair", "--identity", "a"))...)
 	b := start(t, env, cmdArgs(t, localArgs(dir, "pair", "--identity", "b"))...)
 	if code := a.wait(10 * time.Second); code != 0 {
@@ -161,11 +163,13 @@ func TestLocalUsageErrors(t *testing.T) {
 }
 
 // TestLocalEnvironment: the child sees its token and names, inherited
-// values of the same names are replaced, and NOTIFY_SOCKET is not passed.
+// values of the same names are replaced, NOTIFY_SOCKET is not passed, and
+// no descriptor of leaderrun's leaks into it.
 func TestLocalEnvironment(t *testing.T) {
 	dir := t.TempDir()
 	out := filepath.Join(dir, "env")
-	script := `echo "$FENCE_TOKEN|$LEADERRUN_LOCK|$LEADERRUN_IDENTITY|$LEADERRUN_BACKEND|${NOTIFY_SOCKET-unset}|$KEEP" > ` + out
+	// fd 3 is the supervisor's socket to leaderrun: it must not leak.
+	script := `fd3=closed; [ -e /proc/$$/fd/3 ] && fd3=open; echo "$FENCE_TOKEN|$LEADERRUN_LOCK|$LEADERRUN_IDENTITY|$LEADERRUN_BACKEND|${NOTIFY_SOCKET-unset}|$KEEP|fd3=$fd3" > ` + out
 	env := []string{"FENCE_TOKEN=999", "LEADERRUN_IDENTITY=stale", "NOTIFY_SOCKET=/run/systemd/notify", "KEEP=kept"}
 	p := start(t, env, localArgs(dir, "envlock", "--identity", "me", "--shell", "--", script)...)
 	if code := p.wait(10 * time.Second); code != 0 {
@@ -175,7 +179,7 @@ func TestLocalEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := strings.TrimSpace(string(data)), "1|envlock|me|local|unset|kept"; got != want {
+	if got, want := strings.TrimSpace(string(data)), "1|envlock|me|local|unset|kept|fd3=closed"; got != want {
 		t.Errorf("child environment %q, want %q", got, want)
 	}
 }

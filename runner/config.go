@@ -76,7 +76,8 @@ type Config struct {
 	// host finds the lock held. Zero: release as soon as the child exits.
 	MinHold time.Duration
 
-	// Command is the child's resolved executable and argv (Args[0] included).
+	// Path is the child's resolved executable and Args its argv, Args[0]
+	// included.
 	Path string
 	Args []string
 
@@ -181,10 +182,16 @@ var (
 	ErrLeadershipLost = errors.New("runner: leadership lost")
 )
 
-// LostError says why leadership was lost and how the stopped child ended.
+// NotAcquiredError says why leadership was not acquired; it unwraps to
+// ErrNotAcquired.
+type NotAcquiredError struct{ Reason string }
+
+func (e *NotAcquiredError) Error() string { return e.Reason }
+func (e *NotAcquiredError) Unwrap() error { return ErrNotAcquired }
+
+// LostError says why leadership was lost while the child ran.
 type LostError struct {
 	Reason error
-	Child  interface{ ExitCode() int }
 }
 
 func (e *LostError) Error() string   { return fmt.Sprintf("leadership lost: %v", e.Reason) }
@@ -194,5 +201,5 @@ func (e *LostError) Unwrap() []error { return []error{ErrLeadershipLost, e.Reaso
 type InterruptedError struct{ Signal syscall.Signal }
 
 func (e *InterruptedError) Error() string {
-	return fmt.Sprintf("interrupted by %v while waiting for leadership", e.Signal)
+	return fmt.Sprintf("interrupted by %s while waiting for leadership", signals.Name(e.Signal))
 }

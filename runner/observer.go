@@ -50,12 +50,6 @@ type Observer interface {
 	Observe(Event)
 }
 
-// ObserverFunc adapts a function to Observer.
-type ObserverFunc func(Event)
-
-// Observe implements Observer.
-func (f ObserverFunc) Observe(e Event) { f(e) }
-
 type nopObserver struct{}
 
 func (nopObserver) Observe(Event) {}

@@ -99,16 +99,16 @@ func (r *run) campaign(ctx context.Context) (backends.Lease, error) {
 				if res.lease != nil {
 					r.release(res.lease)
 				}
-				r.log.Info("candidacy withdrawn", "signal", interrupted.String())
+				r.log.Info("candidacy withdrawn", "signal", signals.Name(interrupted))
 				return nil, &InterruptedError{Signal: interrupted}
 			case res.err == nil:
 				return res.lease, nil
 			case errors.Is(res.err, backends.ErrLocked):
-				return nil, fmt.Errorf("%w: lock %q is held (--try): %w", ErrNotAcquired, r.cfg.Lock, res.err)
+				return nil, &NotAcquiredError{Reason: fmt.Sprintf("lock %q is held by another candidate (--try)", r.cfg.Lock)}
 			case r.cfg.Wait > 0 && errors.Is(waitCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil:
 				// Only our own --wait timer counts as "not acquired"; a
 				// backend error that merely wraps a deadline is not.
-				return nil, fmt.Errorf("%w: lock %q still held after --wait %v", ErrNotAcquired, r.cfg.Lock, r.cfg.Wait)
+				return nil, &NotAcquiredError{Reason: fmt.Sprintf("lock %q still held by another candidate after --wait %v", r.cfg.Lock, r.cfg.Wait)}
 			case ctx.Err() != nil:
 				return nil, &InterruptedError{Signal: syscall.SIGTERM}
 			default:
@@ -123,7 +123,7 @@ func (r *run) campaign(ctx context.Context) (backends.Lease, error) {
 					cancel()
 				}
 			default:
-				r.log.Debug("signal ignored while waiting for leadership", "signal", sig.String())
+				r.log.Debug("signal ignored while waiting for leadership", "signal", signals.Name(sig))
 			}
 		}
 	}
@@ -147,6 +147,17 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 		return signals.Status{}, err
 	}
 	lastAck := lease.Acquired()
+	if time.Since(lastAck) > cfg.RenewDeadline/2 {
+		// The grant's proof of life is old (a long wait, a slow store):
+		// renew once so that the child starts with a fresh deadline.
+		sent := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, renewAttemptTimeout(cfg))
+		err := lease.Renew(rctx)
+		cancel()
+		if err == nil {
+			lastAck = sent
+		}
+	}
 	deadline := lastAck.Add(cfg.RenewDeadline)
 	if !time.Now().Before(deadline) {
 		sup.Abort()
@@ -207,15 +218,16 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 			finished = true
 			return
 		}
-		log.Error("leadership lost; stopping child", "reason", reason, "signal", cfg.KillSignal.String())
-		cfg.Observer.Observe(Event{Kind: Lost, Token: token, Err: reason})
 		if unsafeLateKill {
 			// The deliberately broken build of unsafe_on.go: let the child
 			// run on well past the lease.
 			killAt = time.After(cfg.LeaseDuration + cfg.KillGrace)
-			return
+		} else {
+			// Signal first, log after: a slow stderr must not delay S2/S3.
+			stop(cfg.KillSignal)
 		}
-		stop(cfg.KillSignal)
+		log.Error("leadership lost; stopping child", "reason", reason, "signal", signals.Name(cfg.KillSignal))
+		cfg.Observer.Observe(Event{Kind: Lost, Token: token, Err: reason})
 	}
 	for !finished {
 		select {
@@ -253,8 +265,8 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 			lostCh = nil
 			lose(lease.Err())
 		case <-killAt:
-			log.Warn("child still running after --kill-grace; sending SIGKILL", "grace", cfg.KillGrace)
 			_ = child.Signal(syscall.SIGKILL)
+			log.Warn("child still running after --kill-grace; sent SIGKILL", "grace", cfg.KillGrace)
 		case <-childDone:
 			childDone = nil
 			exited = true
@@ -277,12 +289,12 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 					finished = true
 				}
 			case sig == syscall.SIGTERM || sig == syscall.SIGINT:
-				log.Info("stopping child on signal", "signal", sig.String())
-				cfg.Observer.Observe(Event{Kind: Stopping, Token: token})
 				stop(sig)
+				log.Info("stopping child on signal", "signal", signals.Name(sig))
+				cfg.Observer.Observe(Event{Kind: Stopping, Token: token})
 			default:
-				log.Info("forwarding signal to child", "signal", sig.String())
 				_ = child.Signal(sig)
+				log.Info("forwarded signal to child", "signal", signals.Name(sig))
 			}
 		case <-ctxDone:
 			ctxDone = nil
@@ -300,7 +312,7 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 	wg.Wait()
 	r.release(lease)
 	if lostErr != nil && !exitedBeforeLoss(exited, holdUntil) {
-		return status, &LostError{Reason: lostErr, Child: status}
+		return status, &LostError{Reason: lostErr}
 	}
 	return status, childErr
 }
@@ -356,7 +368,9 @@ func renewLoop(ctx context.Context, lease backends.Lease, period, timeout time.D
 		if errors.Is(err, backends.ErrLeaseLost) {
 			return
 		}
-		t.Reset(period)
+		// Every period from the send time, so that a slow or timed-out
+		// attempt does not push the next one back.
+		t.Reset(max(period-time.Since(sent), 0))
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -142,9 +141,9 @@ func (s *Supervisor) Start(env []string) (*Child, error) {
 		code, msg, _ := strings.Cut(arg, " ")
 		switch code {
 		case "notfound":
-			return nil, fmt.Errorf("%s: %w", msg, ErrNotFound)
+			return nil, &ExecError{Command: s.spec.Path, Reason: msg, Err: ErrNotFound}
 		case "notexec":
-			return nil, fmt.Errorf("%s: %w", msg, ErrNotExecutable)
+			return nil, &ExecError{Command: s.spec.Path, Reason: msg, Err: ErrNotExecutable}
 		}
 		return nil, errors.New(msg)
 	default:
@@ -159,15 +158,6 @@ func (s *Supervisor) Start(env []string) (*Child, error) {
 // command now, with this environment.
 type goMessage struct {
 	Env []string `json:"env"`
-}
-
-// Start runs the command under a new supervisor: Prepare, then Start.
-func Start(spec Spec) (*Child, error) {
-	s, err := Prepare(spec)
-	if err != nil {
-		return nil, err
-	}
-	return s.Start(spec.Env)
 }
 
 func orDefault(f, def *os.File) *os.File {
@@ -224,33 +214,22 @@ func (c *Child) Signal(sig syscall.Signal) error {
 		return nil
 	default:
 	}
-	c.log.Info("signalling child", "pid", c.pid, "signal", sigName(sig))
 	err := syscall.Kill(-c.pid, sig)
+	if sig != syscall.SIGKILL && sig != syscall.SIGCONT && err == nil {
+		// A stopped group (SIGSTOP, or SIGTTIN from reading a terminal it
+		// does not own) would sit on the signal until SIGKILL: wake it,
+		// as systemd does.
+		_ = syscall.Kill(-c.pid, syscall.SIGCONT)
+	}
+	c.log.Info("signalled child", "pid", c.pid, "signal", Name(sig))
 	if errors.Is(err, syscall.ESRCH) {
 		return nil
 	}
 	return err
 }
 
-// Stop sends sig to the process group, waits up to grace for it to end,
-// then sends SIGKILL, and returns only once the command has been reaped
-// (S5). The SIGKILL is sent however the wait ends early, so nothing of the
-// group can linger.
-func (c *Child) Stop(sig syscall.Signal, grace time.Duration) (Status, error) {
-	if err := c.Signal(sig); err != nil {
-		c.log.Warn("signal failed", "pid", c.pid, "signal", sigName(sig), "error", err)
-	}
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	select {
-	case <-c.done:
-	case <-t.C:
-		_ = c.Signal(syscall.SIGKILL)
-	}
-	return c.Wait()
-}
-
-func sigName(sig syscall.Signal) string {
+// Name is a signal's conventional name, SIGTERM rather than "terminated".
+func Name(sig syscall.Signal) string {
 	for name, s := range byName {
 		if s == sig {
 			return "SIG" + name
@@ -259,12 +238,24 @@ func sigName(sig syscall.Signal) string {
 	return strconv.Itoa(int(sig))
 }
 
+// ExecError is a command that cannot be run. It unwraps to ErrNotFound or
+// ErrNotExecutable.
+type ExecError struct {
+	Command string
+	Reason  string // as a shell would say it: "command not found", "permission denied"
+	Err     error
+}
+
+func (e *ExecError) Error() string { return e.Command + ": " + e.Reason }
+func (e *ExecError) Unwrap() error { return e.Err }
+
 // Resolve finds the executable for name the way a shell would, and reports
 // ErrNotFound (exit 127) or ErrNotExecutable (exit 126) before anything is
 // started, so that a typo in a crontab line never takes leadership.
 func Resolve(name string) (string, error) {
+	notFound := &ExecError{Command: name, Reason: "command not found", Err: ErrNotFound}
 	if name == "" {
-		return "", fmt.Errorf("empty command: %w", ErrNotFound)
+		return "", notFound
 	}
 	path, err := exec.LookPath(name)
 	if err == nil {
@@ -274,11 +265,11 @@ func Resolve(name string) (string, error) {
 		fi, serr := os.Stat(name)
 		switch {
 		case serr != nil:
-			return "", fmt.Errorf("%s: %w", name, ErrNotFound)
+			return "", &ExecError{Command: name, Reason: "no such file", Err: ErrNotFound}
 		case fi.IsDir():
-			return "", fmt.Errorf("%s: is a directory: %w", name, ErrNotExecutable)
+			return "", &ExecError{Command: name, Reason: "is a directory", Err: ErrNotExecutable}
 		default:
-			return "", fmt.Errorf("%s: permission denied: %w", name, ErrNotExecutable)
+			return "", &ExecError{Command: name, Reason: "permission denied", Err: ErrNotExecutable}
 		}
 	}
 	if errors.Is(err, exec.ErrNotFound) {
@@ -289,14 +280,12 @@ func Resolve(name string) (string, error) {
 				dir = "."
 			}
 			if fi, serr := os.Stat(dir + "/" + name); serr == nil && !fi.IsDir() {
-				return "", fmt.Errorf("%s: permission denied: %w", dir+"/"+name, ErrNotExecutable)
+				return "", &ExecError{Command: dir + "/" + name, Reason: "permission denied", Err: ErrNotExecutable}
 			}
 		}
 	}
-	return "", fmt.Errorf("%s: %w", name, ErrNotFound)
+	return "", notFound
 }
-
-var _ io.Closer = (*os.File)(nil)
 
 // tracked holds the pids of supervisors this process waits for itself, so
 // that the orphan reaper (see BecomeSubreaper) leaves them alone.

@@ -47,7 +47,7 @@ func (s Status) ExitCode() int {
 
 func (s Status) String() string {
 	if s.Signal != 0 {
-		return "killed by " + sigName(s.Signal)
+		return "killed by " + Name(s.Signal)
 	}
 	return fmt.Sprintf("exit status %d", s.Code)
 }

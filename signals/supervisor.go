@@ -40,15 +40,27 @@ func Supervise() int {
 		fmt.Fprintf(os.Stderr, "leaderrun-supervisor: bad configuration: %v\n", err)
 		return 70
 	}
+	// The socket must not leak into the command: a child could write a
+	// fake report on it, and grandchildren holding it open would hide the
+	// supervisor's death from leaderrun.
+	syscall.CloseOnExec(3)
 	conn := os.NewFile(3, "leaderrun")
 	report := func(format string, args ...any) {
 		_, _ = fmt.Fprintf(conn, format+"\n", args...)
 	}
 	_ = becomeSubreaper()
 
-	// Signals sent to the supervisor itself are meant for the command.
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, Forwarded...)
+	// The command gets its signals from leaderrun, and under systemd's
+	// KillMode=control-group from systemd as well; a third copy from us
+	// would make many programs quit at once rather than shut down. So the
+	// supervisor swallows what is sent to it. Notify, not Ignore: ignored
+	// signals would stay ignored in the command across exec.
+	swallowed := make(chan os.Signal, 8)
+	signal.Notify(swallowed, append(Forwarded, syscall.SIGPIPE)...)
+	go func() {
+		for range swallowed {
+		}
+	}()
 
 	// Wait for the word to start. Leaderrun closing its end first means it
 	// did not win, or died: there is nothing to do.
@@ -78,7 +90,7 @@ func Supervise() int {
 			errors.Is(err, syscall.ENOEXEC), errors.Is(err, syscall.EISDIR):
 			kind = "notexec"
 		}
-		report("error %s %s: %v", kind, cfg.Path, err)
+		report("error %s %v", kind, err)
 		return 0
 	}
 	report("started %d", pid)
@@ -89,11 +101,6 @@ func Supervise() int {
 		_, _ = io.Copy(io.Discard, r)
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 		os.Exit(1)
-	}()
-	go func() {
-		for s := range sigs {
-			_ = syscall.Kill(-pid, s.(syscall.Signal))
-		}
 	}()
 
 	var ws syscall.WaitStatus
@@ -123,6 +130,7 @@ func clearGroup(pgid int, sig syscall.Signal, grace time.Duration) {
 		return
 	}
 	_ = syscall.Kill(-pgid, sig)
+	_ = syscall.Kill(-pgid, syscall.SIGCONT)
 	if waitGroup(pgid, time.Now().Add(grace)) {
 		return
 	}

@@ -211,6 +211,10 @@ func testReleaseWakes(t *testing.T, h Harness) {
 		st, err := a.Status(context.Background())
 		return err == nil && (st.Waiting != 0)
 	})
+	// Hold on a while, so that the waiter's campaign is old when it wins:
+	// its lease's Acquired must still be recent (the runner counts its
+	// first deadline from it).
+	time.Sleep(500 * time.Millisecond)
 	released := time.Now()
 	release(t, la)
 	select {
@@ -223,6 +227,9 @@ func testReleaseWakes(t *testing.T, h Harness) {
 		}
 		if lb.Token() <= la.Token() {
 			t.Errorf("waiter's token %d not greater than %d", lb.Token(), la.Token())
+		}
+		if age := released.Sub(lb.Acquired()); age > 100*time.Millisecond {
+			t.Errorf("waiter's Acquired() is %v before the release that let it win: stale proof of life", age)
 		}
 		release(t, lb)
 	case <-time.After(10 * time.Second):

@@ -68,7 +68,6 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 	if err := os.MkdirAll(b.dir, 0o700); err != nil {
 		return nil, b.unavailable("create state directory", err)
 	}
-	acquired := time.Now()
 	var queue *os.File
 	defer func() {
 		if queue != nil {
@@ -76,7 +75,7 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 		}
 	}()
 	for {
-		l, err := b.campaignFile(ctx, opts, acquired, &queue)
+		l, err := b.campaignFile(ctx, opts, &queue)
 		if !errors.Is(err, errReplaced) {
 			return l, err
 		}
@@ -90,7 +89,7 @@ var errReplaced = errors.New("local: lock file replaced")
 // campaignFile waits for the lock on the file now at the lock path. It keeps
 // that file open while it waits: closing it would wake every other waiter,
 // which would close theirs and wake us, for ever.
-func (b *Backend) campaignFile(ctx context.Context, opts backends.CampaignOptions, acquired time.Time, queue **os.File) (backends.Lease, error) {
+func (b *Backend) campaignFile(ctx context.Context, opts backends.CampaignOptions, queue **os.File) (backends.Lease, error) {
 	f, err := os.OpenFile(b.lockPath(), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, b.unavailable("open lock file", err)
@@ -104,6 +103,9 @@ func (b *Backend) campaignFile(ctx context.Context, opts backends.CampaignOption
 	}
 	defer w.close()
 	for {
+		// A flock never expires: the attempt that wins is the lease's
+		// proof of life, however long we waited before it.
+		acquired := time.Now()
 		err := flock(f, syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
 			if same, serr := sameFile(f, b.lockPath()); serr != nil || !same {
