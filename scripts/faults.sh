@@ -35,9 +35,12 @@ consul_dir=$(scripts/install-consul.sh)
 export LEADERRUN_ETCD_BIN="$etcd_dir/etcd" LEADERRUN_ETCDCTL_BIN="$etcd_dir/etcdctl" LEADERRUN_CONSUL_BIN="$consul_dir/consul"
 export FAULTS_TRIALS=$trials FAULTS_BACKEND=$backend FAULTS_OUT=$out
 
-# -v shows each trial; the table is printed at the end and saved as faults.md.
-go test -count=1 -timeout 0 -run '^TestFaults$' -v ./faults/ 2>&1 |
-	grep -vE '^\s+(time=|leaderrun )' | tee "$out/faults.log" | grep -E '^(=== RUN|--- FAIL|\||FAIL|ok|PASS)|faults_test.go' || true
+# -v shows each trial; the whole output goes to faults.log, the outline to
+# the terminal; the table is printed at the end and saved as faults.md.
+set +e
+go test -count=1 -timeout 0 -run '^TestFaults$' -v ./faults/ 2>&1 | tee "$out/faults.log" |
+	grep --line-buffered -E '^(=== RUN|--- FAIL|\||FAIL|ok|PASS)|faults_test.go'
 status=${PIPESTATUS[0]}
+set -e
 echo "table, timelines and log in $out"
 exit "$status"
