@@ -1,0 +1,210 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/leaderrun/leaderrun/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envChild) != "" {
+		os.Exit(childMain())
+	}
+	os.Exit(m.Run())
+}
+
+// bench is one run of the benchmark: the servers, the binaries, the hub
+// the children report to, and every process it started.
+type bench struct {
+	t      *testing.T
+	runs   int
+	window time.Duration // store-cost window
+	herdN  int           // followers in the herd test
+
+	lr, etcdctl, consul, child string
+	etcd                       *testenv.Etcd
+	etcdURL                    string
+	agent                      *testenv.ConsulAgent
+	consulAddr                 string
+
+	hub    *hub
+	sock   string
+	logDir string
+
+	mu    sync.Mutex
+	procs []*proc
+
+	res *results
+}
+
+func envInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+// TestBench is the benchmark. scripts/bench.sh runs it with BENCH=1,
+// BENCH_RUNS (runs per latency figure, default 30), BENCH_OUT (where
+// benchmarks.md and benchmarks.svg go) and BENCH_CMD (the command line to
+// print in the report).
+func TestBench(t *testing.T) {
+	if os.Getenv("BENCH") != "1" {
+		t.Skip("the benchmark runs through scripts/bench.sh (BENCH=1 not set)")
+	}
+	began := time.Now()
+	loadBefore := loadavg()
+	out := os.Getenv("BENCH_OUT")
+	if out == "" {
+		out = t.TempDir()
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := &bench{t: t, runs: envInt("BENCH_RUNS", 30), window: time.Duration(envInt("BENCH_COST_SECONDS", 30)) * time.Second,
+		herdN: envInt("BENCH_FOLLOWERS", 200), logDir: t.TempDir()}
+	b.res = newResults(b.runs)
+
+	// Everything is built or found before anything is timed.
+	b.lr = testenv.Leaderrun(t)
+	b.etcdctl = testenv.EtcdctlBinary(t)
+	b.consul = testenv.ConsulBinary(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.child = self
+	b.res.versions = versions(b)
+	b.res.bins = map[string]string{"leaderrun": b.lr, "etcdctl": b.etcdctl, "consul": b.consul, "child": b.child}
+
+	b.etcd = testenv.StartEtcd(t, 1)
+	b.etcdURL = b.etcd.Endpoints()[0]
+	b.agent = testenv.StartConsul(t, testenv.ConsulOptions{})
+	b.consulAddr = b.agent.Addr()
+	// A short path: unix socket paths are limited to 108 bytes.
+	sockDir, err := os.MkdirTemp("", "lrbench")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.sock = filepath.Join(sockDir, "hub.sock")
+	if b.hub, err = newHub(b.sock); err != nil {
+		t.Fatal(err)
+	}
+	// Cleanups run last-in first-out: processes go before the hub and the
+	// servers.
+	t.Cleanup(func() {
+		b.hub.close()
+		os.RemoveAll(sockDir)
+	})
+	t.Cleanup(b.killAll)
+
+	phases := []struct {
+		name string
+		run  func()
+	}{
+		{"start-up of each binary", b.measureStartup},
+		{"start-to-child", b.measureStartToChild},
+		{"RSS while leading", b.measureRSS},
+		{"loss reaction", b.measureLoss},
+		{"graceful handover", b.measureHandover},
+		{"crash failover", b.measureCrash},
+		{"store cost", b.measureCost},
+		{"herd of followers", b.measureHerd},
+	}
+	for _, ph := range phases {
+		at := time.Now()
+		b.res.loads = append(b.res.loads, fmt.Sprintf("%s: %s", ph.name, loadavg()))
+		ph.run()
+		b.killAll()
+		t.Logf("phase %q took %v", ph.name, time.Since(at).Round(100*time.Millisecond))
+	}
+
+	b.res.machine = describeMachine(loadBefore, loadavg(), began)
+	b.res.command = os.Getenv("BENCH_CMD")
+	if b.res.command == "" {
+		b.res.command = "BENCH=1 go test -count=1 -timeout 0 -run '^TestBench$' -v ./bench/"
+	}
+	b.res.took = time.Since(began)
+	tbl := b.res.table()
+	fmt.Println()
+	fmt.Print(tbl)
+	if err := os.WriteFile(filepath.Join(out, "benchmarks.md"), []byte(b.res.markdown()), 0o644); err != nil {
+		t.Error(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "benchmarks.svg"), []byte(b.res.plot()), 0o644); err != nil {
+		t.Error(err)
+	}
+	t.Logf("report written to %s in %v", out, b.res.took.Round(time.Second))
+}
+
+func (b *bench) track(p *proc) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.procs = append(b.procs, p)
+}
+
+// killAll kills every process the benchmark started that still runs, and
+// every child still alive (an orphan of a wrapper killed with -9 lives
+// on), and forgets them.
+func (b *bench) killAll() {
+	b.mu.Lock()
+	procs := b.procs
+	b.procs = nil
+	b.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, p := range procs {
+		if !p.exited() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p.kill()
+			}()
+		}
+	}
+	wg.Wait()
+	for _, k := range b.hub.live() {
+		_ = syscall.Kill(-k.pid, syscall.SIGKILL)
+		_ = syscall.Kill(k.pid, syscall.SIGKILL)
+	}
+	b.hub.wait(5*time.Second, func() bool {
+		for _, k := range b.hub.kids {
+			if k.start != 0 && k.exit == 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// versions asks each binary for its version, for the report.
+func versions(b *bench) map[string]string {
+	first := func(argv ...string) string {
+		out, _ := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+		line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+		return line
+	}
+	return map[string]string{
+		"leaderrun": first(b.lr, "version"),
+		"etcdctl":   first(b.etcdctl, "version"),
+		"etcd":      first(testenv.EtcdBinary(b.t), "--version"),
+		"consul":    first(b.consul, "version"),
+	}
+}
+
+func loadavg() string {
+	data, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}

@@ -1,0 +1,424 @@
+package bench
+
+import (
+	"fmt"
+	"os/exec"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// rotate is order turned by i, so that no tool always runs first, right
+// after another one's clean-up.
+func rotate[T any](order []T, i int) []T {
+	i %= len(order)
+	return append(slices.Clone(order[i:]), order[:i]...)
+}
+
+// neverGiveUp: a tool that let the awaited event pass in its first runs
+// this many times is not run again for that figure; "never" is the answer.
+const neverGiveUp = 3
+
+// settle is how long a process is left to reach its steady state (watch
+// open, blocking query sent) before it is disturbed. It is outside every
+// timed window.
+const settle = 300 * time.Millisecond
+
+// measureStartup times `BINARY version`, exec to exit, for each binary:
+// what a Go program of that size costs to start before it does any work.
+func (b *bench) measureStartup() {
+	bins := []struct{ id, bin, arg string }{
+		{"leaderrun", b.lr, "version"}, {"etcdctl", b.etcdctl, "version"}, {"consul", b.consul, "version"},
+		{"child", b.child, "-test.run=^$"},
+	}
+	for i := range min(b.runs, 20) {
+		for _, x := range rotate(bins, i) {
+			cmd := exec.Command(x.bin, x.arg)
+			cmd.Env = b.baseEnv()
+			t0 := mono()
+			if err := cmd.Run(); err != nil {
+				b.t.Errorf("%s %s: %v", x.bin, x.arg, err)
+				continue
+			}
+			b.res.sample(b.res.startup, x.id).add(mono() - t0)
+			if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+				b.res.mu.Lock()
+				b.res.startupRSS[x.id] = max(b.res.startupRSS[x.id], int(ru.Maxrss))
+				b.res.mu.Unlock()
+			}
+		}
+	}
+}
+
+// measureStartToChild: a free lock, each tool started and timed from the
+// fork to its child's first instruction of main; the child exits at once.
+func (b *bench) measureStartToChild() {
+	tools := append([]*tool{direct}, wrappers...)
+	for i := range b.runs {
+		for _, tl := range rotate(tools, i) {
+			tag := fmt.Sprintf("%s-s2c-%d", tl.id, i)
+			p, err := b.start(tl, tag, tag, b.addr(tl), false)
+			if err != nil {
+				b.t.Error(err)
+				continue
+			}
+			k, ok := b.hub.started(tag, 15*time.Second)
+			if !ok {
+				b.t.Errorf("%s: no child within 15 s:\n%s", tl.name, p.tail())
+				p.kill()
+				continue
+			}
+			b.res.sample(b.res.s2c, tl.id).add(k.start - p.t0)
+			if !p.waitExit(15 * time.Second) {
+				b.t.Errorf("%s: still running 15 s after its child exited:\n%s", tl.name, p.tail())
+				p.kill()
+			}
+			if tl == lrEtcd || tl == lrConsul {
+				b.breakdown(tl, p, k)
+			}
+		}
+	}
+}
+
+// Where leaderrun's start-to-child goes, from its own log's timestamps
+// (wall clock, read against the wall clock at the fork).
+const (
+	segStart    = "fork → \"campaigning\" logged (process start, flags, store client)"
+	segCampaign = "→ \"leadership acquired\" logged (campaign: store round trips)"
+	segChild    = "→ child's main (supervisor told, fork, exec, child start)"
+)
+
+var segments = []string{segStart, segCampaign, segChild}
+
+func (b *bench) breakdown(tl *tool, p *proc, k kid) {
+	ts := p.logTimes("campaigning", "leadership acquired")
+	camp, okC := ts["campaigning"]
+	won, okW := ts["leadership acquired"]
+	if !okC || !okW {
+		b.res.note(tl.id, "start-to-child", "a run's log lacked the campaigning/acquired lines")
+		return
+	}
+	childAt := p.wall.Add(k.start - p.t0)
+	add := func(seg string, d time.Duration) {
+		b.res.sample(b.res.segments, tl.id+"/"+seg).add(d)
+	}
+	add(segStart, camp.Sub(p.wall))
+	add(segCampaign, won.Sub(camp))
+	add(segChild, childAt.Sub(won))
+}
+
+// measureRSS runs every wrapper as leader at once, each on its own lock,
+// for leadFor, then reads VmHWM: the wrapper's own, and its helper
+// processes' (every descendant except the child and what the child
+// started). Three rounds; the largest counts.
+func (b *bench) measureRSS() {
+	const leadFor = 3 * time.Second
+	for r := range 3 {
+		procs := map[string]*proc{}
+		for _, tl := range wrappers {
+			tag := fmt.Sprintf("%s-rss-%d", tl.id, r)
+			p, err := b.start(tl, tag, tag, b.addr(tl), true)
+			if err != nil {
+				b.t.Error(err)
+				continue
+			}
+			procs[tl.id] = p
+		}
+		kids := map[string]kid{}
+		for id, p := range procs {
+			k, ok := b.hub.started(p.tag, 15*time.Second)
+			if !ok {
+				b.t.Errorf("%s: no child within 15 s:\n%s", id, p.tail())
+				continue
+			}
+			kids[id] = k
+		}
+		time.Sleep(leadFor) // leading: renewals and watches run meanwhile
+		for id, p := range procs {
+			k, ok := kids[id]
+			if !ok {
+				continue
+			}
+			rec := b.res.rss[id]
+			hwm, _, err := memKiB(p.pid())
+			if err != nil {
+				b.t.Errorf("%s: %v", id, err)
+				continue
+			}
+			rec.wrapper = max(rec.wrapper, hwm)
+			skip := append([]int{k.pid}, descendants(k.pid)...)
+			helpers, names := 0, []string{}
+			for _, d := range descendants(p.pid()) {
+				if slices.Contains(skip, d) {
+					continue
+				}
+				h, _, err := memKiB(d)
+				if err == nil {
+					helpers += h
+					names = append(names, argv0(d))
+				}
+			}
+			rec.helpers = max(rec.helpers, helpers)
+			rec.helperNames = names
+			b.res.rss[id] = rec
+		}
+		// etcdctl lock ignores SIGTERM while its command runs: stop all
+		// at once, briefly.
+		var wg sync.WaitGroup
+		for _, p := range procs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p.stop(syscall.SIGTERM, 2*time.Second)
+			}()
+		}
+		wg.Wait()
+	}
+}
+
+// measureLoss: the store ends the leader's lease (etcd revokes it, Consul
+// destroys the session); the figure is the time from just before that
+// request to the child's receipt of SIGTERM or SIGINT. "never" if none
+// comes within 5 s.
+func (b *bench) measureLoss() {
+	runs := max(5, b.runs/3)
+	for i := range runs {
+		for _, tl := range rotate(wrappers, i) {
+			s := b.res.sample(b.res.loss, tl.id)
+			if len(s.vals) == 0 && s.never >= neverGiveUp {
+				continue
+			}
+			r, err := b.lossTrial(tl, fmt.Sprintf("%s-loss-%d", tl.id, i))
+			if err != nil {
+				b.t.Error(err)
+				continue
+			}
+			switch {
+			case r.sig != 0:
+				s.add(r.sig)
+			case r.exit != 0:
+				// Killed without a catchable signal first: stopped all the same.
+				s.add(r.exit)
+				b.res.note(tl.id, "loss reaction", "the child was killed without SIGTERM first")
+			default:
+				s.never++
+				b.res.note(tl.id, "loss reaction", fmt.Sprintf("the child was not signalled and still ran 5 s after the loss; the wrapper %s", r.wrapper))
+			}
+		}
+	}
+	// consul lock as it runs by default, through a shell, once.
+	r, err := b.lossTrial(consulLockShell, "cns-loss-0")
+	if err != nil {
+		b.t.Error(err)
+		return
+	}
+	what := "the command was not signalled"
+	if r.sig != 0 {
+		what = "the command got SIG" + r.sigName + " after " + fmtDur(r.sig)
+	}
+	b.res.note(consulLock.id, "loss reaction", fmt.Sprintf("with its default -shell (SHELL=/bin/sh, dash, which forks the command here instead of exec'ing it), one trial: %s; the wrapper %s", what, r.wrapper))
+}
+
+// lossResult is one loss trial: times from the loss to the child's
+// signal or death (0: did not happen within 5 s), and what the wrapper did.
+type lossResult struct {
+	sig, exit time.Duration
+	sigName   string
+	wrapper   string
+}
+
+func (b *bench) lossTrial(tl *tool, tag string) (lossResult, error) {
+	var r lossResult
+	p, err := b.start(tl, tag, tag, b.addr(tl), true)
+	if err != nil {
+		return r, err
+	}
+	defer p.kill()
+	k, ok := b.hub.started(tag, 15*time.Second)
+	if !ok {
+		return r, fmt.Errorf("%s: no child within 15 s:\n%s", tl.name, p.tail())
+	}
+	defer func() {
+		if alive(k.pid) {
+			_ = syscall.Kill(k.pid, syscall.SIGKILL)
+		}
+	}()
+	time.Sleep(settle)
+	t0, err := b.dropHolder(tl, tag)
+	if err != nil {
+		return r, fmt.Errorf("%s: %w", tl.name, err)
+	}
+	b.hub.wait(5*time.Second, func() bool { k := b.hub.kids[tag]; return k.sig != 0 || k.exit != 0 })
+	k, _ = b.hub.get(tag)
+	if k.sig != 0 {
+		r.sig, r.sigName = k.sig-t0, k.sigName
+	}
+	if k.exit != 0 {
+		r.exit = k.exit - t0
+	}
+	// leaderrun exits by itself (76) once its child is gone.
+	if p.waitExit(3 * time.Second) {
+		r.wrapper = fmt.Sprintf("exited %s after the loss (status %d)", fmtDur(p.exit-t0), p.cmd.ProcessState.ExitCode())
+	} else {
+		r.wrapper = "was still running 8 s after the loss"
+	}
+	return r, nil
+}
+
+// measureHandover: a leader and one waiting follower; SIGTERM to the
+// leader's wrapper; the figure is the time to the follower's child start.
+// "never" if it does not start within 5 s.
+func (b *bench) measureHandover() {
+	runs := max(5, b.runs/3)
+	for i := range runs {
+		for _, tl := range rotate(wrappers, i) {
+			s := b.res.sample(b.res.handover, tl.id)
+			if len(s.vals) == 0 && s.never >= neverGiveUp {
+				continue
+			}
+			lock := fmt.Sprintf("%s-ho-%d", tl.id, i)
+			a, f, err := b.leaderAndFollower(tl, lock, b.addr(tl))
+			if err != nil {
+				b.t.Error(err)
+				b.killAll()
+				continue
+			}
+			t0 := mono()
+			a.signal(syscall.SIGTERM)
+			if k, ok := b.hub.started(f.tag, 5*time.Second); ok {
+				s.add(k.start - t0)
+			} else {
+				s.never++
+				if ka, _ := b.hub.get(a.tag); ka.sig == 0 && ka.exit == 0 {
+					b.res.note(tl.id, "handover", "the leader's child was not signalled and kept running")
+				}
+			}
+			if !a.waitExit(time.Second) {
+				a.kill()
+			}
+			f.stop(syscall.SIGTERM, 5*time.Second)
+		}
+	}
+}
+
+// leaderAndFollower starts a leader of lock and, once its child runs, a
+// follower, and returns when the store shows the follower waiting.
+func (b *bench) leaderAndFollower(tl *tool, lock, addr string) (leader, follower *proc, err error) {
+	leader, err = b.start(tl, lock, lock+"-a", addr, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, ok := b.hub.started(leader.tag, 15*time.Second); !ok {
+		return nil, nil, fmt.Errorf("%s: no child within 15 s:\n%s", tl.name, leader.tail())
+	}
+	follower, err = b.start(tl, lock, lock+"-b", addr, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := b.waitCandidates(tl, lock, 2, 15*time.Second); err != nil {
+		return nil, nil, fmt.Errorf("%w:\n%s", err, follower.tail())
+	}
+	time.Sleep(settle)
+	return leader, follower, nil
+}
+
+// crashResult is one kill -9 trial.
+type crashResult struct {
+	failover  time.Duration // -1: the follower's child never started
+	oldDied   time.Duration // when the old child died after the kill; -1: alive 1 s later
+	survived  bool          // the old child was still running 1 s after the kill
+	bothAtOne bool          // the old child was still running when the new one started
+}
+
+// crashTrial: SIGKILL to the leader's wrapper only; how long until the
+// follower's child starts (bounded), and what became of the old child.
+func (b *bench) crashTrial(tl *tool, lock string, bound time.Duration) (crashResult, error) {
+	res := crashResult{failover: -1, oldDied: -1}
+	a, f, err := b.leaderAndFollower(tl, lock, b.addr(tl))
+	if err != nil {
+		return res, err
+	}
+	ka, _ := b.hub.get(a.tag)
+	t0 := mono()
+	a.signal(syscall.SIGKILL)
+	if b.hub.wait(time.Second, func() bool { return b.hub.kids[a.tag].exit != 0 }) {
+		ka, _ = b.hub.get(a.tag)
+		res.oldDied = ka.exit - t0
+	} else {
+		res.survived = alive(ka.pid)
+	}
+	if kf, ok := b.hub.started(f.tag, bound); ok {
+		res.failover = kf.start - t0
+		ka, _ = b.hub.get(a.tag)
+		res.bothAtOne = ka.exit == 0 || ka.exit > kf.start
+	}
+	if alive(ka.pid) {
+		_ = syscall.Kill(-ka.pid, syscall.SIGKILL)
+		_ = syscall.Kill(ka.pid, syscall.SIGKILL)
+	}
+	a.waitExit(5 * time.Second)
+	f.stop(syscall.SIGTERM, 5*time.Second)
+	return res, nil
+}
+
+// measureCrash runs the etcd tools' trials side by side (5 rounds; each
+// waits out a 5 s lease), then every Consul trial at once (2 per tool;
+// each waits out a session invalidation, up to 2×TTL, and the lock-delay).
+func (b *bench) measureCrash() {
+	type job struct {
+		tl    *tool
+		lock  string
+		bound time.Duration
+	}
+	run := func(jobs []job) {
+		results := make([]crashResult, len(jobs))
+		errs := make([]error, len(jobs))
+		var wg sync.WaitGroup
+		for i, j := range jobs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[i], errs[i] = b.crashTrial(j.tl, j.lock, j.bound)
+			}()
+		}
+		wg.Wait()
+		for i, j := range jobs {
+			if errs[i] != nil {
+				b.t.Error(errs[i])
+				continue
+			}
+			r := results[i]
+			s := b.res.sample(b.res.crash, j.tl.id)
+			if r.failover < 0 {
+				s.never++
+			} else {
+				s.add(r.failover)
+			}
+			c := b.res.crashOld[j.tl.id]
+			c.trials++
+			if r.survived {
+				c.survived++
+			} else if r.oldDied >= 0 {
+				c.died = append(c.died, r.oldDied)
+			}
+			if r.bothAtOne {
+				c.overlap++
+			}
+			b.res.crashOld[j.tl.id] = c
+		}
+		b.killAll()
+	}
+	etcdBound := etcdLease + 10*time.Second
+	for i := range 5 {
+		run([]job{{lrEtcd, fmt.Sprintf("lre-crash-%d", i), etcdBound}, {etcdctlLock, fmt.Sprintf("ecl-crash-%d", i), etcdBound}})
+	}
+	consulBound := 2*consulTTL + consulLockDelay + 20*time.Second
+	var jobs []job
+	for i := range 2 {
+		for _, tl := range []*tool{lrConsul, consulLock} {
+			jobs = append(jobs, job{tl, fmt.Sprintf("%s-crash-%d", tl.id, i), consulBound})
+		}
+	}
+	run(jobs)
+}

@@ -1,0 +1,224 @@
+package bench
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// proc is one wrapper process (or, for the baseline, the child itself)
+// started by the benchmark, in a process group of its own so that no
+// signal meant for the benchmark reaches it.
+type proc struct {
+	tag  string
+	cmd  *exec.Cmd
+	log  string
+	t0   time.Duration // mono() just before the fork
+	wall time.Time     // the wall clock at t0, for leaderrun's log timestamps
+	done chan struct{} // closed once reaped
+	exit time.Duration // mono() when reaped
+}
+
+// spawn starts argv with the child's environment for tag. hold: the child
+// runs until signalled; otherwise it exits as soon as it has reported.
+func (b *bench) spawn(argv []string, tag string, hold bool, extraEnv ...string) (*proc, error) {
+	p := &proc{tag: tag, log: filepath.Join(b.logDir, tag+".log"), done: make(chan struct{})}
+	logf, err := os.Create(p.log)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	env := append(b.baseEnv(), envChild+"=1", envSock+"="+b.sock, envTag+"="+tag)
+	if hold {
+		env = append(env, envHold+"=1")
+	}
+	p.cmd = exec.Command(argv[0], argv[1:]...)
+	p.cmd.Env = append(env, extraEnv...)
+	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	p.t0, p.wall = mono(), time.Now()
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", argv[0], err)
+	}
+	b.track(p)
+	go func() {
+		_ = p.cmd.Wait()
+		p.exit = mono()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// baseEnv is the benchmark's environment without anything that would
+// change what a wrapper connects to or how it behaves.
+func (b *bench) baseEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		switch {
+		case strings.HasPrefix(name, "LEADERRUN_"), strings.HasPrefix(name, "ETCDCTL_"),
+			strings.HasPrefix(name, "CONSUL_"), strings.HasPrefix(name, "BENCH_"),
+			name == "NOTIFY_SOCKET", name == "SHELL":
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitExit waits up to timeout for p to be reaped.
+func (p *proc) waitExit(timeout time.Duration) bool {
+	select {
+	case <-p.done:
+		return true
+	case <-time.After(timeout):
+		return false
+	}
+}
+
+func (p *proc) signal(sig syscall.Signal) { _ = syscall.Kill(p.pid(), sig) }
+
+// stop sends sig to the wrapper alone and waits up to grace for it to
+// exit, then kills its whole tree.
+func (p *proc) stop(sig syscall.Signal, grace time.Duration) {
+	if p.exited() {
+		return
+	}
+	p.signal(sig)
+	if !p.waitExit(grace) {
+		p.kill()
+	}
+}
+
+// kill SIGKILLs p's process group and every descendant with its group
+// (leaderrun's supervisor and its command each lead one), and waits for p.
+func (p *proc) kill() {
+	if p.exited() {
+		return
+	}
+	pids := descendants(p.pid())
+	_ = syscall.Kill(-p.pid(), syscall.SIGKILL)
+	for _, d := range pids {
+		_ = syscall.Kill(-d, syscall.SIGKILL)
+		_ = syscall.Kill(d, syscall.SIGKILL)
+	}
+	p.waitExit(10 * time.Second)
+}
+
+// tail is the end of p's output, for error messages.
+func (p *proc) tail() string {
+	data, _ := os.ReadFile(p.log)
+	if len(data) > 2000 {
+		data = data[len(data)-2000:]
+	}
+	return string(data)
+}
+
+// logTimes reads the time of the first JSON log line with each message
+// in msgs from p's output (leaderrun with --log-format json).
+func (p *proc) logTimes(msgs ...string) map[string]time.Time {
+	out := map[string]time.Time{}
+	data, _ := os.ReadFile(p.log)
+	for _, line := range strings.Split(string(data), "\n") {
+		var ev struct {
+			Time time.Time
+			Msg  string
+		}
+		if json.Unmarshal([]byte(line), &ev) != nil {
+			continue
+		}
+		if _, seen := out[ev.Msg]; !seen && slices.Contains(msgs, ev.Msg) {
+			out[ev.Msg] = ev.Time
+		}
+	}
+	return out
+}
+
+// children lists pid's children.
+func children(pid int) []int {
+	var out []int
+	files, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*", "children"))
+	for _, f := range files {
+		data, _ := os.ReadFile(f)
+		for _, s := range strings.Fields(string(data)) {
+			if c, err := strconv.Atoi(s); err == nil {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// descendants lists pid's descendants, parents before their children.
+func descendants(pid int) []int {
+	var out []int
+	for _, c := range children(pid) {
+		out = append(out, c)
+		out = append(out, descendants(c)...)
+	}
+	return out
+}
+
+// alive reports whether pid exists and is not a zombie.
+func alive(pid int) bool {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	s := string(data)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] != 'Z'
+	}
+	return true
+}
+
+// memKiB reads VmHWM (peak resident set) and VmRSS of pid, in KiB.
+func memKiB(pid int) (hwm, rss int, err error) {
+	f, err := os.Open(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		n, _ := strconv.Atoi(fields[1])
+		switch fields[0] {
+		case "VmHWM:":
+			hwm = n
+		case "VmRSS:":
+			rss = n
+		}
+	}
+	return hwm, rss, sc.Err()
+}
+
+// argv0 is the base name of pid's argv[0] (leaderrun's supervisor calls
+// itself leaderrun-supervisor).
+func argv0(pid int) string {
+	data, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	first, _, _ := strings.Cut(string(data), "\x00")
+	return filepath.Base(first)
+}
