@@ -53,9 +53,11 @@ func newBackend(t *testing.T, h Harness, lock string) backends.Backend {
 	return b
 }
 
-func campaign(t *testing.T, b backends.Backend, id string) backends.Lease {
+// Campaign campaigns as id and fails the test if that does not succeed
+// within 30 s.
+func Campaign(t *testing.T, b backends.Backend, id string) backends.Lease {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	l, err := b.Campaign(ctx, backends.CampaignOptions{Identity: id})
 	if err != nil {
@@ -64,7 +66,8 @@ func campaign(t *testing.T, b backends.Backend, id string) backends.Lease {
 	return l
 }
 
-func release(t *testing.T, l backends.Lease) {
+// Release releases l and reports an error to the test.
+func Release(t *testing.T, l backends.Lease) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -139,21 +142,21 @@ func testExclusion(t *testing.T, h Harness) {
 func testTry(t *testing.T, h Harness) {
 	lock := lockName(t)
 	a, b := newBackend(t, h, lock), newBackend(t, h, lock)
-	la := campaign(t, a, "a")
+	la := Campaign(t, a, "a")
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	lb, err := b.Campaign(ctx, backends.CampaignOptions{Identity: "b", Try: true})
 	if !errors.Is(err, backends.ErrLocked) {
 		if lb != nil {
-			release(t, lb)
+			Release(t, lb)
 		}
 		t.Fatalf("try on a held lock: got %v, want ErrLocked", err)
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("try on a held lock took %v, want well under 1s", d)
 	}
-	release(t, la)
+	Release(t, la)
 	lb, err = b.Campaign(ctx, backends.CampaignOptions{Identity: "b", Try: true})
 	if err != nil {
 		t.Fatalf("try on a released lock: %v", err)
@@ -161,7 +164,7 @@ func testTry(t *testing.T, h Harness) {
 	if lb.Token() <= la.Token() {
 		t.Errorf("token after try %d, not greater than %d", lb.Token(), la.Token())
 	}
-	release(t, lb)
+	Release(t, lb)
 }
 
 // testWaitWithdraws: a waiter whose context ends returns the context's
@@ -169,7 +172,7 @@ func testTry(t *testing.T, h Harness) {
 func testWaitWithdraws(t *testing.T, h Harness) {
 	lock := lockName(t)
 	a, b, c := newBackend(t, h, lock), newBackend(t, h, lock), newBackend(t, h, lock)
-	la := campaign(t, a, "a")
+	la := Campaign(t, a, "a")
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
@@ -177,14 +180,14 @@ func testWaitWithdraws(t *testing.T, h Harness) {
 	took := time.Since(start)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		if lb != nil {
-			release(t, lb)
+			Release(t, lb)
 		}
 		t.Fatalf("waiting past the deadline: got %v, want context.DeadlineExceeded", err)
 	}
 	if took < 250*time.Millisecond || took > 2*time.Second {
 		t.Errorf("waiter gave up after %v, want about 300ms", took)
 	}
-	release(t, la)
+	Release(t, la)
 	// The withdrawn waiter must not have been queued: c gets the lock at once.
 	tctx, tcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer tcancel()
@@ -192,13 +195,13 @@ func testWaitWithdraws(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatalf("after the waiter withdrew and the holder released, try: %v", err)
 	}
-	release(t, lc)
+	Release(t, lc)
 }
 
 func testReleaseWakes(t *testing.T, h Harness) {
 	lock := lockName(t)
 	a, b := newBackend(t, h, lock), newBackend(t, h, lock)
-	la := campaign(t, a, "a")
+	la := Campaign(t, a, "a")
 	got := make(chan backends.Lease, 1)
 	go func() {
 		l, err := b.Campaign(context.Background(), backends.CampaignOptions{Identity: "b"})
@@ -207,7 +210,7 @@ func testReleaseWakes(t *testing.T, h Harness) {
 		}
 		got <- l
 	}()
-	waitFor(t, "the waiter to be queued", func() bool {
+	WaitFor(t, "the waiter to be queued", func() bool {
 		st, err := a.Status(context.Background())
 		return err == nil && (st.Waiting != 0)
 	})
@@ -216,7 +219,7 @@ func testReleaseWakes(t *testing.T, h Harness) {
 	// first deadline from it).
 	time.Sleep(500 * time.Millisecond)
 	released := time.Now()
-	release(t, la)
+	Release(t, la)
 	select {
 	case lb := <-got:
 		if lb == nil {
@@ -231,7 +234,7 @@ func testReleaseWakes(t *testing.T, h Harness) {
 		if age := released.Sub(lb.Acquired()); age > 100*time.Millisecond {
 			t.Errorf("waiter's Acquired() is %v before the release that let it win: stale proof of life", age)
 		}
-		release(t, lb)
+		Release(t, lb)
 	case <-time.After(10 * time.Second):
 		t.Fatal("waiter not granted within 10s of release")
 	}
@@ -240,8 +243,8 @@ func testReleaseWakes(t *testing.T, h Harness) {
 func testLoss(t *testing.T, h Harness) {
 	lock := lockName(t)
 	a := newBackend(t, h, lock)
-	la := campaign(t, a, "a")
-	defer release(t, la)
+	la := Campaign(t, a, "a")
+	defer Release(t, la)
 	if err := la.Err(); err != nil {
 		t.Fatalf("fresh lease reports %v", err)
 	}
@@ -274,7 +277,7 @@ func testStatus(t *testing.T, h Harness) {
 	if st.Held {
 		t.Fatalf("free lock reported held: %+v", st)
 	}
-	la := campaign(t, a, "holder-1")
+	la := Campaign(t, a, "holder-1")
 	st, err = a.Status(ctx)
 	if err != nil {
 		t.Fatalf("status: %v", err)
@@ -282,7 +285,7 @@ func testStatus(t *testing.T, h Harness) {
 	if !st.Held || st.Identity != "holder-1" || st.Token != la.Token() {
 		t.Errorf("status = %+v, want held by holder-1 with token %d", st, la.Token())
 	}
-	release(t, la)
+	Release(t, la)
 	st, err = a.Status(ctx)
 	if err != nil {
 		t.Fatalf("status: %v", err)
@@ -292,9 +295,9 @@ func testStatus(t *testing.T, h Harness) {
 	}
 }
 
-// waitFor polls cond: a condition in another process or store has no
+// WaitFor polls cond: a condition in another process or store has no
 // channel to wait on. It fails the test after 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
+func WaitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {

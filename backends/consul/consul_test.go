@@ -66,16 +66,10 @@ func destroy(t *testing.T, c *api.Client, session string) {
 	}
 }
 
-func campaign(t *testing.T, b backends.Backend, id string) backends.Lease {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	l, err := b.Campaign(ctx, backends.CampaignOptions{Identity: id})
-	if err != nil {
-		t.Fatalf("%s: campaign: %v", id, err)
-	}
-	return l
-}
+var (
+	campaign = backendtest.Campaign
+	release  = backendtest.Release
+)
 
 type campaignResult struct {
 	lease backends.Lease
@@ -100,15 +94,6 @@ func campaignAsync(b backends.Backend, id string) <-chan campaignResult {
 		ch <- campaignResult{l, err}
 	}()
 	return ch
-}
-
-func release(t *testing.T, l backends.Lease) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := l.Release(ctx); err != nil {
-		t.Errorf("release: %v", err)
-	}
 }
 
 // TestConsulConformance runs the shared suite against a real dev agent. Lock-delay

@@ -115,16 +115,7 @@ func keys(t *testing.T, cli *clientv3.Client, lock string) []string {
 	return ks
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+var waitFor = backendtest.WaitFor
 
 // testGrantedTTL: etcd grants whole seconds and raises a TTL below its
 // minimum (2 s with the default election timeout); the lease reports what
