@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
@@ -198,4 +202,52 @@ func grep(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestCheckAfterEtcdRevoke: with etcd, `leaderrun check` exits 0 while
+// leading and 1 within 100 ms of the lease being revoked.
+func TestCheckAfterEtcdRevoke(t *testing.T) {
+	eps := testenv.StartEtcd(t, 1).Endpoints()
+	dir := t.TempDir()
+	out := filepath.Join(dir, "checks")
+	bin := testenv.Leaderrun(t)
+	job := fmt.Sprintf(`trap '' TERM; while :; do %s check; echo "$(date +%%s%%N) $?" >> %s; done`, bin, out)
+	p := start(t, nil, "--etcd-endpoints", strings.Join(eps, ","), "--lock", "chk",
+		"--lease-duration", "8s", "--renew-deadline", "4s", "--retry-period", "500ms", "--kill-grace", "3s",
+		"--shell", "--", job)
+	waitFor(t, 10*time.Second, "a successful check", func() bool { return len(checks(out, 0)) > 0 })
+	st, code := etcdStatusOf(t, eps, "chk")
+	if code != 0 {
+		t.Fatalf("status exit %d", code)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	id, err := strconv.ParseInt(filepath.Base(st.Key), 16, 64)
+	if err != nil {
+		t.Fatalf("key %s does not end in a lease ID: %v", st.Key, err)
+	}
+	if _, err := cli.Get(context.Background(), "warm-up"); err != nil {
+		t.Fatal(err)
+	}
+	revoked := time.Now()
+	if _, err := cli.Revoke(context.Background(), clientv3.LeaseID(id)); err != nil {
+		t.Fatalf("revoke: %v", err)
+	}
+	waitFor(t, 5*time.Second, "a failing check", func() bool { return len(checks(out, 1)) > 0 })
+	first := checks(out, 1)[0]
+	t.Logf("check failed %v after the revoke was sent", first.Sub(revoked))
+	if first.Sub(revoked) > 100*time.Millisecond {
+		t.Errorf("check still succeeded up to %v after the revoke, want under 100ms", first.Sub(revoked))
+	}
+	for _, ok := range checks(out, 0) {
+		if ok.After(first) {
+			t.Errorf("check succeeded at %v, after it had failed at %v", ok, first)
+		}
+	}
+	if code := p.wait(10 * time.Second); code != 76 {
+		t.Errorf("exit %d, want 76", code)
+	}
 }
