@@ -30,6 +30,10 @@ type Notifier struct {
 	leading bool
 	stop    chan struct{} // ends the standby heartbeat; nil when none runs
 	wg      sync.WaitGroup
+
+	// ctx ends the status query of describeLeader when Close is called.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // New returns a Notifier, or nil when leaderrun does not run under systemd
@@ -40,6 +44,7 @@ func New(lock string, status func(context.Context) (backends.Status, error), log
 		return nil
 	}
 	n := &Notifier{lock: lock, status: status, log: log}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if iv, err := daemon.SdWatchdogEnabled(false); err == nil && iv > 0 {
 		n.watchdog = iv / 2
 	}
@@ -103,7 +108,7 @@ func (n *Notifier) describeLeader() {
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(n.ctx, 5*time.Second)
 		defer cancel()
 		st, err := n.status(ctx)
 		n.mu.Lock()
@@ -159,6 +164,7 @@ func (n *Notifier) stopHeartbeat() {
 
 // Close stops the background work and waits for it.
 func (n *Notifier) Close() {
+	n.cancel()
 	n.stopHeartbeat()
 	n.wg.Wait()
 }
