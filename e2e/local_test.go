@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -468,4 +469,32 @@ func pauseGroups(t *testing.T, leaderrun, child int) []int {
 		}
 	}
 	return groups
+}
+
+// TestLocalSetsidEscapeeStopped: a grandchild that left the process group
+// with setsid is still stopped when the command exits, before the lock is
+// released: the supervisor inherits it as a subreaper.
+func TestLocalSetsidEscapeeStopped(t *testing.T) {
+	if _, err := exec.LookPath("setsid"); err != nil {
+		t.Skip("setsid(1) not installed")
+	}
+	dir := t.TempDir()
+	pids := filepath.Join(dir, "pids")
+	// The escapee records its own pid (the sleep's, after exec); the
+	// command waits for that, so that it exits only once the escapee has
+	// left the group.
+	script := `setsid sh -c 'echo $$ > ` + pids + `.tmp; mv ` + pids + `.tmp ` + pids + `; exec sleep 3600' </dev/null >/dev/null 2>&1 & ` +
+		`while [ ! -s ` + pids + ` ]; do sleep 0.01; done`
+	p := start(t, nil, localArgs(dir, "escape", "--shell", "--", script)...)
+	if code := p.wait(10 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	got := readPids(pids)
+	if len(got) != 1 {
+		t.Fatalf("pids %v", got)
+	}
+	if alive(got[0]) {
+		_ = syscall.Kill(got[0], syscall.SIGKILL)
+		t.Errorf("grandchild %d in its own session outlived leaderrun", got[0])
+	}
 }

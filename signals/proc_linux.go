@@ -5,6 +5,9 @@ package signals
 import (
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"unsafe"
@@ -76,4 +79,20 @@ func siginfoPid(info *unix.Siginfo) int32 {
 
 func socketpair() ([2]int, error) {
 	return syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+}
+
+// children lists this process's live children, from every thread's
+// /proc/self/task/*/children.
+func children() []int {
+	files, _ := filepath.Glob("/proc/self/task/*/children")
+	var pids []int
+	for _, f := range files {
+		data, _ := os.ReadFile(f)
+		for _, field := range strings.Fields(string(data)) {
+			if pid, err := strconv.Atoi(field); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
 }

@@ -100,6 +100,9 @@ func Supervise() int {
 		// when its end closes.
 		_, _ = io.Copy(io.Discard, r)
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		for _, k := range children() {
+			killTree(k, syscall.SIGKILL)
+		}
 		os.Exit(1)
 	}()
 
@@ -115,6 +118,7 @@ func Supervise() int {
 	}
 	status := statusOf(ws)
 	clearGroup(pid, syscall.Signal(cfg.KillSignal), cfg.KillGrace)
+	clearEscapees(syscall.Signal(cfg.KillSignal), cfg.KillGrace)
 	if status.Signal != 0 {
 		report("signal %d", int(status.Signal))
 	} else {
@@ -146,13 +150,7 @@ func waitGroup(pgid int, deadline time.Time) bool {
 		if time.Now().After(deadline) {
 			return false
 		}
-		var ws syscall.WaitStatus
-		for {
-			wpid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
-			if wpid <= 0 || err != nil {
-				break
-			}
-		}
+		reapAll()
 		time.Sleep(5 * time.Millisecond)
 	}
 	return true
@@ -168,4 +166,48 @@ func groupAlive(pgid int) bool {
 var Forwarded = []os.Signal{
 	syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM,
 	syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH,
+}
+
+// clearEscapees stops descendants that left the command's process group
+// (setsid, setpgid) once their parents are gone: as a subreaper the
+// supervisor inherits them as children, and nothing may run on after the
+// lease is released. Kill signal, up to grace, then SIGKILL.
+func clearEscapees(sig syscall.Signal, grace time.Duration) {
+	deadline := time.Now().Add(grace)
+	signalled := map[int]bool{}
+	for give := time.Now().Add(grace + 10*time.Second); time.Now().Before(give); {
+		reapAll()
+		kids := children()
+		if len(kids) == 0 {
+			return
+		}
+		for _, k := range kids {
+			switch {
+			case time.Now().After(deadline):
+				killTree(k, syscall.SIGKILL)
+			case !signalled[k]:
+				signalled[k] = true
+				killTree(k, sig)
+				killTree(k, syscall.SIGCONT)
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// killTree signals pid, and its process group if it leads one.
+func killTree(pid int, sig syscall.Signal) {
+	_ = syscall.Kill(pid, sig)
+	if pgid, err := syscall.Getpgid(pid); err == nil && pgid == pid {
+		_ = syscall.Kill(-pid, sig)
+	}
+}
+
+func reapAll() {
+	var ws syscall.WaitStatus
+	for {
+		if wpid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil); wpid <= 0 || err != nil {
+			return
+		}
+	}
 }
