@@ -41,8 +41,9 @@ func TestFaults(t *testing.T) {
 		t.Skip("the fault suite runs through scripts/faults.sh (FAULTS_TRIALS not set)")
 	}
 	backends := []string{"etcd", "consul"}
+	backendFlag := "all"
 	if b := os.Getenv("FAULTS_BACKEND"); b != "" && b != "all" {
-		backends = strings.Split(b, ",")
+		backends, backendFlag = strings.Split(b, ","), b
 	}
 	out := os.Getenv("FAULTS_OUT")
 	if out == "" {
@@ -100,8 +101,12 @@ func TestFaults(t *testing.T) {
 	tbl := table(rows)
 	fmt.Println()
 	fmt.Print(tbl)
-	report := fmt.Sprintf("# Fault-injection results\n\nProduced by `scripts/faults.sh --trials %d --backend %s` on %s (%d cores, %s/%s, %s), in %v.\n\n%s\n%s",
-		trials, strings.Join(backends, ","), time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH,
+	commit := os.Getenv("FAULTS_COMMIT")
+	if commit == "" {
+		commit = "unknown"
+	}
+	report := fmt.Sprintf("# Fault-injection results\n\nProduced by `scripts/faults.sh --trials %d --backend %s` at commit %s on %s (%d cores, %s/%s, %s), in %v.\n\n%s\n%s",
+		trials, backendFlag, commit, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH,
 		runtime.Version(), time.Since(started).Round(time.Second), tbl, legend)
 	if err := os.WriteFile(filepath.Join(out, "faults.md"), []byte(report), 0o644); err != nil {
 		t.Error(err)

@@ -34,6 +34,9 @@ etcd_dir=$(scripts/install-etcd.sh)
 consul_dir=$(scripts/install-consul.sh)
 export LEADERRUN_ETCD_BIN="$etcd_dir/etcd" LEADERRUN_ETCDCTL_BIN="$etcd_dir/etcdctl" LEADERRUN_CONSUL_BIN="$consul_dir/consul"
 export FAULTS_TRIALS=$trials FAULTS_BACKEND=$backend FAULTS_OUT=$out
+FAULTS_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [ -n "$(git status --porcelain 2>/dev/null)" ]; then FAULTS_COMMIT="$FAULTS_COMMIT+changes"; fi
+export FAULTS_COMMIT
 
 # -v shows each trial; the whole output goes to faults.log, the outline to
 # the terminal; the table is printed at the end and saved as faults.md.
