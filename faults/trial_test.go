@@ -200,6 +200,9 @@ func runTrial(t testing.TB, st store, f fault, bin, child string, n int) *trial 
 			// Let the resumed old leader notice and stop its child.
 			tr.waitExit(leader, 2*tr.timing.lease)
 		}
+		// Watch the new leader a little longer: a stale child writing late
+		// would show here, and the timeline shows the new leader's bar.
+		time.Sleep(time.Second)
 	} else {
 		// Watch for a false failover for as long as a lease could last.
 		time.Sleep(tr.timing.lease + tr.timing.deadline)
