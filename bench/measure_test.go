@@ -7,6 +7,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
 // rotate is order turned by i, so that no tool always runs first, right
@@ -141,7 +143,7 @@ func (b *bench) measureRSS() {
 				continue
 			}
 			rec := b.res.rss[id]
-			hwm, _, err := memKiB(p.pid())
+			hwm, _, err := testenv.Memory(p.pid())
 			if err != nil {
 				b.t.Errorf("%s: %v", id, err)
 				continue
@@ -153,7 +155,7 @@ func (b *bench) measureRSS() {
 				if slices.Contains(skip, d) {
 					continue
 				}
-				h, _, err := memKiB(d)
+				h, _, err := testenv.Memory(d)
 				if err == nil {
 					helpers += h
 					names = append(names, argv0(d))

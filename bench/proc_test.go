@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -189,30 +188,6 @@ func alive(pid int) bool {
 		return s[i+2] != 'Z'
 	}
 	return true
-}
-
-// memKiB reads VmHWM (peak resident set) and VmRSS of pid, in KiB.
-func memKiB(pid int) (hwm, rss int, err error) {
-	f, err := os.Open(filepath.Join("/proc", strconv.Itoa(pid), "status"))
-	if err != nil {
-		return 0, 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 2 {
-			continue
-		}
-		n, _ := strconv.Atoi(fields[1])
-		switch fields[0] {
-		case "VmHWM:":
-			hwm = n
-		case "VmRSS:":
-			rss = n
-		}
-	}
-	return hwm, rss, sc.Err()
 }
 
 // argv0 is the base name of pid's argv[0] (leaderrun's supervisor calls

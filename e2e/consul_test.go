@@ -95,19 +95,6 @@ func consulCandidates(t *testing.T, c *api.Client, lock string) int {
 	return n
 }
 
-// consulWaitFor polls cond, a condition in another process or in Consul, for up
-// to timeout.
-func consulWaitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // consulStarts returns the "start" events, in order.
 func consulStarts(evs []event) []event {
 	var out []event
@@ -287,13 +274,13 @@ func TestConsulKill9(t *testing.T) {
 			evs := waitEvents(t, events, 10*time.Second, "the leader's child", consulSaw("start", "leader"))
 			first, _ := consulFirst(evs, "start", "leader")
 			start(t, childEnv(events, "forever"), consulRun(t, agent.Addr(), lock, "follower", flags...)...)
-			consulWaitFor(t, 10*time.Second, "the follower to wait", func() bool { return consulCandidates(t, c, lock) == 2 })
+			waitFor(t, 10*time.Second, "the follower to wait", func() bool { return consulCandidates(t, c, lock) == 2 })
 
 			killed := time.Now()
 			if err := syscall.Kill(leader.pid(), syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
-			consulWaitFor(t, 5*time.Second, "the leader's child to die", func() bool { return !alive(first.Pid) })
+			waitFor(t, 5*time.Second, "the leader's child to die", func() bool { return !alive(first.Pid) })
 			childGone := time.Since(killed)
 			if childGone > time.Second {
 				t.Errorf("the leader's child died %v after leaderrun was killed, want within 1s", childGone)
@@ -330,7 +317,7 @@ func TestConsulSIGTERMHandover(t *testing.T) {
 		leader := start(t, childEnv(events, "forever"), consulRun(t, agent.Addr(), lock, "leader", flags...)...)
 		waitEvents(t, events, 10*time.Second, "the leader's child", consulSaw("start", "leader"))
 		follower := start(t, childEnv(events, "forever"), consulRun(t, agent.Addr(), lock, "follower", flags...)...)
-		consulWaitFor(t, 10*time.Second, "the follower to wait", func() bool { return consulCandidates(t, c, lock) == 2 })
+		waitFor(t, 10*time.Second, "the follower to wait", func() bool { return consulCandidates(t, c, lock) == 2 })
 		leader.signal(syscall.SIGTERM)
 		if code := leader.wait(10 * time.Second); code != 0 {
 			t.Errorf("trial %d: leader exited %d after SIGTERM, want its child's 0", i, code)
@@ -399,7 +386,7 @@ func TestConsulStalledLeader(t *testing.T) {
 		start(t, childEnv(tr.events, "forever"), consulRun(t, agent.Addr(), tr.lock, "follower")...)
 	}
 	for _, tr := range trials {
-		consulWaitFor(t, 10*time.Second, tr.lock+": the follower to wait", func() bool { return consulCandidates(t, c, tr.lock) == 2 })
+		waitFor(t, 10*time.Second, tr.lock+": the follower to wait", func() bool { return consulCandidates(t, c, tr.lock) == 2 })
 	}
 	for _, tr := range trials {
 		tr.stalled = time.Now()

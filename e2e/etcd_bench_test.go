@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -91,7 +90,7 @@ func TestEtcdBench(t *testing.T) {
 		p.Process.Signal(os.Interrupt)
 		p.Wait()
 	}()
-	etcdPoll(t, 10*time.Second, "the child to start", func() bool { _, err := os.Stat(stamp); return err == nil })
+	waitFor(t, 10*time.Second, "the child to start", func() bool { _, err := os.Stat(stamp); return err == nil })
 	var rss, hwm int
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		r, h := procMemory(t, p.Process.Pid)
@@ -113,24 +112,9 @@ func median(ds []time.Duration) time.Duration {
 // procMemory reads VmRSS and VmHWM of pid, in KiB.
 func procMemory(t *testing.T, pid int) (rss, hwm int) {
 	t.Helper()
-	f, err := os.Open(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	hwm, rss, err := testenv.Memory(pid)
 	if err != nil {
 		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 2 {
-			continue
-		}
-		n, _ := strconv.Atoi(fields[1])
-		switch fields[0] {
-		case "VmRSS:":
-			rss = n
-		case "VmHWM:":
-			hwm = n
-		}
 	}
 	return rss, hwm
 }

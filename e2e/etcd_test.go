@@ -84,18 +84,6 @@ func etcdOutput(t *testing.T, args ...string) (string, int) {
 	return "", -1
 }
 
-// etcdPoll polls cond, for conditions in other processes and in etcd.
-func etcdPoll(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // etcdFind returns the first event of kind recorded by the child of identity id.
 func etcdFind(evs []event, kind, id string) (event, bool) {
 	for _, e := range evs {
@@ -123,7 +111,7 @@ func TestEtcdHandovers(t *testing.T) {
 	for len(procs) < together {
 		procs = append(procs, etcdRun(t, events, "sleep:300ms", eps, "handover", fmt.Sprintf("i%d", len(procs))))
 	}
-	etcdPoll(t, 30*time.Second, "all children to run", func() bool {
+	waitFor(t, 30*time.Second, "all children to run", func() bool {
 		running := 0
 		for _, p := range procs {
 			if !p.exited() {
@@ -235,7 +223,7 @@ func TestEtcdKill9Leader(t *testing.T) {
 	evs := waitEvents(t, events, 10*time.Second, "the leader's child", etcdHas("start", "leader"))
 	old, _ := etcdFind(evs, "start", "leader")
 	follower := etcdRun(t, events, "forever", eps, "kill9", "follower")
-	etcdPoll(t, 10*time.Second, "the follower to queue", func() bool {
+	waitFor(t, 10*time.Second, "the follower to queue", func() bool {
 		st, _ := etcdStatusOf(t, eps, "kill9")
 		return st.Waiting == 1
 	})
@@ -243,7 +231,7 @@ func TestEtcdKill9Leader(t *testing.T) {
 	if err := syscall.Kill(leader.pid(), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	etcdPoll(t, 2*time.Second, "the leader's child to die", func() bool { return !alive(old.Pid) })
+	waitFor(t, 2*time.Second, "the leader's child to die", func() bool { return !alive(old.Pid) })
 	gone := time.Since(killed)
 	evs = waitEvents(t, events, etcdLease+3*time.Second, "the follower's child", etcdHas("start", "follower"))
 	next, _ := etcdFind(evs, "start", "follower")
@@ -272,7 +260,7 @@ func TestEtcdSigtermHandover(t *testing.T) {
 	leader := etcdRun(t, events, "forever", eps, "sigterm", "leader")
 	waitEvents(t, events, 10*time.Second, "the leader's child", etcdHas("start", "leader"))
 	follower := etcdRun(t, events, "forever", eps, "sigterm", "follower")
-	etcdPoll(t, 10*time.Second, "the follower to queue", func() bool {
+	waitFor(t, 10*time.Second, "the follower to queue", func() bool {
 		st, _ := etcdStatusOf(t, eps, "sigterm")
 		return st.Waiting == 1
 	})
@@ -326,7 +314,7 @@ func stalledTrial(t *testing.T, eps []string, i int) time.Duration {
 	leader := etcdRun(t, events, "forever", []string{"http://" + proxy.Addr()}, lock, "leader")
 	waitEvents(t, events, 10*time.Second, "the leader's child", etcdHas("start", "leader"))
 	follower := etcdRun(t, events, "forever", eps, lock, "follower")
-	etcdPoll(t, 10*time.Second, "the follower to queue", func() bool {
+	waitFor(t, 10*time.Second, "the follower to queue", func() bool {
 		st, _ := etcdStatusOf(t, eps, lock)
 		return st.Waiting == 1
 	})
@@ -364,7 +352,7 @@ func TestEtcdPausedLeader(t *testing.T) {
 	evs := waitEvents(t, events, 10*time.Second, "the leader's child", etcdHas("start", "leader"))
 	old, _ := etcdFind(evs, "start", "leader")
 	follower := etcdRun(t, events, "forever", eps, "pause", "follower")
-	etcdPoll(t, 10*time.Second, "the follower to queue", func() bool {
+	waitFor(t, 10*time.Second, "the follower to queue", func() bool {
 		st, _ := etcdStatusOf(t, eps, "pause")
 		return st.Waiting == 1
 	})
@@ -413,7 +401,7 @@ func TestEtcdClusterRollingRestart(t *testing.T) {
 	evs := waitEvents(t, events, 10*time.Second, "the leader's child", etcdHas("start", "leader"))
 	old, _ := etcdFind(evs, "start", "leader")
 	follower := etcdRun(t, events, "forever", eps, "rolling", "follower")
-	etcdPoll(t, 10*time.Second, "the follower to queue", func() bool {
+	waitFor(t, 10*time.Second, "the follower to queue", func() bool {
 		st, _ := etcdStatusOf(t, eps, "rolling")
 		return st.Waiting == 1
 	})
@@ -428,7 +416,7 @@ func TestEtcdClusterRollingRestart(t *testing.T) {
 			stopped.Sub(began).Round(time.Millisecond), started.Sub(stopped).Round(time.Millisecond), time.Since(started).Round(time.Millisecond))
 	}
 	// Let a few renewals go through every member again.
-	etcdPoll(t, 10*time.Second, "status from the restarted cluster", func() bool {
+	waitFor(t, 10*time.Second, "status from the restarted cluster", func() bool {
 		st, code := etcdStatusOf(t, eps, "rolling")
 		return code == 0 && st.Remaining > 0
 	})
@@ -465,7 +453,7 @@ func TestEtcdStatus(t *testing.T) {
 	evs := waitEvents(t, events, 10*time.Second, "the holder's child", etcdHas("start", "holder-1"))
 	child, _ := etcdFind(evs, "start", "holder-1")
 	etcdRun(t, events, "forever", eps, "st", "waiter-1")
-	etcdPoll(t, 10*time.Second, "the waiter to queue", func() bool {
+	waitFor(t, 10*time.Second, "the waiter to queue", func() bool {
 		st, _ := etcdStatusOf(t, eps, "st")
 		return st.Waiting == 1
 	})
@@ -508,7 +496,7 @@ func TestEtcdTryAndWait(t *testing.T) {
 	}
 
 	w := etcdRun(t, events, "exit:0", eps, "tw", "waiter")
-	etcdPoll(t, 10*time.Second, "the waiter to queue", func() bool {
+	waitFor(t, 10*time.Second, "the waiter to queue", func() bool {
 		st, _ := etcdStatusOf(t, eps, "tw")
 		return st.Waiting == 1
 	})

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
 // localArgs are the flags of a local-backend run in dir.
@@ -476,7 +478,7 @@ func pauseGroups(t *testing.T, leaderrun, child int) []int {
 // released: the supervisor inherits it as a subreaper.
 func TestLocalSetsidEscapeeStopped(t *testing.T) {
 	if _, err := exec.LookPath("setsid"); err != nil {
-		t.Skip("setsid(1) not installed")
+		testenv.Missing(t, "setsid(1) from util-linux is not installed")
 	}
 	dir := t.TempDir()
 	pids := filepath.Join(dir, "pids")

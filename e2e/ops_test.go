@@ -87,22 +87,34 @@ func TestNotifySocket(t *testing.T) {
 // within 100 ms once leadership is lost.
 func TestCheck(t *testing.T) {
 	dir := t.TempDir()
-	out := filepath.Join(dir, "checks")
-	bin := testenv.Leaderrun(t)
-	// The job ignores SIGTERM so that it can observe what check says after
-	// the loss; each line is "<unix-ns> <exit code of check>".
-	job := fmt.Sprintf(`trap '' TERM; while :; do %s check; echo "$(date +%%s%%N) $?" >> %s; done`, bin, out)
+	out, job := checkJob(t)
 	p := start(t, nil, localArgs(dir, "chk", "--lease-duration", "8s", "--kill-grace", "3s", "--shell", "--", job)...)
 	waitFor(t, 10*time.Second, "a successful check", func() bool { return len(checks(out, 0)) > 0 })
 	removed := time.Now()
 	if err := os.Remove(filepath.Join(dir, "chk.lock")); err != nil {
 		t.Fatal(err)
 	}
+	expectCheckFails(t, p, out, removed)
+}
+
+// checkJob is a shell job that calls `leaderrun check` in a loop and
+// appends "<unix-ns> <exit code>" to out for each call. It ignores SIGTERM
+// so that it can observe what check says after the loss.
+func checkJob(t *testing.T) (out, job string) {
+	out = filepath.Join(t.TempDir(), "checks")
+	job = fmt.Sprintf(`trap '' TERM; while :; do %s check; echo "$(date +%%s%%N) $?" >> %s; done`, testenv.Leaderrun(t), out)
+	return out, job
+}
+
+// expectCheckFails requires check to fail within 100 ms of lost, never to
+// succeed again, and leaderrun to exit 76.
+func expectCheckFails(t *testing.T, p *proc, out string, lost time.Time) {
+	t.Helper()
 	waitFor(t, 5*time.Second, "a failing check", func() bool { return len(checks(out, 1)) > 0 })
 	first := checks(out, 1)[0]
-	t.Logf("check failed %v after the loss", first.Sub(removed))
-	if first.Sub(removed) > 100*time.Millisecond {
-		t.Errorf("check still succeeded up to %v after the loss, want under 100ms", first.Sub(removed))
+	t.Logf("check failed %v after the loss", first.Sub(lost))
+	if first.Sub(lost) > 100*time.Millisecond {
+		t.Errorf("check still succeeded up to %v after the loss, want under 100ms", first.Sub(lost))
 	}
 	for _, ok := range checks(out, 0) {
 		if ok.After(first) {
@@ -208,10 +220,7 @@ func grep(s, sub string) string {
 // leading and 1 within 100 ms of the lease being revoked.
 func TestCheckAfterEtcdRevoke(t *testing.T) {
 	eps := testenv.StartEtcd(t, 1).Endpoints()
-	dir := t.TempDir()
-	out := filepath.Join(dir, "checks")
-	bin := testenv.Leaderrun(t)
-	job := fmt.Sprintf(`trap '' TERM; while :; do %s check; echo "$(date +%%s%%N) $?" >> %s; done`, bin, out)
+	out, job := checkJob(t)
 	p := start(t, nil, "--etcd-endpoints", strings.Join(eps, ","), "--lock", "chk",
 		"--lease-duration", "8s", "--renew-deadline", "4s", "--retry-period", "500ms", "--kill-grace", "3s",
 		"--shell", "--", job)
@@ -236,18 +245,5 @@ func TestCheckAfterEtcdRevoke(t *testing.T) {
 	if _, err := cli.Revoke(context.Background(), clientv3.LeaseID(id)); err != nil {
 		t.Fatalf("revoke: %v", err)
 	}
-	waitFor(t, 5*time.Second, "a failing check", func() bool { return len(checks(out, 1)) > 0 })
-	first := checks(out, 1)[0]
-	t.Logf("check failed %v after the revoke was sent", first.Sub(revoked))
-	if first.Sub(revoked) > 100*time.Millisecond {
-		t.Errorf("check still succeeded up to %v after the revoke, want under 100ms", first.Sub(revoked))
-	}
-	for _, ok := range checks(out, 0) {
-		if ok.After(first) {
-			t.Errorf("check succeeded at %v, after it had failed at %v", ok, first)
-		}
-	}
-	if code := p.wait(10 * time.Second); code != 76 {
-		t.Errorf("exit %d, want 76", code)
-	}
+	expectCheckFails(t, p, out, revoked)
 }
