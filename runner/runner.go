@@ -211,13 +211,14 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 		if lostErr != nil {
 			return
 		}
-		lostErr = reason
 		if exited {
-			// Lost during --min-hold: the child already finished.
+			// Lost during --min-hold: the child had finished on its own,
+			// so this is not a loss for the caller; stop holding.
 			log.Warn("leadership lost while holding after the child exited", "reason", reason)
 			finished = true
 			return
 		}
+		lostErr = reason
 		if unsafeLateKill {
 			// The deliberately broken build of unsafe_on.go: let the child
 			// run on well past the lease.
@@ -311,17 +312,10 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 	stopRenewing()
 	wg.Wait()
 	r.release(lease)
-	if lostErr != nil && !exitedBeforeLoss(exited, holdUntil) {
+	if lostErr != nil {
 		return status, &LostError{Reason: lostErr}
 	}
 	return status, childErr
-}
-
-// exitedBeforeLoss tells a loss during --min-hold (the child had already
-// finished on its own: not a loss for the caller) from a loss that stopped
-// the child.
-func exitedBeforeLoss(exited bool, holding <-chan time.Time) bool {
-	return exited && holding != nil
 }
 
 // release gives the lease back on its own bounded context: it must happen

@@ -85,7 +85,7 @@ func (l *lease) watchLoss() error {
 // flock on f's inode. Unlike a probing flock it cannot disturb a candidate
 // that is trying the lock at the same moment.
 func isHeld(f *os.File, _ map[string]string) (bool, error) {
-	n, err := flockCount(f, false)
+	n, err := flockCount(f)
 	return n > 0, err
 }
 
@@ -97,16 +97,16 @@ func countWaiters(path string) int {
 		return 0
 	}
 	defer f.Close()
-	n, err := flockCount(f, false)
+	n, err := flockCount(f)
 	if err != nil {
 		return -1
 	}
 	return n
 }
 
-// flockCount counts FLOCK entries in /proc/locks on f's inode (blocked
-// requests, shown with "->", only if blocked is true).
-func flockCount(f *os.File, blocked bool) (int, error) {
+// flockCount counts the flocks held on f's inode, from /proc/locks;
+// blocked requests (lines with "->") are not counted.
+func flockCount(f *os.File) (int, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return 0, err
@@ -124,12 +124,8 @@ func flockCount(f *os.File, blocked bool) (int, error) {
 		if len(fields) < 6 {
 			continue
 		}
-		isBlocked := fields[1] == "->"
-		if isBlocked {
-			fields = fields[1:]
-		}
 		// fields: "N:" "FLOCK" "ADVISORY" "WRITE" pid dev:ino start end
-		if fields[1] == "FLOCK" && len(fields) > 5 && fields[5] == id && isBlocked == blocked {
+		if fields[1] == "FLOCK" && fields[5] == id {
 			n++
 		}
 	}
