@@ -58,8 +58,8 @@ func (nopObserver) Observe(Event) {}
 type Observers []Observer
 
 // Observe implements Observer.
-func (os Observers) Observe(e Event) {
-	for _, o := range os {
+func (obs Observers) Observe(e Event) {
+	for _, o := range obs {
 		o.Observe(e)
 	}
 }
