@@ -41,24 +41,23 @@ func (r *results) analysis() string {
 			segP50 := func(s string) time.Duration { return r.p50(r.segments, own.id+"/"+s) }
 			fmt.Fprintf(&b, "The gap is %s at the median. Where leaderrun's time goes (p50 of each part, from its own log): %s from the fork to logging \"campaigning\" (process start, flags, store client), %s campaigning until \"leadership acquired\", and %s from there to the child's `main`. ",
 				fmtDur(r.p50(r.s2c, own.id)-r.p50(r.s2c, other.id)), fmtDur(segP50(segStart)), fmtDur(segP50(segCampaign)), fmtDur(segP50(segChild)))
-			fmt.Fprintf(&b, "That last part is %s more than the child alone takes to start (%s): the supervisor hop, the one step %s does not take. leaderrun starts its supervisor (the same binary re-executed) while it campaigns and, once it leads, tells it over a socket to fork and exec the child and waits for its answer; %s forks the child itself. ",
-				fmtDur(segP50(segChild)-child), fmtDur(child), other.name, other.name)
+			fmt.Fprintf(&b, "That last part is %s more than the child alone takes to start (%s): leaderrun forks the child from a locked OS thread (for its parent-death signal) into the process group of its watchdog, which it started while campaigning; %s forks the child with os/exec. ",
+				fmtDur(segP50(segChild)-child), fmtDur(child), other.name)
 			otherLock := r.p50(r.s2c, other.id) - up(otherBin) - child
-			fmt.Fprintf(&b, "The rest is spread over the other two parts. Start: `leaderrun version` starts and exits in %s (`%s version` in %s), and leaderrun logs \"campaigning\" %s after a bare start (flags, validation, the store client). Campaign: %s's start-to-child less its binary's start and the child's leaves about %s for connecting and locking, against leaderrun's %s (%s), during which leaderrun's supervisor is also starting on the same 2 cores. ",
+			fmt.Fprintf(&b, "The rest is spread over the other two parts. Start: `leaderrun version` starts and exits in %s (`%s version` in %s), and leaderrun logs \"campaigning\" %s after a bare start (flags, validation, the store client). Campaign: %s's start-to-child less its binary's start and the child's leaves about %s for connecting and locking, against leaderrun's %s (%s). ",
 				fmtDur(up("leaderrun")), otherBin, fmtDur(up(otherBin)), signed(segP50(segStart)-up("leaderrun")),
 				other.name, fmtDur(otherLock), fmtDur(segP50(segCampaign)), signed(segP50(segCampaign)-otherLock))
 			if c, o := r.cost[own.id], r.cost[other.id]; c != nil && o != nil {
 				fmt.Fprintf(&b, "Store requests for one whole run: leaderrun %s; %s %s. ", fmtCounts(c.oneRun), other.name, fmtCounts(o.oneRun))
 			}
-			b.WriteString("The supervisor is what kills the child if leaderrun dies (S4); the hop is its price.")
-		case strings.HasPrefix(g.name, "leading RSS") && strings.Contains(g.name, "supervisor"):
+		case strings.HasPrefix(g.name, "leading RSS") && strings.Contains(g.name, "watchdog"):
 			own := lrEtcd
 			if strings.Contains(g.name, "Consul") {
 				own = lrConsul
 			}
 			rec := r.rss[own.id]
-			fmt.Fprintf(&b, "leaderrun itself peaks at %s and its supervisor at %s (%s). The supervisor is the leaderrun binary re-executed: it runs no store client, but Go runs every package's initialisation of the %s binary (etcd and Consul clients, gRPC, protobuf registries) before `main`; `leaderrun version`, which does nothing else, peaks at %s (getrusage). That start-up is most of the supervisor's footprint. It is the price of S4 (the child never outlives leaderrun, even after SIGKILL) and of stopping whole process groups; a supervisor that does not link the store clients would most likely be smaller. For comparison, etcdctl lock peaks at %s and consul lock at %s; both leave their child running when they are killed (see crash failover).",
-				mib(rec.wrapper), mib(rec.helpers), strings.Join(rec.helperNames, ", "), r.sizes()["leaderrun"], mib(r.startupRSS["leaderrun"]), mib(r.rss[etcdctlLock.id].wrapper), mib(r.rss[consulLock.id].wrapper))
+			fmt.Fprintf(&b, "leaderrun itself peaks at %s and its watchdog at %s (%s). The watchdog is /bin/sh running a four-line script; it is what kills the child's process group if leaderrun dies (S4). For comparison, etcdctl lock peaks at %s and consul lock at %s; both leave their child running when they are killed (see crash failover).",
+				mib(rec.wrapper), mib(rec.helpers), strings.Join(rec.helperNames, ", "), mib(r.rss[etcdctlLock.id].wrapper), mib(r.rss[consulLock.id].wrapper))
 		case strings.HasPrefix(g.name, "leading RSS"):
 			fmt.Fprintf(&b, "The etcd and Consul client libraries, gRPC and the Go runtime are most of it; etcdctl lock, with the same etcd client, peaks at %s.", mib(r.rss[etcdctlLock.id].wrapper))
 		case strings.HasPrefix(g.name, "followers woken") && strings.Contains(g.name, "Consul"):

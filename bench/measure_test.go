@@ -88,7 +88,7 @@ func (b *bench) measureStartToChild() {
 const (
 	segStart    = "fork → \"campaigning\" logged (process start, flags, store client)"
 	segCampaign = "→ \"leadership acquired\" logged (campaign: store round trips)"
-	segChild    = "→ child's main (supervisor told, fork, exec, child start)"
+	segChild    = "→ child's main (fork, exec, child start)"
 )
 
 var segments = []string{segStart, segCampaign, segChild}

@@ -109,7 +109,7 @@ func (p *proc) stop(sig syscall.Signal, grace time.Duration) {
 }
 
 // kill SIGKILLs p's process group and every descendant with its group
-// (leaderrun's supervisor and its command each lead one), and waits for p.
+// (leaderrun's watchdog leads its command's), and waits for p.
 func (p *proc) kill() {
 	if p.exited() {
 		return
@@ -190,8 +190,8 @@ func alive(pid int) bool {
 	return true
 }
 
-// argv0 is the base name of pid's argv[0] (leaderrun's supervisor calls
-// itself leaderrun-supervisor).
+// argv0 is the base name of pid's argv[0] (leaderrun's watchdog calls
+// itself leaderrun-watchdog).
 func argv0(pid int) string {
 	data, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
 	first, _, _ := strings.Cut(string(data), "\x00")

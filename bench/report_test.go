@@ -13,7 +13,7 @@ import (
 )
 
 // rssRec is the largest VmHWM seen for a wrapper, and the sum of its
-// helper processes' (leaderrun's supervisor), in KiB.
+// helper processes' (leaderrun's watchdog), in KiB.
 type rssRec struct {
 	wrapper, helpers int
 	helperNames      []string
@@ -155,7 +155,7 @@ func (r *results) goals() []goalMet {
 		rec := r.rss[tl.id]
 		out = append(out, goalMet{"leading RSS, " + tl.name + ", leaderrun alone", "≤ 20 MiB",
 			rec.wrapper > 0 && rec.wrapper <= 20*1024, mib(rec.wrapper)})
-		out = append(out, goalMet{"leading RSS, " + tl.name + ", with its supervisor", "≤ 20 MiB",
+		out = append(out, goalMet{"leading RSS, " + tl.name + ", with its watchdog", "≤ 20 MiB",
 			rec.wrapper > 0 && rec.wrapper+rec.helpers <= 20*1024, mib(rec.wrapper + rec.helpers)})
 	}
 	// Loss reaction, handover.
@@ -422,7 +422,7 @@ func (r *results) markdown() string {
 			continue
 		}
 		fmt.Fprintf(&b, "\n### %d followers on one lock, %s\n\n", h.followers, tl.name)
-		fmt.Fprintf(&b, "%d leaderrun processes waiting on one lock (each with its pre-started supervisor), and a leader. While idle, all followers together sent (requests/s): %s.\n\n",
+		fmt.Fprintf(&b, "%d leaderrun processes waiting on one lock (each with its watchdog), and a leader. While idle, all followers together sent (requests/s): %s.\n\n",
 			h.followers, fmtRates(h.idle))
 		b.WriteString("Then leadership moved by SIGTERM to the leader, several times; each window runs from the SIGTERM to 2 s after the new leader's child started.\n\n")
 		b.WriteString("| change | handover | followers woken | requests in the window (not keep-alives) |\n|---|---|---|---|\n")
@@ -527,7 +527,7 @@ const method = `
 ## How it is measured
 
 - **start-to-child**: from just before the fork of the wrapper to the child's first reading of the clock in ` + "`main`" + `, on a lock nobody holds; the child exits at once and the wrapper is waited for before the next run. Runs rotate through the tools (and the child alone), so each tool runs right after each other one equally often.
-- **peak RSS**: every wrapper leads its own lock at once for 3 s, then VmHWM is read from /proc/PID/status, for the wrapper and for its descendants except the child (leaderrun's supervisor); the largest of 3 rounds. The helpers' figure is the sum of their VmHWM.
+- **peak RSS**: every wrapper leads its own lock at once for 3 s, then VmHWM is read from /proc/PID/status, for the wrapper and for its descendants except the child (leaderrun's watchdog); the largest of 3 rounds. The helpers' figure is the sum of their VmHWM.
 - **loss reaction**: the leader's child runs; etcd: the lease of the holder's key (under ` + "`leaderrun/LOCK/`" + ` or ` + "`LOCK/`" + `) is revoked through etcd's JSON gateway; Consul: the session holding the key (` + "`leaderrun/LOCK`" + ` or ` + "`LOCK/.lock`" + `) is destroyed with ` + "`PUT /v1/session/destroy/ID`" + `. Measured from just before that request to the child's receipt of SIGTERM/SIGINT.
 - **graceful handover**: a leader, and a follower that the store shows waiting (its key or session exists; then 300 ms to settle); SIGTERM to the leader's wrapper process; measured to the follower's child start.
 - **crash failover**: the same, with SIGKILL to the leader's wrapper process only; measured to the follower's child start. The old child is checked 1 s after the kill. The etcd trials of both tools ran side by side, each on its own lock, as did all the Consul trials: each waits out a lease, so the machine's noise does not matter there.

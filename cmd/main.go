@@ -17,8 +17,8 @@ import (
 
 // Main runs leaderrun with args (os.Args) and returns the process's exit code.
 func Main(args []string) int {
-	if signals.IsSupervisor() {
-		return signals.Supervise()
+	if signals.IsWatchdog() {
+		return signals.Watchdog()
 	}
 	return run(args, os.Stdout, os.Stderr)
 }

@@ -77,6 +77,27 @@ func runAction(c *cli.Context, st *state) error {
 	if _, err := chooseStore(c); err != nil {
 		return err
 	}
+	// Catching signals costs the runtime a thread round trip per signal, a
+	// millisecond or more in all: let that overlap with connecting, and
+	// wait for it before campaigning.
+	caught := make(chan struct{})
+	sigs := make(chan os.Signal, 8)
+	// A closed stderr (leaderrun ... 2>&1 | head) must fail writes, not
+	// kill leaderrun with SIGPIPE while it holds a child and a lease.
+	// Notify, not Ignore, so that the child does not inherit SIG_IGN.
+	pipes := make(chan os.Signal, 1)
+	var reaperErr error
+	go func() {
+		defer close(caught)
+		reaperErr = signals.BecomeSubreaper()
+		signal.Notify(sigs, signals.Forwarded...)
+		signal.Notify(pipes, syscall.SIGPIPE)
+	}()
+	defer func() {
+		<-caught
+		signal.Stop(sigs)
+		signal.Stop(pipes)
+	}()
 	// Resolve before campaigning: a typo must never take leadership.
 	path, err := signals.Resolve(cfg.Args[0])
 	if err != nil {
@@ -85,9 +106,9 @@ func runAction(c *cli.Context, st *state) error {
 	cfg.Path = path
 	cfg.Log = log
 	cfg.Lock = c.String("lock")
-	// The supervisor's start-up (a Go binary's) overlaps with connecting
-	// and campaigning. runner.Run starts or aborts it; until it has it, an
-	// early return aborts it here.
+	// The command's watchdog starts while we connect and campaign.
+	// runner.Run starts the command or aborts the watchdog; until it has
+	// it, an early return aborts it here.
 	sup, err := signals.Prepare(runner.SupervisorSpec(cfg))
 	if err != nil {
 		return err
@@ -112,20 +133,11 @@ func runAction(c *cli.Context, st *state) error {
 	defer cleanup()
 	cfg.Observer = obs
 
-	if err := signals.BecomeSubreaper(); err != nil {
-		log.Warn("cannot become child subreaper; orphaned grandchildren go to init", "error", err)
+	<-caught
+	if reaperErr != nil {
+		log.Warn("cannot become child subreaper; orphaned grandchildren go to init", "error", reaperErr)
 	}
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, signals.Forwarded...)
-	defer signal.Stop(sigs)
 	cfg.Signals = sigs
-	// A closed stderr (leaderrun ... 2>&1 | head) must fail writes, not
-	// kill leaderrun with SIGPIPE while it holds a child and a lease.
-	// Notify, not Ignore, so that the child does not inherit SIG_IGN.
-	pipes := make(chan os.Signal, 1)
-	signal.Notify(pipes, syscall.SIGPIPE)
-	defer signal.Stop(pipes)
-
 	cfg.Supervisor, sup = sup, nil
 	status, err := runner.Run(context.Background(), cfg)
 	switch {

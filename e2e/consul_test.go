@@ -634,7 +634,7 @@ func TestConsulBench(t *testing.T) {
 // consulBenchRun starts argv with the recording child, measures the time until
 // the child starts and, half a second later, the RSS of argv's process
 // alone and with its consulDescendants other than the child (leaderrun's
-// supervisor); then stops it with SIGTERM.
+// watchdog); then stops it with SIGTERM.
 func consulBenchRun(t *testing.T, argv []string) (latency time.Duration, mainKB, totalKB int) {
 	t.Helper()
 	events := filepath.Join(t.TempDir(), "events")

@@ -214,7 +214,7 @@ func TestEtcdStoreReportsLoss(t *testing.T) {
 }
 
 // TestEtcdKill9Leader: SIGKILL of leaderrun alone takes its child down
-// within 1 s (pdeathsig and the supervisor), and a follower's child starts
+// within 1 s (pdeathsig and the watchdog), and a follower's child starts
 // within the lease duration + 1 s, once etcd expired the dead leader's lease.
 func TestEtcdKill9Leader(t *testing.T) {
 	eps := testenv.StartEtcd(t, 1).Endpoints()
@@ -356,9 +356,7 @@ func TestEtcdPausedLeader(t *testing.T) {
 		st, _ := etcdStatusOf(t, eps, "pause")
 		return st.Waiting == 1
 	})
-	// leaderrun leads its own group (the test started it so); the child
-	// leads another, under its supervisor.
-	groups := []int{leader.pid(), old.Pid}
+	groups := pauseGroups(t, leader.pid(), old.Pid)
 	for _, g := range groups {
 		if err := syscall.Kill(-g, syscall.SIGSTOP); err != nil {
 			t.Fatalf("SIGSTOP group %d: %v", g, err)

@@ -170,9 +170,14 @@ func TestLocalUsageErrors(t *testing.T) {
 // no descriptor of leaderrun's leaks into it.
 func TestLocalEnvironment(t *testing.T) {
 	dir := t.TempDir()
-	out := filepath.Join(dir, "env")
-	// fd 3 is the supervisor's socket to leaderrun: it must not leak.
-	script := `fd3=closed; [ -e /proc/$$/fd/3 ] && fd3=open; echo "$FENCE_TOKEN|$LEADERRUN_LOCK|$LEADERRUN_IDENTITY|$LEADERRUN_BACKEND|${NOTIFY_SOCKET-unset}|$KEEP|fd3=$fd3" > ` + out
+	outDir := t.TempDir()
+	out := filepath.Join(outDir, "env")
+	fds := filepath.Join(outDir, "fds")
+	// What every descriptor of the child points to: none may be one of
+	// leaderrun's (the watchdog's socket, the control socket, the lock
+	// file in the state directory).
+	script := `for f in /proc/$$/fd/*; do readlink "$f"; done > ` + fds + `; ` +
+		`echo "$FENCE_TOKEN|$LEADERRUN_LOCK|$LEADERRUN_IDENTITY|$LEADERRUN_BACKEND|${NOTIFY_SOCKET-unset}|$KEEP" > ` + out
 	env := []string{"FENCE_TOKEN=999", "LEADERRUN_IDENTITY=stale", "NOTIFY_SOCKET=/run/systemd/notify", "KEEP=kept"}
 	p := start(t, env, localArgs(dir, "envlock", "--identity", "me", "--shell", "--", script)...)
 	if code := p.wait(10 * time.Second); code != 0 {
@@ -182,8 +187,21 @@ func TestLocalEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := strings.TrimSpace(string(data)), "1|envlock|me|local|unset|kept|fd3=closed"; got != want {
+	if got, want := strings.TrimSpace(string(data)), "1|envlock|me|local|unset|kept"; got != want {
 		t.Errorf("child environment %q, want %q", got, want)
+	}
+	data, err = os.ReadFile(fds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := strings.Fields(string(data))
+	if len(targets) < 3 {
+		t.Fatalf("child's descriptors: %q", targets)
+	}
+	for _, target := range targets {
+		if strings.HasPrefix(target, "socket:") || strings.HasPrefix(target, dir) {
+			t.Errorf("leaderrun's descriptor %s leaked into the child (all: %q)", target, targets)
+		}
 	}
 }
 
@@ -452,30 +470,24 @@ func TestLocalPauseSignalsOnResume(t *testing.T) {
 	}
 }
 
-// pauseGroups lists the process groups of a leaderrun tree: leaderrun's,
-// its supervisor's and the child's.
+// pauseGroups lists the process groups of a leaderrun tree: leaderrun's
+// (the test started it as a group leader) and the child's, which its
+// watchdog leads.
 func pauseGroups(t *testing.T, leaderrun, child int) []int {
 	t.Helper()
-	// Children are listed per thread: the supervisor was forked by any.
-	files, err := filepath.Glob(filepath.Join("/proc", strconv.Itoa(leaderrun), "task", "*", "children"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("list children of %d: %v", leaderrun, err)
+	pgid, err := syscall.Getpgid(child)
+	if err != nil {
+		t.Fatalf("process group of the child %d: %v", child, err)
 	}
-	groups := []int{leaderrun, child}
-	for _, file := range files {
-		data, _ := os.ReadFile(file)
-		for _, f := range strings.Fields(string(data)) {
-			if pid, err := strconv.Atoi(f); err == nil {
-				groups = append(groups, pid)
-			}
-		}
+	if pgid == leaderrun {
+		t.Fatalf("the child %d is in leaderrun's process group", child)
 	}
-	return groups
+	return []int{leaderrun, pgid}
 }
 
 // TestLocalSetsidEscapeeStopped: a grandchild that left the process group
 // with setsid is still stopped when the command exits, before the lock is
-// released: the supervisor inherits it as a subreaper.
+// released: leaderrun inherits it as a subreaper.
 func TestLocalSetsidEscapeeStopped(t *testing.T) {
 	if _, err := exec.LookPath("setsid"); err != nil {
 		testenv.Missing(t, "setsid(1) from util-linux is not installed")

@@ -9,7 +9,7 @@ import (
 
 // outlivesSlack is how long a child may be seen after its leaderrun ended:
 // the ledger notices a closed connection a moment after the fact, and after
-// a SIGKILL of leaderrun the supervisor needs to see its socket close.
+// a SIGKILL of leaderrun the watchdog needs to see its socket close.
 const outlivesSlack = time.Second
 
 // verdict is what one trial showed.

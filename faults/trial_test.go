@@ -53,8 +53,9 @@ func (c *candidate) exited() bool {
 	}
 }
 
-// groups are the process groups of the candidate's tree: leaderrun's, its
-// supervisor's and the child's (pid of the child known from the ledger).
+// groups are the process groups of the candidate's tree: leaderrun's and
+// the one its watchdog leads, which the child is in (found from leaderrun's
+// children, and from the child's pid, known from the ledger).
 func (c *candidate) groups(childPid int) []int {
 	groups := []int{c.cmd.Process.Pid}
 	files, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(c.cmd.Process.Pid), "task", "*", "children"))
@@ -66,8 +67,8 @@ func (c *candidate) groups(childPid int) []int {
 			}
 		}
 	}
-	if childPid > 0 {
-		groups = append(groups, childPid)
+	if pgid, err := syscall.Getpgid(childPid); childPid > 0 && err == nil {
+		groups = append(groups, pgid)
 	}
 	return groups
 }

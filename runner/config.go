@@ -101,8 +101,9 @@ type Config struct {
 	Socket string
 
 	// Supervisor, if set, was prepared for Path and Args by the caller as
-	// early as it could (see signals.Prepare); Run starts or aborts it.
-	// Nil: Run prepares one when it starts to campaign.
+	// early as it could (see signals.Prepare: it starts the command's
+	// watchdog); Run starts the command with it or aborts it. Nil: Run
+	// prepares one when it starts to campaign.
 	Supervisor *signals.Supervisor
 }
 

@@ -32,8 +32,8 @@ const releaseTimeout = 5 * time.Second
 func Run(ctx context.Context, cfg Config) (signals.Status, error) {
 	cfg.setDefaults()
 	r := &run{cfg: cfg, log: cfg.Log.With("lock", cfg.Lock, "identity", cfg.Identity, "backend", cfg.Backend.Name())}
-	// The supervisor starts while we campaign: its start-up then costs
-	// nothing between winning the lock and running the command.
+	// The command's watchdog starts while we campaign: winning the lock
+	// is then followed by nothing but a fork and exec of the command.
 	sup := cfg.Supervisor
 	if sup == nil {
 		var err error
@@ -195,7 +195,6 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 		killAt    <-chan time.Time
 		holdUntil <-chan time.Time
 		status    signals.Status
-		childErr  error
 		lostErr   error
 		exited    bool
 		finished  bool
@@ -271,7 +270,7 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 		case <-childDone:
 			childDone = nil
 			exited = true
-			status, childErr = child.Wait()
+			status = child.Wait()
 			log.Info("child exited", "status", status.String(), "exit_code", status.ExitCode(), "ran", time.Since(started).Round(time.Millisecond))
 			cfg.Observer.Observe(Event{Kind: ChildExited, Token: token, Pid: child.Pid(), Status: status})
 			if hold := cfg.MinHold - time.Since(started); lostErr == nil && killAt == nil && hold > 0 {
@@ -315,7 +314,7 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 	if lostErr != nil {
 		return status, &LostError{Reason: lostErr}
 	}
-	return status, childErr
+	return status, nil
 }
 
 // release gives the lease back on its own bounded context: it must happen

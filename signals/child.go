@@ -2,15 +2,17 @@ package signals
 
 import (
 	"bufio"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -35,41 +37,24 @@ type Spec struct {
 	Log *slog.Logger
 }
 
-// Child is a running command under its supervisor.
-type Child struct {
-	sup  *exec.Cmd
-	conn *os.File
-	pid  int
-	log  *slog.Logger
+// readyTimeout bounds the wait for a watchdog's "ready", which a shell says
+// within milliseconds of its start.
+const readyTimeout = 10 * time.Second
 
-	done   chan struct{}
-	status Status
-	err    error // set when the supervisor died without reporting
-}
-
-// supervisorEnv carries the supervisor's instructions. It is removed from
-// the environment before the command starts.
-const supervisorEnv = "_LEADERRUN_SUPERVISOR"
-
-type supervisorConfig struct {
-	Path       string        `json:"path"`
-	KillSignal int           `json:"kill_signal"`
-	KillGrace  time.Duration `json:"kill_grace"`
-}
-
-// Supervisor is a supervisor process started ahead of its command. Starting
-// it costs a Go binary's start-up; Prepare pays that while the caller
-// campaigns, so that winning the lock is followed by nothing slower than a
-// fork and exec of the command.
+// Supervisor runs one command. Prepare starts its watchdog while the caller
+// campaigns; Start forks the command from this process once it leads.
 type Supervisor struct {
 	spec Spec
-	sup  *exec.Cmd
-	conn *os.File
+	dog  *exec.Cmd // its pid is the process group id of the command
+	conn *os.File  // our end of the watchdog's socket
 	r    *bufio.Reader
+
+	started chan struct{} // closed once the watchdog was forked, or failed to be
+	err     error         // why it could not be
 }
 
-// Prepare starts the supervisor for spec; spec.Env is ignored, the
-// command's environment is given to Start. Call Start or Abort exactly once.
+// Prepare starts the watchdog for spec; spec.Env is ignored, the command's
+// environment is given to Start. Call Start or Abort exactly once.
 func Prepare(spec Spec) (*Supervisor, error) {
 	if spec.KillSignal == 0 {
 		spec.KillSignal = syscall.SIGTERM
@@ -80,84 +65,234 @@ func Prepare(spec Spec) (*Supervisor, error) {
 	if spec.Log == nil {
 		spec.Log = slog.Default()
 	}
-	self, err := executable()
+	dog, err := watchdogCommand()
 	if err != nil {
-		return nil, fmt.Errorf("find own executable for the supervisor: %w", err)
+		return nil, err
 	}
-	cfg, _ := json.Marshal(supervisorConfig{Path: spec.Path, KillSignal: int(spec.KillSignal), KillGrace: spec.KillGrace})
-
 	fds, err := socketpair()
 	if err != nil {
 		return nil, fmt.Errorf("socketpair: %w", err)
 	}
-	ours := os.NewFile(uintptr(fds[0]), "supervisor")
+	// Non-blocking, so that our end goes through the poller: closing it
+	// then ends a read in progress instead of waiting for it.
+	if err := syscall.SetNonblock(fds[0], true); err != nil {
+		syscall.Close(fds[0])
+		syscall.Close(fds[1])
+		return nil, fmt.Errorf("socketpair: %w", err)
+	}
+	ours := os.NewFile(uintptr(fds[0]), "watchdog")
 	theirs := os.NewFile(uintptr(fds[1]), "leaderrun")
-	defer theirs.Close()
-
-	sup := &exec.Cmd{
-		Path:       self,
-		Args:       append([]string{"leaderrun-supervisor"}, spec.Args...),
-		Env:        append(os.Environ(), supervisorEnv+"="+string(cfg)),
-		Stdin:      orDefault(spec.Stdin, os.Stdin),
-		Stdout:     orDefault(spec.Stdout, os.Stdout),
-		Stderr:     orDefault(spec.Stderr, os.Stderr),
-		ExtraFiles: []*os.File{theirs},
-		// Its own process group: a Ctrl-C meant for leaderrun must not
-		// reach the supervisor behind leaderrun's back.
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
-	}
-	if err := startTracked(sup); err != nil {
-		ours.Close()
-		return nil, fmt.Errorf("start supervisor %s: %w", self, err)
-	}
-	return &Supervisor{spec: spec, sup: sup, conn: ours, r: bufio.NewReader(ours)}, nil
-}
-
-// Abort kills an unused supervisor and reaps it. It has started nothing.
-func (s *Supervisor) Abort() {
-	_ = s.sup.Process.Kill()
-	s.conn.Close()
-	_ = s.sup.Wait()
-	untrack(s.sup)
-}
-
-// Start tells the supervisor to run the command with env, and returns once
-// the command has been forked and exec'd, or has failed to be: an exec
-// failure is an error wrapping ErrNotFound or ErrNotExecutable.
-func (s *Supervisor) Start(env []string) (*Child, error) {
-	c := &Child{sup: s.sup, conn: s.conn, log: s.spec.Log, done: make(chan struct{})}
-	msg, _ := json.Marshal(goMessage{Env: env})
-	if _, err := fmt.Fprintf(s.conn, "go %s\n", msg); err != nil {
-		c.reap()
-		return nil, fmt.Errorf("instruct supervisor: %w", err)
-	}
-	line, err := s.r.ReadString('\n')
-	kind, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
-	switch {
-	case err == nil && kind == "started":
-		c.pid, _ = strconv.Atoi(arg)
-	case err == nil && kind == "error":
-		c.reap()
-		code, msg, _ := strings.Cut(arg, " ")
-		switch code {
-		case "notfound":
-			return nil, &ExecError{Command: s.spec.Path, Reason: msg, Err: ErrNotFound}
-		case "notexec":
-			return nil, &ExecError{Command: s.spec.Path, Reason: msg, Err: ErrNotExecutable}
+	dog.Stdin, dog.Stdout, dog.Stderr = theirs, theirs, os.Stderr
+	// The leader of a new process group: the one the command will join.
+	dog.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	s := &Supervisor{spec: spec, dog: dog, conn: ours, r: bufio.NewReader(ours), started: make(chan struct{})}
+	// A fork and exec take a good half millisecond: let them overlap with
+	// the caller's work. Start and Abort wait for them.
+	go func() {
+		defer close(s.started)
+		defer theirs.Close()
+		if err := startTracked(dog); err != nil {
+			s.err = fmt.Errorf("start watchdog %s: %w", dog.Path, err)
 		}
-		return nil, errors.New(msg)
-	default:
-		c.reap()
-		return nil, fmt.Errorf("supervisor failed before starting the command: %q: %v", line, err)
+	}()
+	return s, nil
+}
+
+// Abort dismisses an unused watchdog. Nothing was started.
+func (s *Supervisor) Abort() { s.dismiss() }
+
+// dismiss tells the watchdog that it is no longer needed, and reaps it. A
+// watchdog that is already dead is simply reaped.
+func (s *Supervisor) dismiss() {
+	<-s.started
+	_, _ = s.conn.Write([]byte("done\n"))
+	s.conn.Close()
+	if s.err == nil {
+		// A stopped watchdog (its group was sent SIGSTOP) would never
+		// read the word.
+		_ = syscall.Kill(s.dog.Process.Pid, syscall.SIGCONT)
+		_ = s.dog.Wait()
+		untrack(s.dog.Process.Pid)
 	}
-	go c.watch(s.r)
+}
+
+// Start forks and execs the command with env, in the watchdog's process
+// group, and returns once it runs or has failed to start: an exec failure is
+// an error wrapping ErrNotFound or ErrNotExecutable. The watchdog is
+// dismissed when the command and its group are gone, or at once if Start
+// fails.
+func (s *Supervisor) Start(env []string) (*Child, error) {
+	if <-s.started; s.err != nil {
+		s.dismiss()
+		return nil, s.err
+	}
+	// The watchdog says "ready" once it ignores the signals that will be
+	// sent to the group; by now it has long said so.
+	_ = s.conn.SetReadDeadline(time.Now().Add(readyTimeout))
+	line, err := s.r.ReadString('\n')
+	_ = s.conn.SetReadDeadline(time.Time{})
+	if err != nil || line != "ready\n" {
+		s.dismiss()
+		return nil, fmt.Errorf("the watchdog (pid %d) is not ready to guard the command: %q: %v", s.dog.Process.Pid, line, err)
+	}
+	c := &Child{s: s, pgid: s.dog.Process.Pid, log: s.spec.Log, exited: make(chan struct{}), done: make(chan struct{})}
+	started := make(chan error, 1)
+	go c.run(env, started)
+	if err := <-started; err != nil {
+		s.dismiss()
+		return nil, err
+	}
+	go c.guard()
 	return c, nil
 }
 
-// goMessage is leaderrun's one instruction to its supervisor: run the
-// command now, with this environment.
-type goMessage struct {
-	Env []string `json:"env"`
+// Child is a running command.
+type Child struct {
+	s    *Supervisor
+	pid  int
+	pgid int
+	log  *slog.Logger
+
+	// killed is set once this process sent SIGKILL to the group, which
+	// kills the watchdog too.
+	killed atomic.Bool
+	// exited is closed when the command has been reaped.
+	exited chan struct{}
+
+	done   chan struct{}
+	status Status
+}
+
+// run forks the command, reports the fork's outcome on started, waits for
+// the command, clears what it left running, dismisses the
+// watchdog and closes done.
+func (c *Child) run(env []string, started chan<- error) {
+	spec := c.s.spec
+	// Pdeathsig belongs to the forking thread, not the process: this
+	// goroutine keeps its thread until the command is reaped. It never
+	// unlocks, so the runtime ends the thread with the goroutine.
+	runtime.LockOSThread()
+	files := []uintptr{
+		orDefault(spec.Stdin, os.Stdin).Fd(),
+		orDefault(spec.Stdout, os.Stdout).Fd(),
+		orDefault(spec.Stderr, os.Stderr).Fd(),
+	}
+	tracked.Lock()
+	pid, err := syscall.ForkExec(spec.Path, spec.Args, &syscall.ProcAttr{
+		Env:   env,
+		Files: files,
+		Sys:   childAttr(c.pgid),
+	})
+	if err == nil {
+		tracked.pids[pid] = true
+	}
+	tracked.Unlock()
+	if err != nil {
+		started <- execError(spec.Path, err)
+		return
+	}
+	c.pid = pid
+	started <- nil
+
+	var ws syscall.WaitStatus
+	for {
+		_, err := syscall.Wait4(pid, &ws, 0, nil)
+		if !errors.Is(err, syscall.EINTR) {
+			break
+		}
+	}
+	untrack(pid)
+	close(c.exited)
+	c.status = statusOf(ws)
+	c.clear()
+	c.s.dismiss()
+	close(c.done)
+}
+
+// execError turns a failed fork and exec into what a shell would say.
+func execError(path string, err error) error {
+	switch {
+	case errors.Is(err, syscall.ENOENT):
+		return &ExecError{Command: path, Reason: err.Error(), Err: ErrNotFound}
+	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM),
+		errors.Is(err, syscall.ENOEXEC), errors.Is(err, syscall.EISDIR):
+		return &ExecError{Command: path, Reason: err.Error(), Err: ErrNotExecutable}
+	}
+	return fmt.Errorf("start %s: %w", path, err)
+}
+
+// guard waits for the watchdog's socket to close. Before the command has
+// been reaped that means the watchdog died (someone killed it, or the group
+// was sent SIGKILL): without it, nothing would stop the group if leaderrun
+// died, so the group is killed now.
+func (c *Child) guard() {
+	_, _ = io.Copy(io.Discard, c.s.r)
+	select {
+	case <-c.exited:
+		return
+	default:
+	}
+	if !c.killed.Load() {
+		c.log.Warn("the watchdog of the command's process group died; killing the group", "pgid", c.pgid)
+	}
+	c.sigkill()
+}
+
+func (c *Child) sigkill() {
+	c.killed.Store(true)
+	_ = syscall.Kill(-c.pgid, syscall.SIGKILL)
+}
+
+// clear stops what the command left running once it exited, since nothing
+// may run once the lease is released: its process group, and descendants
+// that left the group (setsid, setpgid). Kill signal, up to the grace
+// period, SIGKILL.
+func (c *Child) clear() {
+	spec := c.s.spec
+	deadline := time.Now().Add(spec.KillGrace)
+	signalled := map[int]bool{}
+	for give := deadline.Add(10 * time.Second); time.Now().Before(give); time.Sleep(5 * time.Millisecond) {
+		left := c.leftovers()
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.sigkill()
+			for _, pid := range left {
+				killTree(pid, syscall.SIGKILL)
+			}
+			continue
+		}
+		if len(signalled) == 0 {
+			_ = syscall.Kill(-c.pgid, spec.KillSignal)
+			_ = syscall.Kill(-c.pgid, syscall.SIGCONT)
+		}
+		for _, pid := range left {
+			if pgid, _ := syscall.Getpgid(pid); !signalled[pid] && pgid != c.pgid {
+				killTree(pid, spec.KillSignal)
+				killTree(pid, syscall.SIGCONT)
+			}
+			signalled[pid] = true
+		}
+	}
+}
+
+// leftovers lists what is alive of the command after it exited. As a
+// subreaper this process inherits every orphan of the command's tree, in
+// its group or not: its own children, but for the watchdog, are the
+// leftovers (and their descendants, which go with them). Otherwise only the
+// group can be found: its members, but for the watchdog.
+func (c *Child) leftovers() []int {
+	if subreaper.Load() {
+		return reapOrphans()
+	}
+	var pids []int
+	for _, pid := range groupMembers(c.pgid) {
+		if pid != c.pgid {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 func orDefault(f, def *os.File) *os.File {
@@ -167,59 +302,39 @@ func orDefault(f, def *os.File) *os.File {
 	return def
 }
 
-// watch reads the supervisor's final report, reaps it and closes done.
-func (c *Child) watch(r *bufio.Reader) {
-	defer close(c.done)
-	line, _ := r.ReadString('\n')
-	kind, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
-	n, convErr := strconv.Atoi(arg)
-	switch {
-	case kind == "exit" && convErr == nil:
-		c.status = Status{Code: n}
-	case kind == "signal" && convErr == nil:
-		c.status = Status{Signal: syscall.Signal(n)}
-	default:
-		// The supervisor died without a word (someone killed it): make sure
-		// nothing of the command survives it.
-		_ = syscall.Kill(-c.pid, syscall.SIGKILL)
-		c.status = Status{Signal: syscall.SIGKILL}
-		c.err = fmt.Errorf("supervisor of pid %d died without reporting", c.pid)
-	}
-	c.reap()
-}
-
-func (c *Child) reap() {
-	c.conn.Close()
-	_ = c.sup.Wait()
-	untrack(c.sup)
-}
-
-// Pid is the command's pid, which is also its process group id.
+// Pid is the command's pid.
 func (c *Child) Pid() int { return c.pid }
 
+// Pgid is the command's process group id: the watchdog's pid.
+func (c *Child) Pgid() int { return c.pgid }
+
 // Done is closed once the command and its process group are gone and the
-// supervisor has been reaped.
+// watchdog has been reaped.
 func (c *Child) Done() <-chan struct{} { return c.done }
 
 // Wait blocks until Done and returns how the command ended.
-func (c *Child) Wait() (Status, error) {
+func (c *Child) Wait() Status {
 	<-c.done
-	return c.status, c.err
+	return c.status
 }
 
-// Signal sends sig to the command's whole process group.
+// Signal sends sig to the command's whole process group. The watchdog
+// ignores every signal but SIGKILL, which takes it down with the group.
 func (c *Child) Signal(sig syscall.Signal) error {
 	select {
 	case <-c.done:
 		return nil
 	default:
 	}
-	err := syscall.Kill(-c.pid, sig)
+	if sig == syscall.SIGKILL {
+		c.killed.Store(true)
+	}
+	err := syscall.Kill(-c.pgid, sig)
 	if sig != syscall.SIGKILL && sig != syscall.SIGCONT && err == nil {
 		// A stopped group (SIGSTOP, or SIGTTIN from reading a terminal it
 		// does not own) would sit on the signal until SIGKILL: wake it,
 		// as systemd does.
-		_ = syscall.Kill(-c.pid, syscall.SIGCONT)
+		_ = syscall.Kill(-c.pgid, syscall.SIGCONT)
 	}
 	c.log.Info("signalled child", "pid", c.pid, "signal", Name(sig))
 	if errors.Is(err, syscall.ESRCH) {
@@ -287,12 +402,13 @@ func Resolve(name string) (string, error) {
 	return "", notFound
 }
 
-// tracked holds the pids of supervisors this process waits for itself, so
-// that the orphan reaper (see BecomeSubreaper) leaves them alone.
-var tracked struct {
+// tracked holds the pids of the processes this package waits for itself
+// (commands and watchdogs), so that the orphan reaper (see BecomeSubreaper)
+// and the clearing of escapees leave them alone.
+var tracked = struct {
 	sync.Mutex
 	pids map[int]bool
-}
+}{pids: map[int]bool{}}
 
 func startTracked(cmd *exec.Cmd) error {
 	tracked.Lock()
@@ -300,17 +416,12 @@ func startTracked(cmd *exec.Cmd) error {
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	if tracked.pids == nil {
-		tracked.pids = map[int]bool{}
-	}
 	tracked.pids[cmd.Process.Pid] = true
 	return nil
 }
 
-func untrack(cmd *exec.Cmd) {
+func untrack(pid int) {
 	tracked.Lock()
 	defer tracked.Unlock()
-	if cmd.Process != nil {
-		delete(tracked.pids, cmd.Process.Pid)
-	}
+	delete(tracked.pids, pid)
 }

@@ -3,22 +3,21 @@
 package signals
 
 import (
+	"bytes"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
-
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
-// childAttr makes the command a process group leader that dies with SIGKILL
-// when the supervisor's forking thread dies.
-func childAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+// childAttr puts the command into process group pgid and has the kernel
+// SIGKILL it when the forking thread dies.
+func childAttr(pgid int) *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pgid: pgid, Pdeathsig: syscall.SIGKILL}
 }
 
 func executable() (string, error) {
@@ -29,18 +28,19 @@ func executable() (string, error) {
 	return os.Executable()
 }
 
-func becomeSubreaper() error {
-	return unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-}
+// subreaper is set once BecomeSubreaper succeeded: orphaned descendants
+// are then this process's children, to reap and, after a command, to stop.
+var subreaper atomic.Bool
 
 // BecomeSubreaper makes this process the reaper of orphaned descendants
 // (PR_SET_CHILD_SUBREAPER) and reaps them as they exit, leaving alone the
-// supervisors that Start waits for itself. Call it once, from main: in a
-// library or test process it would reap children that others wait for.
+// processes that this package waits for itself. Call it once, from main: in
+// a library or test process it would reap children that others wait for.
 func BecomeSubreaper() error {
-	if err := becomeSubreaper(); err != nil {
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return err
 	}
+	subreaper.Store(true)
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGCHLD)
 	go func() {
@@ -51,47 +51,69 @@ func BecomeSubreaper() error {
 	return nil
 }
 
-func reapOrphans() {
-	tracked.Lock()
-	defer tracked.Unlock()
-	for {
-		var info unix.Siginfo
-		// Peek (WNOWAIT) so that a tracked supervisor stays for its Wait.
-		err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
-		pid := int(siginfoPid(&info))
-		if err != nil || pid == 0 || tracked.pids[pid] {
-			return
-		}
+// reapOrphans reaps the orphans that have exited, if this process is a
+// subreaper, and returns those still alive.
+func reapOrphans() []int {
+	if !subreaper.Load() {
+		return nil
+	}
+	var alive []int
+	for _, pid := range orphans() {
 		var ws unix.WaitStatus
-		_, _ = unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+		if wpid, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil); wpid == 0 && err == nil {
+			alive = append(alive, pid)
+		}
 	}
-}
-
-// siginfoPid reads si_pid, the first field of the union that follows
-// si_signo, si_errno and si_code (aligned to 8 bytes on 64-bit targets).
-func siginfoPid(info *unix.Siginfo) int32 {
-	off := uintptr(12)
-	if unsafe.Sizeof(uintptr(0)) == 8 {
-		off = 16
-	}
-	return *(*int32)(unsafe.Add(unsafe.Pointer(info), off))
+	return alive
 }
 
 func socketpair() ([2]int, error) {
 	return syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 }
 
-// children lists this process's live children, from every thread's
-// /proc/self/task/*/children.
+// children lists this process's children, from every thread's
+// /proc/self/task/TID/children: a child is listed under the thread that
+// forked it.
 func children() []int {
-	files, _ := filepath.Glob("/proc/self/task/*/children")
+	tasks, _ := os.ReadDir("/proc/self/task")
 	var pids []int
-	for _, f := range files {
-		data, _ := os.ReadFile(f)
+	for _, t := range tasks {
+		data, _ := os.ReadFile("/proc/self/task/" + t.Name() + "/children")
 		for _, field := range strings.Fields(string(data)) {
 			if pid, err := strconv.Atoi(field); err == nil {
 				pids = append(pids, pid)
 			}
+		}
+	}
+	return pids
+}
+
+// groupMembers lists the live processes (zombies left out) of process group
+// pgid, from /proc/PID/stat.
+func groupMembers(pgid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp ...; comm may hold anything but
+		// ends at the last ')'.
+		i := bytes.LastIndexByte(data, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(data[i+1:]))
+		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		if g, err := strconv.Atoi(f[2]); err == nil && g == pgid {
+			pids = append(pids, pid)
 		}
 	}
 	return pids

@@ -1,18 +1,23 @@
-// Package signals supervises the child command: it runs it in a process
-// group of its own under a small supervisor process, forwards signals to the
-// group, stops it (kill signal, grace period, SIGKILL) and turns the way it
-// ended into an exit code.
+// Package signals supervises the child command: it forks it into a process
+// group of its own, forwards signals to the group, stops it (kill signal,
+// grace period, SIGKILL), clears whatever the command left behind, and turns
+// the way it ended into an exit code.
 //
 // Process tree while a command runs:
 //
-//	leaderrun
-//	└── leaderrun-supervisor   (this binary re-executed; see Supervise)
-//	    └── COMMAND            (leader of its own process group)
-//	        └── grandchildren  (same process group unless they leave it)
+//	leaderrun                  (forks COMMAND itself; a child subreaper)
+//	├── watchdog               (/bin/sh; leader of the group, see watchdog.go)
+//	└── COMMAND                (in the watchdog's process group)
+//	    └── grandchildren      (same process group unless they leave it)
 //
-// The supervisor exists for S4: the kernel's parent-death signal reaches only
-// a direct child, so when leaderrun dies, even by SIGKILL, it is the
-// supervisor that sees its end of a socket close and kills the whole group.
+// S4 has two halves. The kernel's parent-death signal (SIGKILL, set with the
+// forking OS thread locked) takes COMMAND down with leaderrun, even when
+// leaderrun is killed with SIGKILL; it reaches only a direct child. The
+// watchdog covers the rest: it holds one end of a socket whose other end
+// leaderrun holds, and when that closes without a word, leaderrun is gone and
+// the watchdog kills its process group, which is COMMAND's. The group exists
+// before COMMAND does, so there is no moment in which a grandchild could be
+// left outside the watchdog's reach.
 package signals
 
 import (

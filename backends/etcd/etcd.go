@@ -149,6 +149,9 @@ func New(cfg Config) (*Backend, error) {
 		return nil, b.unavailable("connect", err)
 	}
 	b.cli = cli
+	// The client connects on its first request; start now, so that the
+	// handshake overlaps with what the caller does before campaigning.
+	cli.ActiveConnection().Connect()
 	return b, nil
 }
 

@@ -1,0 +1,146 @@
+package signals
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary act as the watchdog when the tests take
+// /bin/sh away.
+func TestMain(m *testing.M) {
+	if IsWatchdog() {
+		os.Exit(Watchdog())
+	}
+	os.Exit(m.Run())
+}
+
+// startTree starts, under a new Supervisor, a command that leaves a
+// grandchild in its group, and returns the child and the grandchild's pid.
+func startTree(t *testing.T) (*Child, int) {
+	t.Helper()
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	script := `sleep 300 & echo $! > ` + pidFile + `.tmp && mv ` + pidFile + `.tmp ` + pidFile + `; wait`
+	sup, err := Prepare(Spec{Path: "/bin/sh", Args: []string{"sh", "-c", script}, KillGrace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sup.Start(os.Environ())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Signal(syscall.SIGKILL)
+		c.Wait()
+	})
+	var grandchild int
+	waitUntil(t, "the grandchild's pid", func() bool {
+		data, err := os.ReadFile(pidFile)
+		grandchild, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+		return err == nil
+	})
+	if pgid, _ := syscall.Getpgid(grandchild); pgid != c.Pgid() {
+		t.Fatalf("grandchild in group %d, want the watchdog's %d", pgid, c.Pgid())
+	}
+	return c, grandchild
+}
+
+// TestWatchdogKillsGroupWhenLeaderrunGoes: when leaderrun's end of the
+// socket closes without a word, as at its death, the watchdog kills the
+// command's whole group, grandchildren included. Before that, it ignores
+// every signal that leaderrun forwards to the group. With the shell and with
+// the Go fallback.
+func TestWatchdogKillsGroupWhenLeaderrunGoes(t *testing.T) {
+	for _, sh := range []string{"/bin/sh", "/nonexistent/sh"} {
+		t.Run(sh, func(t *testing.T) {
+			defer func(old string) { shell = old }(shell)
+			shell = sh
+			c, grandchild := startTree(t)
+			status, err := os.ReadFile("/proc/" + strconv.Itoa(c.Pgid()) + "/status")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ignored uint64
+			for _, line := range strings.Split(string(status), "\n") {
+				if v, ok := strings.CutPrefix(line, "SigIgn:"); ok {
+					ignored, _ = strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+				}
+			}
+			for _, sig := range append(Forwarded, syscall.SIGPIPE) {
+				if n := sig.(syscall.Signal); ignored&(1<<(n-1)) == 0 {
+					t.Errorf("the watchdog does not ignore %v (SigIgn %x)", Name(n), ignored)
+				}
+			}
+			c.s.conn.Close() // what the kernel does when leaderrun dies
+			if st := waitChild(t, c); st.Signal != syscall.SIGKILL {
+				t.Errorf("command ended with %v, want SIGKILL", st)
+			}
+			waitUntil(t, "the grandchild to die", func() bool { return gone(grandchild) })
+		})
+	}
+}
+
+// TestWatchdogDeathKillsGroup: a watchdog killed on its own can no longer
+// protect the group, so the group is killed.
+func TestWatchdogDeathKillsGroup(t *testing.T) {
+	c, grandchild := startTree(t)
+	if err := syscall.Kill(c.Pgid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitChild(t, c); st.Signal != syscall.SIGKILL {
+		t.Errorf("command ended with %v, want SIGKILL", st)
+	}
+	waitUntil(t, "the grandchild to die", func() bool { return gone(grandchild) })
+}
+
+// TestGroupClearedBeforeDone: a signal to the group ends the command; what
+// it left in the group is stopped, and the watchdog dismissed, before Done.
+func TestGroupClearedBeforeDone(t *testing.T) {
+	c, grandchild := startTree(t)
+	if err := c.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitChild(t, c); st.Signal != syscall.SIGHUP {
+		t.Errorf("command ended with %v, want SIGHUP", st)
+	}
+	if !gone(grandchild) {
+		t.Errorf("grandchild %d still alive after Done", grandchild)
+	}
+	if !gone(c.Pgid()) {
+		t.Errorf("watchdog %d still alive after Done", c.Pgid())
+	}
+}
+
+func waitChild(t *testing.T, c *Child) Status {
+	t.Helper()
+	select {
+	case <-c.Done():
+		return c.Wait()
+	case <-time.After(10 * time.Second):
+		t.Fatal("the command did not end")
+		return Status{}
+	}
+}
+
+// gone reports whether pid has exited (a zombie counts as gone).
+func gone(pid int) bool {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(data), ')')
+	return i >= 0 && len(data) > i+2 && (data[i+2] == 'Z' || data[i+2] == 'X')
+}
+
+func waitUntil(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); !ok(); time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
