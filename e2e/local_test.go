@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -471,18 +472,33 @@ func TestLocalPauseSignalsOnResume(t *testing.T) {
 }
 
 // pauseGroups lists the process groups of a leaderrun tree: leaderrun's
-// (the test started it as a group leader) and the child's, which its
-// watchdog leads.
+// (the test started it as a group leader), its watchdog's and the child's.
 func pauseGroups(t *testing.T, leaderrun, child int) []int {
 	t.Helper()
-	pgid, err := syscall.Getpgid(child)
-	if err != nil {
-		t.Fatalf("process group of the child %d: %v", child, err)
+	// Children are listed per thread: any may have forked them.
+	files, err := filepath.Glob(filepath.Join("/proc", strconv.Itoa(leaderrun), "task", "*", "children"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("list children of %d: %v", leaderrun, err)
 	}
-	if pgid == leaderrun {
-		t.Fatalf("the child %d is in leaderrun's process group", child)
+	groups := []int{leaderrun}
+	add := func(pid int) {
+		if pgid, err := syscall.Getpgid(pid); err == nil && !slices.Contains(groups, pgid) {
+			groups = append(groups, pgid)
+		}
 	}
-	return []int{leaderrun, pgid}
+	for _, file := range files {
+		data, _ := os.ReadFile(file)
+		for _, f := range strings.Fields(string(data)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				add(pid)
+			}
+		}
+	}
+	add(child)
+	if len(groups) != 3 {
+		t.Fatalf("process groups of leaderrun %d and its child %d: %v, want leaderrun's, the watchdog's and the child's", leaderrun, child, groups)
+	}
+	return groups
 }
 
 // TestLocalSetsidEscapeeStopped: a grandchild that left the process group

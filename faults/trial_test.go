@@ -53,9 +53,9 @@ func (c *candidate) exited() bool {
 	}
 }
 
-// groups are the process groups of the candidate's tree: leaderrun's and
-// the one its watchdog leads, which the child is in (found from leaderrun's
-// children, and from the child's pid, known from the ledger).
+// groups are the process groups of the candidate's tree: leaderrun's, its
+// watchdog's and the child's (leaderrun's children lead them; the child's
+// pid is also known from the ledger).
 func (c *candidate) groups(childPid int) []int {
 	groups := []int{c.cmd.Process.Pid}
 	files, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(c.cmd.Process.Pid), "task", "*", "children"))

@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -38,8 +37,11 @@ type Spec struct {
 }
 
 // readyTimeout bounds the wait for a watchdog's "ready", which a shell says
-// within milliseconds of its start.
-const readyTimeout = 10 * time.Second
+// within milliseconds of its start; dismissTimeout, the wait for it to go.
+const (
+	readyTimeout   = 10 * time.Second
+	dismissTimeout = 2 * time.Second
+)
 
 // Supervisor runs one command. Prepare starts its watchdog while the caller
 // campaigns; Start forks the command from this process once it leads.
@@ -65,7 +67,7 @@ func Prepare(spec Spec) (*Supervisor, error) {
 	if spec.Log == nil {
 		spec.Log = slog.Default()
 	}
-	dog, err := watchdogCommand()
+	dog, err := watchdogCommand(spec.KillSignal)
 	if err != nil {
 		return nil, err
 	}
@@ -82,8 +84,10 @@ func Prepare(spec Spec) (*Supervisor, error) {
 	}
 	ours := os.NewFile(uintptr(fds[0]), "watchdog")
 	theirs := os.NewFile(uintptr(fds[1]), "leaderrun")
-	dog.Stdin, dog.Stdout, dog.Stderr = theirs, theirs, os.Stderr
-	// The leader of a new process group: the one the command will join.
+	// The socket is its fd 3; standard input, output and error are
+	// /dev/null. In a group of its own, so that nothing meant for
+	// leaderrun's group or the command's reaches it.
+	dog.ExtraFiles = []*os.File{theirs}
 	dog.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	s := &Supervisor{spec: spec, dog: dog, conn: ours, r: bufio.NewReader(ours), started: make(chan struct{})}
 	// A fork and exec take a good half millisecond: let them overlap with
@@ -107,27 +111,40 @@ func (s *Supervisor) dismiss() {
 	<-s.started
 	_, _ = s.conn.Write([]byte("done\n"))
 	s.conn.Close()
-	if s.err == nil {
-		// A stopped watchdog (its group was sent SIGSTOP) would never
-		// read the word.
-		_ = syscall.Kill(s.dog.Process.Pid, syscall.SIGCONT)
-		_ = s.dog.Wait()
-		untrack(s.dog.Process.Pid)
+	if s.err != nil {
+		return
 	}
+	pid := s.dog.Process.Pid
+	// A stopped watchdog (SIGSTOP of its group) would never read the word;
+	// one that does not go at once is killed: it is not reaped yet, so the
+	// pid is still its own.
+	_ = syscall.Kill(pid, syscall.SIGCONT)
+	exited := make(chan struct{})
+	go func() {
+		_ = s.dog.Wait()
+		close(exited)
+	}()
+	select {
+	case <-exited:
+	case <-time.After(dismissTimeout):
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		<-exited
+	}
+	untrack(pid)
 }
 
-// Start forks and execs the command with env, in the watchdog's process
-// group, and returns once it runs or has failed to start: an exec failure is
-// an error wrapping ErrNotFound or ErrNotExecutable. The watchdog is
-// dismissed when the command and its group are gone, or at once if Start
-// fails.
+// Start forks and execs the command with env, as the leader of a new
+// process group, tells the watchdog which group that is, and returns once
+// the command runs or has failed to start: an exec failure is an error
+// wrapping ErrNotFound or ErrNotExecutable. The watchdog is dismissed when
+// the command and its group are gone, or at once if Start fails.
 func (s *Supervisor) Start(env []string) (*Child, error) {
 	if <-s.started; s.err != nil {
 		s.dismiss()
 		return nil, s.err
 	}
-	// The watchdog says "ready" once it ignores the signals that will be
-	// sent to the group; by now it has long said so.
+	// The watchdog says "ready" once it reads its socket; by now it has
+	// long said so.
 	_ = s.conn.SetReadDeadline(time.Now().Add(readyTimeout))
 	line, err := s.r.ReadString('\n')
 	_ = s.conn.SetReadDeadline(time.Time{})
@@ -135,7 +152,7 @@ func (s *Supervisor) Start(env []string) (*Child, error) {
 		s.dismiss()
 		return nil, fmt.Errorf("the watchdog (pid %d) is not ready to guard the command: %q: %v", s.dog.Process.Pid, line, err)
 	}
-	c := &Child{s: s, pgid: s.dog.Process.Pid, log: s.spec.Log, exited: make(chan struct{}), done: make(chan struct{})}
+	c := &Child{s: s, log: s.spec.Log, exited: make(chan struct{}), done: make(chan struct{})}
 	started := make(chan error, 1)
 	go c.run(env, started)
 	if err := <-started; err != nil {
@@ -146,16 +163,13 @@ func (s *Supervisor) Start(env []string) (*Child, error) {
 	return c, nil
 }
 
-// Child is a running command.
+// Child is a running command: the leader of its own process group, whose id
+// is its pid.
 type Child struct {
-	s    *Supervisor
-	pid  int
-	pgid int
-	log  *slog.Logger
+	s   *Supervisor
+	pid int
+	log *slog.Logger
 
-	// killed is set once this process sent SIGKILL to the group, which
-	// kills the watchdog too.
-	killed atomic.Bool
 	// exited is closed when the command has been reaped.
 	exited chan struct{}
 
@@ -181,10 +195,15 @@ func (c *Child) run(env []string, started chan<- error) {
 	pid, err := syscall.ForkExec(spec.Path, spec.Args, &syscall.ProcAttr{
 		Env:   env,
 		Files: files,
-		Sys:   childAttr(c.pgid),
+		Sys:   childAttr(),
 	})
 	if err == nil {
 		tracked.pids[pid] = true
+		// At once: until the watchdog has read this, a SIGKILL of
+		// leaderrun is answered by the parent-death signal alone, which
+		// kills the command but not what it may have forked in these
+		// microseconds since its exec.
+		_, _ = fmt.Fprintf(c.s.conn, "pgid %d\n", pid)
 	}
 	tracked.Unlock()
 	if err != nil {
@@ -196,14 +215,19 @@ func (c *Child) run(env []string, started chan<- error) {
 
 	var ws syscall.WaitStatus
 	for {
-		_, err := syscall.Wait4(pid, &ws, 0, nil)
+		_, err = syscall.Wait4(pid, &ws, 0, nil)
 		if !errors.Is(err, syscall.EINTR) {
 			break
 		}
 	}
 	untrack(pid)
 	close(c.exited)
-	c.status = statusOf(ws)
+	if err != nil {
+		c.log.Error("cannot learn how the command ended", "pid", pid, "error", err)
+		c.status = Status{Code: 70}
+	} else {
+		c.status = statusOf(ws)
+	}
 	c.clear()
 	c.s.dismiss()
 	close(c.done)
@@ -222,9 +246,9 @@ func execError(path string, err error) error {
 }
 
 // guard waits for the watchdog's socket to close. Before the command has
-// been reaped that means the watchdog died (someone killed it, or the group
-// was sent SIGKILL): without it, nothing would stop the group if leaderrun
-// died, so the group is killed now.
+// been reaped that means the watchdog died (someone killed it): without it,
+// nothing would stop the group if leaderrun died, so the group is killed
+// now.
 func (c *Child) guard() {
 	_, _ = io.Copy(io.Discard, c.s.r)
 	select {
@@ -232,67 +256,45 @@ func (c *Child) guard() {
 		return
 	default:
 	}
-	if !c.killed.Load() {
-		c.log.Warn("the watchdog of the command's process group died; killing the group", "pgid", c.pgid)
-	}
-	c.sigkill()
-}
-
-func (c *Child) sigkill() {
-	c.killed.Store(true)
-	_ = syscall.Kill(-c.pgid, syscall.SIGKILL)
+	c.log.Warn("the command's watchdog died; killing the command's process group", "pgid", c.pid)
+	_ = syscall.Kill(-c.pid, syscall.SIGKILL)
 }
 
 // clear stops what the command left running once it exited, since nothing
-// may run once the lease is released: its process group, and descendants
-// that left the group (setsid, setpgid). Kill signal, up to the grace
-// period, SIGKILL.
+// may run once the lease is released: its process group, and, as a
+// subreaper, descendants that left the group (setsid, setpgid), which this
+// process inherits once their parents are gone. Kill signal, up to the
+// grace period, SIGKILL.
 func (c *Child) clear() {
 	spec := c.s.spec
 	deadline := time.Now().Add(spec.KillGrace)
 	signalled := map[int]bool{}
 	for give := deadline.Add(10 * time.Second); time.Now().Before(give); time.Sleep(5 * time.Millisecond) {
-		left := c.leftovers()
-		if len(left) == 0 {
+		escaped := reapOrphans() // first: a zombie still counts in its group
+		group := syscall.Kill(-c.pid, 0) == nil
+		if !group && len(escaped) == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			c.sigkill()
-			for _, pid := range left {
+			_ = syscall.Kill(-c.pid, syscall.SIGKILL)
+			for _, pid := range escaped {
 				killTree(pid, syscall.SIGKILL)
 			}
 			continue
 		}
-		if len(signalled) == 0 {
-			_ = syscall.Kill(-c.pgid, spec.KillSignal)
-			_ = syscall.Kill(-c.pgid, syscall.SIGCONT)
+		if group && !signalled[c.pid] {
+			signalled[c.pid] = true
+			_ = syscall.Kill(-c.pid, spec.KillSignal)
+			_ = syscall.Kill(-c.pid, syscall.SIGCONT)
 		}
-		for _, pid := range left {
-			if pgid, _ := syscall.Getpgid(pid); !signalled[pid] && pgid != c.pgid {
+		for _, pid := range escaped {
+			if pgid, _ := syscall.Getpgid(pid); !signalled[pid] && pgid != c.pid {
 				killTree(pid, spec.KillSignal)
 				killTree(pid, syscall.SIGCONT)
 			}
 			signalled[pid] = true
 		}
 	}
-}
-
-// leftovers lists what is alive of the command after it exited. As a
-// subreaper this process inherits every orphan of the command's tree, in
-// its group or not: its own children, but for the watchdog, are the
-// leftovers (and their descendants, which go with them). Otherwise only the
-// group can be found: its members, but for the watchdog.
-func (c *Child) leftovers() []int {
-	if subreaper.Load() {
-		return reapOrphans()
-	}
-	var pids []int
-	for _, pid := range groupMembers(c.pgid) {
-		if pid != c.pgid {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }
 
 func orDefault(f, def *os.File) *os.File {
@@ -302,11 +304,8 @@ func orDefault(f, def *os.File) *os.File {
 	return def
 }
 
-// Pid is the command's pid.
+// Pid is the command's pid, which is also its process group id.
 func (c *Child) Pid() int { return c.pid }
-
-// Pgid is the command's process group id: the watchdog's pid.
-func (c *Child) Pgid() int { return c.pgid }
 
 // Done is closed once the command and its process group are gone and the
 // watchdog has been reaped.
@@ -318,23 +317,19 @@ func (c *Child) Wait() Status {
 	return c.status
 }
 
-// Signal sends sig to the command's whole process group. The watchdog
-// ignores every signal but SIGKILL, which takes it down with the group.
+// Signal sends sig to the command's whole process group.
 func (c *Child) Signal(sig syscall.Signal) error {
 	select {
 	case <-c.done:
 		return nil
 	default:
 	}
-	if sig == syscall.SIGKILL {
-		c.killed.Store(true)
-	}
-	err := syscall.Kill(-c.pgid, sig)
+	err := syscall.Kill(-c.pid, sig)
 	if sig != syscall.SIGKILL && sig != syscall.SIGCONT && err == nil {
 		// A stopped group (SIGSTOP, or SIGTTIN from reading a terminal it
 		// does not own) would sit on the signal until SIGKILL: wake it,
 		// as systemd does.
-		_ = syscall.Kill(-c.pgid, syscall.SIGCONT)
+		_ = syscall.Kill(-c.pid, syscall.SIGCONT)
 	}
 	c.log.Info("signalled child", "pid", c.pid, "signal", Name(sig))
 	if errors.Is(err, syscall.ESRCH) {

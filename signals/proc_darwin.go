@@ -6,15 +6,13 @@ import (
 	"os"
 	"sync/atomic"
 	"syscall"
-
-	"golang.org/x/sys/unix"
 )
 
-// childAttr puts the command into process group pgid. Without a
+// childAttr makes the command the leader of a new process group. Without a
 // parent-death signal, the watchdog alone kills the group when leaderrun
 // dies.
-func childAttr(pgid int) *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true, Pgid: pgid}
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true}
 }
 
 func executable() (string, error) { return os.Executable() }
@@ -40,15 +38,3 @@ func socketpair() ([2]int, error) {
 var subreaper atomic.Bool
 
 func children() []int { return nil }
-
-// groupMembers lists the processes of process group pgid (kern.proc.pgrp).
-func groupMembers(pgid int) []int {
-	procs, _ := unix.SysctlKinfoProcSlice("kern.proc.pgrp", pgid)
-	var pids []int
-	for _, p := range procs {
-		if p.Proc.P_stat != 5 { // SZOMB
-			pids = append(pids, int(p.Proc.P_pid))
-		}
-	}
-	return pids
-}

@@ -3,7 +3,6 @@
 package signals
 
 import (
-	"bytes"
 	"os"
 	"os/signal"
 	"strconv"
@@ -14,10 +13,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// childAttr puts the command into process group pgid and has the kernel
-// SIGKILL it when the forking thread dies.
-func childAttr(pgid int) *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true, Pgid: pgid, Pdeathsig: syscall.SIGKILL}
+// childAttr makes the command the leader of a new process group, and has
+// the kernel SIGKILL it when the forking thread dies.
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 }
 
 func executable() (string, error) {
@@ -83,37 +82,6 @@ func children() []int {
 			if pid, err := strconv.Atoi(field); err == nil {
 				pids = append(pids, pid)
 			}
-		}
-	}
-	return pids
-}
-
-// groupMembers lists the live processes (zombies left out) of process group
-// pgid, from /proc/PID/stat.
-func groupMembers(pgid int) []int {
-	entries, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid pgrp ...; comm may hold anything but
-		// ends at the last ')'.
-		i := bytes.LastIndexByte(data, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(data[i+1:]))
-		if len(f) < 3 || f[0] == "Z" || f[0] == "X" {
-			continue
-		}
-		if g, err := strconv.Atoi(f[2]); err == nil && g == pgid {
-			pids = append(pids, pid)
 		}
 	}
 	return pids

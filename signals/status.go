@@ -6,18 +6,17 @@
 // Process tree while a command runs:
 //
 //	leaderrun                  (forks COMMAND itself; a child subreaper)
-//	├── watchdog               (/bin/sh; leader of the group, see watchdog.go)
-//	└── COMMAND                (in the watchdog's process group)
+//	├── watchdog               (/bin/sh; see watchdog.go)
+//	└── COMMAND                (leader of its own process group)
 //	    └── grandchildren      (same process group unless they leave it)
 //
 // S4 has two halves. The kernel's parent-death signal (SIGKILL, set with the
 // forking OS thread locked) takes COMMAND down with leaderrun, even when
 // leaderrun is killed with SIGKILL; it reaches only a direct child. The
-// watchdog covers the rest: it holds one end of a socket whose other end
-// leaderrun holds, and when that closes without a word, leaderrun is gone and
-// the watchdog kills its process group, which is COMMAND's. The group exists
-// before COMMAND does, so there is no moment in which a grandchild could be
-// left outside the watchdog's reach.
+// watchdog covers the rest of the group: leaderrun tells it the group the
+// moment the command is forked, and when leaderrun's end of its socket
+// closes without a word, leaderrun is gone and the watchdog kills that
+// group.
 package signals
 
 import (

@@ -6,26 +6,38 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 )
 
-// The watchdog is the leader of the command's process group and does one
-// thing: it says "ready" once it ignores the signals that leaderrun sends to
-// the group, then reads its socket. "done" dismisses it; the socket closing
-// without a word means that leaderrun is gone, and it kills its own process
-// group, the command's, with SIGKILL.
+// The watchdog stands by the command in case leaderrun dies. It says
+// "ready" on its socket (its fd 3), then reads it: "pgid N" names the
+// command's process group, as soon as the command is forked; "done"
+// dismisses it; the socket closing without "done" means that leaderrun is
+// gone, and it kills group N with SIGKILL.
 //
 // It is /bin/sh running watchdogScript: a shell starts in about a
-// millisecond and a megabyte, so it is up and ready long before a campaign
-// ends, and takes no CPU from it. Where there is no /bin/sh (a container
-// image without a shell), it is this binary re-executed (see Watchdog).
-const watchdogScript = `trap '' HUP INT QUIT TERM USR1 USR2 WINCH PIPE TSTP TTIN TTOU
-echo ready
-read -r word
-[ "$word" = done ] || kill -s KILL 0
+// millisecond and a megabyte, so it is ready long before a campaign ends,
+// and takes no CPU from it. Where there is no /bin/sh (a container image
+// without a shell), it is this binary re-executed (see Watchdog). It lives
+// in a process group of its own, and ignores the signals that could reach
+// it by mistake (its arguments: the forwarded ones, SIGPIPE and the kill
+// signal).
+const watchdogScript = `trap '' "$@"
+echo ready >&3
+pgid=
+while read -r word arg <&3; do
+	case $word in
+	pgid) pgid=$arg ;;
+	done) exit 0 ;;
+	esac
+done
+[ -z "$pgid" ] || kill -s KILL -- "-$pgid"
 `
 
-// watchdogEnv marks a process started as a watchdog from this binary.
+// watchdogEnv marks a process started as a watchdog from this binary; its
+// value lists the signals to ignore.
 const watchdogEnv = "_LEADERRUN_WATCHDOG"
 
 // shell is the watchdog's interpreter; a variable for the tests of the
@@ -33,15 +45,22 @@ const watchdogEnv = "_LEADERRUN_WATCHDOG"
 var shell = "/bin/sh"
 
 // watchdogCommand is the watchdog to start: the shell, or this binary.
-func watchdogCommand() (*exec.Cmd, error) {
+// Either ignores the forwarded signals, SIGPIPE and killSignal.
+func watchdogCommand(killSignal syscall.Signal) (*exec.Cmd, error) {
+	var ignore []string
+	for _, sig := range append(Forwarded, syscall.SIGPIPE, killSignal) {
+		ignore = append(ignore, strconv.Itoa(int(sig.(syscall.Signal))))
+	}
 	if fi, err := os.Stat(shell); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
-		return &exec.Cmd{Path: shell, Args: []string{"leaderrun-watchdog", "-c", watchdogScript}, Env: []string{}}, nil
+		// Called sh, so that a bash behind /bin/sh acts as sh and reads
+		// no start-up files.
+		return &exec.Cmd{Path: shell, Args: append([]string{"sh", "-c", watchdogScript, "sh"}, ignore...), Env: []string{}}, nil
 	}
 	self, err := executable()
 	if err != nil {
 		return nil, errors.New("no " + shell + " and no path to this binary for the watchdog: " + err.Error())
 	}
-	return &exec.Cmd{Path: self, Args: []string{"leaderrun-watchdog"}, Env: []string{watchdogEnv + "=1"}}, nil
+	return &exec.Cmd{Path: self, Args: []string{"leaderrun-watchdog"}, Env: []string{watchdogEnv + "=" + strings.Join(ignore, " ")}}, nil
 }
 
 // IsWatchdog reports whether this process was started as a watchdog. main
@@ -51,14 +70,34 @@ func IsWatchdog() bool {
 	return ok
 }
 
-// Watchdog is watchdogScript in Go, for a host without /bin/sh. Its socket
-// is standard input and output.
+// Watchdog is watchdogScript in Go, for a host without /bin/sh.
 func Watchdog() int {
-	signal.Ignore(append(Forwarded, syscall.SIGPIPE, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU)...)
-	_, _ = os.Stdout.WriteString("ready\n")
-	word, _ := bufio.NewReader(os.Stdin).ReadString('\n')
-	if word != "done\n" {
-		_ = syscall.Kill(0, syscall.SIGKILL)
+	var ignore []os.Signal
+	for _, f := range strings.Fields(os.Getenv(watchdogEnv)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			ignore = append(ignore, syscall.Signal(n))
+		}
+	}
+	signal.Ignore(ignore...)
+	conn := os.NewFile(3, "leaderrun")
+	_, _ = conn.WriteString("ready\n")
+	pgid := 0
+	r := bufio.NewReader(conn)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			break
+		}
+		word, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
+		switch word {
+		case "pgid":
+			pgid, _ = strconv.Atoi(arg)
+		case "done":
+			return 0
+		}
+	}
+	if pgid > 0 {
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	}
 	return 0
 }

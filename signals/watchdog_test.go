@@ -1,7 +1,9 @@
 package signals
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -11,10 +13,14 @@ import (
 )
 
 // TestMain lets the test binary act as the watchdog when the tests take
-// /bin/sh away.
+// /bin/sh away. Like leaderrun, the tests run as a subreaper: orphans of
+// the commands are theirs to reap, not init's.
 func TestMain(m *testing.M) {
 	if IsWatchdog() {
 		os.Exit(Watchdog())
+	}
+	if err := BecomeSubreaper(); err != nil {
+		panic(err)
 	}
 	os.Exit(m.Run())
 }
@@ -25,7 +31,7 @@ func startTree(t *testing.T) (*Child, int) {
 	t.Helper()
 	pidFile := filepath.Join(t.TempDir(), "pid")
 	script := `sleep 300 & echo $! > ` + pidFile + `.tmp && mv ` + pidFile + `.tmp ` + pidFile + `; wait`
-	sup, err := Prepare(Spec{Path: "/bin/sh", Args: []string{"sh", "-c", script}, KillGrace: time.Second})
+	sup, err := Prepare(Spec{Path: "/bin/sh", Args: []string{"sh", "-c", script}, KillSignal: syscall.SIGALRM, KillGrace: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,8 +49,8 @@ func startTree(t *testing.T) (*Child, int) {
 		grandchild, _ = strconv.Atoi(strings.TrimSpace(string(data)))
 		return err == nil
 	})
-	if pgid, _ := syscall.Getpgid(grandchild); pgid != c.Pgid() {
-		t.Fatalf("grandchild in group %d, want the watchdog's %d", pgid, c.Pgid())
+	if pgid, _ := syscall.Getpgid(grandchild); pgid != c.Pid() {
+		t.Fatalf("grandchild in group %d, want the command's %d", pgid, c.Pid())
 	}
 	return c, grandchild
 }
@@ -52,15 +58,15 @@ func startTree(t *testing.T) (*Child, int) {
 // TestWatchdogKillsGroupWhenLeaderrunGoes: when leaderrun's end of the
 // socket closes without a word, as at its death, the watchdog kills the
 // command's whole group, grandchildren included. Before that, it ignores
-// every signal that leaderrun forwards to the group. With the shell and with
-// the Go fallback.
+// the signals that could reach it by mistake: the forwarded ones, SIGPIPE
+// and the kill signal. With the shell and with the Go fallback.
 func TestWatchdogKillsGroupWhenLeaderrunGoes(t *testing.T) {
 	for _, sh := range []string{"/bin/sh", "/nonexistent/sh"} {
 		t.Run(sh, func(t *testing.T) {
 			defer func(old string) { shell = old }(shell)
 			shell = sh
 			c, grandchild := startTree(t)
-			status, err := os.ReadFile("/proc/" + strconv.Itoa(c.Pgid()) + "/status")
+			status, err := os.ReadFile("/proc/" + strconv.Itoa(c.s.dog.Process.Pid) + "/status")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -70,7 +76,7 @@ func TestWatchdogKillsGroupWhenLeaderrunGoes(t *testing.T) {
 					ignored, _ = strconv.ParseUint(strings.TrimSpace(v), 16, 64)
 				}
 			}
-			for _, sig := range append(Forwarded, syscall.SIGPIPE) {
+			for _, sig := range append(Forwarded, syscall.SIGPIPE, syscall.SIGALRM) {
 				if n := sig.(syscall.Signal); ignored&(1<<(n-1)) == 0 {
 					t.Errorf("the watchdog does not ignore %v (SigIgn %x)", Name(n), ignored)
 				}
@@ -88,7 +94,7 @@ func TestWatchdogKillsGroupWhenLeaderrunGoes(t *testing.T) {
 // protect the group, so the group is killed.
 func TestWatchdogDeathKillsGroup(t *testing.T) {
 	c, grandchild := startTree(t)
-	if err := syscall.Kill(c.Pgid(), syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(c.s.dog.Process.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	if st := waitChild(t, c); st.Signal != syscall.SIGKILL {
@@ -110,8 +116,41 @@ func TestGroupClearedBeforeDone(t *testing.T) {
 	if !gone(grandchild) {
 		t.Errorf("grandchild %d still alive after Done", grandchild)
 	}
-	if !gone(c.Pgid()) {
-		t.Errorf("watchdog %d still alive after Done", c.Pgid())
+	if !gone(c.s.dog.Process.Pid) {
+		t.Errorf("watchdog %d still alive after Done", c.s.dog.Process.Pid)
+	}
+}
+
+// TestCommandCannotLeaveItsGroup: timeout(1) and others make themselves the
+// leader of a new process group; the command already leads one, so the
+// signal to its group still reaches it and its children.
+func TestCommandCannotLeaveItsGroup(t *testing.T) {
+	timeout, err := exec.LookPath("timeout")
+	if err != nil {
+		t.Skip("no timeout(1)")
+	}
+	sup, err := Prepare(Spec{Path: timeout, Args: []string{"timeout", "300", "sleep", "300"}, KillGrace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sup.Start(os.Environ())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sleep int
+	waitUntil(t, "timeout's child", func() bool {
+		data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", c.Pid(), c.Pid()))
+		sleep, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+		return sleep > 0
+	})
+	if err := c.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitChild(t, c); st.ExitCode() != 124 && st.Signal != syscall.SIGTERM {
+		t.Errorf("timeout ended with %v, want exit 124 or SIGTERM", st)
+	}
+	if !gone(sleep) {
+		t.Errorf("timeout's child %d still alive after Done", sleep)
 	}
 }
 
