@@ -56,7 +56,7 @@ func (r *results) analysis() string {
 				own = lrConsul
 			}
 			rec := r.rss[own.id]
-			fmt.Fprintf(&b, "leaderrun itself peaks at %s and its watchdog at %s (%s). The watchdog is /bin/sh running a four-line script; it is what kills the child's process group if leaderrun dies (S4). For comparison, etcdctl lock peaks at %s and consul lock at %s; both leave their child running when they are killed (see crash failover).",
+			fmt.Fprintf(&b, "leaderrun itself peaks at %s and its watchdog at %s (%s). The watchdog is /bin/sh running a short script; it is what kills the child's process group if leaderrun dies (S4). For comparison, etcdctl lock peaks at %s and consul lock at %s; both leave their child running when they are killed (see crash failover).",
 				mib(rec.wrapper), mib(rec.helpers), strings.Join(rec.helperNames, ", "), mib(r.rss[etcdctlLock.id].wrapper), mib(r.rss[consulLock.id].wrapper))
 		case strings.HasPrefix(g.name, "leading RSS"):
 			fmt.Fprintf(&b, "The etcd and Consul client libraries, gRPC and the Go runtime are most of it; etcdctl lock, with the same etcd client, peaks at %s.", mib(r.rss[etcdctlLock.id].wrapper))

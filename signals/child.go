@@ -178,8 +178,8 @@ type Child struct {
 }
 
 // run forks the command, reports the fork's outcome on started, waits for
-// the command, clears what it left running, dismisses the
-// watchdog and closes done.
+// the command, clears what it left running, dismisses the watchdog and
+// closes done.
 func (c *Child) run(env []string, started chan<- error) {
 	spec := c.s.spec
 	// Pdeathsig belongs to the forking thread, not the process: this
