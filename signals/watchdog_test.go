@@ -59,10 +59,14 @@ func startTree(t *testing.T) (*Child, int) {
 // socket closes without a word, as at its death, the watchdog kills the
 // command's whole group, grandchildren included. Before that, it ignores
 // the signals that could reach it by mistake: the forwarded ones, SIGPIPE
-// and the kill signal. With the shell and with the Go fallback.
+// and the kill signal. With the shell, with bash as the shell (which must
+// act as sh and read no start-up files), and with the Go fallback.
 func TestWatchdogKillsGroupWhenLeaderrunGoes(t *testing.T) {
-	for _, sh := range []string{"/bin/sh", "/nonexistent/sh"} {
+	for _, sh := range []string{"/bin/sh", "/bin/bash", "/nonexistent/sh"} {
 		t.Run(sh, func(t *testing.T) {
+			if _, err := os.Stat(sh); err != nil && sh == "/bin/bash" {
+				t.Skip("no bash here")
+			}
 			defer func(old string) { shell = old }(shell)
 			shell = sh
 			c, grandchild := startTree(t)
