@@ -4,7 +4,6 @@ package signals
 
 import (
 	"os"
-	"sync/atomic"
 	"syscall"
 )
 
@@ -20,6 +19,8 @@ func executable() (string, error) { return os.Executable() }
 // BecomeSubreaper is a no-op where the OS has no subreapers.
 func BecomeSubreaper() error { return nil }
 
+// reapOrphans has nothing to do: without subreapers, orphans are not ours,
+// and descendants that left the command's group are not tracked here.
 func reapOrphans() []int { return nil }
 
 func socketpair() ([2]int, error) {
@@ -32,9 +33,3 @@ func socketpair() ([2]int, error) {
 	}
 	return fds, err
 }
-
-// subreaper stays false: without subreapers, orphans are not ours, and
-// descendants that left the command's group are not tracked here.
-var subreaper atomic.Bool
-
-func children() []int { return nil }

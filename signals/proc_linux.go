@@ -70,6 +70,20 @@ func socketpair() ([2]int, error) {
 	return syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 }
 
+// orphans are this process's children that this package does not wait for
+// itself: as a subreaper, the orphans of the command's tree.
+func orphans() []int {
+	tracked.Lock()
+	defer tracked.Unlock()
+	var pids []int
+	for _, pid := range children() {
+		if !tracked.pids[pid] {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 // children lists this process's children, from every thread's
 // /proc/self/task/TID/children: a child is listed under the thread that
 // forked it.

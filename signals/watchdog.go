@@ -110,20 +110,6 @@ var Forwarded = []os.Signal{
 	syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH,
 }
 
-// orphans are this process's children that this package does not wait for
-// itself: as a subreaper, the orphans of the command's tree.
-func orphans() []int {
-	tracked.Lock()
-	defer tracked.Unlock()
-	var pids []int
-	for _, pid := range children() {
-		if !tracked.pids[pid] {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
 // killTree signals pid, and its process group if it leads one.
 func killTree(pid int, sig syscall.Signal) {
 	_ = syscall.Kill(pid, sig)
