@@ -35,7 +35,8 @@ var (
 // name when it is built; it may be used for several campaigns in a row, but
 // for one at a time.
 type Backend interface {
-	// Name is the backend's name as the CLI spells it: "etcd", "consul", "local".
+	// Name is the backend's name as the CLI spells it: "etcd", "consul",
+	// "postgres", "kubernetes", "zookeeper", "local".
 	Name() string
 
 	// Campaign blocks until this candidate holds the lock and returns the
@@ -46,14 +47,29 @@ type Backend interface {
 	// store. Cancelling ctx withdraws the candidacy (its key, session or
 	// queue slot) before Campaign returns ctx's error; the withdrawal runs on
 	// its own short context so that a cancelled caller still cleans up.
-	// An unreachable store is an error wrapping ErrUnavailable.
+	// An unreachable store, or one that refuses the request (credentials,
+	// permissions), is an error wrapping ErrUnavailable; a refusal is final,
+	// in every mode, and names what was refused.
 	Campaign(ctx context.Context, opts CampaignOptions) (Lease, error)
 
 	// Status reports who holds the lock, without campaigning.
 	Status(ctx context.Context) (Status, error)
 
+	// History returns the most recent terms of the lock, newest first, at
+	// most limit of them (limit <= 0: all that the store keeps, at most
+	// HistoryLimit). A lock that was never held has an empty history.
+	History(ctx context.Context, limit int) ([]Term, error)
+
 	// Close releases the backend's connections. Leases must be released first.
 	Close() error
+}
+
+// LeaseDurationChecker is implemented by backends whose store bounds the
+// lease duration it accepts (Consul: 10 s to 24 h). The runner asks before
+// it campaigns, so that a duration the store would refuse or change is a
+// configuration error, not a surprise after the grant.
+type LeaseDurationChecker interface {
+	CheckLeaseDuration(d time.Duration) error
 }
 
 // CampaignOptions tune one campaign.
@@ -64,6 +80,13 @@ type CampaignOptions struct {
 	// Try makes Campaign return ErrLocked instead of waiting when the lock
 	// is held. Zero value: wait.
 	Try bool
+
+	// LeaseDuration is the lease lifetime to ask of the store: how long
+	// after the last acknowledged renewal the store may let another
+	// candidate take over. It comes from the runner, which owns every
+	// timing (see docs/safety.md); the store may grant something else, which
+	// Lease.TTL reports. Required for stores whose leases expire.
+	LeaseDuration time.Duration
 }
 
 // Lease is held leadership. Its methods are safe for concurrent use.
@@ -80,10 +103,12 @@ type Lease interface {
 	// the process dies).
 	TTL() time.Duration
 
-	// Acquired is the send time of a request that the store acknowledged
-	// while the lease was alive, at or before the grant. The runner measures
-	// its first renewal deadline from it. It is never later than the true
-	// start of the lease's current lifetime in the store.
+	// Acquired is the send time of the latest request that the store
+	// acknowledged while the lease was alive, at or before the grant. The
+	// runner counts its first renewal deadline from it, and renews once
+	// before it starts the child if it is old (a candidate that waited).
+	// It is never later than the true start of the lease's current
+	// lifetime in the store.
 	Acquired() time.Time
 
 	// Renew asks the store to extend the lease once and returns nil only if
@@ -100,10 +125,88 @@ type Lease interface {
 	// Err says why Lost was closed; nil while the lease is believed held.
 	Err() error
 
-	// Release gives the lock up. It is safe to call after Lost was closed
-	// and more than once. The caller must have stopped everything that the
-	// lease protects first (S8).
-	Release(ctx context.Context) error
+	// Completed returns the completion marker recorded for a once-key
+	// (see Complete), or nil if there is none or it has expired.
+	Completed(ctx context.Context, key string) (*Marker, error)
+
+	// Complete records m, fenced: in one conditional write (a transaction,
+	// or a write conditional on the lease's record) that succeeds only
+	// while this lease still holds the lock. If the lease no longer holds,
+	// nothing is written and the error wraps ErrLeaseLost; any other error
+	// may or may not have written it (a lost answer), which the caller
+	// logs. The store forgets the marker by itself after m.Expires.
+	Complete(ctx context.Context, m Marker) error
+
+	// Release gives the lock up and appends term to the lock's history
+	// (term nil: no history, as for a candidacy that never ran anything).
+	// It is safe to call after Lost was closed and more than once; only
+	// the first call records term. The caller must have stopped everything
+	// that the lease protects first (S8). The history is written even when
+	// the lease was lost; a failure to write it does not keep the lock.
+	Release(ctx context.Context, term *Term) error
+}
+
+// HistoryLimit is about how many terms a store keeps per lock; older ones
+// are dropped by the writer or by the store's own expiry.
+const HistoryLimit = 100
+
+// Marker says that the run for one once-key completed successfully: the
+// command exited 0 while its leader still held the lock.
+type Marker struct {
+	// Key is the once-key: a period number (--once-per) or a caller's key
+	// (--once-key).
+	Key string `json:"key"`
+	// Identity and Token are those of the leader that completed the run.
+	Identity string `json:"identity"`
+	Token    uint64 `json:"token"`
+	// At is when the command exited (wall clock of the completing host).
+	At time.Time `json:"at"`
+	// Expires is when the store may forget the marker.
+	Expires time.Time `json:"expires"`
+}
+
+// How a term ended (Term.End).
+const (
+	// EndExited: the command exited by itself; ExitCode is its status.
+	EndExited = "exited"
+	// EndSignaled: the command died of a signal it was not sent by
+	// leaderrun; Signal names it.
+	EndSignaled = "signaled"
+	// EndStopped: leaderrun stopped the command because it was asked to
+	// (SIGTERM, SIGINT); Signal names what it received.
+	EndStopped = "stopped"
+	// EndLost: the lease was lost while the command ran, and leaderrun
+	// stopped it; Reason says why.
+	EndLost = "lost"
+	// EndSkipped: the run for OnceKey had already completed; nothing ran.
+	EndSkipped = "skipped"
+	// EndNotStarted: the command could not be started.
+	EndNotStarted = "not-started"
+)
+
+// Term is one leader's tenure of the lock, as recorded when it released it.
+type Term struct {
+	Identity string    `json:"identity"`
+	Token    uint64    `json:"token"`
+	Acquired time.Time `json:"acquired"`
+	// Started is when the command started; zero if it never did.
+	Started time.Time `json:"started,omitzero"`
+	// Ended is when the lock was given up.
+	Ended time.Time `json:"ended"`
+	// End is how the term ended: EndExited, EndSignaled, EndStopped,
+	// EndLost, EndSkipped or EndNotStarted.
+	End string `json:"end"`
+	// ExitCode is the command's exit status (128+N for signal N); -1 if it
+	// did not run.
+	ExitCode int `json:"exit_code"`
+	// Signal is the signal that ended the command or that leaderrun
+	// received (EndSignaled, EndStopped), e.g. "SIGTERM".
+	Signal string `json:"signal,omitempty"`
+	// Reason says why the lease was lost (EndLost), or why the command
+	// could not start.
+	Reason string `json:"reason,omitempty"`
+	// OnceKey is the once-key of the run, if --once-per or --once-key was set.
+	OnceKey string `json:"once_key,omitempty"`
 }
 
 // Status is a snapshot of who holds a lock.
