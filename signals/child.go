@@ -26,8 +26,9 @@ type Spec struct {
 	Env []string
 	// KillSignal is sent first when the command is stopped. Zero: SIGTERM.
 	KillSignal syscall.Signal
-	// KillGrace is how long a stopped command, and anything it leaves in its
-	// process group, gets between KillSignal and SIGKILL. Zero: 3 s.
+	// KillGrace is how long the command's whole tree (its process group
+	// and every descendant that left it) gets between the first kill signal
+	// and SIGKILL: one deadline for all of them. Zero: 3 s.
 	KillGrace time.Duration
 	// Stdin, Stdout, Stderr default to leaderrun's own.
 	Stdin          *os.File
@@ -152,34 +153,61 @@ func (s *Supervisor) Start(env []string) (*Child, error) {
 		s.dismiss()
 		return nil, fmt.Errorf("the watchdog (pid %d) is not ready to guard the command: %q: %v", s.dog.Process.Pid, line, err)
 	}
-	c := &Child{s: s, log: s.spec.Log, exited: make(chan struct{}), done: make(chan struct{})}
+	c := &Child{s: s, log: s.spec.Log, exited: make(chan struct{}), stopping: make(chan struct{}),
+		signalled: map[int]bool{}, done: make(chan struct{})}
 	started := make(chan error, 1)
 	go c.run(env, started)
 	if err := <-started; err != nil {
 		s.dismiss()
 		return nil, err
 	}
+	go c.supervise()
 	go c.guard()
 	return c, nil
 }
 
 // Child is a running command: the leader of its own process group, whose id
 // is its pid.
+//
+// Stopping it is one sequence on one clock (docs/safety.md, S9): the first
+// kill signal, whether the runner asked for it (Stop) or the command exited
+// and left processes behind, fixes killAt = first signal + KillGrace for the
+// whole tree: the command's process group and every descendant that left
+// it. All of them get the kill signal at once and SIGKILL no later than
+// killAt; Done closes only once every one of them is gone. No part of the
+// tree ever gets a grace of its own.
 type Child struct {
 	s   *Supervisor
 	pid int
 	log *slog.Logger
 
-	// exited is closed when the command has been reaped.
+	// exited is closed when the command has been reaped; status is then set.
 	exited chan struct{}
-
-	done   chan struct{}
 	status Status
+
+	// stopping is closed by the first Stop.
+	stopping chan struct{}
+
+	mu sync.Mutex
+	// killAt is the one deadline of the stop sequence; zero before the
+	// first kill signal.
+	killAt time.Time
+	// sig is the first kill signal, sent to every member of the tree.
+	sig syscall.Signal
+	// signalled holds the escapees (members outside the command's group)
+	// that got sig; the group as a whole gets it once, at the start.
+	signalled map[int]bool
+	// known is the tree as the stop sequence last saw it, for the SIGKILL
+	// timer; killed is set once that timer fired.
+	known  []member
+	killed bool
+	timer  *time.Timer
+
+	done chan struct{}
 }
 
-// run forks the command, reports the fork's outcome on started, waits for
-// the command, clears what it left running, dismisses the watchdog and
-// closes done.
+// run forks the command, reports the fork's outcome on started, and waits
+// for the command to exit.
 func (c *Child) run(env []string, started chan<- error) {
 	spec := c.s.spec
 	// Pdeathsig belongs to the forking thread, not the process: this
@@ -221,16 +249,168 @@ func (c *Child) run(env []string, started chan<- error) {
 		}
 	}
 	untrack(pid)
-	close(c.exited)
 	if err != nil {
 		c.log.Error("cannot learn how the command ended", "pid", pid, "error", err)
 		c.status = Status{Code: 70}
 	} else {
 		c.status = statusOf(ws)
 	}
+	close(c.exited)
+}
+
+// supervise waits for the command to exit or for a Stop, then runs the stop
+// sequence until the whole tree is gone, dismisses the watchdog and closes
+// done.
+func (c *Child) supervise() {
+	select {
+	case <-c.exited:
+	case <-c.stopping:
+	}
 	c.clear()
+	<-c.exited
 	c.s.dismiss()
 	close(c.done)
+}
+
+// survivalBound is how long the stop sequence waits for processes that
+// SIGKILL has not ended (stuck in uninterruptible sleep) before it gives up
+// on them, says so, and lets Done close.
+const survivalBound = 5 * time.Second
+
+// clear runs the stop sequence over the command's tree until nothing of it
+// is left. Nothing may run once the lease is released (S8): the command's
+// process group, and, as a subreaper, descendants that left the group
+// (setsid, setpgid), whether their parent still lives or they were
+// inherited by this process. A tree that is still there when the command
+// exits by itself starts the sequence then.
+func (c *Child) clear() {
+	w := newExitWaiter()
+	defer w.close()
+	defer func() {
+		c.mu.Lock()
+		if c.timer != nil {
+			c.timer.Stop()
+		}
+		c.mu.Unlock()
+	}()
+	for {
+		members := c.members()
+		if len(members) == 0 {
+			return
+		}
+		now := time.Now()
+		c.mu.Lock()
+		c.known = members
+		if c.killAt.IsZero() {
+			// The command exited by itself and left these behind: the
+			// sequence starts now, with the kill signal.
+			c.startLocked(c.s.spec.KillSignal, now)
+			c.mu.Unlock()
+			c.signalGroup(c.sig)
+			c.mu.Lock()
+		}
+		killAt, sig, killed := c.killAt, c.sig, c.killed
+		var fresh []int
+		if !killed {
+			for _, m := range members {
+				if m.pgid != c.pid && !c.signalled[m.pid] {
+					c.signalled[m.pid] = true
+					fresh = append(fresh, m.pid)
+				}
+			}
+		}
+		c.mu.Unlock()
+		for _, pid := range fresh {
+			_ = syscall.Kill(pid, sig)
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+			c.log.Info("signalled a process that left the command's group", "pid", pid, "signal", Name(sig))
+		}
+		until := killAt
+		if killed || !now.Before(killAt) {
+			if now.After(killAt.Add(survivalBound)) {
+				c.log.Error("processes of the command survived SIGKILL; giving up on them", "pgid", c.pid, "pids", pidsOf(members))
+				return
+			}
+			// Whatever appeared since the timer fired (a fork racing
+			// with it) goes the same way at once.
+			c.kill(members)
+			until = killAt.Add(survivalBound)
+		}
+		w.wait(members, until)
+	}
+}
+
+// kill sends SIGKILL to the command's group and to every one of members.
+func (c *Child) kill(members []member) {
+	_ = syscall.Kill(-c.pid, syscall.SIGKILL)
+	for _, m := range members {
+		_ = syscall.Kill(m.pid, syscall.SIGKILL)
+	}
+}
+
+// killTree is the SIGKILL at killAt, on a timer of its own so that it is
+// on time whatever the stop sequence's loop is doing.
+func (c *Child) killTree() {
+	c.mu.Lock()
+	c.killed = true
+	members := c.known
+	c.mu.Unlock()
+	c.kill(members)
+	c.log.Warn("still running at the end of --kill-grace; sent SIGKILL", "pgid", c.pid, "pids", pidsOf(members), "grace", c.s.spec.KillGrace)
+}
+
+// startLocked begins the stop sequence at now with sig. c.mu is held.
+func (c *Child) startLocked(sig syscall.Signal, now time.Time) {
+	c.killAt = now.Add(c.s.spec.KillGrace)
+	c.sig = sig
+	c.timer = time.AfterFunc(time.Until(c.killAt), c.killTree)
+	close(c.stopping)
+}
+
+func pidsOf(ms []member) []int {
+	pids := make([]int, len(ms))
+	for i, m := range ms {
+		pids[i] = m.pid
+	}
+	return pids
+}
+
+// Stop starts the stop sequence with sig: sig now to the command's group
+// (and, from the sequence's goroutine, to every descendant that left it),
+// SIGKILL to the whole tree at the latest KillGrace after the first Stop.
+// A later Stop sends its signal to the group as Signal does, and changes
+// no deadline. Done closes once the tree is gone.
+func (c *Child) Stop(sig syscall.Signal) {
+	c.mu.Lock()
+	first := c.killAt.IsZero()
+	if first {
+		c.startLocked(sig, time.Now())
+	}
+	c.mu.Unlock()
+	if first {
+		c.signalGroup(sig)
+		return
+	}
+	_ = c.Signal(sig)
+}
+
+// KillAt is the deadline of the stop sequence, zero before it started.
+func (c *Child) KillAt() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.killAt
+}
+
+// signalGroup sends sig to the command's group, then SIGCONT so that a
+// stopped group does not sit on it.
+func (c *Child) signalGroup(sig syscall.Signal) {
+	err := syscall.Kill(-c.pid, sig)
+	if err == nil && sig != syscall.SIGKILL && sig != syscall.SIGCONT {
+		_ = syscall.Kill(-c.pid, syscall.SIGCONT)
+	}
+	if err == nil {
+		c.log.Info("signalled child", "pid", c.pid, "signal", Name(sig))
+	}
 }
 
 // execError turns a failed fork and exec into what a shell would say.
@@ -260,43 +440,6 @@ func (c *Child) guard() {
 	_ = syscall.Kill(-c.pid, syscall.SIGKILL)
 }
 
-// clear stops what the command left running once it exited, since nothing
-// may run once the lease is released: its process group, and, as a
-// subreaper, descendants that left the group (setsid, setpgid), which this
-// process inherits once their parents are gone. Kill signal, up to the
-// grace period, SIGKILL.
-func (c *Child) clear() {
-	spec := c.s.spec
-	deadline := time.Now().Add(spec.KillGrace)
-	signalled := map[int]bool{}
-	for give := deadline.Add(10 * time.Second); time.Now().Before(give); time.Sleep(5 * time.Millisecond) {
-		escaped := reapOrphans() // first: a zombie still counts in its group
-		group := syscall.Kill(-c.pid, 0) == nil
-		if !group && len(escaped) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			_ = syscall.Kill(-c.pid, syscall.SIGKILL)
-			for _, pid := range escaped {
-				killTree(pid, syscall.SIGKILL)
-			}
-			continue
-		}
-		if group && !signalled[c.pid] {
-			signalled[c.pid] = true
-			_ = syscall.Kill(-c.pid, spec.KillSignal)
-			_ = syscall.Kill(-c.pid, syscall.SIGCONT)
-		}
-		for _, pid := range escaped {
-			if pgid, _ := syscall.Getpgid(pid); !signalled[pid] && pgid != c.pid {
-				killTree(pid, spec.KillSignal)
-				killTree(pid, syscall.SIGCONT)
-			}
-			signalled[pid] = true
-		}
-	}
-}
-
 func orDefault(f, def *os.File) *os.File {
 	if f != nil {
 		return f
@@ -317,7 +460,8 @@ func (c *Child) Wait() Status {
 	return c.status
 }
 
-// Signal sends sig to the command's whole process group.
+// Signal sends sig to the command's whole process group, as it is: the
+// signals leaderrun forwards (HUP, USR1, ...). To stop the command, use Stop.
 func (c *Child) Signal(sig syscall.Signal) error {
 	select {
 	case <-c.done:

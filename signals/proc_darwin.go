@@ -5,6 +5,7 @@ package signals
 import (
 	"os"
 	"syscall"
+	"time"
 )
 
 // childAttr makes the command the leader of a new process group. Without a
@@ -19,9 +20,29 @@ func executable() (string, error) { return os.Executable() }
 // BecomeSubreaper is a no-op where the OS has no subreapers.
 func BecomeSubreaper() error { return nil }
 
-// reapOrphans has nothing to do: without subreapers, orphans are not ours,
-// and descendants that left the command's group are not tracked here.
-func reapOrphans() []int { return nil }
+// member is a live process of the command's tree.
+type member struct{ pid, pgid int }
+
+// members is the command's process group, while it has members: without
+// subreapers and /proc, descendants that left the group are not found
+// here (Linux is the supported platform).
+func (c *Child) members() []member {
+	if syscall.Kill(-c.pid, 0) != nil {
+		return nil
+	}
+	return []member{{pid: c.pid, pgid: c.pid}}
+}
+
+// exitWaiter looks again every 10 ms: there are no pidfds here.
+type exitWaiter struct{}
+
+func newExitWaiter() *exitWaiter { return &exitWaiter{} }
+
+func (*exitWaiter) wait(_ []member, until time.Time) {
+	time.Sleep(min(time.Until(until), 10*time.Millisecond))
+}
+
+func (*exitWaiter) close() {}
 
 func socketpair() ([2]int, error) {
 	syscall.ForkLock.RLock()

@@ -10,7 +10,7 @@
 //	└── COMMAND                (leader of its own process group)
 //	    └── grandchildren      (same process group unless they leave it)
 //
-// S4 has two halves. The kernel's parent-death signal (SIGKILL, set with the
+// S4 of docs/safety.md (the child never outlives leaderrun) has two halves. The kernel's parent-death signal (SIGKILL, set with the
 // forking OS thread locked) takes COMMAND down with leaderrun, even when
 // leaderrun is killed with SIGKILL; it reaches only a direct child. The
 // watchdog covers the rest of the group: leaderrun tells it the group the

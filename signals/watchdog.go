@@ -109,11 +109,3 @@ var Forwarded = []os.Signal{
 	syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM,
 	syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH,
 }
-
-// killTree signals pid, and its process group if it leads one.
-func killTree(pid int, sig syscall.Signal) {
-	_ = syscall.Kill(pid, sig)
-	if pgid, err := syscall.Getpgid(pid); err == nil && pgid == pid {
-		_ = syscall.Kill(-pid, sig)
-	}
-}

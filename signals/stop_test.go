@@ -1,0 +1,195 @@
+package signals
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/leaderrun/leaderrun/internal/testenv"
+)
+
+// escapeeScript makes the command set its trap, start a helper that leaves
+// its process group (setsid) and ignores SIGTERM, the shape of `setsid
+// some-daemon &`, wait until the helper wrote its pid to pidFile, then do
+// what rest says.
+func escapeeScript(pidFile, trap, rest string) string {
+	return trap + `
+setsid sh -c 'trap "" TERM; echo $$ > ` + pidFile + `.tmp; mv ` + pidFile + `.tmp ` + pidFile + `; exec sleep 300' </dev/null >/dev/null 2>&1 &
+while [ ! -s ` + pidFile + ` ]; do sleep 0.01; done
+` + rest
+}
+
+// startEscapee starts script under a new Supervisor with kill grace grace
+// and returns the child and the escaped helper's pid, with a pidfd on it.
+func startEscapee(t *testing.T, script string, grace time.Duration, pidFile string) (*Child, int, int) {
+	t.Helper()
+	if _, err := exec.LookPath("setsid"); err != nil {
+		testenv.Missing(t, "setsid(1) from util-linux is not installed")
+	}
+	sup, err := Prepare(Spec{Path: "/bin/sh", Args: []string{"sh", "-c", script}, KillGrace: grace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sup.Start(os.Environ())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Signal(syscall.SIGKILL)
+		c.Wait()
+	})
+	var pid int
+	waitUntil(t, "the helper's pid", func() bool {
+		data, err := os.ReadFile(pidFile)
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+		return err == nil && pid > 0
+	})
+	if pgid, _ := syscall.Getpgid(pid); pgid == c.Pid() {
+		t.Fatalf("the helper %d did not leave the command's group", pid)
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		t.Fatalf("pidfd_open(%d): %v", pid, err)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		unix.Close(fd)
+	})
+	return c, pid, fd
+}
+
+// diedAt waits for the process behind pidfd to exit and returns when it
+// did, failing the test after limit.
+func diedAt(t *testing.T, pidfd int, limit time.Duration) time.Time {
+	t.Helper()
+	ts := unix.NsecToTimespec(limit.Nanoseconds())
+	for {
+		n, err := unix.Ppoll([]unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}, &ts, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || n == 0 {
+			t.Fatalf("the helper did not die within %v (%v)", limit, err)
+		}
+		return time.Now()
+	}
+}
+
+// TestStopSequenceOneDeadline (S9): from the first kill signal, every
+// process of the tree, the command's group and a helper that left it alike,
+// is SIGKILLed no later than --kill-grace after that signal; the helper
+// gets no grace of its own, whether the runner stopped the command or the
+// command exited by itself and left the helper behind. Done closes only
+// once the helper is gone.
+func TestStopSequenceOneDeadline(t *testing.T) {
+	const grace = 600 * time.Millisecond
+	const slack = 50 * time.Millisecond
+	cases := []struct {
+		name string
+		// trap and rest are the command's script around the helper's start.
+		trap, rest string
+		// stop: the test calls Stop (else the command exits by itself).
+		stop bool
+	}{
+		{name: "stopped, command ignores the signal too", trap: `trap "" TERM`, rest: `while :; do sleep 0.05; done`, stop: true},
+		{name: "stopped, command exits on the signal", trap: `trap 'exit 0' TERM`, rest: `while :; do sleep 0.05; done`, stop: true},
+		{name: "command exits by itself", rest: `exit 0`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pidFile := filepath.Join(t.TempDir(), "helper")
+			c, pid, fd := startEscapee(t, escapeeScript(pidFile, tc.trap, tc.rest), grace, pidFile)
+			var first time.Time
+			if tc.stop {
+				first = time.Now()
+				c.Stop(syscall.SIGTERM)
+			} else {
+				select {
+				case <-c.exited:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the command did not exit")
+				}
+				waitUntil(t, "the stop sequence to start", func() bool { return !c.KillAt().IsZero() })
+				first = c.KillAt().Add(-grace)
+			}
+			died := diedAt(t, fd, 10*time.Second)
+			after := died.Sub(first)
+			t.Logf("helper %d died %v after the first kill signal (grace %v)", pid, after.Round(time.Millisecond), grace)
+			if after > grace+slack {
+				t.Errorf("helper died %v after the first kill signal: more than --kill-grace %v + %v", after, grace, slack)
+			}
+			if after < grace-slack {
+				t.Errorf("helper ignoring SIGTERM died after only %v: SIGKILL before the grace was up", after)
+			}
+			select {
+			case <-c.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatal("Done not closed after the tree died")
+			}
+			if !gone(pid) {
+				t.Errorf("helper %d alive after Done", pid)
+			}
+		})
+	}
+}
+
+// TestStopReachesEscapeeAtOnce: a helper that left the group while its
+// parent still runs gets the kill signal with the group, not once its parent
+// is gone.
+func TestStopReachesEscapeeAtOnce(t *testing.T) {
+	if _, err := exec.LookPath("setsid"); err != nil {
+		testenv.Missing(t, "setsid(1) from util-linux is not installed")
+	}
+	dir := t.TempDir()
+	pidFile, termFile := filepath.Join(dir, "helper"), filepath.Join(dir, "term")
+	// The helper records SIGTERM and exits; the command catches it and
+	// carries on, so its parent is alive when the signal reaches the
+	// helper. (Caught, not ignored: an ignored signal would be ignored by
+	// the helper too, and a shell cannot trap a signal ignored at entry.)
+	script := `trap : TERM
+setsid sh -c 'trap "echo term > ` + termFile + `; exit 0" TERM; echo $$ > ` + pidFile + `.tmp; mv ` + pidFile + `.tmp ` + pidFile + `; while :; do sleep 0.05; done' </dev/null >/dev/null 2>&1 &
+while [ ! -s ` + pidFile + ` ]; do sleep 0.01; done
+while :; do sleep 0.05; done`
+	c, pid, fd := startEscapee(t, script, 5*time.Second, pidFile)
+	stopped := time.Now()
+	c.Stop(syscall.SIGTERM)
+	died := diedAt(t, fd, 4*time.Second)
+	if _, err := os.Stat(termFile); err != nil {
+		t.Errorf("helper %d ended without getting SIGTERM: %v", pid, err)
+	}
+	if d := died.Sub(stopped); d > time.Second {
+		t.Errorf("helper got the kill signal %v after Stop, want at once", d)
+	} else {
+		t.Logf("helper signalled and gone %v after Stop", d.Round(time.Millisecond))
+	}
+	c.Stop(syscall.SIGKILL)
+	<-c.Done()
+}
+
+// TestLaterStopKeepsDeadline: a second Stop (a SIGINT while stopping)
+// reaches the group but does not move the deadline.
+func TestLaterStopKeepsDeadline(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "helper")
+	c, _, fd := startEscapee(t, escapeeScript(pidFile, `trap "" TERM INT`, `while :; do sleep 0.05; done`), 800*time.Millisecond, pidFile)
+	first := time.Now()
+	c.Stop(syscall.SIGTERM)
+	killAt := c.KillAt()
+	time.Sleep(300 * time.Millisecond) // a deliberate pause: the second signal comes later
+	c.Stop(syscall.SIGINT)
+	if got := c.KillAt(); !got.Equal(killAt) {
+		t.Errorf("a second Stop moved the deadline from %v to %v", killAt, got)
+	}
+	died := diedAt(t, fd, 10*time.Second)
+	if d := died.Sub(first); d > 850*time.Millisecond {
+		t.Errorf("helper died %v after the first signal, want within the grace of the first", d)
+	}
+	<-c.Done()
+}
