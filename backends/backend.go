@@ -1,4 +1,5 @@
-// Package backends defines what the runner needs from a coordination store:
+// Package backends defines what the runner needs from a coordination store
+// (S1-S9 below are the promises of docs/safety.md):
 // a Backend that campaigns for one named lock and a Lease that proves, for as
 // long as it is renewed, that this process holds it.
 //
@@ -29,6 +30,16 @@ var (
 	// ErrLeaseLost means the store reports that this candidate's lease is
 	// gone: revoked, expired, its key deleted or taken by another session.
 	ErrLeaseLost = errors.New("backends: lease lost")
+
+	// ErrCorruptState means state kept by the backend itself (the local
+	// backend's token counter) is corrupt or unreadable: going on could
+	// hand out a token that was granted before, so it stops and says
+	// which file.
+	ErrCorruptState = errors.New("backends: stored state is corrupt or unreadable")
+
+	// ErrUnsafeState means the place the backend keeps its state in (the
+	// local backend's directory) could be tampered with by another user.
+	ErrUnsafeState = errors.New("backends: state directory is not safe")
 )
 
 // Backend campaigns for one lock in one store. A Backend is bound to its lock

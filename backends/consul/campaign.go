@@ -27,8 +27,11 @@ import (
 // and destroys the session, on a context of its own, before Campaign
 // returns ctx's error.
 func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (backends.Lease, error) {
+	if err := b.CheckLeaseDuration(opts.LeaseDuration); err != nil {
+		return nil, fmt.Errorf("consul: --lease-duration %v: %w", opts.LeaseDuration, err)
+	}
 	for {
-		c, err := b.newCandidate(ctx, opts.Identity)
+		c, err := b.newCandidate(ctx, opts.Identity, opts.LeaseDuration)
 		switch {
 		case errors.Is(err, errSessionGone) && ctx.Err() == nil:
 			continue
@@ -118,7 +121,7 @@ func (f *freeSpell) retryAt() time.Time {
 // The session is created even if ctx is cancelled meanwhile (the request
 // takes a round trip), so that a cancelled campaign can always destroy it
 // rather than leave it to expire.
-func (b *Backend) newCandidate(ctx context.Context, identity string) (*candidate, error) {
+func (b *Backend) newCandidate(ctx context.Context, identity string, ttl time.Duration) (*candidate, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -128,7 +131,7 @@ func (b *Backend) newCandidate(ctx context.Context, identity string) (*candidate
 	// as its default of 15 s; send the body ourselves so that 0 means 0.
 	body := map[string]any{
 		"Name":      b.sessionName(),
-		"TTL":       b.ttl.String(),
+		"TTL":       ttl.String(),
 		"LockDelay": b.lockDelay.String(),
 		"Behavior":  api.SessionBehaviorRelease,
 	}
@@ -161,20 +164,20 @@ func (b *Backend) newCandidate(ctx context.Context, identity string) (*candidate
 // error (see tolerate) is retried, so that a Raft election or a short
 // outage of the agent does not end the campaign.
 func (c *candidate) campaign(ctx context.Context, try bool) (*lease, error) {
-	var retry backoff
+	var retry backends.Backoff
 	waited := false
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		l, err := c.attempt(ctx, waited)
+		l, err := c.attempt(ctx)
 		switch {
 		case err == nil && l != nil:
 			return l, nil
 		case err == nil && try:
 			return nil, fmt.Errorf("consul: %s is held by another session, or in its lock-delay: %w", c.b.key, backends.ErrLocked)
 		case err == nil:
-			retry = 0
+			retry.Reset()
 			if c.viewed && c.holder == "" {
 				c.free.failures++
 				c.free.lastFailure = time.Now()
@@ -197,12 +200,12 @@ func (c *candidate) campaign(ctx context.Context, try bool) (*lease, error) {
 // attempt acquires the key and, if that worked, reads the token. A nil
 // lease with a nil error means Consul refused: another session holds the
 // key, or its lock-delay is running.
-func (c *candidate) attempt(ctx context.Context, waited bool) (*lease, error) {
+func (c *candidate) attempt(ctx context.Context) (*lease, error) {
 	won, err := c.acquire(ctx)
 	if err != nil || !won {
 		return nil, err
 	}
-	l, err := c.grant(ctx, waited)
+	l, err := c.grant(ctx)
 	if errors.Is(err, errNotOurs) {
 		return nil, nil
 	}
@@ -232,10 +235,9 @@ func (c *candidate) acquire(ctx context.Context) (bool, error) {
 var errNotOurs = errors.New("consul: key not held by this session")
 
 // grant reads the key after a successful acquisition to learn the token.
-// If the candidate waited, the session's last renewal may be long past and
-// the runner would start the child with little of its first deadline left,
-// so it renews once more and counts the lease from that.
-func (c *candidate) grant(ctx context.Context, waited bool) (*lease, error) {
+// Acquired is the send time of the session's last acknowledged create or
+// renewal; the runner renews once more if that is old.
+func (c *candidate) grant(ctx context.Context) (*lease, error) {
 	pair, meta, err := c.b.get(ctx, 0, 0, true)
 	if err != nil {
 		return nil, c.b.unavailable("read", err)
@@ -243,11 +245,6 @@ func (c *candidate) grant(ctx context.Context, waited bool) (*lease, error) {
 	if pair == nil || pair.Session != c.session {
 		c.observe(ctx, pair, meta)
 		return nil, errNotOurs
-	}
-	if waited {
-		if err := c.renew(ctx); err != nil {
-			return nil, err
-		}
 	}
 	c.maybeHeld = false // the lease owns the key from now on
 	return newLease(c.b, c.session, c.identity, pair.ModifyIndex, c.ttl, c.lastAck, meta.LastIndex), nil
@@ -282,7 +279,7 @@ func (c *candidate) renewAt() time.Time { return c.lastAck.Add(c.ttl / 2) }
 // alive (within its TTL of the last acknowledged renewal), so that a short
 // outage of the agent does not end the campaign.
 func (c *candidate) waitTurn(ctx context.Context) error {
-	var retry backoff
+	var retry backends.Backoff
 	for {
 		now := time.Now()
 		wake := c.renewAt()
@@ -312,7 +309,7 @@ func (c *candidate) waitTurn(ctx context.Context) error {
 			}
 			continue
 		}
-		retry = 0
+		retry.Reset()
 		if pair != nil && pair.Session == c.session {
 			// An earlier acquisition went through although its answer was
 			// lost; acquiring again with the same session succeeds.
@@ -326,14 +323,14 @@ func (c *candidate) waitTurn(ctx context.Context) error {
 // after a pause if the error is transient and the session should still be
 // alive (within its TTL of the last acknowledged renewal), and the error
 // (or ctx's) otherwise.
-func (c *candidate) tolerate(ctx context.Context, err error, retry *backoff) error {
+func (c *candidate) tolerate(ctx context.Context, err error, retry *backends.Backoff) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
 	if errors.Is(err, errSessionGone) || !transient(err) || time.Since(c.lastAck) >= c.ttl {
 		return err
 	}
-	return retry.sleep(ctx)
+	return retry.Sleep(ctx)
 }
 
 // transient reports whether a failed request may succeed if sent again:
@@ -410,22 +407,4 @@ func earliest(a, b time.Time) time.Time {
 		return b
 	}
 	return a
-}
-
-// backoff counts consecutive failures of a polling loop and sleeps
-// accordingly: 100 ms, doubling up to 2 s.
-type backoff int
-
-// sleep waits for the next pause or until ctx ends.
-func (n *backoff) sleep(ctx context.Context) error {
-	d := min(100*time.Millisecond<<min(int(*n), 5), 2*time.Second)
-	*n++
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

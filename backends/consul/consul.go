@@ -33,9 +33,11 @@ package consul
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -81,12 +83,6 @@ type Config struct {
 	// Zero value: the key is the lock name.
 	Prefix string
 
-	// TTL is the session TTL: how long after the last renewal Consul may
-	// invalidate the session (it may wait up to twice as long). It must be
-	// within MinTTL and MaxTTL. Too short loses leadership on a brief store
-	// hiccup; too long delays failover after a crash.
-	TTL time.Duration
-
 	// LockDelay is how long Consul refuses to hand the key to anyone else
 	// after this session is invalidated while holding it, so that a holder
 	// that was cut off has time to notice and stop. 0 to MaxLockDelay.
@@ -103,8 +99,23 @@ type Backend struct {
 	addr      string
 	lock      string
 	key       string
-	ttl       time.Duration
 	lockDelay time.Duration
+}
+
+var (
+	_ backends.Backend              = (*Backend)(nil)
+	_ backends.LeaseDurationChecker = (*Backend)(nil)
+)
+
+// CheckLeaseDuration implements backends.LeaseDurationChecker: the
+// session TTL, which is the lease duration, must be within MinTTL and
+// MaxTTL. Consul may invalidate a session as late as twice its TTL after
+// its last renewal.
+func (b *Backend) CheckLeaseDuration(d time.Duration) error {
+	if d < MinTTL || d > MaxTTL {
+		return fmt.Errorf("a Consul session TTL must be within %v and %v", MinTTL, MaxTTL)
+	}
+	return nil
 }
 
 // New returns a backend for cfg.Lock. It validates cfg and builds the
@@ -112,9 +123,6 @@ type Backend struct {
 func New(cfg Config) (*Backend, error) {
 	if err := backends.ValidateLockName(cfg.Lock); err != nil {
 		return nil, fmt.Errorf("consul: %w", err)
-	}
-	if cfg.TTL < MinTTL || cfg.TTL > MaxTTL {
-		return nil, fmt.Errorf("consul: session TTL %v out of range: Consul accepts %v to %v", cfg.TTL, MinTTL, MaxTTL)
 	}
 	if cfg.LockDelay < 0 || cfg.LockDelay > MaxLockDelay {
 		return nil, fmt.Errorf("consul: lock-delay %v out of range: Consul accepts 0s to %v", cfg.LockDelay, MaxLockDelay)
@@ -141,7 +149,6 @@ func New(cfg Config) (*Backend, error) {
 		addr:      addr,
 		lock:      cfg.Lock,
 		key:       cfg.Prefix + cfg.Lock,
-		ttl:       cfg.TTL,
 		lockDelay: cfg.LockDelay,
 	}, nil
 }
@@ -179,6 +186,16 @@ func (b *Backend) Close() error {
 		b.http.CloseIdleConnections()
 	}
 	return nil
+}
+
+// Keys of the lock's completion markers and history. Lock names cannot
+// hold ':' (backends.ValidateLockName), so these never meet another lock's
+// key.
+func (b *Backend) markerPrefix() string        { return b.key + ":done/" }
+func (b *Backend) markerKey(key string) string { return b.markerPrefix() + key }
+func (b *Backend) historyPrefix() string       { return b.key + ":history/" }
+func (b *Backend) historyKey(token uint64) string {
+	return fmt.Sprintf("%s%020d", b.historyPrefix(), token)
 }
 
 // sessionName is the name of every candidate's session for this lock.
@@ -276,4 +293,59 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 		st.TTL, _ = time.ParseDuration(holder.TTL)
 	}
 	return st, nil
+}
+
+// History implements backends.Backend: the terms are keys under
+// <prefix><lock>:history/, named by their token.
+func (b *Backend) History(ctx context.Context, limit int) ([]backends.Term, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	pairs, _, err := b.client.KV().List(b.historyPrefix(), (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return nil, b.unavailable("read history of", err)
+	}
+	terms := make([]backends.Term, 0, len(pairs))
+	for _, p := range pairs {
+		var t backends.Term
+		if json.Unmarshal(p.Value, &t) == nil {
+			terms = append(terms, t)
+		}
+	}
+	return backends.NewestFirst(terms, limit), nil
+}
+
+// prune deletes the oldest keys under prefix once there are a tenth more
+// than keep of them, keeping the newest keep (keys sort by age: tokens are
+// zero-padded). Errors are ignored: the next writer prunes again.
+func (b *Backend) prune(ctx context.Context, prefix string, keep int) {
+	keys, _, err := b.client.KV().Keys(prefix, "", (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil || len(keys) <= keep+keep/10 {
+		return
+	}
+	slices.Sort(keys)
+	var ops api.TxnOps
+	for _, k := range keys[:len(keys)-keep] {
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: k}})
+	}
+	// Consul takes at most 64 operations per transaction.
+	for len(ops) > 0 {
+		n := min(len(ops), 64)
+		_, _, _, _ = b.client.Txn().Txn(ops[:n], (&api.QueryOptions{}).WithContext(ctx))
+		ops = ops[n:]
+	}
+}
+
+// dropExpiredMarkers deletes the lock's markers that have expired.
+func (b *Backend) dropExpiredMarkers(ctx context.Context) {
+	pairs, _, err := b.client.KV().List(b.markerPrefix(), (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	for _, p := range pairs {
+		var m backends.Marker
+		if json.Unmarshal(p.Value, &m) == nil && !now.Before(m.Expires) {
+			_, _, _ = b.client.KV().DeleteCAS(p, (&api.WriteOptions{}).WithContext(ctx))
+		}
+	}
 }

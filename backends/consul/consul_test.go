@@ -30,7 +30,7 @@ func newBackend(t *testing.T, addr, lock string, lockDelay time.Duration) *consu
 	t.Helper()
 	cfg := api.DefaultConfig()
 	cfg.Address = addr
-	b, err := consul.New(consul.Config{API: cfg, Lock: lock, Prefix: "leaderrun-test/", TTL: ttl, LockDelay: lockDelay})
+	b, err := consul.New(consul.Config{API: cfg, Lock: lock, Prefix: "leaderrun-test/", LockDelay: lockDelay})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func campaignAsync(b backends.Backend, id string) <-chan campaignResult {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		l, err := b.Campaign(ctx, backends.CampaignOptions{Identity: id})
+		l, err := b.Campaign(ctx, backends.CampaignOptions{Identity: id, LeaseDuration: ttl})
 		ch <- campaignResult{l, err}
 	}()
 	return ch
@@ -196,7 +196,7 @@ func TestConsulIdleWaiterBlocks(t *testing.T) {
 	lh := campaign(t, holder, "holder")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	_, err := waiter.Campaign(ctx, backends.CampaignOptions{Identity: "waiter"})
+	_, err := waiter.Campaign(ctx, backends.CampaignOptions{Identity: "waiter", LeaseDuration: ttl})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("waiter: %v, want context.DeadlineExceeded", err)
 	}
@@ -368,7 +368,7 @@ func TestConsulLeaseProperties(t *testing.T) {
 			t.Errorf("status %+v, want TTL %v, node %s, remaining -1, waiting 0", st, ttl, agent.Node())
 		}
 		release(t, l)
-		if err := l.Release(context.Background()); err != nil {
+		if err := l.Release(context.Background(), nil); err != nil {
 			t.Errorf("second release: %v", err)
 		}
 	}
@@ -395,14 +395,14 @@ func TestConsulUnavailable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := api.DefaultConfig()
 			cfg.Address, cfg.Token = tc.addr, secret
-			b, err := consul.New(consul.Config{API: cfg, Lock: "x", TTL: ttl})
+			b, err := consul.New(consul.Config{API: cfg, Lock: "x"})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer b.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, cerr := b.Campaign(ctx, backends.CampaignOptions{Identity: "a"})
+			_, cerr := b.Campaign(ctx, backends.CampaignOptions{Identity: "a", LeaseDuration: ttl})
 			_, serr := b.Status(ctx)
 			for _, err := range []error{cerr, serr} {
 				if !errors.Is(err, backends.ErrUnavailable) {
@@ -428,12 +428,10 @@ func TestConsulNewValidates(t *testing.T) {
 		cfg  consul.Config
 		want string
 	}{
-		{name: "ttl too short", cfg: consul.Config{Lock: "x", TTL: 9 * time.Second}, want: "TTL 9s"},
-		{name: "ttl too long", cfg: consul.Config{Lock: "x", TTL: 25 * time.Hour}, want: "TTL 25h0m0s"},
-		{name: "negative lock-delay", cfg: consul.Config{Lock: "x", TTL: ttl, LockDelay: -time.Second}, want: "lock-delay -1s"},
-		{name: "lock-delay too long", cfg: consul.Config{Lock: "x", TTL: ttl, LockDelay: 61 * time.Second}, want: "lock-delay 1m1s"},
-		{name: "bad lock", cfg: consul.Config{Lock: "a/b", TTL: ttl}, want: "lock name"},
-		{name: "bad scheme", cfg: consul.Config{Lock: "x", TTL: ttl, API: &api.Config{Address: "ftp://u:pw@h:1"}}, want: "ftp://h:1"},
+		{name: "negative lock-delay", cfg: consul.Config{Lock: "x", LockDelay: -time.Second}, want: "lock-delay -1s"},
+		{name: "lock-delay too long", cfg: consul.Config{Lock: "x", LockDelay: 61 * time.Second}, want: "lock-delay 1m1s"},
+		{name: "bad lock", cfg: consul.Config{Lock: "a/b"}, want: "lock name"},
+		{name: "bad scheme", cfg: consul.Config{Lock: "x", API: &api.Config{Address: "ftp://u:pw@h:1"}}, want: "ftp://h:1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -443,6 +441,36 @@ func TestConsulNewValidates(t *testing.T) {
 			}
 			if err != nil && strings.Contains(err.Error(), "pw") {
 				t.Errorf("%v shows the address's password", err)
+			}
+		})
+	}
+}
+
+// TestConsulLeaseDurationBounds: the lease duration is the session TTL,
+// which Consul takes from 10 s to 24 h; the runner asks before it campaigns.
+func TestConsulLeaseDurationBounds(t *testing.T) {
+	b, err := consul.New(consul.Config{Lock: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		d    time.Duration
+		ok   bool
+	}{
+		{name: "too short", d: 9 * time.Second},
+		{name: "shortest", d: consul.MinTTL, ok: true},
+		{name: "longest", d: consul.MaxTTL, ok: true},
+		{name: "too long", d: 25 * time.Hour},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := b.CheckLeaseDuration(tc.d)
+			if (err == nil) != tc.ok {
+				t.Errorf("CheckLeaseDuration(%v) = %v, want ok=%v", tc.d, err, tc.ok)
+			}
+			if err != nil && !strings.Contains(err.Error(), "10s and 24h") {
+				t.Errorf("%v does not give the bounds", err)
 			}
 		})
 	}
@@ -622,7 +650,7 @@ func TestConsulACLPolicies(t *testing.T) {
 	withToken := func(secret string) *consul.Backend {
 		cfg := api.DefaultConfig()
 		cfg.Address, cfg.Token = agent.Addr(), secret
-		b, err := consul.New(consul.Config{API: cfg, Lock: "acl", Prefix: "leaderrun-test/", TTL: ttl})
+		b, err := consul.New(consul.Config{API: cfg, Lock: "acl", Prefix: "leaderrun-test/"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -645,7 +673,7 @@ session_prefix "" { policy = "write" }`))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := reader.Campaign(ctx, backends.CampaignOptions{Identity: "reader"}); !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "403") {
+	if _, err := reader.Campaign(ctx, backends.CampaignOptions{Identity: "reader", LeaseDuration: ttl}); !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "403") {
 		t.Errorf("campaign with a read-only token: %v, want ErrUnavailable (403)", err)
 	}
 }

@@ -2,6 +2,8 @@ package consul
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -85,19 +87,19 @@ func (l *lease) Renew(ctx context.Context) error {
 // judge; the watch reports only what Consul says about the key.
 func (l *lease) watch(ctx context.Context, index uint64) {
 	defer close(l.watchDone)
-	var retry backoff
+	var retry backends.Backoff
 	for {
 		pair, meta, err := l.b.get(ctx, index, watchWait, false)
 		if ctx.Err() != nil {
 			return
 		}
 		if err != nil {
-			if retry.sleep(ctx) != nil {
+			if retry.Sleep(ctx) != nil {
 				return
 			}
 			continue
 		}
-		retry = 0
+		retry.Reset()
 		if err := l.check(pair); err != nil {
 			l.Set(err)
 			return
@@ -122,11 +124,12 @@ func (l *lease) check(pair *api.KVPair) error {
 
 // Release implements backends.Lease: it stops the watch, releases the key
 // (a release, unlike an invalidation, imposes no lock-delay on the next
-// holder) and destroys the session. If the release fails but the destroy
-// succeeds, the key is freed anyway, after the lock-delay. The error says
-// only whether the session may outlive Release: it then expires within
-// 2×TTL.
-func (l *lease) Release(ctx context.Context) error {
+// holder) and records the term in one transaction, then destroys the
+// session. If the release fails but the destroy succeeds, the key is freed
+// anyway, after the lock-delay. After a loss the term is written on its own.
+// The error says whether the session may outlive Release (it then expires
+// within 2×TTL) or the term was not recorded.
+func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 	l.mu.Lock()
 	if l.released {
 		l.mu.Unlock()
@@ -139,12 +142,88 @@ func (l *lease) Release(ctx context.Context) error {
 	l.stopWatch()
 	<-l.watchDone
 	wo := (&api.WriteOptions{}).WithContext(ctx)
+	var ops api.TxnOps
 	if !lost {
-		p := &api.KVPair{Key: l.b.key, Value: []byte(l.identity), Session: l.session}
-		_, _, _ = l.b.client.KV().Release(p, wo)
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: l.b.key, Value: []byte(l.identity), Session: l.session}})
 	}
-	if _, err := l.b.client.Session().Destroy(l.session, wo); err != nil {
-		return fmt.Errorf("consul at %s: destroy session %s holding %s: %w", l.b.addr, l.session, l.b.key, err)
+	var termErr error
+	if term != nil {
+		data, err := json.Marshal(term)
+		if err != nil {
+			return err
+		}
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVSet, Key: l.b.historyKey(term.Token), Value: data}})
 	}
+	if len(ops) > 0 {
+		ok, _, _, err := l.b.client.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
+		if (err != nil || !ok) && term != nil && !lost {
+			// The key was not ours to unlock after all: record the term
+			// on its own.
+			ok, _, _, err = l.b.client.Txn().Txn(ops[1:], (&api.QueryOptions{}).WithContext(ctx))
+		}
+		if term != nil && (err != nil || !ok) {
+			termErr = fmt.Errorf("consul at %s: record term %d in %s: %v", l.b.addr, term.Token, l.b.historyPrefix(), err)
+		}
+	}
+	pruned := make(chan struct{})
+	go func() {
+		defer close(pruned)
+		if term != nil {
+			l.b.prune(ctx, l.b.historyPrefix(), backends.HistoryLimit)
+		}
+	}()
+	_, err := l.b.client.Session().Destroy(l.session, wo)
+	<-pruned
+	if err != nil {
+		return errors.Join(fmt.Errorf("consul at %s: destroy session %s holding %s: %w", l.b.addr, l.session, l.b.key, err), termErr)
+	}
+	return termErr
+}
+
+// Completed implements backends.Lease.
+func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, error) {
+	pair, _, err := l.b.client.KV().Get(l.b.markerKey(key), (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("consul at %s: read %s: %w", l.b.addr, l.b.markerKey(key), err)
+	}
+	if pair == nil {
+		return nil, nil
+	}
+	var m backends.Marker
+	if err := json.Unmarshal(pair.Value, &m); err != nil {
+		return nil, fmt.Errorf("consul: marker %s is corrupt: %v", l.b.markerKey(key), err)
+	}
+	if !time.Now().Before(m.Expires) {
+		return nil, nil
+	}
+	return &m, nil
+}
+
+// Complete implements backends.Lease: one transaction checks that the lock
+// key is still held by this session and writes the marker. Consul keys do
+// not expire: a marker carries its expiry, readers ignore it after that,
+// and every Complete deletes the lock's expired markers.
+func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
+	data, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	ops := api.TxnOps{
+		{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: l.b.key, Session: l.session}},
+		{KV: &api.KVTxnOp{Verb: api.KVSet, Key: l.b.markerKey(m.Key), Value: data}},
+	}
+	ok, resp, _, err := l.b.client.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
+	switch {
+	case err != nil:
+		return fmt.Errorf("consul at %s: write marker %s: %w", l.b.addr, l.b.markerKey(m.Key), err)
+	case !ok:
+		var why string
+		if resp != nil && len(resp.Errors) > 0 {
+			why = ": " + resp.Errors[0].What
+		}
+		return fmt.Errorf("consul: %s is no longer held by session %s%s; marker %s not written: %w",
+			l.b.key, l.session, why, l.b.markerKey(m.Key), backends.ErrLeaseLost)
+	}
+	l.b.dropExpiredMarkers(ctx)
 	return nil
 }

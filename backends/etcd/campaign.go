@@ -14,12 +14,6 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// freshGrant is how recent the Grant of a winning candidacy must be for its
-// send time to serve as Lease.Acquired. A candidate that won at once is
-// well within it; one that waited renews once more so that the runner's first
-// deadline is counted from a recent acknowledgement.
-const freshGrant = 200 * time.Millisecond
-
 // errCandidacyEnded says that a waiting candidacy ended before it won: its
 // session's keep-alive stopped (the lease expired or was revoked, or etcd
 // did not answer for a whole TTL), its key vanished, or its wait failed. A
@@ -40,23 +34,24 @@ var errCandidacyEnded = errors.New("etcd: candidacy ended while waiting")
 // Mutex.TryLock (the same keys as the Election's, ordered the same way), and
 // withdraws at once if another key came first.
 func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (backends.Lease, error) {
+	ttl := ttlSeconds(opts.LeaseDuration)
 	if opts.Try {
-		return b.try(ctx, opts.Identity)
+		return b.try(ctx, opts.Identity, ttl)
 	}
-	var backoff time.Duration
+	var retry backends.Backoff
 	for attempt := 0; ; attempt++ {
-		l, err := b.campaign(ctx, opts.Identity)
+		l, err := b.campaign(ctx, opts.Identity, ttl)
 		switch {
 		case err == nil:
 			return l, nil
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
-		case refused(err), attempt == 0 && !errors.Is(err, errCandidacyEnded):
+		case errors.Is(err, errRefused), attempt == 0 && !errors.Is(err, errCandidacyEnded):
 			return nil, err
 		}
-		backoff = min(max(2*backoff, 100*time.Millisecond), maxBackoff)
-		b.log.Warn("campaigning again", "identity", opts.Identity, "reason", err, "in", backoff)
-		t := time.NewTimer(backoff)
+		pause := retry.Next()
+		b.log.Warn("campaigning again", "identity", opts.Identity, "reason", err, "in", pause)
+		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -66,10 +61,24 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 	}
 }
 
+// ttlSeconds is the TTL to ask of etcd for d: etcd grants whole seconds,
+// so d is rounded up (and etcd raises what is below its minimum, 1.5 × its
+// election timeout); Lease.TTL reports what was granted.
+func ttlSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		d = defaultTTL
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// errRefused marks a refusal (permission denied, bad credentials): final,
+// whatever the mode.
+var errRefused = errors.New("etcd: refused")
+
 // campaign is one candidacy: it waits in the election's queue until it
 // leads, its session ends or ctx ends.
-func (b *Backend) campaign(ctx context.Context, identity string) (*lease, error) {
-	c, err := b.newCandidacy(ctx)
+func (b *Backend) campaign(ctx context.Context, identity string, ttl int64) (*lease, error) {
+	c, err := b.newCandidacy(ctx, ttl)
 	if err != nil {
 		return nil, err
 	}
@@ -84,21 +93,24 @@ func (b *Backend) campaign(ctx context.Context, identity string) (*lease, error)
 		return nil, ctx.Err()
 	}
 	if err != nil {
+		// Before withdraw, which ends the candidacy's context: a refusal
+		// must not read as a keep-alive that stopped.
+		ended := c.ctx.Err() != nil
 		c.withdraw()
-		if c.ctx.Err() != nil {
+		switch {
+		case refused(err):
+			return nil, fmt.Errorf("%w: %w", errRefused, b.refusal("put", b.prefix()+"…", err))
+		case ended:
 			return nil, fmt.Errorf("%w: the keep-alive of lease %x stopped", errCandidacyEnded, c.id())
-		}
-		if refused(err) {
-			return nil, b.unavailable("campaign in "+b.prefix(), err)
 		}
 		return nil, fmt.Errorf("%w: %v", errCandidacyEnded, err)
 	}
-	return c.confirm(ctx, e.Key(), e.Rev(), e.Rev())
+	return c.confirm(ctx, e.Key(), e.Rev())
 }
 
 // try takes the lock only if nobody holds it and nobody is ahead in the
 // queue. Every request is bounded by the dial timeout: a --try never waits.
-func (b *Backend) try(ctx context.Context, identity string) (backends.Lease, error) {
+func (b *Backend) try(ctx context.Context, identity string, ttl int64) (backends.Lease, error) {
 	var resp *clientv3.GetResponse
 	err := b.reach(ctx, "read "+b.prefix(), func(ctx context.Context) (err error) {
 		resp, err = b.cli.Get(ctx, b.prefix(), clientv3.WithFirstCreate()...)
@@ -111,7 +123,7 @@ func (b *Backend) try(ctx context.Context, identity string) (backends.Lease, err
 		kv := resp.Kvs[0]
 		return nil, fmt.Errorf("etcd: %s is held by %q (token %d): %w", b.pfx, kv.Value, kv.CreateRevision, backends.ErrLocked)
 	}
-	c, err := b.newCandidacy(ctx)
+	c, err := b.newCandidacy(ctx, ttl)
 	if err != nil {
 		return nil, err
 	}
@@ -132,9 +144,12 @@ func (b *Backend) try(ctx context.Context, identity string) (backends.Lease, err
 		if errors.Is(err, concurrency.ErrLocked) || errors.Is(err, concurrency.ErrElectionNotLeader) {
 			return nil, fmt.Errorf("etcd: %s was taken first by another candidate: %w", b.pfx, backends.ErrLocked)
 		}
+		if refused(err) {
+			return nil, b.refusal("put", b.prefix()+"…", err)
+		}
 		return nil, err
 	}
-	return c.confirm(ctx, e.Key(), e.Rev(), e.Header().Revision)
+	return newLease(c, e.Key(), e.Rev(), c.granted, e.Header().Revision), nil
 }
 
 // candidacy is one bid for the lock: a lease, the session that keeps it
@@ -157,14 +172,14 @@ type candidacy struct {
 
 // newCandidacy grants a lease and starts its session. A failure wraps
 // backends.ErrUnavailable.
-func (b *Backend) newCandidacy(ctx context.Context) (*candidacy, error) {
+func (b *Backend) newCandidacy(ctx context.Context, ttl int64) (*candidacy, error) {
 	var (
 		grant *clientv3.LeaseGrantResponse
 		sent  time.Time
 	)
 	err := b.reach(ctx, "grant a lease for "+b.prefix(), func(ctx context.Context) (err error) {
 		sent = time.Now()
-		grant, err = b.cli.Grant(ctx, b.ttl)
+		grant, err = b.cli.Grant(ctx, ttl)
 		return err
 	})
 	if err != nil {
@@ -196,46 +211,31 @@ func (b *Backend) newCandidacy(ctx context.Context) (*candidacy, error) {
 func (c *candidacy) id() clientv3.LeaseID { return c.session.Lease() }
 
 // confirm turns a won candidacy into a lease. rev is the key's create
-// revision; verified is a revision at which the key was known to be ours.
+// revision.
 //
-// A candidacy that won within freshGrant of its Grant is taken as it is:
-// Acquired is the Grant's send time, its lease cannot have expired yet, and
-// the loss watch, started after verified, replays any deletion since. One
-// that waited longer first renews its lease, whose send time becomes
-// Acquired, and reads its key: Election.Campaign returns once every older
-// key is gone without checking that its own survived, and a lease that
-// expired while it waited would let a newer candidate lead as well.
-func (c *candidacy) confirm(ctx context.Context, key string, rev, verified int64) (*lease, error) {
-	if time.Since(c.granted) <= freshGrant {
-		return newLease(c, key, rev, c.granted, verified), nil
-	}
-	fail := func(err error) (*lease, error) {
-		c.withdraw()
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, err
-	}
+// Election.Campaign returns once every older key is gone without checking
+// that its own survived, and a lease that expired while it waited would let
+// a newer candidate lead as well: confirm reads the key, and the loss watch
+// starts after the revision of that read, replaying any later deletion.
+// Acquired stays the Grant's send time; the runner renews a lease whose
+// proof of life is old before it starts the child.
+func (c *candidacy) confirm(ctx context.Context, key string, rev int64) (*lease, error) {
 	// etcd answered a moment ago; if it does not now, campaign again
 	// rather than wait on a connection for as long as ctx allows.
 	rctx, cancel := context.WithTimeout(ctx, c.b.dialTimeout)
 	defer cancel()
-	sent := time.Now()
-	_, err := c.b.cli.KeepAliveOnce(rctx, c.id())
-	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return fail(fmt.Errorf("%w: lease %x expired before %s was confirmed", errCandidacyEnded, c.id(), key))
-	}
-	if err != nil {
-		return fail(fmt.Errorf("%w: renew lease %x after winning: %v", errCandidacyEnded, c.id(), err))
-	}
 	resp, err := c.b.cli.Get(rctx, key)
-	if err != nil {
-		return fail(fmt.Errorf("%w: read %s after winning: %v", errCandidacyEnded, key, err))
+	if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != rev {
+		c.withdraw()
+		switch {
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case err != nil:
+			return nil, fmt.Errorf("%w: read %s after winning: %v", errCandidacyEnded, key, err)
+		}
+		return nil, fmt.Errorf("%w: %s was deleted before its campaign returned", errCandidacyEnded, key)
 	}
-	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != rev {
-		return fail(fmt.Errorf("%w: %s was deleted before its campaign returned", errCandidacyEnded, key))
-	}
-	return newLease(c, key, rev, sent, resp.Header.Revision), nil
+	return newLease(c, key, rev, c.granted, resp.Header.Revision), nil
 }
 
 // withdraw ends a candidacy that did not win: revoking its lease deletes its

@@ -20,10 +20,10 @@ package etcd
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strings"
 	"time"
 
@@ -36,11 +36,8 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// Defaults of Config.
-const (
-	DefaultDialTimeout = 5 * time.Second
-	DefaultTTL         = 15 * time.Second
-)
+// DefaultDialTimeout is Config.DialTimeout's default.
+const DefaultDialTimeout = 5 * time.Second
 
 const (
 	// keepaliveTime is how long a gRPC connection may be silent before the
@@ -54,9 +51,8 @@ const (
 	// does not answer in time, the lease expires on its own after its TTL.
 	withdrawTimeout = 2 * time.Second
 
-	// maxBackoff caps the pause between two attempts of a waiting candidate
-	// to campaign again after its candidacy ended.
-	maxBackoff = 2 * time.Second
+	// defaultTTL is asked when a campaign names no lease duration.
+	defaultTTL = 15 * time.Second
 )
 
 // Config describes one lock in one etcd cluster. The zero value of each
@@ -81,12 +77,6 @@ type Config struct {
 	// see backends.ValidateLockName.
 	Prefix, Lock string
 
-	// TTL is the lease lifetime asked of etcd. etcd grants whole seconds,
-	// so it is rounded up, and raises what is below its minimum (1.5 ×
-	// its election timeout, 2 s by default); Lease.TTL reports what was
-	// granted. Zero: 15 s.
-	TTL time.Duration
-
 	// Log receives a line when a waiting candidate has to campaign again.
 	// Nil: nothing is logged.
 	Log *slog.Logger
@@ -98,7 +88,6 @@ type Backend struct {
 	endpoints   string // for messages
 	lock        string
 	pfx         string // the election's prefix, <prefix><lock>
-	ttl         int64  // seconds asked
 	dialTimeout time.Duration
 	log         *slog.Logger
 }
@@ -119,9 +108,6 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = DefaultDialTimeout
 	}
-	if cfg.TTL <= 0 {
-		cfg.TTL = DefaultTTL
-	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -129,7 +115,6 @@ func New(cfg Config) (*Backend, error) {
 		endpoints:   strings.Join(cfg.Endpoints, ","),
 		lock:        cfg.Lock,
 		pfx:         cfg.Prefix + cfg.Lock,
-		ttl:         int64(math.Ceil(cfg.TTL.Seconds())),
 		dialTimeout: cfg.DialTimeout,
 		log:         cfg.Log.With("backend", "etcd", "lock", cfg.Lock),
 	}
@@ -251,4 +236,74 @@ func refused(err error) bool {
 	}
 	return ee.Code() == codes.PermissionDenied ||
 		errors.Is(err, rpctypes.ErrAuthFailed) || errors.Is(err, rpctypes.ErrUserEmpty)
+}
+
+// refusal is the error for a request that etcd refused: final, naming what
+// was asked on which key, and wrapping backends.ErrUnavailable.
+func (b *Backend) refusal(op, key string, err error) error {
+	return fmt.Errorf("etcd %s: %s %s refused (%v): the user needs readwrite permission on the prefix %s: %w",
+		b.endpoints, op, key, err, b.pfx, backends.ErrUnavailable)
+}
+
+// Keys of the lock's completion markers and history. Lock names cannot
+// hold ':' (backends.ValidateLockName), so these never fall under another
+// lock's election prefix, <prefix><lock>/.
+func (b *Backend) markerKey(key string) string { return b.pfx + ":done/" + key }
+func (b *Backend) historyPrefix() string       { return b.pfx + ":history/" }
+func (b *Backend) historyKey(token uint64) string {
+	return fmt.Sprintf("%s%020d", b.historyPrefix(), token)
+}
+
+// History implements backends.Backend: the terms are keys under
+// <prefix><lock>:history/, named by their token, newest read first.
+func (b *Backend) History(ctx context.Context, limit int) ([]backends.Term, error) {
+	if limit <= 0 || limit > backends.HistoryLimit {
+		limit = backends.HistoryLimit
+	}
+	var resp *clientv3.GetResponse
+	err := b.reach(ctx, "read "+b.historyPrefix(), func(ctx context.Context) (err error) {
+		resp, err = b.cli.Get(ctx, b.historyPrefix(), clientv3.WithPrefix(),
+			clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(limit)))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	terms := make([]backends.Term, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var t backends.Term
+		if err := json.Unmarshal(kv.Value, &t); err == nil {
+			terms = append(terms, t)
+		}
+	}
+	return backends.NewestFirst(terms, limit), nil
+}
+
+// record appends a term to the history, and trims it to the newest
+// HistoryLimit terms once it has grown by a tenth beyond that.
+func (b *Backend) record(ctx context.Context, t backends.Term) error {
+	data, err := json.Marshal(t)
+	if err != nil {
+		return err
+	}
+	resp, err := b.cli.Txn(ctx).Then(
+		clientv3.OpPut(b.historyKey(t.Token), string(data)),
+		clientv3.OpGet(b.historyPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+	).Commit()
+	if err != nil {
+		return fmt.Errorf("etcd %s: record term %d in %s: %w", b.endpoints, t.Token, b.historyPrefix(), err)
+	}
+	n := resp.Responses[1].GetResponseRange().Count
+	if n <= backends.HistoryLimit+backends.HistoryLimit/10 {
+		return nil
+	}
+	// The oldest n - HistoryLimit keys sort first; delete them as a range.
+	old, err := b.cli.Get(ctx, b.historyPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend), clientv3.WithLimit(n-backends.HistoryLimit))
+	if err != nil || len(old.Kvs) == 0 {
+		return err
+	}
+	last := string(old.Kvs[len(old.Kvs)-1].Key)
+	_, err = b.cli.Delete(ctx, b.historyPrefix(), clientv3.WithRange(last+"\x00"))
+	return err
 }

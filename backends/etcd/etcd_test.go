@@ -61,25 +61,38 @@ type env struct {
 	cli *clientv3.Client
 }
 
-func newBackend(t *testing.T, eps []string, lock string, ttl time.Duration) *etcd.Backend {
+// testBackend asks every campaign for the lease duration it was built with,
+// as the runner would.
+type testBackend struct {
+	*etcd.Backend
+	ttl time.Duration
+}
+
+func (b testBackend) Campaign(ctx context.Context, o backends.CampaignOptions) (backends.Lease, error) {
+	o.LeaseDuration = b.ttl
+	return b.Backend.Campaign(ctx, o)
+}
+
+func newBackend(t *testing.T, eps []string, lock string, ttl time.Duration) testBackend {
 	t.Helper()
-	b, err := etcd.New(etcd.Config{Endpoints: eps, Prefix: "leaderrun-test/", Lock: lock, TTL: ttl, DialTimeout: 2 * time.Second})
+	b, err := etcd.New(etcd.Config{Endpoints: eps, Prefix: "leaderrun-test/", Lock: lock, DialTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	return b
+	return testBackend{b, ttl}
 }
 
 func testConformance(t *testing.T, env *env) {
 	backendtest.Run(t, backendtest.Harness{
 		New: func(t *testing.T, lock string) backends.Backend {
-			b, err := etcd.New(etcd.Config{Endpoints: env.eps, Prefix: "leaderrun-test/", Lock: lock, TTL: 5 * time.Second})
+			b, err := etcd.New(etcd.Config{Endpoints: env.eps, Prefix: "leaderrun-test/", Lock: lock})
 			if err != nil {
 				t.Fatal(err)
 			}
 			return b
 		},
+		LeaseDuration: 5 * time.Second,
 		Drop: func(t *testing.T, l backends.Lease) {
 			if _, err := env.cli.Revoke(context.Background(), l.(etcdLease).ID()); err != nil {
 				t.Fatal(err)
@@ -88,7 +101,7 @@ func testConformance(t *testing.T, env *env) {
 	})
 }
 
-func campaign(t *testing.T, b *etcd.Backend, id string) etcdLease {
+func campaign(t *testing.T, b testBackend, id string) etcdLease {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -96,7 +109,7 @@ func campaign(t *testing.T, b *etcd.Backend, id string) etcdLease {
 	if err != nil {
 		t.Fatalf("%s: campaign: %v", id, err)
 	}
-	t.Cleanup(func() { l.Release(context.Background()) })
+	t.Cleanup(func() { l.Release(context.Background(), nil) })
 	return l.(etcdLease)
 }
 
@@ -168,10 +181,10 @@ func testKeyDeleted(t *testing.T, env *env) {
 	if err := l.Renew(context.Background()); !errors.Is(err, backends.ErrLeaseLost) {
 		t.Errorf("Renew after the key was deleted = %v, want ErrLeaseLost", err)
 	}
-	if err := l.Release(context.Background()); err != nil {
+	if err := l.Release(context.Background(), nil); err != nil {
 		t.Errorf("release after loss: %v", err)
 	}
-	if err := l.Release(context.Background()); err != nil {
+	if err := l.Release(context.Background(), nil); err != nil {
 		t.Errorf("second release: %v", err)
 	}
 }
@@ -195,7 +208,7 @@ func testKeyOverwritten(t *testing.T, env *env) {
 	if err := l.Err(); !errors.Is(err, backends.ErrLeaseLost) || !strings.Contains(err.Error(), "overwritten") {
 		t.Errorf("Err() = %v, want ErrLeaseLost saying the key was overwritten", err)
 	}
-	if err := l.Release(context.Background()); err != nil {
+	if err := l.Release(context.Background(), nil); err != nil {
 		t.Errorf("release: %v", err)
 	}
 	if ks := keys(t, env.cli, lock); len(ks) != 0 {
@@ -268,7 +281,7 @@ func testWaiterSessionEnds(t *testing.T, env *env) {
 		ks := keys(t, cli, lock)
 		return len(ks) == 2 && ks[1] != first
 	})
-	if err := la.Release(context.Background()); err != nil {
+	if err := la.Release(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -277,7 +290,7 @@ func testWaiterSessionEnds(t *testing.T, env *env) {
 			t.Fatalf("waiter: %v", err)
 		}
 		lb := (<-got).(etcdLease)
-		defer lb.Release(context.Background())
+		defer lb.Release(context.Background(), nil)
 		if lb.Key() == first {
 			t.Errorf("waiter won with its revoked key %s", first)
 		}
@@ -289,9 +302,10 @@ func testWaiterSessionEnds(t *testing.T, env *env) {
 	}
 }
 
-// testAcquiredAfterWaiting: a candidate that waited reports as Acquired the
-// send time of a renewal after it won, not its old Grant's: the runner
-// counts its first deadline from it.
+// testAcquiredAfterWaiting: a candidate that waited reports as Acquired its
+// Grant's send time, before it queued: the backend does not renew on its
+// own (the runner renews a grant whose proof of life is old before it
+// starts the child), and the lease it won is alive and renewable.
 func testAcquiredAfterWaiting(t *testing.T, env *env) {
 	lock := "acquired-after-waiting"
 	a, b := newBackend(t, env.eps, lock, 5*time.Second), newBackend(t, env.eps, lock, 5*time.Second)
@@ -309,18 +323,20 @@ func testAcquiredAfterWaiting(t *testing.T, env *env) {
 		st, err := a.Status(context.Background())
 		return err == nil && st.Waiting == 1 && time.Since(start) > 500*time.Millisecond
 	})
-	released := time.Now()
-	if err := la.Release(context.Background()); err != nil {
+	if err := la.Release(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
 	lb := <-got
 	if lb == nil {
 		return
 	}
-	defer lb.Release(context.Background())
-	if lb.Acquired().Before(released) {
-		t.Errorf("Acquired %v is before the holder released (%v): the wait's Grant was used",
-			lb.Acquired().Sub(released), released)
+	defer lb.Release(context.Background(), nil)
+	if !lb.Acquired().Before(start.Add(100 * time.Millisecond)) {
+		t.Errorf("Acquired is %v after the campaign started, want the Grant's send time, before the wait",
+			lb.Acquired().Sub(start))
+	}
+	if err := lb.Renew(context.Background()); err != nil {
+		t.Errorf("renewing the lease won after waiting: %v", err)
 	}
 }
 

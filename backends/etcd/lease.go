@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -100,7 +101,10 @@ func (l *lease) Renew(ctx context.Context) error {
 
 // Release implements backends.Lease: revoking the lease deletes the key in
 // the same step, so the next candidate wakes after a single round trip.
-func (l *lease) Release(ctx context.Context) error {
+// The term goes to the history at the same time, in a request of its own
+// (a revoke cannot be part of a transaction), so that the next leader does
+// not wait for it.
+func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 	l.mu.Lock()
 	if l.released {
 		l.mu.Unlock()
@@ -110,6 +114,12 @@ func (l *lease) Release(ctx context.Context) error {
 	l.mu.Unlock()
 	l.stop()
 	l.wg.Wait()
+	recorded := make(chan error, 1)
+	if term != nil {
+		go func() { recorded <- l.c.b.record(ctx, *term) }()
+	} else {
+		recorded <- nil
+	}
 	if l.Err() != nil {
 		// A key overwritten without our lease would outlive it and
 		// block the election: delete it if it is still the one we
@@ -117,7 +127,58 @@ func (l *lease) Release(ctx context.Context) error {
 		e := concurrency.ResumeElection(l.c.session, l.c.b.prefix(), l.key, int64(l.token))
 		_ = e.Resign(ctx)
 	}
-	return l.c.close(ctx)
+	return errors.Join(l.c.close(ctx), <-recorded)
+}
+
+// Completed implements backends.Lease.
+func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, error) {
+	b := l.c.b
+	resp, err := b.cli.Get(ctx, b.markerKey(key))
+	if err != nil {
+		return nil, fmt.Errorf("etcd %s: read %s: %w", b.endpoints, b.markerKey(key), err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, nil
+	}
+	var m backends.Marker
+	if err := json.Unmarshal(resp.Kvs[0].Value, &m); err != nil {
+		return nil, fmt.Errorf("etcd: marker %s is corrupt: %v", b.markerKey(key), err)
+	}
+	if !time.Now().Before(m.Expires) {
+		return nil, nil
+	}
+	return &m, nil
+}
+
+// Complete implements backends.Lease: one transaction puts the marker if
+// and only if the leader's key still has the create revision that is this
+// lease's token. The marker is attached to an etcd lease of its own whose
+// TTL is its lifetime, so that etcd deletes it when it expires.
+func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
+	b := l.c.b
+	data, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	keep := ttlSeconds(time.Until(m.Expires))
+	grant, err := b.cli.Grant(ctx, keep)
+	if err != nil {
+		return fmt.Errorf("etcd %s: grant a lease for marker %s: %w", b.endpoints, b.markerKey(m.Key), err)
+	}
+	resp, err := b.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", int64(l.token))).
+		Then(clientv3.OpPut(b.markerKey(m.Key), string(data), clientv3.WithLease(grant.ID))).
+		Commit()
+	if err == nil && resp.Succeeded {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), withdrawTimeout)
+	defer cancel()
+	_, _ = b.cli.Revoke(rctx, grant.ID)
+	if err != nil {
+		return fmt.Errorf("etcd %s: write marker %s: %w", b.endpoints, b.markerKey(m.Key), err)
+	}
+	return l.lostErr("key %s is no longer this lease's (token %d): marker %s not written", l.key, l.token, b.markerKey(m.Key))
 }
 
 // watchKey closes Lost when the key is deleted, or overwritten without our
@@ -125,7 +186,7 @@ func (l *lease) Release(ctx context.Context) error {
 // cancelled it) is replaced after a look at the key.
 func (l *lease) watchKey(ctx context.Context, from int64) {
 	cli := l.c.b.cli
-	pause := 50 * time.Millisecond
+	retry := backends.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for {
 		for wr := range cli.Watch(ctx, l.key, clientv3.WithRev(from)) {
 			for _, ev := range wr.Events {
@@ -155,17 +216,15 @@ func (l *lease) watchKey(ctx context.Context, from int64) {
 		case err != nil:
 			// Look again in a moment; meanwhile renewals and the
 			// runner's deadline stand guard.
-			select {
-			case <-ctx.Done():
+			if retry.Sleep(ctx) != nil {
 				return
-			case <-time.After(pause):
 			}
-			pause = min(2*pause, time.Second)
 			continue
 		case len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != int64(l.token):
 			l.Set(l.lostErr("key %s is gone", l.key))
 			return
 		}
+		retry.Reset()
 		from = resp.Header.Revision + 1
 	}
 }
@@ -178,7 +237,8 @@ func (l *lease) watchSession(ctx context.Context) {
 		return
 	case <-l.c.session.Done():
 	}
-	for pause := 50 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+	retry := backends.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
+	for {
 		resp, err := l.c.b.cli.TimeToLive(ctx, l.ID())
 		switch {
 		case err == nil && resp.TTL >= 0:
@@ -190,10 +250,8 @@ func (l *lease) watchSession(ctx context.Context) {
 			l.Set(l.lostErr("lease %x of %s expired or was revoked", l.ID(), l.key))
 			return
 		}
-		select {
-		case <-ctx.Done():
+		if retry.Sleep(ctx) != nil {
 			return
-		case <-time.After(pause):
 		}
 	}
 }

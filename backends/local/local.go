@@ -56,6 +56,7 @@ func (b *Backend) Close() error { return nil }
 func (b *Backend) lockPath() string  { return filepath.Join(b.dir, b.lock+".lock") }
 func (b *Backend) tokenPath() string { return filepath.Join(b.dir, b.lock+".token") }
 func (b *Backend) queuePath() string { return filepath.Join(b.dir, b.lock+".queue") }
+func (b *Backend) statePath() string { return filepath.Join(b.dir, b.lock+".state") }
 
 func (b *Backend) unavailable(op string, err error) error {
 	return fmt.Errorf("local: %s in %s: %w: %w", op, b.dir, backends.ErrUnavailable, err)
@@ -195,11 +196,13 @@ func (b *Backend) nextToken() (uint64, error) {
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 	case err != nil:
-		return 0, b.unavailable("read token", err)
+		return 0, fmt.Errorf("local: cannot read token file %s: %v: %w", b.tokenPath(), err, backends.ErrCorruptState)
 	default:
 		cur, err = strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("local: token file %s is corrupt (%q): %w", b.tokenPath(), data, backends.ErrUnavailable)
+			// Never the contents: the file may not be what it claims.
+			return 0, fmt.Errorf("local: token file %s is corrupt (%d bytes, not a decimal counter): %w",
+				b.tokenPath(), len(data), backends.ErrCorruptState)
 		}
 	}
 	next := cur + 1
@@ -327,9 +330,10 @@ func (l *lease) check() error {
 	return nil
 }
 
-// Release implements backends.Lease: it clears the holder record and closes
-// the file, which drops the flock and wakes waiters.
-func (l *lease) Release(context.Context) error {
+// Release implements backends.Lease: it appends term to the history,
+// clears the holder record and closes the file, which drops the flock and
+// wakes waiters.
+func (l *lease) Release(_ context.Context, term *backends.Term) error {
 	l.mu.Lock()
 	if l.released {
 		l.mu.Unlock()
@@ -341,10 +345,24 @@ func (l *lease) Release(context.Context) error {
 		l.stopWatch()
 	}
 	l.watchWG.Wait()
+	var herr error
+	if term != nil {
+		herr = l.b.updateState(func(st *state) error {
+			st.History = append(st.History, *term)
+			st.History = backends.NewestFirst(st.History, backends.HistoryLimit)
+			return nil
+		})
+	}
 	if l.Err() == nil {
 		_ = l.f.Truncate(0)
 	}
-	return l.f.Close()
+	if err := l.f.Close(); err != nil {
+		return err
+	}
+	if herr != nil {
+		return fmt.Errorf("local: record the term in %s: %w", l.b.statePath(), herr)
+	}
+	return nil
 }
 
 func sameFile(f *os.File, path string) (bool, error) {
