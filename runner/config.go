@@ -2,10 +2,11 @@
 // fencing token, renew the lease and watch for its loss, stop the child, and
 // release the lease only once the child is gone.
 //
-// The runner owns time; backends only speak to their store. It measures the
-// renew deadline on the monotonic clock from the send time of the last
-// renewal the store acknowledged (S2), so that the child is stopped before
-// the store can let another candidate take over.
+// The runner owns time; backends only speak to their store. The promises it
+// keeps are S1-S9 of docs/safety.md, which also argues why they hold. It
+// measures the renew deadline on the monotonic clock from the send time of
+// the last renewal the store acknowledged (S2), so that the child is
+// stopped before the store can let another candidate take over.
 //
 // What the runner cannot guarantee: a process that is paused (GC, SIGSTOP,
 // VM freeze) cannot act during the pause. It signals the child the moment it
@@ -25,7 +26,7 @@ import (
 	"github.com/leaderrun/leaderrun/signals"
 )
 
-// Defaults as in DESIGN §3.
+// Defaults of the timing flags (README, "Flags of run").
 const (
 	DefaultLeaseDuration = 15 * time.Second
 	DefaultRenewDeadline = 10 * time.Second
@@ -100,6 +101,17 @@ type Config struct {
 	// passed as LEADERRUN_SOCKET. Empty: not set.
 	Socket string
 
+	// OnceKey, if set, makes the run happen at most once per key: a leader
+	// that finds the key's completion marker in the store runs nothing
+	// and Run returns *DoneError; a child that exits 0 while the lease
+	// still holds gets the marker written, fenced by the lease. Empty: no
+	// markers. cmd derives it from --once-per (the period's number) or
+	// --once-key.
+	OnceKey string
+
+	// OnceKeep is how long the store keeps a marker. Required with OnceKey.
+	OnceKeep time.Duration
+
 	// Supervisor, if set, was prepared for Path and Args by the caller as
 	// early as it could (see signals.Prepare: it starts the command's
 	// watchdog); Run starts the command with it or aborts it. Nil: Run
@@ -143,6 +155,12 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// MaxDuration bounds every lease-related duration (--lease-duration,
+// --renew-deadline, --retry-period, --kill-grace): a day is longer than
+// any store's lease needs to be, and with every term bounded the sums below
+// cannot overflow.
+const MaxDuration = 24 * time.Hour
+
 // ValidateTimings checks how the timings relate, as client-go's elector
 // does. The names are those of the flags, since that is what a user fixes.
 func ValidateTimings(lease, deadline, retry, grace time.Duration) error {
@@ -153,13 +171,42 @@ func ValidateTimings(lease, deadline, retry, grace time.Duration) error {
 		if d.v <= 0 {
 			return configErrorf("%s must be greater than 0, got %v", d.name, d.v)
 		}
+		if d.v > MaxDuration {
+			return configErrorf("%s %v is longer than the %v this tool accepts", d.name, d.v, MaxDuration)
+		}
 	}
+	// Each term is at most a day, so these sums and products are far from
+	// overflowing an int64 of nanoseconds.
 	if lease <= deadline+grace {
 		return configErrorf("--lease-duration (%v) must be greater than --renew-deadline (%v) + --kill-grace (%v), "+
 			"or the child could outlive the lease", lease, deadline, grace)
 	}
-	if float64(deadline) <= 1.2*float64(retry) {
+	if 5*deadline <= 6*retry {
 		return configErrorf("--renew-deadline (%v) must be greater than 1.2 × --retry-period (%v)", deadline, retry)
+	}
+	return nil
+}
+
+// Validate checks, as Run does first, everything Run depends on: the
+// timings, and the lease duration against what the store accepts. A caller
+// that starts things before Run (cmd) calls it first, so that a bad
+// configuration stops before anything started.
+func (c Config) Validate() error {
+	c.setDefaults()
+	return c.validate()
+}
+
+func (c *Config) validate() error {
+	if err := ValidateTimings(c.LeaseDuration, c.RenewDeadline, c.RetryPeriod, c.KillGrace); err != nil {
+		return err
+	}
+	if chk, ok := c.Backend.(backends.LeaseDurationChecker); ok {
+		if err := chk.CheckLeaseDuration(c.LeaseDuration); err != nil {
+			return configErrorf("--lease-duration %v: %v", c.LeaseDuration, err)
+		}
+	}
+	if c.OnceKey != "" && c.OnceKeep <= 0 {
+		return configErrorf("a once-key needs a marker lifetime")
 	}
 	return nil
 }
@@ -197,6 +244,14 @@ type LostError struct {
 
 func (e *LostError) Error() string   { return fmt.Sprintf("leadership lost: %v", e.Reason) }
 func (e *LostError) Unwrap() []error { return []error{ErrLeadershipLost, e.Reason} }
+
+// DoneError: the run for the once-key had already completed; nothing ran.
+type DoneError struct{ Marker backends.Marker }
+
+func (e *DoneError) Error() string {
+	return fmt.Sprintf("the run for %q was completed by %s (token %d) at %s", e.Marker.Key, e.Marker.Identity,
+		e.Marker.Token, e.Marker.At.UTC().Format(time.RFC3339))
+}
 
 // InterruptedError: a signal withdrew the candidacy before leadership was won.
 type InterruptedError struct{ Signal syscall.Signal }

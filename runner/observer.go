@@ -30,6 +30,9 @@ const (
 	ChildExited
 	// Released: the lease was given back (or abandoned after a loss).
 	Released
+	// Skipped: the run for the once-key had already completed elsewhere;
+	// nothing runs.
+	Skipped
 )
 
 // Event is one state change. Deadline, where set, is the local deadline for

@@ -23,18 +23,28 @@ const releaseTimeout = 5 * time.Second
 // the child ended. The error is nil when the child exited by itself, or was
 // stopped because leaderrun received SIGTERM or SIGINT (S6); the status is
 // then the child's. Otherwise it is ErrNotAcquired, *InterruptedError,
-// *LostError, *ConfigError, an error from signals.Start (ErrNotFound,
-// ErrNotExecutable) or a backend error (backends.ErrUnavailable).
+// *LostError, *DoneError, *ConfigError, an error from signals.Start
+// (ErrNotFound, ErrNotExecutable) or a backend error
+// (backends.ErrUnavailable).
+//
+// Run validates cfg's timings first and refuses those it cannot keep: the
+// promises of docs/safety.md rest on them, whoever the caller is.
 //
 // Cancelling ctx acts like SIGTERM: the candidacy is withdrawn, or the child
 // is stopped and the lease released. Run returns only once the child is
 // reaped and every goroutine it started has ended.
 func Run(ctx context.Context, cfg Config) (signals.Status, error) {
 	cfg.setDefaults()
+	sup := cfg.Supervisor
+	if err := cfg.validate(); err != nil {
+		if sup != nil {
+			sup.Abort()
+		}
+		return signals.Status{}, err
+	}
 	r := &run{cfg: cfg, log: cfg.Log.With("lock", cfg.Lock, "identity", cfg.Identity, "backend", cfg.Backend.Name())}
 	// The command's watchdog starts while we campaign: winning the lock
 	// is then followed by nothing but a fork and exec of the command.
-	sup := cfg.Supervisor
 	if sup == nil {
 		var err error
 		if sup, err = signals.Prepare(SupervisorSpec(cfg)); err != nil {
@@ -86,7 +96,9 @@ func (r *run) campaign(ctx context.Context) (backends.Lease, error) {
 	r.log.Info("campaigning", "try", r.cfg.Try, "wait", r.cfg.Wait)
 	r.cfg.Observer.Observe(Event{Kind: Campaigning})
 	go func() {
-		l, err := r.cfg.Backend.Campaign(waitCtx, backends.CampaignOptions{Identity: r.cfg.Identity, Try: r.cfg.Try})
+		l, err := r.cfg.Backend.Campaign(waitCtx, backends.CampaignOptions{
+			Identity: r.cfg.Identity, Try: r.cfg.Try, LeaseDuration: r.cfg.LeaseDuration,
+		})
 		done <- result{l, err}
 	}()
 
@@ -97,7 +109,7 @@ func (r *run) campaign(ctx context.Context) (backends.Lease, error) {
 			switch {
 			case interrupted != 0:
 				if res.lease != nil {
-					r.release(res.lease)
+					r.release(res.lease, nil)
 				}
 				r.log.Info("candidacy withdrawn", "signal", signals.Name(interrupted))
 				return nil, &InterruptedError{Signal: interrupted}
@@ -136,193 +148,213 @@ type renewal struct {
 	err     error
 }
 
-// lead runs the child under the lease.
+// lead runs the child under the lease: it decides whether the grant is
+// fresh enough to start the child, checks the once-key, starts the child,
+// and runs the leadership's events until the child's tree is gone; then it
+// releases the lease, recording the term.
 func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Supervisor) (signals.Status, error) {
-	cfg := r.cfg
+	cfg := &r.cfg
 	token := lease.Token()
+	acquired := time.Now()
 	log := r.log.With("token", token)
+	notStarted := func(err error) *backends.Term {
+		return &backends.Term{Identity: cfg.Identity, Token: token, Acquired: acquired, Ended: time.Now(),
+			End: backends.EndNotStarted, ExitCode: -1, Reason: err.Error(), OnceKey: cfg.OnceKey}
+	}
 	if err := ValidateGrantedTTL(lease.TTL(), cfg.RenewDeadline, cfg.KillGrace); err != nil {
 		sup.Abort()
-		r.release(lease)
+		r.release(lease, notStarted(err))
 		return signals.Status{}, err
 	}
-	lastAck := lease.Acquired()
-	if time.Since(lastAck) > cfg.RenewDeadline/2 {
-		// The grant's proof of life is old (a long wait, a slow store):
-		// renew once so that the child starts with a fresh deadline.
-		sent := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, renewAttemptTimeout(cfg))
-		err := lease.Renew(rctx)
-		cancel()
-		if err == nil {
-			lastAck = sent
-		}
+	lastAck, err := r.fresh(ctx, lease)
+	if err != nil {
+		sup.Abort()
+		r.release(lease, notStarted(err))
+		return signals.Status{}, &LostError{Reason: err}
 	}
 	deadline := lastAck.Add(cfg.RenewDeadline)
-	if !time.Now().Before(deadline) {
-		sup.Abort()
-		r.release(lease)
-		return signals.Status{}, &LostError{Reason: errors.New("renew deadline passed before the child could start")}
-	}
 	log.Info("leadership acquired", "ttl", lease.TTL())
 	cfg.Observer.Observe(Event{Kind: Acquired, Token: token, Deadline: deadline})
 
-	child, err := sup.Start(childEnv(cfg.Env, cfg, token))
+	if cfg.OnceKey != "" {
+		if m, err := r.completed(ctx, lease); err != nil || m != nil {
+			sup.Abort()
+			term := notStarted(err)
+			if m != nil {
+				term.End, term.Reason = backends.EndSkipped, ""
+			}
+			r.release(lease, term)
+			if err != nil {
+				return signals.Status{}, err
+			}
+			return signals.Status{}, &DoneError{Marker: *m}
+		}
+	}
+
+	c, err := sup.Start(childEnv(cfg.Env, *cfg, token))
 	if err != nil {
-		r.release(lease)
+		r.release(lease, notStarted(err))
 		return signals.Status{}, err
 	}
 	started := time.Now()
-	log = log.With("pid", child.Pid())
+	log = log.With("pid", c.Pid())
 	log.Info("child started", "command", cfg.Args)
-	cfg.Observer.Observe(Event{Kind: ChildStarted, Token: token, Pid: child.Pid(), Deadline: deadline})
+	cfg.Observer.Observe(Event{Kind: ChildStarted, Token: token, Pid: c.Pid(), Deadline: deadline})
 
+	l := newLeadership(cfg, log, token, c, lastAck, started)
+	l.run(ctx, lease)
+	term := l.term(cfg.Identity, acquired, time.Now(), cfg.OnceKey)
+	if l.lost == nil && l.holdLost == nil && cfg.OnceKey != "" && l.status.ExitCode() == 0 && l.stopSignal == 0 {
+		if err := r.complete(lease, token); err != nil {
+			// The run is not recorded: another candidate will run it
+			// again for this key. Say so loudly, and exit as a loss.
+			r.release(lease, term)
+			return l.status, &LostError{Reason: err}
+		}
+	}
+	// Every way out of l.run passes through the child's exit, so the lease
+	// is released only once the child's tree is gone (S8).
+	r.release(lease, term)
+	return l.result()
+}
+
+// fresh returns the send time from which the first renew deadline counts.
+// A grant whose proof of life is old (a candidate that waited in the
+// queue, a slow store) is renewed once, so that the child starts with a
+// whole deadline; if that renewal fails, the old proof stands, unless the
+// deadline has passed or the store says the lease is gone.
+func (r *run) fresh(ctx context.Context, lease backends.Lease) (time.Time, error) {
+	cfg := &r.cfg
+	lastAck := lease.Acquired()
+	if time.Since(lastAck) > cfg.RetryPeriod {
+		sent := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, renewAttemptTimeout(*cfg))
+		err := lease.Renew(rctx)
+		cancel()
+		switch {
+		case err == nil:
+			lastAck = sent
+		case errors.Is(err, backends.ErrLeaseLost):
+			return lastAck, err
+		default:
+			r.log.Warn("renewal before starting the child failed", "token", lease.Token(), "error", err)
+		}
+	}
+	if !time.Now().Before(lastAck.Add(cfg.RenewDeadline)) {
+		return lastAck, errors.New("renew deadline passed before the child could start")
+	}
+	return lastAck, nil
+}
+
+// run drives the leadership from real events until it is done: renewals
+// from a goroutine of its own, the deadline and hold timers, the store's
+// loss report, the child's end, signals and ctx.
+func (l *leadership) run(ctx context.Context, lease backends.Lease) {
+	cfg := l.cfg
 	renewals := make(chan renewal)
 	rctx, stopRenewing := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		renewLoop(rctx, lease, cfg.RetryPeriod, renewAttemptTimeout(cfg), renewals)
+		renewLoop(rctx, lease, cfg.RetryPeriod, renewAttemptTimeout(*cfg), renewals)
+	}()
+	defer func() {
+		stopRenewing()
+		wg.Wait()
 	}()
 
-	deadlineTimer := time.NewTimer(time.Until(deadline))
-	defer deadlineTimer.Stop()
+	deadline := time.NewTimer(time.Until(l.deadline))
+	defer deadline.Stop()
 	var (
-		lostCh    = lease.Lost()
-		childDone = child.Done()
+		lost      = lease.Lost()
+		childDone = l.child.Done()
 		ctxDone   = ctx.Done()
-		killAt    <-chan time.Time
-		holdUntil <-chan time.Time
-		status    signals.Status
-		lostErr   error
-		exited    bool
-		finished  bool
+		hold      <-chan time.Time
+		late      <-chan time.Time
 	)
-	// stop sends sig to the child's group now and SIGKILL after the grace.
-	stop := func(sig syscall.Signal) {
-		if killAt == nil {
-			killAt = time.After(cfg.KillGrace)
-		}
-		_ = child.Signal(sig)
-	}
-	lose := func(reason error) {
-		if lostErr != nil {
-			return
-		}
-		if exited {
-			// Lost during --min-hold: the child had finished on its own,
-			// so this is not a loss for the caller; stop holding.
-			log.Warn("leadership lost while holding after the child exited", "reason", reason)
-			finished = true
-			return
-		}
-		lostErr = reason
-		if unsafeLateKill {
-			// The deliberately broken build of unsafe_on.go: let the child
-			// run on well past the lease.
-			killAt = time.After(cfg.LeaseDuration + cfg.KillGrace)
-		} else {
-			// Signal first, log after: a slow stderr must not delay S2/S3.
-			stop(cfg.KillSignal)
-		}
-		log.Error("leadership lost; stopping child", "reason", reason, "signal", signals.Name(cfg.KillSignal))
-		cfg.Observer.Observe(Event{Kind: Lost, Token: token, Err: reason})
-	}
-	for !finished {
+	for l.phase != done {
 		select {
 		case rn := <-renewals:
-			switch {
-			case lostErr != nil:
-			case rn.err == nil && rn.sent.After(deadline):
-				// Sent after the deadline had passed (the process was
-				// paused): the store may have let the lease go meanwhile.
-				lose(fmt.Errorf("renew deadline passed (%v late) before the next renewal was sent", rn.sent.Sub(deadline)))
-			case rn.err == nil:
-				if rn.sent.After(lastAck) {
-					lastAck = rn.sent
-					deadline = lastAck.Add(cfg.RenewDeadline)
-					deadlineTimer.Reset(time.Until(deadline))
-				}
-				log.Debug("lease renewed", "latency", rn.latency)
-				cfg.Observer.Observe(Event{Kind: Renewed, Token: token, Latency: rn.latency, Deadline: deadline})
-			case errors.Is(rn.err, backends.ErrLeaseLost):
-				lose(rn.err)
-			default:
-				log.Warn("lease renewal failed", "error", rn.err, "deadline_in", time.Until(deadline).Round(time.Millisecond))
-				cfg.Observer.Observe(Event{Kind: RenewFailed, Token: token, Err: rn.err, Deadline: deadline})
-			}
-		case <-deadlineTimer.C:
-			if lostErr == nil {
-				if now := time.Now(); now.Before(deadline) {
-					deadlineTimer.Reset(deadline.Sub(now))
-				} else {
-					lose(fmt.Errorf("no renewal acknowledged for --renew-deadline %v (last sent %v ago)",
-						cfg.RenewDeadline, now.Sub(lastAck).Round(time.Millisecond)))
-				}
-			}
-		case <-lostCh:
-			lostCh = nil
-			lose(lease.Err())
-		case <-killAt:
-			_ = child.Signal(syscall.SIGKILL)
-			log.Warn("child still running after --kill-grace; sent SIGKILL", "grace", cfg.KillGrace)
+			l.renewed(time.Now(), rn)
+		case <-deadline.C:
+			l.deadlinePassed(time.Now())
+		case <-lost:
+			lost = nil
+			l.leaseLost(time.Now(), lease.Err())
 		case <-childDone:
 			childDone = nil
-			exited = true
-			status = child.Wait()
-			log.Info("child exited", "status", status.String(), "exit_code", status.ExitCode(), "ran", time.Since(started).Round(time.Millisecond))
-			cfg.Observer.Observe(Event{Kind: ChildExited, Token: token, Pid: child.Pid(), Status: status})
-			if hold := cfg.MinHold - time.Since(started); lostErr == nil && killAt == nil && hold > 0 {
-				log.Info("holding leadership for --min-hold", "hold", hold.Round(time.Millisecond))
-				holdUntil = time.After(hold)
-			} else {
-				finished = true
-			}
-		case <-holdUntil:
-			finished = true
+			l.childExited(time.Now(), l.child.Wait())
+		case <-hold:
+			l.holdOver(time.Now())
+		case <-late:
+			l.lateStopDue(time.Now())
 		case s := <-cfg.Signals:
 			sig, _ := s.(syscall.Signal)
-			switch {
-			case exited:
-				if sig == syscall.SIGTERM || sig == syscall.SIGINT {
-					finished = true
-				}
-			case sig == syscall.SIGTERM || sig == syscall.SIGINT:
-				stop(sig)
-				log.Info("stopping child on signal", "signal", signals.Name(sig))
-				cfg.Observer.Observe(Event{Kind: Stopping, Token: token})
-			default:
-				_ = child.Signal(sig)
-				log.Info("forwarded signal to child", "signal", signals.Name(sig))
-			}
+			l.signalled(time.Now(), sig)
 		case <-ctxDone:
 			ctxDone = nil
-			if exited {
-				finished = true
-			} else {
-				cfg.Observer.Observe(Event{Kind: Stopping, Token: token})
-				stop(cfg.KillSignal)
-			}
+			l.cancelled(time.Now())
+		}
+		// Re-arm the timers from the state the event left.
+		if l.lost == nil && l.phase != done {
+			deadline.Reset(time.Until(l.deadline))
+		}
+		if l.phase == holding && hold == nil {
+			hold = time.After(time.Until(l.holdUntil))
+		}
+		if !l.lateStop.IsZero() && late == nil {
+			late = time.After(time.Until(l.lateStop))
+		}
+		if l.phase == done && childDone != nil {
+			// A hold ended by a loss or a signal after the child had
+			// exited: nothing left to wait for.
+			childDone = nil
 		}
 	}
-	// Every way out of the loop above passes through the child's exit, so
-	// the lease is released only once the child is gone (S8).
-	stopRenewing()
-	wg.Wait()
-	r.release(lease)
-	if lostErr != nil {
-		return status, &LostError{Reason: lostErr}
-	}
-	return status, nil
 }
+
+// completed reads the marker of the once-key, under the lock.
+func (r *run) completed(ctx context.Context, lease backends.Lease) (*backends.Marker, error) {
+	rctx, cancel := context.WithTimeout(ctx, markerTimeout)
+	defer cancel()
+	m, err := lease.Completed(rctx, r.cfg.OnceKey)
+	if err != nil {
+		return nil, fmt.Errorf("read the completion marker of %q for lock %q: %w", r.cfg.OnceKey, r.cfg.Lock, err)
+	}
+	if m != nil {
+		r.log.Info("already completed; not running the command", "once_key", m.Key, "completed_by", m.Identity,
+			"completed_token", m.Token, "completed_at", m.At.UTC().Format(time.RFC3339))
+		r.cfg.Observer.Observe(Event{Kind: Skipped, Token: lease.Token()})
+	}
+	return m, nil
+}
+
+// complete writes the marker of the once-key after the child exited 0
+// while the lease held: fenced, so a lease lost meanwhile writes nothing.
+func (r *run) complete(lease backends.Lease, token uint64) error {
+	now := time.Now()
+	m := backends.Marker{Key: r.cfg.OnceKey, Identity: r.cfg.Identity, Token: token, At: now, Expires: now.Add(r.cfg.OnceKeep)}
+	ctx, cancel := context.WithTimeout(context.Background(), markerTimeout)
+	defer cancel()
+	if err := lease.Complete(ctx, m); err != nil {
+		r.log.Error("the run succeeded but its completion marker was not written; another candidate may run it again",
+			"token", token, "once_key", m.Key, "error", err)
+		return fmt.Errorf("write the completion marker of %q: %w", m.Key, err)
+	}
+	r.log.Info("completion recorded", "token", token, "once_key", m.Key, "expires", m.Expires.UTC().Format(time.RFC3339))
+	return nil
+}
+
+// markerTimeout bounds a read or write of a completion marker.
+const markerTimeout = 5 * time.Second
 
 // release gives the lease back on its own bounded context: it must happen
 // even when the run was cancelled (S8: only ever after the child is gone).
-func (r *run) release(lease backends.Lease) {
+func (r *run) release(lease backends.Lease, term *backends.Term) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
-	if err := lease.Release(ctx); err != nil {
+	if err := lease.Release(ctx, term); err != nil {
 		r.log.Warn("release failed; the lease will expire in the store", "token", lease.Token(), "error", err)
 	} else {
 		r.log.Info("leadership released", "token", lease.Token())
