@@ -34,15 +34,14 @@ func checkCommand(st *state) *cli.Command {
 			if err != nil {
 				// No answer is no leadership.
 				fmt.Fprintf(st.stderr, "leaderrun check: %v\n", err)
-				st.code = ExitNotLeader
-				return nil
+				return errNotLeader
 			}
 			ok := a.Leader && a.Remaining >= c.Duration("min-remaining")
 			if c.Bool("verbose") {
 				fmt.Fprintf(st.stdout, "leader=%t token=%d remaining=%v\n", a.Leader, a.Token, a.Remaining.Round(time.Millisecond))
 			}
 			if !ok {
-				st.code = ExitNotLeader
+				return errNotLeader
 			}
 			return nil
 		},

@@ -32,8 +32,13 @@ func consulFlags() []cli.Flag {
 	}
 }
 
-// consulSelected reports whether a Consul address is configured.
-func consulSelected(c *cli.Context) bool { return c.String("consul-addr") != "" }
+var consulStore = store{
+	name:     "consul",
+	flags:    consulFlags,
+	selected: func(c *cli.Context) bool { return c.String("consul-addr") != "" },
+	open:     newConsulBackend,
+	address:  "--consul-addr (CONSUL_HTTP_ADDR)",
+}
 
 // newConsulBackend validates the Consul flags and builds the backend. The
 // token's precedence is the consul CLI's: --consul-token-file, then
@@ -42,10 +47,6 @@ func consulSelected(c *cli.Context) bool { return c.String("consul-addr") != "" 
 func newConsulBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
 	if d := c.Duration("consul-lock-delay"); d < 0 || d > consul.MaxLockDelay {
 		return nil, usageErrorf("--consul-lock-delay %v: want 0s to %v", d, consul.MaxLockDelay)
-	}
-	if cfg.LeaseDuration < consul.MinTTL || cfg.LeaseDuration > consul.MaxTTL {
-		return nil, usageErrorf("--lease-duration %v: a Consul session TTL must be within %v and %v",
-			cfg.LeaseDuration, consul.MinTTL, consul.MaxTTL)
 	}
 	addr := c.String("consul-addr")
 	if addr == "" {
@@ -65,7 +66,6 @@ func newConsulBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error)
 		API:       apiCfg,
 		Lock:      cfg.Lock,
 		Prefix:    cfg.Prefix,
-		TTL:       cfg.LeaseDuration,
 		LockDelay: c.Duration("consul-lock-delay"),
 	})
 	if err != nil {

@@ -35,8 +35,13 @@ func etcdFlags() []cli.Flag {
 	}
 }
 
-// etcdSelected reports whether etcd endpoints are configured.
-func etcdSelected(c *cli.Context) bool { return c.String("etcd-endpoints") != "" }
+var etcdStore = store{
+	name:     "etcd",
+	flags:    etcdFlags,
+	selected: func(c *cli.Context) bool { return c.String("etcd-endpoints") != "" },
+	open:     newEtcdBackend,
+	address:  "--etcd-endpoints (ETCDCTL_ENDPOINTS)",
+}
 
 func newEtcdBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
 	endpoints, err := etcdEndpoints(c.String("etcd-endpoints"))
@@ -83,7 +88,6 @@ func newEtcdBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
 		DialTimeout: dial,
 		Prefix:      cfg.Prefix,
 		Lock:        cfg.Lock,
-		TTL:         cfg.LeaseDuration,
 		Log:         log,
 	})
 }

@@ -30,17 +30,27 @@ func TestExitCode(t *testing.T) {
 		{name: "not found", err: fmt.Errorf("x: %w", signals.ErrNotFound), want: 127},
 		{name: "interrupted by SIGTERM while waiting", err: &runner.InterruptedError{Signal: syscall.SIGTERM}, want: 143},
 		{name: "no leader", err: errNoLeader, want: 3},
+		{name: "not leader (check)", err: errNotLeader, want: 1},
+		{name: "child exited 0", err: &childExit{status: signals.Status{Code: 0}}, want: 0},
+		{name: "child exited 3", err: &childExit{status: signals.Status{Code: 3}}, want: 3},
+		{name: "child killed by SIGKILL", err: &childExit{status: signals.Status{Signal: syscall.SIGKILL}}, want: 137},
+		{name: "already completed", err: &runner.DoneError{}, want: 0},
+		{name: "corrupt token file", err: fmt.Errorf("local: token file /x: %w", backends.ErrCorruptState), want: 65},
+		{name: "unsafe state directory", err: fmt.Errorf("local: /tmp/x: %w", backends.ErrUnsafeState), want: 64},
 		{name: "anything else", err: errors.New("boom"), want: 70},
 		{name: "cancelled context is not a conflict", err: context.DeadlineExceeded, want: 70},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := exitCode(tc.err, ExitConflict); got != tc.want {
+			if got := exitCode(tc.err, defaultCodes); got != tc.want {
 				t.Errorf("exitCode(%v) = %d, want %d", tc.err, got, tc.want)
 			}
 		})
 	}
-	if got := exitCode(runner.ErrNotAcquired, 0); got != 0 {
+	if got := exitCode(runner.ErrNotAcquired, codes{conflict: 0}); got != 0 {
 		t.Errorf("--conflict-exit-code 0: got %d", got)
+	}
+	if got := exitCode(&runner.DoneError{}, codes{conflict: 75, done: 9}); got != 9 {
+		t.Errorf("--done-exit-code 9: got %d", got)
 	}
 }

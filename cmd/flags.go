@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -22,21 +21,69 @@ const (
 	categoryLogging = "Logging"
 )
 
-// storeFlags are the flags that choose and reach a store, shared by run and
-// status.
+// store is one backend as the command line knows it. Adding a backend is
+// a file with its store value and flags, and one line in stores.
+type store struct {
+	// name is what --backend takes.
+	name string
+	// flags reach the store; they are shown under the Store category.
+	flags func() []cli.Flag
+	// selected reports whether the store's address is set by one of its
+	// flags or its own variables (LEADERRUN_*, or the store CLI's own,
+	// such as ETCDCTL_ENDPOINTS): that infers --backend. Widely set
+	// variables (KUBECONFIG, DATABASE_URL, PG*) never select a store.
+	// Nil: never inferred (local).
+	selected func(c *cli.Context) bool
+	// open validates the store's flags and builds the backend. It must
+	// not wait on the network: a store that cannot be reached shows in the
+	// first Campaign or Status.
+	open func(c *cli.Context, cfg storeConfig) (backends.Backend, error)
+	// address describes how to select the store, for the usage error.
+	address string
+}
+
+// stores are the backends, in the order the help lists them.
+var stores = []store{etcdStore, consulStore, localStore}
+
+var localStore = store{
+	name: "local",
+	flags: func() []cli.Flag {
+		return []cli.Flag{
+			&cli.StringFlag{Name: "state-dir", Category: categoryStore, EnvVars: []string{"LEADERRUN_STATE_DIR"}, Value: defaultStateDir(),
+				Usage: "`DIR` of the local backend's lock and token files"},
+		}
+	},
+	open: func(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
+		if strings.TrimSpace(c.String("state-dir")) == "" {
+			return nil, usageErrorf("--state-dir must not be empty")
+		}
+		return local.New(local.Config{Dir: c.String("state-dir"), Lock: cfg.Lock}), nil
+	},
+	address: "--backend local for a single host",
+}
+
+func storeNames() string {
+	names := make([]string, len(stores))
+	for i, s := range stores {
+		names[i] = s.name
+	}
+	return strings.Join(names, ", ")
+}
+
+// storeFlags are the flags that choose and reach a store, shared by run,
+// status and history.
 func storeFlags() []cli.Flag {
 	flags := []cli.Flag{
 		&cli.StringFlag{Name: "lock", Category: categoryLock, EnvVars: []string{"LEADERRUN_LOCK"},
 			Usage: "lock `NAME`, 1-128 characters from [A-Za-z0-9._-] (required)"},
 		&cli.StringFlag{Name: "backend", Category: categoryStore, EnvVars: []string{"LEADERRUN_BACKEND"},
-			Usage: "`STORE`: etcd, consul or local (default: etcd if etcd endpoints are set, consul if a Consul address is set)"},
+			Usage: "`STORE`: " + storeNames() + " (default: the one whose address is set)"},
 		&cli.StringFlag{Name: "prefix", Category: categoryStore, EnvVars: []string{"LEADERRUN_PREFIX"}, Value: "leaderrun/",
-			Usage: "key `PREFIX` of the lock in etcd and Consul"},
-		&cli.StringFlag{Name: "state-dir", Category: categoryStore, EnvVars: []string{"LEADERRUN_STATE_DIR"}, Value: defaultStateDir(),
-			Usage: "`DIR` of the local backend's lock and token files"},
+			Usage: "key `PREFIX` of the lock in the store"},
 	}
-	flags = append(flags, etcdFlags()...)
-	flags = append(flags, consulFlags()...)
+	for _, s := range stores {
+		flags = append(flags, s.flags()...)
+	}
 	return append(flags, logFlags()...)
 }
 
@@ -55,7 +102,7 @@ func logFlags() []cli.Flag {
 // files. It must survive reboots: the token counter starting again at 1
 // would hand out tokens that fenced resources have already seen. So
 // /var/lib/leaderrun as root, else $XDG_STATE_HOME/leaderrun, else
-// ~/.local/state/leaderrun (DESIGN.md's /run/leaderrun is a tmpfs).
+// ~/.local/state/leaderrun (never /run, a tmpfs).
 func defaultStateDir() string {
 	if os.Geteuid() == 0 {
 		return "/var/lib/leaderrun"
@@ -89,62 +136,56 @@ func newLogger(c *cli.Context, w *os.File) (*slog.Logger, error) {
 
 // storeConfig is what every backend constructor needs.
 type storeConfig struct {
-	Lock          string
-	Prefix        string
-	LeaseDuration time.Duration
+	Lock   string
+	Prefix string
 }
 
-// openBackend validates the store flags and builds the chosen backend.
 // chooseStore validates the lock and store flags, touching nothing: a
 // usage error must come before anything is started.
-func chooseStore(c *cli.Context) (string, error) {
+func chooseStore(c *cli.Context) (store, error) {
 	lock := c.String("lock")
 	if lock == "" {
-		return "", usageErrorf("--lock is required (or LEADERRUN_LOCK)")
+		return store{}, usageErrorf("--lock is required (or LEADERRUN_LOCK)")
 	}
 	if err := backends.ValidateLockName(lock); err != nil {
-		return "", usageErrorf("--lock: %v", err)
+		return store{}, usageErrorf("--lock: %v", err)
 	}
-	name := c.String("backend")
-	if name == "" {
-		etcd, consul := etcdSelected(c), consulSelected(c)
-		switch {
-		case etcd && consul:
-			return "", usageErrorf("both etcd endpoints and a Consul address are set: choose one with --backend")
-		case etcd:
-			name = "etcd"
-		case consul:
-			name = "consul"
-		default:
-			return "", usageErrorf("no store configured: set --etcd-endpoints, --consul-addr, or --backend local for a single host")
+	if name := c.String("backend"); name != "" {
+		for _, s := range stores {
+			if s.name == name {
+				return s, nil
+			}
 		}
+		return store{}, usageErrorf("--backend %q: want one of %s", name, storeNames())
 	}
-	switch name {
-	case "local":
-		if strings.TrimSpace(c.String("state-dir")) == "" {
-			return "", usageErrorf("--state-dir must not be empty")
+	var chosen []store
+	var how []string
+	for _, s := range stores {
+		if s.selected != nil && s.selected(c) {
+			chosen = append(chosen, s)
 		}
-	case "etcd", "consul":
-	default:
-		return "", usageErrorf("--backend %q: want etcd, consul or local", name)
+		how = append(how, s.address)
 	}
-	return name, nil
+	switch len(chosen) {
+	case 1:
+		return chosen[0], nil
+	case 0:
+		return store{}, usageErrorf("no store configured: set %s", strings.Join(how, ", or "))
+	}
+	names := make([]string, len(chosen))
+	for i, s := range chosen {
+		names[i] = s.name
+	}
+	return store{}, usageErrorf("addresses of several stores are set (%s): choose one with --backend", strings.Join(names, ", "))
 }
 
 // openBackend validates the store flags and builds the chosen backend.
-func openBackend(c *cli.Context, leaseDuration time.Duration) (backends.Backend, storeConfig, error) {
-	cfg := storeConfig{Lock: c.String("lock"), Prefix: c.String("prefix"), LeaseDuration: leaseDuration}
-	name, err := chooseStore(c)
+func openBackend(c *cli.Context) (backends.Backend, storeConfig, error) {
+	cfg := storeConfig{Lock: c.String("lock"), Prefix: c.String("prefix")}
+	s, err := chooseStore(c)
 	if err != nil {
 		return nil, cfg, err
 	}
-	switch name {
-	case "etcd":
-		b, err := newEtcdBackend(c, cfg)
-		return b, cfg, err
-	case "consul":
-		b, err := newConsulBackend(c, cfg)
-		return b, cfg, err
-	}
-	return local.New(local.Config{Dir: c.String("state-dir"), Lock: cfg.Lock}), cfg, nil
+	b, err := s.open(c, cfg)
+	return b, cfg, err
 }

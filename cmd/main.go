@@ -29,22 +29,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 		// this as a run and start the command. Let the shell complete files.
 		return 0
 	}
-	st := &state{stdout: stdout, stderr: stderr, code: 0, conflictCode: ExitConflict}
+	st := &state{stdout: stdout, stderr: stderr, codes: defaultCodes}
 	app := newApp(st)
-	if err := app.Run(withDefaultCommand(app, args)); err != nil {
-		code := exitCode(err, st.conflictCode)
+	err := app.Run(withDefaultCommand(app, args))
+	code := exitCode(err, st.codes)
+	if err != nil && !silent(err) {
 		st.report(err, code)
-		return code
 	}
-	return st.code
+	return code
 }
 
-// state carries what an action decides back to run: the exit code of a
-// child, and the configured conflict code.
+// state carries what an action decides back to run: the exit codes the
+// user chose, and whether an error was already logged.
 type state struct {
 	stdout, stderr io.Writer
-	code           int
-	conflictCode   int
+	codes          codes
 	// logged is set once an error has been logged where it was handled,
 	// so that run does not print it twice.
 	logged bool
@@ -128,7 +127,7 @@ Run 'leaderrun run --help' for every flag of run.`,
 			_ = cli.ShowAppHelp(c)
 			return usageErrorf("no command given")
 		},
-		Commands: []*cli.Command{runCommand(st), statusCommand(st), checkCommand(st), versionCommand(st), completionCommand(st)},
+		Commands: []*cli.Command{runCommand(st), statusCommand(st), historyCommand(st), checkCommand(st), versionCommand(st), completionCommand(st)},
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -27,6 +28,12 @@ func runFlags() []cli.Flag {
 			Usage: "exit `CODE` when the lock was not acquired (--try, --wait)"},
 		&cli.DurationFlag{Name: "min-hold", Category: categoryLock, EnvVars: []string{"LEADERRUN_MIN_HOLD"},
 			Usage: "keep leadership at least `D` after the command starts, so that a late cron run elsewhere finds it held"},
+		&cli.DurationFlag{Name: "once-per", Category: categoryLock, EnvVars: []string{"LEADERRUN_ONCE_PER"},
+			Usage: "at most one successful run per period of length `D` (UTC-aligned: floor(unix time / D)); a leader that finds it done exits --done-exit-code"},
+		&cli.StringFlag{Name: "once-key", Category: categoryLock, EnvVars: []string{"LEADERRUN_ONCE_KEY"},
+			Usage: "at most one successful run per `KEY` (e.g. $(date +%F)); excludes --once-per"},
+		&cli.IntFlag{Name: "done-exit-code", Category: categoryLock, EnvVars: []string{"LEADERRUN_DONE_EXIT_CODE"}, Value: 0,
+			Usage: "exit `CODE` when the run for this period or key was already completed"},
 		&cli.DurationFlag{Name: "lease-duration", Category: categoryTiming, EnvVars: []string{"LEADERRUN_LEASE_DURATION"}, Value: runner.DefaultLeaseDuration,
 			Usage: "lease TTL `D` asked of the store; must exceed --renew-deadline + --kill-grace"},
 		&cli.DurationFlag{Name: "renew-deadline", Category: categoryTiming, EnvVars: []string{"LEADERRUN_RENEW_DEADLINE"}, Value: runner.DefaultRenewDeadline,
@@ -61,16 +68,21 @@ func runCommand(st *state) *cli.Command {
 
 func runAction(c *cli.Context, st *state) error {
 	st.command = "run "
-	code := c.Int("conflict-exit-code")
-	if code < 0 || code > 255 {
-		return usageErrorf("--conflict-exit-code %d: want 0-255", code)
+	for _, f := range []struct {
+		name string
+		code *int
+	}{{"conflict-exit-code", &st.codes.conflict}, {"done-exit-code", &st.codes.done}} {
+		code := c.Int(f.name)
+		if code < 0 || code > 255 {
+			return usageErrorf("--%s %d: want 0-255", f.name, code)
+		}
+		*f.code = code
 	}
-	st.conflictCode = code
 	log, err := newLogger(c, os.Stderr)
 	if err != nil {
 		return err
 	}
-	cfg, err := runConfig(c)
+	cfg, err := runConfig(c, time.Now())
 	if err != nil {
 		return err
 	}
@@ -106,6 +118,16 @@ func runAction(c *cli.Context, st *state) error {
 	cfg.Path = path
 	cfg.Log = log
 	cfg.Lock = c.String("lock")
+	backend, store, err := openBackend(c)
+	if err != nil {
+		return err
+	}
+	defer backend.Close()
+	cfg.Backend = backend
+	cfg.Lock = store.Lock
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
 	// The command's watchdog starts while we connect and campaign.
 	// runner.Run starts the command or aborts the watchdog; until it has
 	// it, an early return aborts it here.
@@ -118,13 +140,6 @@ func runAction(c *cli.Context, st *state) error {
 			sup.Abort()
 		}
 	}()
-	backend, store, err := openBackend(c, cfg.LeaseDuration)
-	if err != nil {
-		return err
-	}
-	defer backend.Close()
-	cfg.Backend = backend
-	cfg.Lock = store.Lock
 
 	obs, cleanup, err := observers(c, &cfg, backend, log)
 	if err != nil {
@@ -142,13 +157,14 @@ func runAction(c *cli.Context, st *state) error {
 	status, err := runner.Run(context.Background(), cfg)
 	switch {
 	case err == nil:
-		st.code = status.ExitCode()
-		return nil
+		return &childExit{status: status}
 	case errors.Is(err, runner.ErrNotAcquired):
 		// The normal outcome for all but one host of a cron job: one line
 		// at info level, nothing at all with --quiet.
 		log.Info("not acquired; not running the command", "lock", cfg.Lock, "identity", cfg.Identity,
 			"backend", backend.Name(), "reason", err)
+	case errors.As(err, new(*runner.DoneError)):
+		// Logged by the runner, with who completed it.
 	case errors.As(err, new(*runner.InterruptedError)):
 		// A standby stopped by systemctl stop: nothing went wrong. The
 		// runner logged the withdrawal.
@@ -162,8 +178,8 @@ func runAction(c *cli.Context, st *state) error {
 }
 
 // runConfig reads and validates the flags of run that do not depend on the
-// store.
-func runConfig(c *cli.Context) (runner.Config, error) {
+// store; now fixes the period of --once-per.
+func runConfig(c *cli.Context, now time.Time) (runner.Config, error) {
 	cfg := runner.Config{
 		Identity:      c.String("identity"),
 		LeaseDuration: c.Duration("lease-duration"),
@@ -186,6 +202,19 @@ func runConfig(c *cli.Context) (runner.Config, error) {
 	if cfg.Try && cfg.Wait > 0 {
 		return cfg, usageErrorf("--try and --wait %v exclude each other", cfg.Wait)
 	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"--wait", cfg.Wait}, {"--min-hold", cfg.MinHold}} {
+		if d.v > maxWait {
+			return cfg, usageErrorf("%s %v is longer than the %v this tool accepts", d.name, d.v, maxWait)
+		}
+	}
+	key, keep, err := onceKey(c, now)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.OnceKey, cfg.OnceKeep = key, keep
 	sig, err := signals.Parse(c.String("kill-signal"))
 	if err != nil {
 		return cfg, usageErrorf("--kill-signal: %v", err)
@@ -213,6 +242,67 @@ func runConfig(c *cli.Context) (runner.Config, error) {
 	}
 	cfg.Args = args
 	return cfg, nil
+}
+
+// maxWait bounds --wait and --min-hold, so that no deadline computed from
+// them can overflow.
+const maxWait = 366 * 24 * time.Hour
+
+// Marker lifetimes: about seven periods for --once-per, a week at least
+// for --once-key (markers expire on their own; README, "Once per period").
+const (
+	markerPeriods = 7
+	minMarkerKeep = 7 * 24 * time.Hour
+)
+
+// onceKey derives the once-key from --once-per or --once-key, and how long
+// its marker is kept. With --once-per D the key names the period:
+// floor(unix time / D), UTC-aligned, so every host computes the same key
+// for the same moment whatever its time zone.
+func onceKey(c *cli.Context, now time.Time) (string, time.Duration, error) {
+	per, key := c.Duration("once-per"), c.String("once-key")
+	perSet := c.IsSet("once-per")
+	switch {
+	case perSet && key != "":
+		return "", 0, usageErrorf("--once-per and --once-key exclude each other")
+	case perSet:
+		if per < time.Second || per%time.Second != 0 {
+			return "", 0, usageErrorf("--once-per %v: want a whole number of seconds, at least 1s", per)
+		}
+		if per > maxWait {
+			return "", 0, usageErrorf("--once-per %v is longer than the %v this tool accepts", per, maxWait)
+		}
+		return periodKey(per, now), markerPeriods * per, nil
+	case key != "":
+		if err := validOnceKey(key); err != nil {
+			return "", 0, err
+		}
+		return key, minMarkerKeep, nil
+	}
+	return "", 0, nil
+}
+
+// periodKey names the period of length per that now falls in.
+func periodKey(per time.Duration, now time.Time) string {
+	n := now.UnixNano() / per.Nanoseconds()
+	if now.UnixNano() < 0 && now.UnixNano()%per.Nanoseconds() != 0 {
+		n-- // floor, not truncation, before 1970
+	}
+	return fmt.Sprintf("every-%ds-%d", int64(per/time.Second), n)
+}
+
+// validOnceKey keeps once-keys to what every store takes as part of a key
+// or a name.
+func validOnceKey(key string) error {
+	ok := len(key) >= 1 && len(key) <= 128
+	for i := 0; ok && i < len(key); i++ {
+		c := key[i]
+		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("._-:+", c) >= 0
+	}
+	if !ok {
+		return usageErrorf("--once-key %q: want 1-128 characters from [A-Za-z0-9._:+-]", key)
+	}
+	return nil
 }
 
 // validIdentity keeps identities printable and short: they are stored in

@@ -9,7 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/leaderrun/leaderrun/runner"
+	"github.com/leaderrun/leaderrun/backends"
 )
 
 func statusCommand(st *state) *cli.Command {
@@ -28,7 +28,7 @@ func statusCommand(st *state) *cli.Command {
 			if _, err := newLogger(c, os.Stderr); err != nil {
 				return err
 			}
-			backend, _, err := openBackend(c, runner.DefaultLeaseDuration)
+			backend, _, err := openBackend(c)
 			if err != nil {
 				return err
 			}
@@ -39,16 +39,22 @@ func statusCommand(st *state) *cli.Command {
 			if err != nil {
 				return fmt.Errorf("status of %q: %w", c.String("lock"), err)
 			}
+			// The last term is a courtesy: a store that cannot read its
+			// history still gives its status.
+			var last *backends.Term
+			if terms, err := backend.History(ctx, 1); err == nil && len(terms) == 1 {
+				last = &terms[0]
+			}
 			if c.Bool("json") {
 				enc := json.NewEncoder(st.stdout)
-				if err := enc.Encode(s); err != nil {
+				if err := enc.Encode(statusJSON{Status: s, LastTerm: last}); err != nil {
 					return err
 				}
 			} else {
-				printStatus(st, s)
+				printStatus(st, s, last)
 			}
 			if !s.Held {
-				st.code = ExitNoLeader
+				return errNoLeader
 			}
 			return nil
 		},

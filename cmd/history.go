@@ -1,0 +1,113 @@
+package cmd
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leaderrun/leaderrun/backends"
+)
+
+func historyCommand(st *state) *cli.Command {
+	flags := append([]cli.Flag{
+		&cli.BoolFlag{Name: "json", Usage: "print one JSON object per term, one per line"},
+		&cli.IntFlag{Name: "limit", Value: 20, Usage: "show the newest `N` terms (the store keeps about 100)"},
+		&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "give up on the store after `D`"},
+	}, storeFlags()...)
+	return &cli.Command{
+		Name:  "history",
+		Usage: "list the recent terms of the lock, newest first: who led, with which token, and how it ended",
+		UsageText: "leaderrun history --lock NAME [--json] [--limit N] [store flags]\n\n" +
+			"A lock never held prints nothing and exits 0.",
+		Flags:        flags,
+		OnUsageError: onUsageError,
+		Action: func(c *cli.Context) error {
+			st.command = "history "
+			if _, err := newLogger(c, os.Stderr); err != nil {
+				return err
+			}
+			limit := c.Int("limit")
+			if limit < 1 || limit > backends.HistoryLimit {
+				return usageErrorf("--limit %d: want 1-%d", limit, backends.HistoryLimit)
+			}
+			backend, _, err := openBackend(c)
+			if err != nil {
+				return err
+			}
+			defer backend.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), c.Duration("timeout"))
+			defer cancel()
+			terms, err := backend.History(ctx, limit)
+			if err != nil {
+				return fmt.Errorf("history of %q: %w", c.String("lock"), err)
+			}
+			if c.Bool("json") {
+				enc := json.NewEncoder(st.stdout)
+				for _, t := range terms {
+					if err := enc.Encode(t); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			printHistory(st, terms)
+			return nil
+		},
+	}
+}
+
+// printHistory prints terms as a table a person reads at a glance; every
+// value that came from the store is escaped (escape), so that a hostile
+// identity cannot paint the operator's terminal.
+func printHistory(st *state, terms []backends.Term) {
+	if len(terms) == 0 {
+		return
+	}
+	w := tabwriter.NewWriter(st.stdout, 0, 0, 2, ' ', 0)
+	defer w.Flush()
+	fmt.Fprintln(w, "TOKEN\tIDENTITY\tACQUIRED\tRAN\tENDED\tHOW\tONCE-KEY")
+	for _, t := range terms {
+		ran := "-"
+		if !t.Started.IsZero() {
+			ran = t.Ended.Sub(t.Started).Round(time.Millisecond).String()
+		}
+		key := t.OnceKey
+		if key == "" {
+			key = "-"
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Token, escape(t.Identity), stamp(t.Acquired), ran,
+			stamp(t.Ended), escape(how(t)), escape(key))
+	}
+}
+
+// how says in a few words how a term ended.
+func how(t backends.Term) string {
+	switch t.End {
+	case backends.EndExited:
+		return "exited " + strconv.Itoa(t.ExitCode)
+	case backends.EndSignaled:
+		return "killed by " + t.Signal
+	case backends.EndStopped:
+		return fmt.Sprintf("stopped on %s (exit %d)", t.Signal, t.ExitCode)
+	case backends.EndLost:
+		return fmt.Sprintf("lost (exit %d): %s", t.ExitCode, t.Reason)
+	case backends.EndSkipped:
+		return "skipped: already completed"
+	case backends.EndNotStarted:
+		return "not started: " + t.Reason
+	}
+	return t.End
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("2006-01-02T15:04:05.000Z")
+}
