@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -81,8 +82,12 @@ func printHistory(st *state, terms []backends.Term) {
 		if key == "" {
 			key = "-"
 		}
+		h := escape(how(t))
+		if len(h) > 72 {
+			h = strings.ToValidUTF8(h[:72], "") + "…" // --json has it whole
+		}
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Token, escape(t.Identity), stamp(t.Acquired), ran,
-			stamp(t.Ended), escape(how(t)), escape(key))
+			stamp(t.Ended), h, escape(key))
 	}
 }
 

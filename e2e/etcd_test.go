@@ -3,11 +3,9 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
@@ -55,7 +53,7 @@ type etcdStatus struct {
 
 func etcdStatusOf(t *testing.T, endpoints []string, lock string) (etcdStatus, int) {
 	t.Helper()
-	out, code := etcdOutput(t, "status", "--json", "--lock", lock, "--etcd-endpoints", strings.Join(endpoints, ","))
+	out, code := output(t, "status", "--json", "--lock", lock, "--etcd-endpoints", strings.Join(endpoints, ","))
 	var st etcdStatus
 	if code == 0 || code == 3 {
 		if err := json.Unmarshal([]byte(out), &st); err != nil {
@@ -63,25 +61,6 @@ func etcdStatusOf(t *testing.T, endpoints []string, lock string) (etcdStatus, in
 		}
 	}
 	return st, code
-}
-
-// etcdOutput runs leaderrun to the end and returns its stdout (stderr
-// too if it failed) and exit code.
-func etcdOutput(t *testing.T, args ...string) (string, int) {
-	t.Helper()
-	cmd := exec.Command(testenv.Leaderrun(t), args...)
-	var stderr syncBuffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return string(out), 0
-	case errors.As(err, &ee):
-		return string(out) + stderr.String(), ee.ExitCode()
-	}
-	t.Fatalf("leaderrun %v: %v", args, err)
-	return "", -1
 }
 
 // etcdFind returns the first event of kind recorded by the child of identity id.
@@ -438,7 +417,7 @@ func TestEtcdClusterRollingRestart(t *testing.T) {
 func TestEtcdStatus(t *testing.T) {
 	eps := testenv.StartEtcd(t, 1).Endpoints()
 	epFlag := strings.Join(eps, ",")
-	out, code := etcdOutput(t, "status", "--lock", "st", "--etcd-endpoints", epFlag)
+	out, code := output(t, "status", "--lock", "st", "--etcd-endpoints", epFlag)
 	if code != 3 || !strings.Contains(out, "none") {
 		t.Errorf("status of a free lock: exit %d, output:\n%s\nwant exit 3 and leader none", code, out)
 	}
@@ -455,7 +434,7 @@ func TestEtcdStatus(t *testing.T) {
 		st, _ := etcdStatusOf(t, eps, "st")
 		return st.Waiting == 1
 	})
-	out, code = etcdOutput(t, "status", "--lock", "st", "--etcd-endpoints", epFlag)
+	out, code = output(t, "status", "--lock", "st", "--etcd-endpoints", epFlag)
 	if code != 0 || !strings.Contains(out, "holder-1") || !strings.Contains(out, strconv.FormatUint(child.Token, 10)) {
 		t.Errorf("status: exit %d, output:\n%s\nwant exit 0 naming holder-1 and token %d", code, out, child.Token)
 	}
@@ -541,7 +520,7 @@ func TestEtcdUnreachable(t *testing.T) {
 				args = append(append(append(args, tc.args...), "--"), childArgv(t)...)
 			}
 			began := time.Now()
-			out, code := etcdOutput(t, args...)
+			out, code := output(t, args...)
 			took := time.Since(began)
 			t.Logf("exit %d after %v: %s", code, took.Round(time.Millisecond), strings.TrimSpace(out))
 			if code != 69 {
@@ -574,7 +553,7 @@ func TestEtcdUsageErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append(append([]string{"--lock", "usage"}, tc.args...), "--", "/bin/true")
-			out, code := etcdOutput(t, args...)
+			out, code := output(t, args...)
 			if code != 64 || !strings.Contains(out, tc.want) {
 				t.Errorf("exit %d, output %q; want 64 naming %s", code, out, tc.want)
 			}
@@ -610,7 +589,7 @@ func TestEtcdAuth(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append(append([]string{"--etcd-endpoints", strings.Join(eps, ","), "--lock", "auth"}, tc.extra...), "--", "/bin/true")
 			began := time.Now()
-			out, code := etcdOutput(t, args...)
+			out, code := output(t, args...)
 			t.Logf("exit %d after %v", code, time.Since(began).Round(time.Millisecond))
 			if code != 69 || !strings.Contains(out, tc.want) || !strings.Contains(out, eps[0]) {
 				t.Errorf("exit %d, output %q; want 69 with %q and the endpoint", code, out, tc.want)
@@ -641,12 +620,12 @@ func TestEtcdTLS(t *testing.T) {
 	if evs := readEvents(t, events); count(evs, "start") != 2 {
 		t.Errorf("children started:\n%s\nwant two", formatEvents(evs))
 	}
-	out, code := etcdOutput(t, append([]string{"status", "--lock", "tls", "--etcd-endpoints", eps[0]}, tlsFlags...)...)
+	out, code := output(t, append([]string{"status", "--lock", "tls", "--etcd-endpoints", eps[0]}, tlsFlags...)...)
 	if code != 3 {
 		t.Errorf("status over TLS: exit %d, want 3 (no leader):\n%s", code, out)
 	}
 	began := time.Now()
-	out, code = etcdOutput(t, "--lock", "tls", "--etcd-endpoints", eps[0], "--etcd-cacert", e.TLS.CACert,
+	out, code = output(t, "--lock", "tls", "--etcd-endpoints", eps[0], "--etcd-cacert", e.TLS.CACert,
 		"--etcd-dial-timeout", "1s", "--", "/bin/true")
 	t.Logf("without a client certificate: exit %d after %v", code, time.Since(began).Round(time.Millisecond))
 	if code != 69 || !strings.Contains(out, eps[0]) {

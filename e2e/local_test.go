@@ -141,7 +141,7 @@ func TestLocalUsageErrors(t *testing.T) {
 		{name: "no lock", args: []string{"--backend", "local", "--", "true"}, want: "--lock"},
 		{name: "bad lock", args: []string{"--backend", "local", "--lock", "a/b", "--", "true"}, want: `--lock`},
 		{name: "no store", args: []string{"--lock", "x", "--", "true"}, want: "--etcd-endpoints"},
-		{name: "bad backend", args: []string{"--backend", "zookeeper", "--lock", "x", "--", "true"}, want: `--backend "zookeeper"`},
+		{name: "bad backend", args: []string{"--backend", "mongodb", "--lock", "x", "--", "true"}, want: `--backend "mongodb"`},
 		{name: "lease too short", args: localArgs(dir, "x", "--lease-duration", "2s", "--", "true"), want: "--lease-duration (2s)"},
 		{name: "retry too long", args: localArgs(dir, "x", "--retry-period", "2s", "--", "true"), want: "--retry-period (2s)"},
 		{name: "negative wait", args: localArgs(dir, "x", "--wait", "-1s", "--", "true"), want: "--wait -1s"},
@@ -152,6 +152,17 @@ func TestLocalUsageErrors(t *testing.T) {
 		{name: "unknown flag", args: []string{"--lokc", "x", "--", "true"}, want: "lokc"},
 		{name: "no command", args: localArgs(dir, "x"), want: "no command"},
 		{name: "bad log format", args: localArgs(dir, "x", "--log-format", "xml", "--", "true"), want: `--log-format "xml"`},
+		{name: "once-per zero", args: localArgs(dir, "x", "--once-per", "0s", "--", "true"), want: "--once-per 0s"},
+		{name: "once-per negative", args: localArgs(dir, "x", "--once-per", "-4s", "--", "true"), want: "--once-per -4s"},
+		{name: "once-per fraction", args: localArgs(dir, "x", "--once-per", "1500ms", "--", "true"), want: "--once-per 1.5s"},
+		{name: "once-per and once-key", args: localArgs(dir, "x", "--once-per", "24h", "--once-key", "k", "--", "true"), want: "--once-per and --once-key"},
+		{name: "bad once-key", args: localArgs(dir, "x", "--once-key", "a/b", "--", "true"), want: `--once-key "a/b"`},
+		{name: "bad done code", args: localArgs(dir, "x", "--done-exit-code", "-1", "--", "true"), want: "--done-exit-code -1"},
+		// The sum of these wraps below zero in int64 nanoseconds: the
+		// bound comes first.
+		{name: "overflowing timings", args: localArgs(dir, "x", "--lease-duration", "15s", "--renew-deadline", "2562047h",
+			"--kill-grace", "2562047h", "--", "true"), want: "--renew-deadline 2562047h0m0s is longer than the 24h0m0s"},
+		{name: "huge wait", args: localArgs(dir, "x", "--wait", "100000h", "--", "true"), want: "--wait 100000h0m0s is longer"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -143,3 +143,22 @@ func alive(pid int) bool {
 	i := bytes.LastIndexByte(data, ')')
 	return i < 0 || i+2 >= len(data) || data[i+2] != 'Z'
 }
+
+// output runs leaderrun to the end and returns its stdout (stderr
+// too if it failed) and exit code.
+func output(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(testenv.Leaderrun(t), args...)
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return string(out), 0
+	case errors.As(err, &ee):
+		return string(out) + stderr.String(), ee.ExitCode()
+	}
+	t.Fatalf("leaderrun %v: %v", args, err)
+	return "", -1
+}

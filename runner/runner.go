@@ -157,9 +157,15 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 	token := lease.Token()
 	acquired := time.Now()
 	log := r.log.With("token", token)
+	// notStarted is the term of a leadership that ran nothing: the command
+	// could not start (err), or its once-key was done already (err nil).
 	notStarted := func(err error) *backends.Term {
-		return &backends.Term{Identity: cfg.Identity, Token: token, Acquired: acquired, Ended: time.Now(),
-			End: backends.EndNotStarted, ExitCode: -1, Reason: err.Error(), OnceKey: cfg.OnceKey}
+		t := &backends.Term{Identity: cfg.Identity, Token: token, Acquired: acquired, Ended: time.Now(),
+			End: backends.EndSkipped, ExitCode: -1, OnceKey: cfg.OnceKey}
+		if err != nil {
+			t.End, t.Reason = backends.EndNotStarted, err.Error()
+		}
+		return t
 	}
 	if err := ValidateGrantedTTL(lease.TTL(), cfg.RenewDeadline, cfg.KillGrace); err != nil {
 		sup.Abort()
@@ -179,11 +185,7 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 	if cfg.OnceKey != "" {
 		if m, err := r.completed(ctx, lease); err != nil || m != nil {
 			sup.Abort()
-			term := notStarted(err)
-			if m != nil {
-				term.End, term.Reason = backends.EndSkipped, ""
-			}
-			r.release(lease, term)
+			r.release(lease, notStarted(err))
 			if err != nil {
 				return signals.Status{}, err
 			}
