@@ -334,7 +334,6 @@ func TestHistoryOfUnusedLock(t *testing.T) {
 	}
 }
 
-
 // etcdOnceTimings: etcd's smallest lease (2 s, it raises anything shorter),
 // so that a takeover after a kill -9 fits in the fleet's --wait 3s.
 var etcdOnceTimings = []string{"--lease-duration", "2s", "--renew-deadline", "1200ms", "--retry-period", "300ms", "--kill-grace", "500ms"}
