@@ -2,6 +2,7 @@ package faults
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -56,34 +57,36 @@ func (tr *trial) check() verdict {
 			lives[i].End = tr.end
 		}
 	}
-	v.leaderChanges = max(len(lives)-1, 0)
+	terms := termsOf(lives)
+	v.leaderChanges = max(len(terms)-1, 0)
 
-	// (a) No two children at once, except a paused old child whose every
-	// write after the takeover was rejected.
-	for i := 1; i < len(lives); i++ {
-		prev, cur := lives[i-1], lives[i]
+	// (a) No two leaders' trees at once (a child and the helpers it
+	// started are one tree), except a paused old tree whose every write
+	// after the takeover was rejected.
+	for i := 1; i < len(terms); i++ {
+		prev, cur := terms[i-1], terms[i]
 		if !cur.Start.Before(prev.End) {
 			continue
 		}
 		if tr.fault.overlapAllowed {
 			// The takeover is the new leader's first accepted write.
-			takeover, ok := firstAccepted(writes, cur.Writer)
+			takeover, ok := firstAcceptedOf(writes, cur.writers)
 			for _, w := range writes {
-				if ok && w.Writer == prev.Writer && w.Accepted && w.At.After(takeover) {
+				if ok && slices.Contains(prev.writers, w.Writer) && w.Accepted && w.At.After(takeover) {
 					v.overlap = append(v.overlap, fmt.Sprintf("(a) stale child %s (token %d) had a write accepted %v after %s (token %d) took over",
-						prev.Writer, prev.Token, w.At.Sub(takeover).Round(time.Millisecond), cur.Writer, cur.Token))
+						w.Writer, prev.Token, w.At.Sub(takeover).Round(time.Millisecond), cur.Writer, cur.Token))
 				}
 			}
 			continue
 		}
 		v.overlap = append(v.overlap, fmt.Sprintf("(a) %s (token %d) started %v before %s (token %d) ended",
-			cur.Writer, cur.Token, prev.End.Sub(cur.Start).Round(time.Millisecond), prev.Writer, prev.Token))
+			cur.Writer, cur.Token, prev.End.Sub(cur.Start).Round(time.Millisecond), prev.lastWriter, prev.Token))
 	}
 	// (b) The token grows at every change of leader.
-	for i := 1; i < len(lives); i++ {
-		if lives[i].Token <= lives[i-1].Token {
+	for i := 1; i < len(terms); i++ {
+		if terms[i].Token <= terms[i-1].Token {
 			v.tokenOrder = append(v.tokenOrder, fmt.Sprintf("(b) token went from %d (%s) to %d (%s)",
-				lives[i-1].Token, lives[i-1].Writer, lives[i].Token, lives[i].Writer))
+				terms[i-1].Token, terms[i-1].Writer, terms[i].Token, terms[i].Writer))
 		}
 	}
 	// (c) No write accepted with a token below one already accepted.
@@ -112,7 +115,7 @@ func (tr *trial) check() verdict {
 	// (e) No failover where none is expected: count changes of leader
 	// between the fault and the teardown.
 	changes := 0
-	for _, lf := range lives {
+	for _, lf := range terms {
 		if lf.Start.After(tr.faultStart) && lf.Start.Before(tr.end) && lf.Identity != tr.leaderAtFault {
 			changes++
 			if v.failover < 0 {
@@ -124,6 +127,46 @@ func (tr *trial) check() verdict {
 		v.falseFailover = true
 	}
 	return v
+}
+
+// term is one leader's tree as the ledger saw it: the lives of one
+// identity with one token (the child, and any helper it started), from the
+// first start to the last end. lastWriter is the writer that ended last.
+type term struct {
+	life
+	writers    []string
+	lastWriter string
+}
+
+// termsOf merges lives, sorted by start, into terms in the same order.
+func termsOf(lives []life) []term {
+	var terms []term
+	index := map[string]int{}
+	for _, lf := range lives {
+		k := fmt.Sprintf("%s/%d", lf.Identity, lf.Token)
+		i, ok := index[k]
+		if !ok {
+			index[k] = len(terms)
+			terms = append(terms, term{life: lf, writers: []string{lf.Writer}, lastWriter: lf.Writer})
+			continue
+		}
+		t := &terms[i]
+		t.writers = append(t.writers, lf.Writer)
+		if lf.End.After(t.End) {
+			t.End, t.lastWriter = lf.End, lf.Writer
+		}
+	}
+	return terms
+}
+
+// firstAcceptedOf is the first accepted write by any of writers.
+func firstAcceptedOf(writes []write, writers []string) (time.Time, bool) {
+	for _, w := range writes {
+		if w.Accepted && slices.Contains(writers, w.Writer) {
+			return w.At, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // row is one line of the report: a store and a scenario over its trials.
@@ -184,13 +227,4 @@ func table(rows []*row) string {
 			fmtDur(percentile(r.failovers, .5)), fmtDur(percentile(r.failovers, .99)), fmtDur(percentile(r.failovers, 1)))
 	}
 	return b.String()
-}
-
-func firstAccepted(writes []write, writer string) (time.Time, bool) {
-	for _, w := range writes {
-		if w.Writer == writer && w.Accepted {
-			return w.At, true
-		}
-	}
-	return time.Time{}, false
 }

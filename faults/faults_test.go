@@ -73,6 +73,15 @@ func TestFaults(t *testing.T) {
 					t.Run(fmt.Sprintf("%s/%d", strings.ReplaceAll(f.name, " ", "_"), i), func(t *testing.T) {
 						tr := runTrial(t, st, f, bin, child, i)
 						v := tr.check()
+						if f.escape {
+							// The scenario proves nothing unless the
+							// helpers really ran beside their children.
+							for _, tm := range termsOf(v.lives) {
+								if len(tm.writers) < 2 {
+									t.Errorf("%s: the child of %s (token %d) has no escaped helper in the ledger", f.name, tm.Identity, tm.Token)
+								}
+							}
+						}
 						r.add(v)
 						if v.violations() > 0 {
 							t.Errorf("%s %s trial %d: %d violations:\n%s", name, f.name, i, v.violations(), v.problems())
@@ -116,7 +125,7 @@ func TestFaults(t *testing.T) {
 
 const legend = `
 Invariants, checked on every trial from the ledger and the process records:
-(a) two children never run at the same time, except after a whole-group pause, where every write of the stale child after the takeover must be rejected;
+(a) two leaders' trees (a child, and any helper it started that left its process group) never run at the same time, except after a whole-group pause, where every write of the stale child after the takeover must be rejected;
 (b) the token strictly increases at every change of leader;
 (c) no write is accepted with a token lower than one already accepted;
 (d) no child outlives its leaderrun (by more than 1 s: the ledger sees a closed connection a moment late);

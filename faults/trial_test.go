@@ -85,6 +85,11 @@ type fault struct {
 	inject func(tr *trial, leader *candidate, childPid int)
 	// only restricts the fault to one store.
 	only string
+	// escape makes every child start a helper that leaves its process
+	// group (setsid) and ignores SIGTERM, writing to the ledger with the
+	// child's token (S9: it must die within --kill-grace of the first
+	// kill signal, before the lease can expire).
+	escape bool
 }
 
 var scenarios = []fault{
@@ -130,6 +135,15 @@ var scenarios = []fault{
 			tr.t.Errorf("no raft leader found to kill")
 		}
 	}},
+	{name: "escaped helper, stalled link", failover: true, escape: true, inject: func(tr *trial, c *candidate, _ int) {
+		for _, p := range c.proxies {
+			p.Stall()
+		}
+		time.Sleep(2 * tr.timing.lease) // the fault itself
+		for _, p := range c.proxies {
+			p.Resume()
+		}
+	}},
 	{name: "SIGTERM handover", failover: true, inject: func(tr *trial, c *candidate, _ int) {
 		_ = c.cmd.Process.Signal(syscall.SIGTERM)
 	}},
@@ -166,6 +180,9 @@ func runTrial(t testing.TB, st store, f fault, bin, child string, n int) *trial 
 		c := &candidate{id: id, proxies: proxies, out: &lockedBuffer{}, done: make(chan struct{})}
 		c.cmd = exec.Command(bin, args...)
 		c.cmd.Env = append(os.Environ(), tr.ledger.env()...)
+		if f.escape {
+			c.cmd.Env = append(c.cmd.Env, "FAULTS_ESCAPE=1")
+		}
 		c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
 		c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		if err := c.cmd.Start(); err != nil {
