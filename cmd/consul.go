@@ -38,6 +38,8 @@ var consulStore = store{
 	selected: func(c *cli.Context) bool { return c.String("consul-addr") != "" },
 	open:     newConsulBackend,
 	address:  "--consul-addr (CONSUL_HTTP_ADDR)",
+	credentials: []string{"CONSUL_HTTP_TOKEN", "CONSUL_HTTP_TOKEN_FILE", "CONSUL_HTTP_AUTH",
+		"CONSUL_CLIENT_CERT", "CONSUL_CLIENT_KEY"},
 }
 
 // newConsulBackend validates the Consul flags and builds the backend. The

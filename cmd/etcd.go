@@ -41,6 +41,9 @@ var etcdStore = store{
 	selected: func(c *cli.Context) bool { return c.String("etcd-endpoints") != "" },
 	open:     newEtcdBackend,
 	address:  "--etcd-endpoints (ETCDCTL_ENDPOINTS)",
+	// The user and password, and the client certificate: what would let
+	// a job write to the lock's keys (the CA only checks the server).
+	credentials: []string{"ETCDCTL_USER", "ETCDCTL_PASSWORD", "ETCDCTL_CERT", "ETCDCTL_KEY"},
 }
 
 func newEtcdBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
@@ -101,12 +104,13 @@ func etcdEndpoints(s string) ([]string, error) {
 			continue
 		}
 		if !validEndpoint(ep) {
-			return nil, usageErrorf("--etcd-endpoints %q: %q is not an endpoint like http://HOST:PORT, https://HOST:PORT or HOST:PORT", s, ep)
+			return nil, usageErrorf("--etcd-endpoints %q: %q is not an endpoint like http://HOST:PORT, https://HOST:PORT or HOST:PORT",
+				backends.Redact(s), backends.Redact(ep))
 		}
 		eps = append(eps, ep)
 	}
 	if len(eps) == 0 {
-		return nil, usageErrorf("--etcd-endpoints %q: no endpoint given", s)
+		return nil, usageErrorf("--etcd-endpoints %q: no endpoint given", backends.Redact(s))
 	}
 	return eps, nil
 }

@@ -40,6 +40,11 @@ type store struct {
 	open func(c *cli.Context, cfg storeConfig) (backends.Backend, error)
 	// address describes how to select the store, for the usage error.
 	address string
+	// credentials are the environment variables that carry the store's
+	// credentials for the lock only; they are removed from the command's
+	// environment unless --pass-credentials. Variables that jobs commonly
+	// use for their own work (DATABASE_URL, PG*, KUBECONFIG) are not here.
+	credentials []string
 }
 
 // stores are the backends, in the order the help lists them.

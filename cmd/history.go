@@ -46,7 +46,7 @@ func historyCommand(st *state) *cli.Command {
 			defer cancel()
 			terms, err := backend.History(ctx, limit)
 			if err != nil {
-				return fmt.Errorf("history of %q: %w", c.String("lock"), err)
+				return fmt.Errorf("history of %q: %w", c.String("lock"), noAnswer(err, backend, c.Duration("timeout")))
 			}
 			if c.Bool("json") {
 				enc := json.NewEncoder(st.stdout)

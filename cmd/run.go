@@ -46,6 +46,8 @@ func runFlags() []cli.Flag {
 			Usage: "first `SIGNAL` sent to stop the command"},
 		&cli.BoolFlag{Name: "shell", Category: categoryChild,
 			Usage: `run sh -c "COMMAND ARG..." instead of executing COMMAND`},
+		&cli.BoolFlag{Name: "pass-credentials", Category: categoryChild, EnvVars: []string{"LEADERRUN_PASS_CREDENTIALS"},
+			Usage: "leave the store's credential variables (ETCDCTL_PASSWORD, CONSUL_HTTP_TOKEN, ...) in the command's environment; by default they are removed"},
 		&cli.StringFlag{Name: "metrics-addr", Category: categoryLogging, EnvVars: []string{"LEADERRUN_METRICS_ADDR"},
 			Usage: "serve Prometheus /metrics and /healthz on `HOST:PORT` (default: off)"},
 	}
@@ -125,6 +127,9 @@ func runAction(c *cli.Context, st *state) error {
 	defer backend.Close()
 	cfg.Backend = backend
 	cfg.Lock = store.Lock
+	if s, _ := chooseStore(c); !c.Bool("pass-credentials") {
+		cfg.Unset = s.credentials
+	}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}

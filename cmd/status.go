@@ -3,6 +3,7 @@ package cmd
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -37,7 +38,7 @@ func statusCommand(st *state) *cli.Command {
 			defer cancel()
 			s, err := backend.Status(ctx)
 			if err != nil {
-				return fmt.Errorf("status of %q: %w", c.String("lock"), err)
+				return fmt.Errorf("status of %q: %w", c.String("lock"), noAnswer(err, backend, c.Duration("timeout")))
 			}
 			// The last term is a courtesy: a store that cannot read its
 			// history still gives its status.
@@ -59,4 +60,13 @@ func statusCommand(st *state) *cli.Command {
 			return nil
 		},
 	}
+}
+
+// noAnswer makes a store that did not answer within --timeout a store that
+// cannot be reached (exit 69), whatever the backend said.
+func noAnswer(err error, b backends.Backend, timeout time.Duration) error {
+	if errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, backends.ErrUnavailable) {
+		return fmt.Errorf("no answer from %s within --timeout %v: %w: %w", b.Name(), timeout, backends.ErrUnavailable, err)
+	}
+	return err
 }

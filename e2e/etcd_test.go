@@ -511,11 +511,16 @@ func TestEtcdUnreachable(t *testing.T) {
 		{"RefusedTry", refused, []string{"--try"}},
 		{"Silent", blackhole, nil},
 		{"Status", refused, []string{"status"}},
+		// --timeout shorter than the dial timeout: still 69, naming the
+		// endpoint, not a bare "context deadline exceeded" (70).
+		{"StatusTimeout", blackhole, []string{"status", "--timeout", "500ms"}},
+		// Credentials in the endpoint URL are never printed.
+		{"CredentialsInURL", "http://user:secretpw@" + strings.TrimPrefix(refused, "http://"), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := []string{"--lock", "unreachable", "--etcd-endpoints", tc.endpoint, "--etcd-dial-timeout", "1s"}
 			if slices.Contains(tc.args, "status") {
-				args = append([]string{"status"}, args...)
+				args = append(append([]string{"status"}, args...), tc.args[1:]...)
 			} else {
 				args = append(append(append(args, tc.args...), "--"), childArgv(t)...)
 			}
@@ -526,8 +531,12 @@ func TestEtcdUnreachable(t *testing.T) {
 			if code != 69 {
 				t.Errorf("exit %d, want 69", code)
 			}
-			if !strings.Contains(out, strings.TrimPrefix(tc.endpoint, "http://")) {
-				t.Errorf("message does not name %s", tc.endpoint)
+			host := tc.endpoint[strings.LastIndexAny(tc.endpoint, "/@")+1:]
+			if !strings.Contains(out, host) {
+				t.Errorf("message does not name %s", host)
+			}
+			if strings.Contains(out, "secretpw") {
+				t.Errorf("message shows the password in the endpoint URL")
 			}
 			if took > 3*time.Second {
 				t.Errorf("took %v, want about the 1s dial timeout", took)
@@ -598,6 +607,30 @@ func TestEtcdAuth(t *testing.T) {
 	}
 	if evs := readEvents(t, events); count(evs, "start") != 2 {
 		t.Errorf("children started:\n%s\nwant the two authenticated runs'", formatEvents(evs))
+	}
+	// A user that may only read the lock's keys: "permission denied" is
+	// final and said, in every mode, not retried for ever nor taken for
+	// a held lock.
+	for _, args := range [][]string{{"user", "add", "reader", "--new-user-password=readpw"}, {"role", "add", "readonly"},
+		{"role", "grant-permission", "readonly", "--prefix=true", "read", "leaderrun/"}, {"user", "grant-role", "reader", "readonly"}} {
+		if out, err := testenv.Etcdctl(t, eps, append([]string{"--user", "root:rootpw"}, args...)...); err != nil {
+			t.Fatalf("etcdctl %v: %v\n%s", args, err, out)
+		}
+	}
+	for _, mode := range [][]string{nil, {"--try"}, {"--wait", "5s"}} {
+		t.Run(fmt.Sprintf("ReadOnly%v", mode), func(t *testing.T) {
+			args := append([]string{"--etcd-endpoints", strings.Join(eps, ","), "--lock", "auth", "--etcd-user", "reader:readpw"}, mode...)
+			began := time.Now()
+			out, code := output(t, append(args, "--", "/bin/true")...)
+			took := time.Since(began)
+			t.Logf("exit %d after %v: %s", code, took.Round(time.Millisecond), strings.TrimSpace(out))
+			if code != 69 || !strings.Contains(out, "permission denied") || !strings.Contains(out, "leaderrun/auth") {
+				t.Errorf("exit %d; want 69 saying permission denied on leaderrun/auth", code)
+			}
+			if took > 3*time.Second {
+				t.Errorf("took %v: a refusal must not be retried", took)
+			}
+		})
 	}
 }
 

@@ -86,6 +86,11 @@ type Config struct {
 	// variables are set. Nil: os.Environ().
 	Env []string
 
+	// Unset are variables removed from the child's environment: the
+	// store's credentials, whose only purpose is the lock (a job holding
+	// them could delete other locks' keys). Nil: none.
+	Unset []string
+
 	// Signals delivers the signals leaderrun receives (signals.Forwarded).
 	// Nil: the runner reacts to no signal.
 	Signals <-chan os.Signal

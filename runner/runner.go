@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -402,19 +403,17 @@ func renewLoop(ctx context.Context, lease backends.Lease, period, timeout time.D
 }
 
 // Variables leaderrun sets for the child; inherited values are replaced.
-// NOTIFY_SOCKET is leaderrun's own (systemd) and must not reach the child,
-// or the child could report readiness for it.
-var ownVars = []string{"FENCE_TOKEN", "LEADERRUN_LOCK", "LEADERRUN_IDENTITY", "LEADERRUN_BACKEND", "LEADERRUN_SOCKET", "NOTIFY_SOCKET"}
+// NOTIFY_SOCKET, WATCHDOG_USEC and WATCHDOG_PID are leaderrun's own
+// (systemd) and must not reach the child, or the child could report
+// readiness or liveness for it.
+var ownVars = []string{"FENCE_TOKEN", "LEADERRUN_LOCK", "LEADERRUN_IDENTITY", "LEADERRUN_BACKEND", "LEADERRUN_SOCKET",
+	"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"}
 
 func childEnv(base []string, cfg Config, token uint64) []string {
 	env := make([]string, 0, len(base)+5)
 	for _, kv := range base {
 		name, _, _ := strings.Cut(kv, "=")
-		own := false
-		for _, v := range ownVars {
-			own = own || name == v
-		}
-		if !own {
+		if !slices.Contains(ownVars, name) && !slices.Contains(cfg.Unset, name) {
 			env = append(env, kv)
 		}
 	}

@@ -133,7 +133,7 @@ func New(cfg Config) (*Backend, error) {
 	} else {
 		apiCfg = *api.DefaultConfig()
 	}
-	addr := redactAddr(apiCfg.Address)
+	addr := backends.Redact(apiCfg.Address)
 	client, err := api.NewClient(&apiCfg)
 	if err != nil {
 		// NewClient fails on a bad scheme, TLS files or token file; none of
@@ -151,26 +151,6 @@ func New(cfg Config) (*Backend, error) {
 		key:       cfg.Prefix + cfg.Lock,
 		lockDelay: cfg.LockDelay,
 	}, nil
-}
-
-// redactAddr drops user information from an address given as a URL, so that
-// messages that name the address never carry a password.
-func redactAddr(addr string) string {
-	scheme, rest, ok := strings.Cut(addr, "://")
-	if !ok {
-		scheme, rest = "", addr
-	}
-	host, path, _ := strings.Cut(rest, "/")
-	if i := strings.LastIndexByte(host, '@'); i >= 0 {
-		host = host[i+1:]
-	}
-	if path != "" {
-		host += "/" + path
-	}
-	if scheme != "" {
-		return scheme + "://" + host
-	}
-	return host
 }
 
 // Name implements backends.Backend.

@@ -112,7 +112,7 @@ func New(cfg Config) (*Backend, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	b := &Backend{
-		endpoints:   strings.Join(cfg.Endpoints, ","),
+		endpoints:   backends.Redact(strings.Join(cfg.Endpoints, ",")),
 		lock:        cfg.Lock,
 		pfx:         cfg.Prefix + cfg.Lock,
 		dialTimeout: cfg.DialTimeout,
@@ -214,6 +214,10 @@ func (b *Backend) reach(ctx context.Context, op string, f func(context.Context) 
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		// The caller's own deadline (status --timeout, --wait): still
+		// the caller's error, but one that names the store.
+		return fmt.Errorf("etcd %s: %s: no answer before the deadline: %w: %w", b.endpoints, op, backends.ErrUnavailable, ctx.Err())
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case rctx.Err() != nil:

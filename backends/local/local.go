@@ -7,6 +7,14 @@
 // incremented and made durable (write, fsync, rename, fsync of the directory)
 // while the lock is held, so it survives crashes and reboots.
 //
+// The state directory is treated as hostile until proven otherwise (see
+// dir): a directory others can write to must not let them make leaderrun
+// write, truncate or read other files, or reset the counter. The counter
+// never wraps (it refuses to go past its top), and a missing counter file
+// next to a lock file that records an earlier grant is refused rather than
+// restarted at 1: the holder record in <lock>.lock is kept after release for
+// that reason, and the history in <lock>.state says the same.
+//
 // The local backend is for development and for several instances on one
 // machine. It coordinates nothing across hosts.
 package local
@@ -16,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -23,6 +32,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
@@ -37,37 +48,75 @@ type Config struct {
 
 // Backend is the local flock backend for one lock.
 type Backend struct {
-	dir  string
+	path string
 	lock string
+
+	mu sync.Mutex
+	d  *dir // opened and checked at first use
 }
 
 // New returns a backend for cfg.Lock in cfg.Dir. It touches nothing on disk
-// until the first Campaign or Status.
+// until the first Campaign, Status or History.
 func New(cfg Config) *Backend {
-	return &Backend{dir: cfg.Dir, lock: cfg.Lock}
+	return &Backend{path: cfg.Dir, lock: cfg.Lock}
+}
+
+// state opens and checks the state directory once.
+func (b *Backend) state() (*dir, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.d != nil {
+		return b.d, nil
+	}
+	d, err := openDir(b.path)
+	if err != nil {
+		return nil, b.unavailable("open the state directory", err)
+	}
+	b.d = d
+	return d, nil
 }
 
 // Name implements backends.Backend.
 func (b *Backend) Name() string { return "local" }
 
-// Close implements backends.Backend; the local backend holds no connection.
-func (b *Backend) Close() error { return nil }
+// Close implements backends.Backend: it closes the state directory.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.d == nil {
+		return nil
+	}
+	err := b.d.close()
+	b.d = nil
+	return err
+}
 
-func (b *Backend) lockPath() string  { return filepath.Join(b.dir, b.lock+".lock") }
-func (b *Backend) tokenPath() string { return filepath.Join(b.dir, b.lock+".token") }
-func (b *Backend) queuePath() string { return filepath.Join(b.dir, b.lock+".queue") }
-func (b *Backend) statePath() string { return filepath.Join(b.dir, b.lock+".state") }
+// The files of a lock, in the state directory.
+func (b *Backend) lockName() string  { return b.lock + ".lock" }
+func (b *Backend) tokenName() string { return b.lock + ".token" }
+func (b *Backend) queueName() string { return b.lock + ".queue" }
+func (b *Backend) stateName() string { return b.lock + ".state" }
 
+func (b *Backend) lockPath() string  { return filepath.Join(b.path, b.lockName()) }
+func (b *Backend) tokenPath() string { return filepath.Join(b.path, b.tokenName()) }
+func (b *Backend) statePath() string { return filepath.Join(b.path, b.stateName()) }
+
+// unavailable wraps err as the local store being unusable, unless it is
+// already the more precise unsafe or corrupt state.
 func (b *Backend) unavailable(op string, err error) error {
-	return fmt.Errorf("local: %s in %s: %w: %w", op, b.dir, backends.ErrUnavailable, err)
+	if errors.Is(err, backends.ErrUnsafeState) || errors.Is(err, backends.ErrCorruptState) {
+		return err
+	}
+	return fmt.Errorf("local: %s in %s: %w: %w", op, b.path, backends.ErrUnavailable, err)
 }
 
 // Campaign implements backends.Backend. Waiting candidates sleep on an
 // inotify watch of the lock file (Linux) and retry when a holder closes it,
 // so a handover costs no polling.
 func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (backends.Lease, error) {
-	if err := os.MkdirAll(b.dir, 0o700); err != nil {
-		return nil, b.unavailable("create state directory", err)
+	d, err := b.state()
+	if err != nil {
+		return nil, err
 	}
 	var queue *os.File
 	defer func() {
@@ -76,7 +125,7 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 		}
 	}()
 	for {
-		l, err := b.campaignFile(ctx, opts, &queue)
+		l, err := b.campaignFile(ctx, d, opts, &queue)
 		if !errors.Is(err, errReplaced) {
 			return l, err
 		}
@@ -90,8 +139,8 @@ var errReplaced = errors.New("local: lock file replaced")
 // campaignFile waits for the lock on the file now at the lock path. It keeps
 // that file open while it waits: closing it would wake every other waiter,
 // which would close theirs and wake us, for ever.
-func (b *Backend) campaignFile(ctx context.Context, opts backends.CampaignOptions, queue **os.File) (backends.Lease, error) {
-	f, err := os.OpenFile(b.lockPath(), os.O_RDWR|os.O_CREATE, 0o600)
+func (b *Backend) campaignFile(ctx context.Context, d *dir, opts backends.CampaignOptions, queue **os.File) (backends.Lease, error) {
+	f, err := d.open(b.lockName(), unix.O_RDWR|unix.O_CREAT)
 	if err != nil {
 		return nil, b.unavailable("open lock file", err)
 	}
@@ -109,12 +158,12 @@ func (b *Backend) campaignFile(ctx context.Context, opts backends.CampaignOption
 		acquired := time.Now()
 		err := flock(f, syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
-			if same, serr := sameFile(f, b.lockPath()); serr != nil || !same {
+			if same, serr := d.sameFile(f, b.lockName()); serr != nil || !same {
 				// Our lock is on an orphan file.
 				f.Close()
 				return nil, errReplaced
 			}
-			l, err := b.grant(f, opts.Identity, acquired)
+			l, err := b.grant(d, f, opts.Identity, acquired)
 			if err != nil {
 				f.Close()
 				return nil, err
@@ -132,7 +181,7 @@ func (b *Backend) campaignFile(ctx context.Context, opts backends.CampaignOption
 		if *queue == nil {
 			// A shared flock on the queue file counts this waiter for
 			// Status; the kernel drops it if we die.
-			q, err := os.OpenFile(b.queuePath(), os.O_RDONLY|os.O_CREATE, 0o600)
+			q, err := d.open(b.queueName(), unix.O_RDONLY|unix.O_CREAT)
 			if err == nil {
 				if err = flock(q, syscall.LOCK_SH); err != nil {
 					q.Close()
@@ -153,7 +202,7 @@ func (b *Backend) campaignFile(ctx context.Context, opts backends.CampaignOption
 			f.Close()
 			return nil, b.unavailable("wait for lock", err)
 		}
-		if same, serr := sameFile(f, b.lockPath()); serr != nil || !same {
+		if same, serr := d.sameFile(f, b.lockName()); serr != nil || !same {
 			f.Close()
 			return nil, errReplaced
 		}
@@ -161,9 +210,10 @@ func (b *Backend) campaignFile(ctx context.Context, opts backends.CampaignOption
 }
 
 // grant runs with the lock held: it bumps the token durably and writes the
-// holder's identity into the lock file for Status.
-func (b *Backend) grant(f *os.File, identity string, acquired time.Time) (*lease, error) {
-	token, err := b.nextToken()
+// holder's identity into the lock file for Status. The record stays after
+// release, as proof of the last token granted.
+func (b *Backend) grant(d *dir, f *os.File, identity string, acquired time.Time) (*lease, error) {
+	token, err := b.nextToken(d, f)
 	if err != nil {
 		return nil, err
 	}
@@ -176,6 +226,7 @@ func (b *Backend) grant(f *os.File, identity string, acquired time.Time) (*lease
 	}
 	l := &lease{
 		b:        b,
+		d:        d,
 		f:        f,
 		token:    token,
 		acquired: acquired,
@@ -187,14 +238,27 @@ func (b *Backend) grant(f *os.File, identity string, acquired time.Time) (*lease
 	return l, nil
 }
 
-// nextToken reads, increments and durably stores the counter. A counter
-// file that cannot be parsed is an error, never a reset to zero: a reset
-// would hand out tokens that fenced resources have already seen.
-func (b *Backend) nextToken() (uint64, error) {
+// maxTokenFile bounds what is read of a token file: a uint64 and a newline.
+const maxTokenFile = 32
+
+// nextToken reads, increments and durably stores the counter, with the
+// lock held (f is the locked lock file). It never hands out a token that
+// was granted before: a counter that cannot be parsed is an error, never a
+// reset to zero; the counter refuses to wrap at the top of its range; and a
+// missing counter with proof of an earlier grant (the lock file's holder
+// record, the history) is an error, not a restart at 1.
+func (b *Backend) nextToken(d *dir, f *os.File) (uint64, error) {
 	var cur uint64
-	data, err := os.ReadFile(b.tokenPath())
+	data, err := d.readFile(b.tokenName(), maxTokenFile)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
+		if last, where := b.lastGranted(d, f); last > 0 {
+			return 0, fmt.Errorf("local: token file %s is missing, but %s shows token %d was granted; "+
+				"starting again at 1 would hand out tokens fenced resources have seen: restore it (echo %d > %s): %w",
+				b.tokenPath(), where, last, last, b.tokenPath(), backends.ErrCorruptState)
+		}
+	case errors.Is(err, backends.ErrUnsafeState):
+		return 0, err
 	case err != nil:
 		return 0, fmt.Errorf("local: cannot read token file %s: %v: %w", b.tokenPath(), err, backends.ErrCorruptState)
 	default:
@@ -205,47 +269,39 @@ func (b *Backend) nextToken() (uint64, error) {
 				b.tokenPath(), len(data), backends.ErrCorruptState)
 		}
 	}
+	if cur == math.MaxUint64 {
+		return 0, fmt.Errorf("local: token file %s is at the top of its range (%d): a next token would wrap to 0: %w",
+			b.tokenPath(), cur, backends.ErrCorruptState)
+	}
 	next := cur + 1
-	if err := writeFileSync(b.tokenPath(), []byte(strconv.FormatUint(next, 10)+"\n")); err != nil {
+	if err := d.writeFile(b.tokenName(), []byte(strconv.FormatUint(next, 10)+"\n")); err != nil {
 		return 0, b.unavailable("store token", err)
 	}
 	return next, nil
 }
 
-// writeFileSync replaces path with data so that after a crash either the old
-// or the new content is there, never a torn write.
-func writeFileSync(path string, data []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
+// lastGranted is the largest token an earlier grant left proof of, and
+// where: the locked lock file's holder record, or the history.
+func (b *Backend) lastGranted(d *dir, f *os.File) (uint64, string) {
+	buf := make([]byte, 4096)
+	n, _ := f.ReadAt(buf, 0)
+	if t, err := strconv.ParseUint(tokenLine(buf[:n]), 10, 64); err == nil && t > 0 {
+		return t, "the lock file " + b.lockPath()
 	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
+	if st, err := b.readState(d); err == nil && len(st.History) > 0 {
+		return backends.NewestFirst(st.History, 1)[0].Token, "the history in " + b.statePath()
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return 0, ""
 }
 
 // Status implements backends.Backend.
 func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	st := backends.Status{Lock: b.lock, Backend: b.Name(), Key: b.lockPath(), Remaining: -1, Waiting: -1}
-	f, err := os.Open(b.lockPath())
+	d, err := b.state()
+	if err != nil {
+		return st, err
+	}
+	f, err := d.open(b.lockName(), unix.O_RDONLY)
 	if errors.Is(err, os.ErrNotExist) {
 		st.Waiting = 0
 		return st, nil
@@ -262,7 +318,7 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	if err != nil {
 		return st, b.unavailable("inspect locks", err)
 	}
-	st.Waiting = countWaiters(b.queuePath())
+	st.Waiting = countWaiters(d, b.queueName())
 	if !held {
 		return st, nil
 	}
@@ -294,6 +350,7 @@ func readInfo(f *os.File) (map[string]string, error) {
 // lease is a held flock.
 type lease struct {
 	b        *Backend
+	d        *dir
 	f        *os.File
 	token    uint64
 	acquired time.Time
@@ -319,7 +376,7 @@ func (l *lease) check() error {
 	if err := l.Err(); err != nil {
 		return err
 	}
-	same, err := sameFile(l.f, l.b.lockPath())
+	same, err := l.d.sameFile(l.f, l.b.lockName())
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("local: check %s: %w", l.b.lockPath(), err)
 	}
@@ -347,15 +404,14 @@ func (l *lease) Release(_ context.Context, term *backends.Term) error {
 	l.watchWG.Wait()
 	var herr error
 	if term != nil {
-		herr = l.b.updateState(func(st *state) error {
+		herr = l.b.updateState(l.d, func(st *state) error {
 			st.History = append(st.History, *term)
 			st.History = backends.NewestFirst(st.History, backends.HistoryLimit)
 			return nil
 		})
 	}
-	if l.Err() == nil {
-		_ = l.f.Truncate(0)
-	}
+	// The holder record stays: it is the proof of the last token should
+	// the token file go missing.
 	if err := l.f.Close(); err != nil {
 		return err
 	}
@@ -363,18 +419,6 @@ func (l *lease) Release(_ context.Context, term *backends.Term) error {
 		return fmt.Errorf("local: record the term in %s: %w", l.b.statePath(), herr)
 	}
 	return nil
-}
-
-func sameFile(f *os.File, path string) (bool, error) {
-	fi, err := f.Stat()
-	if err != nil {
-		return false, err
-	}
-	pi, err := os.Stat(path)
-	if err != nil {
-		return false, err
-	}
-	return os.SameFile(fi, pi), nil
 }
 
 func flock(f *os.File, how int) error {

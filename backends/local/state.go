@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"syscall"
 	"time"
 
 	"github.com/leaderrun/leaderrun/backends"
@@ -27,35 +26,32 @@ type state struct {
 const maxStateSize = 1 << 20
 
 // readState reads the state file; a missing one is an empty state.
-func (b *Backend) readState() (state, error) {
+func (b *Backend) readState(d *dir) (state, error) {
 	var st state
-	data, err := os.ReadFile(b.statePath())
+	data, err := d.readFile(b.stateName(), maxStateSize)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return st, nil
 	case err != nil:
 		return st, err
-	case len(data) > maxStateSize:
-		return st, fmt.Errorf("state file %s is larger than %d bytes", b.statePath(), maxStateSize)
 	}
 	if err := json.Unmarshal(data, &st); err != nil {
-		return st, fmt.Errorf("state file %s is corrupt: %v", b.statePath(), err)
+		return st, fmt.Errorf("state file %s is corrupt: %v: %w", b.statePath(), err, backends.ErrCorruptState)
 	}
 	return st, nil
 }
 
 // updateState applies f to the state under the directory's flock and
 // writes it back durably, dropping expired markers on the way.
-func (b *Backend) updateState(f func(*state) error) error {
-	d, err := os.Open(b.dir)
+func (b *Backend) updateState(d *dir, f func(*state) error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	unlock, err := d.lockState()
 	if err != nil {
 		return err
 	}
-	defer d.Close()
-	if err := flock(d, syscall.LOCK_EX); err != nil {
-		return err
-	}
-	st, err := b.readState()
+	defer unlock()
+	st, err := b.readState(d)
 	if err != nil {
 		return err
 	}
@@ -72,12 +68,12 @@ func (b *Backend) updateState(f func(*state) error) error {
 	if err != nil {
 		return err
 	}
-	return writeFileSync(b.statePath(), data)
+	return d.writeFile(b.stateName(), data)
 }
 
 // Completed implements backends.Lease.
 func (l *lease) Completed(_ context.Context, key string) (*backends.Marker, error) {
-	st, err := l.b.readState()
+	st, err := l.b.readState(l.d)
 	if err != nil {
 		return nil, fmt.Errorf("local: read completion of %q: %w", key, err)
 	}
@@ -92,7 +88,7 @@ func (l *lease) Completed(_ context.Context, key string) (*backends.Marker, erro
 // state flock only if the lock file this lease holds is still the one at
 // the lock path (replacing the lock file is the one way to lose a flock).
 func (l *lease) Complete(_ context.Context, m backends.Marker) error {
-	err := l.b.updateState(func(st *state) error {
+	err := l.b.updateState(l.d, func(st *state) error {
 		if err := l.check(); err != nil {
 			return err
 		}
@@ -110,7 +106,11 @@ func (l *lease) Complete(_ context.Context, m backends.Marker) error {
 
 // History implements backends.Backend.
 func (b *Backend) History(_ context.Context, limit int) ([]backends.Term, error) {
-	st, err := b.readState()
+	d, err := b.state()
+	if err != nil {
+		return nil, err
+	}
+	st, err := b.readState(d)
 	if err != nil {
 		return nil, b.unavailable("read history", err)
 	}

@@ -5,6 +5,7 @@ package local
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -25,7 +26,8 @@ type watcher struct {
 
 // Waiters wake when a holder closes the lock file (release or death) and
 // holders notice when their file is unlinked, renamed or replaced.
-const watchMask = unix.IN_CLOSE_WRITE | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ATTRIB
+// IN_DONT_FOLLOW: a symlink planted at the path is watched, not its target.
+const watchMask = unix.IN_CLOSE_WRITE | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ATTRIB | unix.IN_DONT_FOLLOW
 
 func newWatcher(path string) (*watcher, error) {
 	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
@@ -91,10 +93,13 @@ func isHeld(f *os.File, _ map[string]string) (bool, error) {
 
 // countWaiters counts shared flocks on the queue file, one per waiting
 // candidate.
-func countWaiters(path string) int {
-	f, err := os.Open(path)
-	if err != nil {
+func countWaiters(d *dir, name string) int {
+	f, err := d.open(name, unix.O_RDONLY)
+	if errors.Is(err, os.ErrNotExist) {
 		return 0
+	}
+	if err != nil {
+		return -1
 	}
 	defer f.Close()
 	n, err := flockCount(f)

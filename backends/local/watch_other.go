@@ -48,4 +48,4 @@ func isHeld(_ *os.File, info map[string]string) (bool, error) {
 	return err == nil || err == syscall.EPERM, nil
 }
 
-func countWaiters(string) int { return -1 }
+func countWaiters(*dir, string) int { return -1 }

@@ -1,0 +1,272 @@
+package local
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/leaderrun/leaderrun/backends"
+)
+
+// dir is the state directory, treated as hostile until proven otherwise: a
+// directory that others may write to (a shared /tmp) lets them plant
+// symlinks or pre-create files under the names leaderrun uses, and make it
+// (often running as root) overwrite, truncate or disclose other files, or
+// reset the token counter. So the directory and every directory above it
+// must be owned by this user or root and writable by nobody else (or be
+// sticky, like /tmp); every file is opened relative to the directory's
+// descriptor with O_NOFOLLOW, and used only if it is a regular file owned
+// by this user or root, with no other hard link, and writable by its owner
+// alone. Whatever fails these checks is refused with
+// backends.ErrUnsafeState, naming the path and the reason.
+type dir struct {
+	path string
+	f    *os.File // O_DIRECTORY
+	euid int
+	// mu serialises this process's state updates: a flock on one open
+	// file does not exclude its other users in the same process.
+	mu sync.Mutex
+}
+
+// openDir creates path (0700) if it does not exist, checks it and every
+// directory above it, and opens it.
+func openDir(path string) (*dir, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	euid := os.Geteuid()
+	if err := os.MkdirAll(abs, 0o700); err != nil {
+		return nil, fmt.Errorf("create state directory %s: %w", abs, err)
+	}
+	// Every ancestor: a directory someone else may write to could swap
+	// what lies below it.
+	for p := abs; ; p = filepath.Dir(p) {
+		if err := checkDirAt(p, euid); err != nil {
+			return nil, err
+		}
+		if p == filepath.Dir(p) {
+			break
+		}
+	}
+	fd, err := unix.Open(abs, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open state directory %s: %w", abs, err)
+	}
+	f := os.NewFile(uintptr(fd), abs)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		f.Close()
+		return nil, err
+	}
+	// Checked again through the descriptor: the path may have changed
+	// since it was checked by name.
+	if err := checkDir(abs, &st, euid); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &dir{path: abs, f: f, euid: euid}, nil
+}
+
+func (d *dir) close() error { return d.f.Close() }
+
+func (d *dir) fd() int { return int(d.f.Fd()) }
+
+// join is the path of name in the directory, for messages and inotify.
+func (d *dir) join(name string) string { return filepath.Join(d.path, name) }
+
+func unsafeErr(path, why string) error {
+	return fmt.Errorf("local: %s %s: refusing to use it: %w", path, why, backends.ErrUnsafeState)
+}
+
+// owned reports whether uid may own leaderrun's files when euid runs it.
+func owned(uid uint32, euid int) bool { return uid == 0 || int(uid) == euid }
+
+// checkDirAt checks the directory at p, and p itself if it is a symlink.
+func checkDirAt(p string, euid int) error {
+	var lst unix.Stat_t
+	if err := unix.Lstat(p, &lst); err != nil {
+		return fmt.Errorf("local: inspect %s: %w", p, err)
+	}
+	if lst.Mode&unix.S_IFMT == unix.S_IFLNK && !owned(lst.Uid, euid) {
+		return unsafeErr(p, fmt.Sprintf("is a symbolic link owned by uid %d", lst.Uid))
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		return fmt.Errorf("local: inspect %s: %w", p, err)
+	}
+	return checkDir(p, &st, euid)
+}
+
+func checkDir(p string, st *unix.Stat_t, euid int) error {
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		return unsafeErr(p, "is not a directory")
+	case !owned(st.Uid, euid):
+		return unsafeErr(p, fmt.Sprintf("is owned by uid %d, not by this user (%d) or root", st.Uid, euid))
+	case st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0:
+		return unsafeErr(p, fmt.Sprintf("is writable by others (mode %04o) and not sticky", st.Mode&0o7777))
+	}
+	return nil
+}
+
+// checkFile checks an opened file of the directory.
+func (d *dir) checkFile(name string, st *unix.Stat_t) error {
+	p := d.join(name)
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return unsafeErr(p, "is not a regular file")
+	case !owned(st.Uid, d.euid):
+		return unsafeErr(p, fmt.Sprintf("is owned by uid %d, not by this user (%d) or root", st.Uid, d.euid))
+	case st.Nlink != 1:
+		return unsafeErr(p, fmt.Sprintf("has %d hard links", st.Nlink))
+	case st.Mode&0o022 != 0:
+		return unsafeErr(p, fmt.Sprintf("is writable by others (mode %04o)", st.Mode&0o7777))
+	}
+	return nil
+}
+
+// open opens name in the directory without following a symlink, creating
+// it (0600) if flags say so, and checks what it opened.
+func (d *dir) open(name string, flags int) (*os.File, error) {
+	fd, err := unix.Openat(d.fd(), name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		// Say what is wrong with what lies there, if anything: the kernel
+		// answers a planted symlink with ELOOP, or EACCES where it
+		// protects sticky directories.
+		var st unix.Stat_t
+		if !errors.Is(err, unix.ENOENT) && unix.Fstatat(d.fd(), name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				return nil, unsafeErr(d.join(name), "is a symbolic link")
+			}
+			if err := d.checkFile(name, &st); err != nil {
+				return nil, err
+			}
+		}
+		return nil, &os.PathError{Op: "open", Path: d.join(name), Err: err}
+	}
+	f := os.NewFile(uintptr(fd), d.join(name))
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := d.checkFile(name, &st); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// readFile reads name, at most max bytes; a missing file is
+// os.ErrNotExist, a larger one an error that says its size, never what it
+// holds.
+func (d *dir) readFile(name string, max int) ([]byte, error) {
+	f, err := d.open(name, unix.O_RDONLY)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, int64(max)+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > max {
+		fi, _ := f.Stat()
+		return nil, fmt.Errorf("%s is %d bytes, more than the %d it can hold", d.join(name), fi.Size(), max)
+	}
+	return data, nil
+}
+
+// writeFile replaces name with data so that after a crash either the old
+// or the new content is there, never a torn write: a new temporary file
+// (O_EXCL: never one someone planted), fsync, rename over name, fsync of
+// the directory.
+func (d *dir) writeFile(name string, data []byte) error {
+	tmp := name + ".tmp"
+	f, err := d.open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL)
+	if errors.Is(err, unix.EEXIST) {
+		// Left by a crash between create and rename, if it is ours;
+		// anyone else's is refused by name.
+		var st unix.Stat_t
+		if serr := unix.Fstatat(d.fd(), tmp, &st, unix.AT_SYMLINK_NOFOLLOW); serr != nil {
+			return serr
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFREG || !owned(st.Uid, d.euid) {
+			return unsafeErr(d.join(tmp), fmt.Sprintf("exists and is not this user's file (uid %d, mode %06o)", st.Uid, st.Mode))
+		}
+		if err := unix.Unlinkat(d.fd(), tmp, 0); err != nil {
+			return err
+		}
+		f, err = d.open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL)
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := unix.Renameat(d.fd(), tmp, d.fd(), name); err != nil {
+		return err
+	}
+	return d.f.Sync()
+}
+
+// sameFile reports whether f is still the file at name (not removed or
+// replaced), without following a symlink.
+func (d *dir) sameFile(f *os.File, name string) (bool, error) {
+	var a, b unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &a); err != nil {
+		return false, err
+	}
+	if err := unix.Fstatat(d.fd(), name, &b, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return false, os.ErrNotExist
+		}
+		return false, err
+	}
+	return a.Dev == b.Dev && a.Ino == b.Ino, nil
+}
+
+// lockState holds an exclusive flock on the directory itself for updates of
+// a state file, for microseconds; unlock with the returned function.
+func (d *dir) lockState() (func(), error) {
+	if err := flockFd(d.fd(), unix.LOCK_EX); err != nil {
+		return nil, err
+	}
+	return func() { _ = flockFd(d.fd(), unix.LOCK_UN) }, nil
+}
+
+func flockFd(fd, how int) error {
+	for {
+		err := unix.Flock(fd, how)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}
+
+// tokenLine reads the token recorded in a lock file's holder record
+// ("token=N"), 0 if none.
+func tokenLine(data []byte) string {
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "token="); ok {
+			return v
+		}
+	}
+	return ""
+}
