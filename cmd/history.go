@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -16,39 +15,29 @@ import (
 )
 
 func historyCommand(st *state) *cli.Command {
-	flags := append([]cli.Flag{
-		&cli.BoolFlag{Name: "json", Usage: "print one JSON object per term, one per line"},
-		&cli.IntFlag{Name: "limit", Value: 20, Usage: "show the newest `N` terms (the store keeps about 100)"},
-		&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "give up on the store after `D`"},
-	}, storeFlags()...)
 	return &cli.Command{
 		Name:  "history",
 		Usage: "list the recent terms of the lock, newest first: who led, with which token, and how it ended",
 		UsageText: "leaderrun history --lock NAME [--json] [--limit N] [store flags]\n\n" +
 			"A lock never held prints nothing and exits 0.",
-		Flags:        flags,
+		Flags: readFlags("print one JSON object per term, one per line",
+			&cli.IntFlag{Name: "limit", Value: 20, Usage: "show the newest `N` terms (the store keeps about 100)"}),
 		OnUsageError: onUsageError,
 		Action: func(c *cli.Context) error {
 			st.command = "history "
-			if _, err := newLogger(c, os.Stderr); err != nil {
-				return err
-			}
 			limit := c.Int("limit")
 			if limit < 1 || limit > backends.HistoryLimit {
 				return usageErrorf("--limit %d: want 1-%d", limit, backends.HistoryLimit)
 			}
-			backend, _, err := openBackend(c)
-			if err != nil {
-				return err
-			}
-			defer backend.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), c.Duration("timeout"))
-			defer cancel()
-			terms, err := backend.History(ctx, limit)
-			if err != nil {
-				return fmt.Errorf("history of %q: %w", c.String("lock"), noAnswer(err, backend, c.Duration("timeout")))
-			}
-			if c.Bool("json") {
+			return withStore(c, "history", func(ctx context.Context, backend backends.Backend) error {
+				terms, err := backend.History(ctx, limit)
+				if err != nil {
+					return err
+				}
+				if !c.Bool("json") {
+					printHistory(st, terms)
+					return nil
+				}
 				enc := json.NewEncoder(st.stdout)
 				for _, t := range terms {
 					if err := enc.Encode(t); err != nil {
@@ -56,9 +45,7 @@ func historyCommand(st *state) *cli.Command {
 					}
 				}
 				return nil
-			}
-			printHistory(st, terms)
-			return nil
+			})
 		},
 	}
 }

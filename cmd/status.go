@@ -13,11 +13,43 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-func statusCommand(st *state) *cli.Command {
+// readFlags are the flags of the commands that read the store (status,
+// history), before the store flags.
+func readFlags(jsonUsage string, more ...cli.Flag) []cli.Flag {
 	flags := append([]cli.Flag{
-		&cli.BoolFlag{Name: "json", Usage: "print the status as one JSON object"},
+		&cli.BoolFlag{Name: "json", Usage: jsonUsage},
 		&cli.DurationFlag{Name: "timeout", Value: 5 * time.Second, Usage: "give up on the store after `D`"},
-	}, storeFlags()...)
+	}, more...)
+	return append(flags, storeFlags()...)
+}
+
+// withStore opens the chosen store for a command that reads it, and runs
+// read with a context bounded by --timeout. A store that does not answer in
+// time is unreachable (exit 69), whatever the backend said.
+func withStore(c *cli.Context, what string, read func(context.Context, backends.Backend) error) error {
+	if _, err := newLogger(c, os.Stderr); err != nil {
+		return err
+	}
+	backend, _, err := openBackend(c)
+	if err != nil {
+		return err
+	}
+	defer backend.Close()
+	timeout := c.Duration("timeout")
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	err = read(ctx, backend)
+	if errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, backends.ErrUnavailable) {
+		err = fmt.Errorf("no answer from %s within --timeout %v: %w: %w", backend.Name(), timeout, backends.ErrUnavailable, err)
+	}
+	if err != nil && !errors.Is(err, errNoLeader) {
+		return fmt.Errorf("%s of %q: %w", what, c.String("lock"), err)
+	}
+	return err
+}
+
+func statusCommand(st *state) *cli.Command {
+	flags := readFlags("print the status as one JSON object")
 	return &cli.Command{
 		Name:         "status",
 		Usage:        "show who holds the lock (exit 0 with a leader, 3 with none)",
@@ -26,47 +58,34 @@ func statusCommand(st *state) *cli.Command {
 		OnUsageError: onUsageError,
 		Action: func(c *cli.Context) error {
 			st.command = "status "
-			if _, err := newLogger(c, os.Stderr); err != nil {
-				return err
-			}
-			backend, _, err := openBackend(c)
-			if err != nil {
-				return err
-			}
-			defer backend.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), c.Duration("timeout"))
-			defer cancel()
-			s, err := backend.Status(ctx)
-			if err != nil {
-				return fmt.Errorf("status of %q: %w", c.String("lock"), noAnswer(err, backend, c.Duration("timeout")))
-			}
-			// The last term is a courtesy: a store that cannot read its
-			// history still gives its status.
-			var last *backends.Term
-			if terms, err := backend.History(ctx, 1); err == nil && len(terms) == 1 {
-				last = &terms[0]
-			}
-			if c.Bool("json") {
-				enc := json.NewEncoder(st.stdout)
-				if err := enc.Encode(statusJSON{Status: s, LastTerm: last}); err != nil {
-					return err
-				}
-			} else {
-				printStatus(st, s, last)
-			}
-			if !s.Held {
-				return errNoLeader
-			}
-			return nil
+			return withStore(c, "status", func(ctx context.Context, backend backends.Backend) error {
+				return status(ctx, c, st, backend)
+			})
 		},
 	}
 }
 
-// noAnswer makes a store that did not answer within --timeout a store that
-// cannot be reached (exit 69), whatever the backend said.
-func noAnswer(err error, b backends.Backend, timeout time.Duration) error {
-	if errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, backends.ErrUnavailable) {
-		return fmt.Errorf("no answer from %s within --timeout %v: %w: %w", b.Name(), timeout, backends.ErrUnavailable, err)
+// status prints who holds the lock; errNoLeader if nobody does.
+func status(ctx context.Context, c *cli.Context, st *state, backend backends.Backend) error {
+	s, err := backend.Status(ctx)
+	if err != nil {
+		return err
 	}
-	return err
+	// The last term is a courtesy: a store that cannot read its history
+	// still gives its status.
+	var last *backends.Term
+	if terms, err := backend.History(ctx, 1); err == nil && len(terms) == 1 {
+		last = &terms[0]
+	}
+	if c.Bool("json") {
+		if err := json.NewEncoder(st.stdout).Encode(statusJSON{Status: s, LastTerm: last}); err != nil {
+			return err
+		}
+	} else {
+		printStatus(st, s, last)
+	}
+	if !s.Held {
+		return errNoLeader
+	}
+	return nil
 }

@@ -1,7 +1,7 @@
 package e2e
 
 import (
-	"errors"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,8 +10,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
@@ -43,13 +41,13 @@ func escapingJob(t *testing.T, pidFile string) []string {
 	script := `setsid sh -c 'trap "" TERM INT; echo $$ > ` + pidFile + `.tmp; mv ` + pidFile + `.tmp ` + pidFile + `; exec sleep 3600' </dev/null >/dev/null 2>&1 &
 while [ ! -s ` + pidFile + ` ]; do sleep 0.01; done
 exec ` + childArgv(t)[0]
-	return []string{"--shell", "--", script}
+	return []string{"--log-format", "json", "--shell", "--", script}
 }
 
 // helper waits for the job to run (the helper started and the job became
-// the recording child) and opens a pidfd on the helper, so that the test
-// learns the moment it dies (it is not the test's child).
-func helper(t *testing.T, events, id, pidFile string) (int, int) {
+// the recording child) and watches the helper, so that the test learns the
+// moment it dies (it is not the test's child).
+func helper(t *testing.T, events, id, pidFile string) *testenv.Process {
 	t.Helper()
 	waitEvents(t, events, 10*time.Second, "the job", etcdHas("start", id))
 	var pid int
@@ -58,48 +56,54 @@ func helper(t *testing.T, events, id, pidFile string) (int, int) {
 		pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
 		return err == nil && pid > 0
 	})
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		t.Fatalf("pidfd_open(%d): %v", pid, err)
-	}
-	t.Cleanup(func() {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-		unix.Close(fd)
-	})
-	return pid, fd
+	return testenv.Watch(t, pid)
 }
 
-// deathOf returns when the process behind pidfd died, waiting up to limit.
-func deathOf(t *testing.T, pidfd int, limit time.Duration) time.Time {
-	t.Helper()
-	ts := unix.NsecToTimespec(limit.Nanoseconds())
-	for {
-		n, err := unix.Ppoll([]unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}, &ts, nil)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil || n == 0 {
-			t.Fatalf("the helper is still alive after %v (%v)", limit, err)
-		}
-		return time.Now()
-	}
-}
-
-// checkHelperDeath fails the test unless the helper died within
-// --kill-grace + slack of the first kill signal the job recorded.
-func checkHelperDeath(t *testing.T, events, id string, died time.Time) time.Time {
+// checkHelperDeath fails the test unless leaderrun sent the helper
+// SIGKILL within --kill-grace + slack of the first kill signal the job
+// recorded, by its own log, and the helper was seen dead soon after (the
+// kernel finishing a SIGKILL, and the test's own wake-up, take a few
+// milliseconds on a quiet machine, and tens on a machine loaded by parallel
+// builds: deathSlack).
+func checkHelperDeath(t *testing.T, leader *proc, events, id string, died time.Time) time.Time {
 	t.Helper()
 	evs := waitEvents(t, events, 5*time.Second, "the job's kill signal", etcdHas("signal", id))
 	first, _ := etcdFind(evs, "signal", id)
-	after := died.Sub(first.At)
-	t.Logf("first kill signal (%s) to the helper's death: %v (--kill-grace %v)", first.Rest, after.Round(time.Millisecond), escapeGrace)
-	if after > escapeGrace+escapeSlack {
-		t.Errorf("the helper died %v after the first kill signal: more than --kill-grace %v + %v", after, escapeGrace, escapeSlack)
+	killed, ok := logTime(leader.stderr.String(), "still running at the end of --kill-grace; sent SIGKILL")
+	if !ok {
+		t.Fatalf("leaderrun logged no SIGKILL:\n%s", leader.stderr.String())
+	}
+	sent, after := killed.Sub(first.At), died.Sub(first.At)
+	t.Logf("first kill signal (%s) to SIGKILL: %v, to the helper's death: %v (--kill-grace %v)",
+		first.Rest, sent.Round(time.Millisecond), after.Round(time.Millisecond), escapeGrace)
+	if sent > escapeGrace+escapeSlack {
+		t.Errorf("SIGKILL sent %v after the first kill signal: more than --kill-grace %v + %v", sent, escapeGrace, escapeSlack)
+	}
+	if after > escapeGrace+escapeSlack+deathSlack {
+		t.Errorf("the helper died %v after the first kill signal", after)
 	}
 	if after < escapeGrace-escapeSlack {
 		t.Errorf("the helper, which ignores SIGTERM, died %v after the first kill signal: before the grace was up", after)
 	}
 	return first.At
+}
+
+// deathSlack is what the kernel and the scheduler may add between a
+// SIGKILL and the process being gone, on a loaded machine.
+const deathSlack = 150 * time.Millisecond
+
+// logTime is the time of the first JSON log line whose msg is msg.
+func logTime(log, msg string) (time.Time, bool) {
+	for _, line := range strings.Split(log, "\n") {
+		var l struct {
+			Time time.Time `json:"time"`
+			Msg  string    `json:"msg"`
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == msg {
+			return l.Time, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // TestEscapedHelperLocal: on the local backend, with a store-reported loss
@@ -114,11 +118,11 @@ func TestEscapedHelperLocal(t *testing.T) {
 		dir := t.TempDir()
 		events, pidFile := filepath.Join(dir, "events"), filepath.Join(dir, "helper")
 		p := start(t, childEnv(events, "ignore:1h"), append(args(dir, "leader"), escapingJob(t, pidFile)...)...)
-		_, fd := helper(t, events, "leader", pidFile)
+		h := helper(t, events, "leader", pidFile)
 		if err := os.Remove(filepath.Join(dir, "escape.lock")); err != nil {
 			t.Fatal(err)
 		}
-		checkHelperDeath(t, events, "leader", deathOf(t, fd, 10*time.Second))
+		checkHelperDeath(t, p, events, "leader", h.Died(t, 10*time.Second))
 		if code := p.wait(10 * time.Second); code != 76 {
 			t.Errorf("leaderrun exited %d, want 76", code)
 		}
@@ -127,15 +131,15 @@ func TestEscapedHelperLocal(t *testing.T) {
 		dir := t.TempDir()
 		events, pidFile := filepath.Join(dir, "events"), filepath.Join(dir, "helper")
 		leader := start(t, childEnv(events, "ignore:1h"), append(args(dir, "leader"), escapingJob(t, pidFile)...)...)
-		_, fd := helper(t, events, "leader", pidFile)
+		h := helper(t, events, "leader", pidFile)
 		follower := start(t, childEnv(events, "forever"), append(args(dir, "follower"), cmdArgs(t, nil)...)...)
 		waitFor(t, 10*time.Second, "the follower to queue", func() bool {
 			out, _ := output(t, "status", "--json", "--backend", "local", "--state-dir", dir, "--lock", "escape")
 			return strings.Contains(out, `"waiting":1`)
 		})
 		leader.signal(syscall.SIGTERM)
-		died := deathOf(t, fd, 10*time.Second)
-		checkHelperDeath(t, events, "leader", died)
+		died := h.Died(t, 10*time.Second)
+		checkHelperDeath(t, leader, events, "leader", died)
 		evs := waitEvents(t, events, 10*time.Second, "the follower's job", etcdHas("start", "follower"))
 		next, _ := etcdFind(evs, "start", "follower")
 		t.Logf("follower's job started %v after the helper died", next.At.Sub(died).Round(time.Millisecond))
@@ -172,12 +176,12 @@ func escapeOnStore(t *testing.T, direct, proxied string, args func(addr, lock, i
 			lock := "escape-" + strings.ReplaceAll(tc.name, " ", "-")
 			proxy := testenv.NewProxy(t, proxied)
 			leader := start(t, childEnv(events, "ignore:1h"), append(args(proxy.Addr(), lock, "leader"), escapingJob(t, pidFile)...)...)
-			_, fd := helper(t, events, "leader", pidFile)
+			h := helper(t, events, "leader", pidFile)
 			follower := start(t, childEnv(events, "forever"), append(args(direct, lock, "follower"), cmdArgs(t, nil)...)...)
 			waitFor(t, 20*time.Second, "the follower to queue", func() bool { return queued(lock) })
 			tc.fault(t, proxy, lock)
-			died := deathOf(t, fd, 30*time.Second)
-			checkHelperDeath(t, events, "leader", died)
+			died := h.Died(t, 30*time.Second)
+			checkHelperDeath(t, leader, events, "leader", died)
 			evs := waitEvents(t, events, 30*time.Second, "the follower's job", etcdHas("start", "follower"))
 			next, _ := etcdFind(evs, "start", "follower")
 			t.Logf("follower's job started %v after the helper died", next.At.Sub(died).Round(time.Millisecond))

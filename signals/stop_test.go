@@ -1,7 +1,6 @@
 package signals
 
 import (
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,8 +9,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
@@ -28,8 +25,8 @@ while [ ! -s ` + pidFile + ` ]; do sleep 0.01; done
 }
 
 // startEscapee starts script under a new Supervisor with kill grace grace
-// and returns the child and the escaped helper's pid, with a pidfd on it.
-func startEscapee(t *testing.T, script string, grace time.Duration, pidFile string) (*Child, int, int) {
+// and returns the child and the escaped helper, watched.
+func startEscapee(t *testing.T, script string, grace time.Duration, pidFile string) (*Child, *testenv.Process) {
 	t.Helper()
 	if _, err := exec.LookPath("setsid"); err != nil {
 		testenv.Missing(t, "setsid(1) from util-linux is not installed")
@@ -55,32 +52,7 @@ func startEscapee(t *testing.T, script string, grace time.Duration, pidFile stri
 	if pgid, _ := syscall.Getpgid(pid); pgid == c.Pid() {
 		t.Fatalf("the helper %d did not leave the command's group", pid)
 	}
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		t.Fatalf("pidfd_open(%d): %v", pid, err)
-	}
-	t.Cleanup(func() {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-		unix.Close(fd)
-	})
-	return c, pid, fd
-}
-
-// diedAt waits for the process behind pidfd to exit and returns when it
-// did, failing the test after limit.
-func diedAt(t *testing.T, pidfd int, limit time.Duration) time.Time {
-	t.Helper()
-	ts := unix.NsecToTimespec(limit.Nanoseconds())
-	for {
-		n, err := unix.Ppoll([]unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}, &ts, nil)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil || n == 0 {
-			t.Fatalf("the helper did not die within %v (%v)", limit, err)
-		}
-		return time.Now()
-	}
+	return c, testenv.Watch(t, pid)
 }
 
 // TestStopSequenceOneDeadline (S9): from the first kill signal, every
@@ -106,7 +78,7 @@ func TestStopSequenceOneDeadline(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			pidFile := filepath.Join(t.TempDir(), "helper")
-			c, pid, fd := startEscapee(t, escapeeScript(pidFile, tc.trap, tc.rest), grace, pidFile)
+			c, helper := startEscapee(t, escapeeScript(pidFile, tc.trap, tc.rest), grace, pidFile)
 			var first time.Time
 			if tc.stop {
 				first = time.Now()
@@ -120,9 +92,9 @@ func TestStopSequenceOneDeadline(t *testing.T) {
 				waitUntil(t, "the stop sequence to start", func() bool { return !c.KillAt().IsZero() })
 				first = c.KillAt().Add(-grace)
 			}
-			died := diedAt(t, fd, 10*time.Second)
+			died := helper.Died(t, 10*time.Second)
 			after := died.Sub(first)
-			t.Logf("helper %d died %v after the first kill signal (grace %v)", pid, after.Round(time.Millisecond), grace)
+			t.Logf("helper %d died %v after the first kill signal (grace %v)", helper.Pid, after.Round(time.Millisecond), grace)
 			if after > grace+slack {
 				t.Errorf("helper died %v after the first kill signal: more than --kill-grace %v + %v", after, grace, slack)
 			}
@@ -134,8 +106,8 @@ func TestStopSequenceOneDeadline(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("Done not closed after the tree died")
 			}
-			if !gone(pid) {
-				t.Errorf("helper %d alive after Done", pid)
+			if !gone(helper.Pid) {
+				t.Errorf("helper %d alive after Done", helper.Pid)
 			}
 		})
 	}
@@ -158,12 +130,12 @@ func TestStopReachesEscapeeAtOnce(t *testing.T) {
 setsid sh -c 'trap "echo term > ` + termFile + `; exit 0" TERM; echo $$ > ` + pidFile + `.tmp; mv ` + pidFile + `.tmp ` + pidFile + `; while :; do sleep 0.05; done' </dev/null >/dev/null 2>&1 &
 while [ ! -s ` + pidFile + ` ]; do sleep 0.01; done
 while :; do sleep 0.05; done`
-	c, pid, fd := startEscapee(t, script, 5*time.Second, pidFile)
+	c, helper := startEscapee(t, script, 5*time.Second, pidFile)
 	stopped := time.Now()
 	c.Stop(syscall.SIGTERM)
-	died := diedAt(t, fd, 4*time.Second)
+	died := helper.Died(t, 4*time.Second)
 	if _, err := os.Stat(termFile); err != nil {
-		t.Errorf("helper %d ended without getting SIGTERM: %v", pid, err)
+		t.Errorf("helper %d ended without getting SIGTERM: %v", helper.Pid, err)
 	}
 	if d := died.Sub(stopped); d > time.Second {
 		t.Errorf("helper got the kill signal %v after Stop, want at once", d)
@@ -178,7 +150,7 @@ while :; do sleep 0.05; done`
 // reaches the group but does not move the deadline.
 func TestLaterStopKeepsDeadline(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "helper")
-	c, _, fd := startEscapee(t, escapeeScript(pidFile, `trap "" TERM INT`, `while :; do sleep 0.05; done`), 800*time.Millisecond, pidFile)
+	c, helper := startEscapee(t, escapeeScript(pidFile, `trap "" TERM INT`, `while :; do sleep 0.05; done`), 800*time.Millisecond, pidFile)
 	first := time.Now()
 	c.Stop(syscall.SIGTERM)
 	killAt := c.KillAt()
@@ -187,7 +159,7 @@ func TestLaterStopKeepsDeadline(t *testing.T) {
 	if got := c.KillAt(); !got.Equal(killAt) {
 		t.Errorf("a second Stop moved the deadline from %v to %v", killAt, got)
 	}
-	died := diedAt(t, fd, 10*time.Second)
+	died := helper.Died(t, 10*time.Second)
 	if d := died.Sub(first); d > 850*time.Millisecond {
 		t.Errorf("helper died %v after the first signal, want within the grace of the first", d)
 	}
