@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite, as CI does. On first use it builds the test
 # servers (etcd v3.6.16 and Consul v1.14.8) into $LEADERRUN_CACHE (default
-# ~/.cache/leaderrun, outside the repo; a few minutes cold, seconds after);
-# each test then starts its own servers on free loopback ports.
+# ~/.cache/leaderrun, outside the repo; a few minutes cold, seconds after)
+# and, as root, installs Debian's zookeeper package; each test then starts
+# its own servers on free loopback ports.
 #
 #   scripts/test.sh [go test flags, e.g. -run Local -v]
 set -euo pipefail
@@ -22,6 +23,8 @@ consul_dir=$(scripts/install-consul.sh)
 export LEADERRUN_ETCD_BIN="$etcd_dir/etcd"
 export LEADERRUN_ETCDCTL_BIN="$etcd_dir/etcdctl"
 export LEADERRUN_CONSUL_BIN="$consul_dir/consul"
+LEADERRUN_ZOOKEEPER_CLASSPATH=$(scripts/install-zookeeper.sh)
+export LEADERRUN_ZOOKEEPER_CLASSPATH
 
 echo "== go vet"
 go vet ./...
