@@ -1,0 +1,186 @@
+package zookeeper_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/backends/backendtest"
+	"github.com/leaderrun/leaderrun/backends/zookeeper"
+	"github.com/leaderrun/leaderrun/internal/testenv"
+)
+
+// zkLease is what the tests need of the backend's lease beyond
+// backends.Lease.
+type zkLease interface {
+	backends.Lease
+	Path() string
+	SessionID() int64
+	Server() string
+}
+
+const prefix = "leaderrun-test/"
+
+// TestZooKeeper runs every test that needs one standalone server against
+// the same one: a JVM takes a second or more to start.
+func TestZooKeeper(t *testing.T) {
+	z := testenv.StartZooKeeper(t, 1)
+	store := &env{zk: z, servers: z.Servers(), admin: adminClient(t, z.Servers())}
+	for _, tc := range []struct {
+		name string
+		run  func(*testing.T, *env)
+	}{
+		{"Conformance", testConformance},
+		{"NegotiatedTimeout", testNegotiatedTimeout},
+		{"ZnodeDeletedByHand", testZnodeDeleted},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.run(t, store) })
+	}
+}
+
+// env is the shared server, and a client of its own that plays the
+// operator or another host.
+type env struct {
+	zk      *testenv.ZooKeeper
+	servers []string
+	admin   *zk.Conn
+}
+
+type silent struct{}
+
+func (silent) Printf(string, ...any) {}
+
+// adminClient is a plain client of the library, without credentials.
+func adminClient(t *testing.T, servers []string) *zk.Conn {
+	t.Helper()
+	c, _, err := zk.Connect(servers, 10*time.Second, zk.WithLogger(silent{}), zk.WithLogInfo(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+func newBackend(t *testing.T, servers []string, lock string, edit ...func(*zookeeper.Config)) *zookeeper.Backend {
+	t.Helper()
+	cfg := zookeeper.Config{Servers: servers, Prefix: prefix, Lock: lock, ConnectTimeout: 2 * time.Second}
+	for _, e := range edit {
+		e(&cfg)
+	}
+	b, err := zookeeper.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func options(id string, lease time.Duration) backends.CampaignOptions {
+	return backends.CampaignOptions{Identity: id, LeaseDuration: lease}
+}
+
+func campaign(t *testing.T, b backends.Backend, id string, lease time.Duration) zkLease {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := b.Campaign(ctx, options(id, lease))
+	if err != nil {
+		t.Fatalf("%s: campaign: %v", id, err)
+	}
+	t.Cleanup(func() { l.Release(context.Background(), nil) })
+	return l.(zkLease)
+}
+
+var waitFor = backendtest.WaitFor
+
+func testConformance(t *testing.T, env *env) {
+	backendtest.Run(t, backendtest.Harness{
+		New: func(t *testing.T, lock string) backends.Backend {
+			b, err := zookeeper.New(zookeeper.Config{Servers: env.servers, Prefix: prefix, Lock: lock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		},
+		// An operator deleting the leader's znode: the session lives
+		// on, the lease does not.
+		Drop: func(t *testing.T, l backends.Lease) {
+			if err := env.admin.Delete(l.(zkLease).Path(), -1); err != nil {
+				t.Fatal(err)
+			}
+		},
+		LeaseDuration: 10 * time.Second,
+	})
+}
+
+// testNegotiatedTimeout: the ensemble clamps the session timeout to its
+// bounds, and the lease reports what it granted, not what was asked.
+func testNegotiatedTimeout(t *testing.T, env *env) {
+	for _, tc := range []struct {
+		name      string
+		ask, want time.Duration
+	}{
+		{"within the bounds", 3 * time.Second, 3 * time.Second},
+		{"raised to the minimum", 100 * time.Millisecond, testenv.ZooKeeperMinSessionTimeout},
+		{"lowered to the maximum", 2 * testenv.ZooKeeperMaxSessionTimeout, testenv.ZooKeeperMaxSessionTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBackend(t, env.servers, "ttl-"+strings.ReplaceAll(tc.name, " ", "-"))
+			l := campaign(t, b, "a", tc.ask)
+			if l.TTL() != tc.want {
+				t.Errorf("asked %v, TTL() = %v, want %v", tc.ask, l.TTL(), tc.want)
+			}
+			st, err := b.Status(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.TTL != tc.want || st.Remaining != -1 {
+				t.Errorf("status TTL %v remaining %v, want %v and -1 (ZooKeeper does not tell)", st.TTL, st.Remaining, tc.want)
+			}
+		})
+	}
+}
+
+// testZnodeDeleted: deleting the leader's znode by hand (its session
+// alive) is a loss, reported at once; Renew and Complete must not pretend
+// otherwise, and the release after it still works.
+func testZnodeDeleted(t *testing.T, env *env) {
+	b := newBackend(t, env.servers, "znode-deleted")
+	l := campaign(t, b, "a", 10*time.Second)
+	if err := env.admin.Delete(l.Path(), -1); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	select {
+	case <-l.Lost():
+		t.Logf("loss reported %v after the delete", time.Since(deleted))
+	case <-time.After(time.Second):
+		t.Fatal("Lost() not closed within 1s of deleting the leader's znode")
+	}
+	if err := l.Err(); !errors.Is(err, backends.ErrLeaseLost) || !strings.Contains(err.Error(), "deleted") {
+		t.Errorf("Err() = %v, want ErrLeaseLost saying the znode was deleted", err)
+	}
+	ctx := context.Background()
+	if err := l.Renew(ctx); !errors.Is(err, backends.ErrLeaseLost) {
+		t.Errorf("Renew after the znode was deleted = %v, want ErrLeaseLost", err)
+	}
+	now := time.Now()
+	err := l.Complete(ctx, backends.Marker{Key: "k", Identity: "a", Token: l.Token(), At: now, Expires: now.Add(time.Hour)})
+	if !errors.Is(err, backends.ErrLeaseLost) {
+		t.Errorf("Complete after the znode was deleted = %v, want ErrLeaseLost", err)
+	}
+	if err := l.Release(ctx, nil); err != nil {
+		t.Errorf("release after loss: %v", err)
+	}
+	if err := l.Release(ctx, nil); err != nil {
+		t.Errorf("second release: %v", err)
+	}
+}
+
+var _ = fmt.Sprintf
