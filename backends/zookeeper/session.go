@@ -31,9 +31,9 @@ type session struct {
 	b    *Backend
 	conn *zk.Conn
 
-	id       atomic.Int64 // our session's id, from its first connect response
-	latestID atomic.Int64 // the id in the latest connect response
-	timeout  atomic.Int64 // negotiated timeout, in ns
+	id       atomic.Int64           // our session's id, from its first connect response
+	latestID atomic.Int64           // the id in the latest connect response
+	timeout  atomic.Int64           // negotiated timeout, in ns
 	dialErr  atomic.Pointer[string] // the latest failed dial
 
 	connected     chan struct{} // closed when the session is first established
