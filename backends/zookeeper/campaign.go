@@ -195,7 +195,11 @@ func (c *candidacy) create(ctx context.Context) error {
 	backoff := backends.Backoff{Min: 20 * time.Millisecond, Max: 500 * time.Millisecond}
 	for {
 		path, err := call(rctx, c.s, func(z *zk.Conn) (string, error) {
-			return z.Create(prefix, []byte(c.identity), zk.FlagEphemeralSequential, c.b.acl)
+			path, err := z.Create(prefix, []byte(c.identity), zk.FlagEphemeralSequential, c.b.acl)
+			if testHookCreate != nil {
+				path, err = testHookCreate(z, prefix, path, err)
+			}
+			return path, err
 		})
 		switch {
 		case err == nil:
@@ -371,6 +375,10 @@ func (b *Backend) ensure(ctx context.Context, s *session, path string) error {
 	}
 	return nil
 }
+
+// testHookCreate, set by tests only, sees every create of a candidate's
+// znode and may change its answer, as a connection that drops would.
+var testHookCreate func(z *zk.Conn, prefix, path string, err error) (string, error)
 
 // newGUID is a random (version 4) UUID, as Curator names protected znodes.
 func newGUID() string {

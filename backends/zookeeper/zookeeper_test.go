@@ -3,7 +3,6 @@ package zookeeper_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +38,18 @@ func TestZooKeeper(t *testing.T) {
 		{"Conformance", testConformance},
 		{"NegotiatedTimeout", testNegotiatedTimeout},
 		{"ZnodeDeletedByHand", testZnodeDeleted},
+		{"HandoversAcrossDeleteAll", testHandovers},
+		{"SessionDies", testSessionDies},
+		{"DisconnectIsNotLoss", testDisconnect},
+		{"TwoHundredWaiters", testHerd},
+		{"DigestAuthAndACLs", testAuth},
+		{"Unreachable", testUnreachable},
+		{"TryLeavesNoTrace", testTryLeavesNoTrace},
+		{"LostCreateAnswer", testLostCreateAnswer},
+		{"GhostGoesWithRelease", testGhostAtRelease},
+		{"LockNamesDoNotMeet", testLockNames},
+		{"MarkerKeys", testMarkerKeys},
+		{"RequestRates", testRates},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, store) })
 	}
@@ -182,5 +193,3 @@ func testZnodeDeleted(t *testing.T, env *env) {
 		t.Errorf("second release: %v", err)
 	}
 }
-
-var _ = fmt.Sprintf

@@ -1,0 +1,20 @@
+package zookeeper
+
+import (
+	"github.com/go-zookeeper/zk"
+
+	"github.com/leaderrun/leaderrun/backends"
+)
+
+// SetCreateHook makes h see every create of a candidate's znode (nil: none).
+// Tests run one at a time while it is set.
+func SetCreateHook(h func(z *zk.Conn, prefix, path string, err error) (string, error)) {
+	testHookCreate = h
+}
+
+// Ghost creates a second znode of l's candidacy, on its session: what a
+// create whose lost answer was retried leaves once it lands.
+func Ghost(l backends.Lease) (string, error) {
+	c := l.(*lease).c
+	return c.s.conn.Create(c.b.dir+"/"+protectedPrefix+c.guid+latchName, []byte(c.identity), zk.FlagEphemeralSequential, c.b.acl)
+}

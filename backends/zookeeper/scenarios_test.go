@@ -1,0 +1,828 @@
+package zookeeper_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/backends/zookeeper"
+	"github.com/leaderrun/leaderrun/internal/testenv"
+)
+
+func lockDir(lock string) string { return "/" + prefix + lock }
+
+// children lists a znode's children, none if it does not exist.
+func children(t *testing.T, c *zk.Conn, path string) []string {
+	t.Helper()
+	names, _, err := c.Children(path)
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil
+	}
+	if err != nil {
+		t.Fatalf("children of %s: %v", path, err)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// candidateNames are the children of a lock's znode that are candidates.
+func candidateNames(t *testing.T, c *zk.Conn, lock string) []string {
+	t.Helper()
+	var names []string
+	for _, n := range children(t, c, lockDir(lock)) {
+		if strings.HasPrefix(n, "_c_") {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+// deleteAll deletes path and everything under it in one transaction, as
+// an operator's deleteall would (it retries if a candidate is created in
+// between, which would make the parent's delete fail).
+func deleteAll(t *testing.T, c *zk.Conn, path string) {
+	t.Helper()
+	for range 20 {
+		var tree []string
+		var walk func(string) error
+		walk = func(p string) error {
+			names, _, err := c.Children(p)
+			if err != nil {
+				return err
+			}
+			for _, n := range names {
+				if err := walk(p + "/" + n); err != nil {
+					return err
+				}
+			}
+			tree = append(tree, p)
+			return nil
+		}
+		if err := walk(path); err != nil {
+			t.Fatalf("walk %s: %v", path, err)
+		}
+		ops := make([]any, len(tree))
+		for i, p := range tree {
+			ops[i] = &zk.DeleteRequest{Path: p, Version: -1}
+		}
+		_, err := c.Multi(ops...)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, zk.ErrNotEmpty) && !errors.Is(err, zk.ErrNoNode) {
+			t.Fatalf("delete %s: %v", path, err)
+		}
+	}
+	t.Fatalf("delete %s: candidates kept coming", path)
+}
+
+// seqOf is the sequence number a znode's name ends with.
+func seqOf(t *testing.T, path string) int64 {
+	t.Helper()
+	i := strings.LastIndex(path, "-")
+	n, err := strconv.ParseInt(path[i+1:], 10, 64)
+	if err != nil {
+		t.Fatalf("no sequence number in %s", path)
+	}
+	return n
+}
+
+// testHandovers: three contenders hand the lock over 20 times; no grant
+// comes before the previous holder let go, and every token is greater than
+// the one before, also after the lock's whole znode was deleted by hand
+// halfway through (which restarts the sequence numbers, not the tokens).
+func testHandovers(t *testing.T, env *env) {
+	const (
+		lock      = "handovers"
+		contender = 3
+		handovers = 20
+		deleteAt  = 10 // the grant during which the tree is deleted
+	)
+	type grant struct {
+		who int
+		l   zkLease
+		at  time.Time
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	grants := make(chan grant)
+	var release [contender]chan struct{}
+	var released [contender]chan time.Time // when the holder stopped holding
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	for i := range contender {
+		release[i], released[i] = make(chan struct{}), make(chan time.Time)
+		b := newBackend(t, env.servers, lock)
+		wg.Go(func() {
+			for {
+				l, err := b.Campaign(ctx, options(fmt.Sprintf("c%d", i), 10*time.Second))
+				if err != nil {
+					if ctx.Err() == nil {
+						t.Errorf("c%d: campaign: %v", i, err)
+					}
+					return
+				}
+				select {
+				case grants <- grant{i, l.(zkLease), time.Now()}:
+				case <-ctx.Done():
+					l.Release(context.Background(), nil)
+					return
+				}
+				<-release[i]
+				end := time.Now()
+				if err := l.Release(context.Background(), nil); err != nil {
+					t.Errorf("c%d: release: %v", i, err)
+				}
+				released[i] <- end
+			}
+		})
+	}
+	var prev, first grant
+	var prevEnd time.Time
+	for n := 0; n <= handovers; n++ {
+		var g grant
+		select {
+		case g = <-grants:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no grant %d within 30s", n)
+		}
+		if n == 0 {
+			first = g
+		} else {
+			if g.l.Token() <= prev.l.Token() {
+				t.Errorf("grant %d: token %d not greater than the previous %d", n, g.l.Token(), prev.l.Token())
+			}
+			if !g.at.After(prevEnd) {
+				t.Errorf("grant %d to c%d at %v, before c%d let go at %v", n, g.who, g.at, prev.who, prevEnd)
+			}
+		}
+		if n == deleteAt+1 && seqOf(t, g.l.Path()) >= seqOf(t, prev.l.Path()) {
+			t.Errorf("after the delete, the sequence did not start again: %s after %s", g.l.Path(), prev.l.Path())
+		}
+		var deleted time.Time
+		if n == deleteAt {
+			// The store ends this lease: its end is the delete, and
+			// the holder must hear of it within a second.
+			deleted = time.Now()
+			deleteAll(t, env.admin, lockDir(lock))
+			select {
+			case <-g.l.Lost():
+				t.Logf("holder of token %d: loss reported %v after the delete", g.l.Token(), time.Since(deleted))
+			case <-time.After(time.Second):
+				t.Fatal("Lost() not closed within 1s of deleting the lock's znode")
+			}
+		}
+		release[g.who] <- struct{}{}
+		prev, prevEnd = g, <-released[g.who]
+		if !deleted.IsZero() {
+			prevEnd = deleted
+		}
+	}
+	t.Logf("%d handovers, tokens %d to %d", handovers, first.l.Token(), prev.l.Token())
+}
+
+// testSessionDies: a leader cut off from the ensemble (its link stalls, as
+// when its host dies) loses its session after the negotiated timeout, and
+// the waiting follower takes over within that timeout + 1 s. Meanwhile the
+// leader cannot know: its renewals fail, but Lost stays open; once the
+// link comes back, the client hears that the session expired, and Lost
+// closes.
+func testSessionDies(t *testing.T, env *env) {
+	const lock, lease = "session-dies", 2 * time.Second
+	p := testenv.NewProxy(t, env.servers[0])
+	lb := newBackend(t, []string{p.Addr()}, lock)
+	fb := newBackend(t, env.servers, lock)
+	l := campaign(t, lb, "leader", lease)
+	timeout := l.TTL()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type result struct {
+		l   backends.Lease
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		l, err := fb.Campaign(ctx, options("follower", lease))
+		got <- result{l, err}
+	}()
+	waitFor(t, "the follower to queue", func() bool {
+		st, err := fb.Status(ctx)
+		return err == nil && st.Waiting == 1
+	})
+	p.Stall()
+	stalled := time.Now()
+	rctx, rcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err := l.Renew(rctx)
+	rcancel()
+	if err == nil || errors.Is(err, backends.ErrLeaseLost) {
+		t.Errorf("renew over a stalled link = %v, want a transient error", err)
+	}
+	var r result
+	select {
+	case r = <-got:
+	case <-time.After(timeout + 5*time.Second):
+		t.Fatalf("the follower did not take over within %v of the stall", timeout+5*time.Second)
+	}
+	took := time.Since(stalled)
+	if r.err != nil {
+		t.Fatalf("follower: %v", r.err)
+	}
+	defer r.l.Release(context.Background(), nil)
+	t.Logf("session timeout %v; the follower took over %v after the leader's link stalled", timeout, took)
+	if took > timeout+time.Second {
+		t.Errorf("the follower took over %v after the stall, want within the session timeout %v + 1s", took, timeout)
+	}
+	if r.l.Token() <= l.Token() {
+		t.Errorf("follower's token %d not greater than the leader's %d", r.l.Token(), l.Token())
+	}
+	select {
+	case <-l.Lost():
+		t.Errorf("the cut-off leader reported a loss it cannot have heard of: %v", l.Err())
+	default:
+	}
+	p.Resume()
+	resumed := time.Now()
+	select {
+	case <-l.Lost():
+		t.Logf("the old leader heard of its expiry %v after the link came back", time.Since(resumed))
+	case <-time.After(timeout + 2*time.Second):
+		t.Fatal("the old leader did not report its expired session after the link came back")
+	}
+	if took := time.Since(resumed); took > time.Second {
+		t.Errorf("the expiry was reported %v after the link came back, want within 1s", took)
+	}
+	if err := l.Err(); !errors.Is(err, backends.ErrLeaseLost) || !strings.Contains(err.Error(), "expired") {
+		t.Errorf("Err() = %v, want ErrLeaseLost saying the session expired", err)
+	}
+	if err := l.Renew(ctx); !errors.Is(err, backends.ErrLeaseLost) {
+		t.Errorf("Renew after the expiry = %v, want ErrLeaseLost", err)
+	}
+}
+
+// records keeps the messages a backend logs.
+type records struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, rec.Message)
+	return nil
+}
+func (r *records) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *records) WithGroup(string) slog.Handler      { return r }
+
+func (r *records) has(sub string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.ContainsFunc(r.msgs, func(m string) bool { return strings.Contains(m, sub) })
+}
+
+// testDisconnect: a connection that drops and comes back within the
+// session timeout is no loss: renewals fail while it is down (the runner's
+// deadline runs), the same session and znode carry on after, and the log
+// says what happened.
+func testDisconnect(t *testing.T, env *env) {
+	const lock, lease = "disconnect", 6 * time.Second
+	p := testenv.NewProxy(t, env.servers[0])
+	logs := &records{}
+	b := newBackend(t, []string{p.Addr()}, lock, func(c *zookeeper.Config) { c.Log = slog.New(logs) })
+	l := campaign(t, b, "a", lease)
+	sid, token := l.SessionID(), l.Token()
+	// Every connection is cut, and the client's reconnection hangs.
+	p.Stall()
+	p.Reset()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	err := l.Renew(ctx)
+	cancel()
+	if err == nil || errors.Is(err, backends.ErrLeaseLost) {
+		t.Errorf("renew while disconnected = %v, want a transient error", err)
+	}
+	p.Resume()
+	waitFor(t, "a renewal to go through again", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		return l.Renew(ctx) == nil
+	})
+	select {
+	case <-l.Lost():
+		t.Fatalf("a short disconnection was reported as a loss: %v", l.Err())
+	default:
+	}
+	if l.SessionID() != sid {
+		t.Errorf("session 0x%x after the reconnection, want 0x%x", l.SessionID(), sid)
+	}
+	st, err := b.Status(context.Background())
+	if err != nil || !st.Held || st.Token != token || st.Key != l.Path() {
+		t.Errorf("status after the reconnection: %+v, %v; want %s held with token %d", st, err, l.Path(), token)
+	}
+	waitFor(t, "the reconnection to be logged", func() bool { return logs.has("reconnected") })
+	if !logs.has("connection to zookeeper lost") {
+		t.Errorf("no log line for the lost connection: %q", logs.msgs)
+	}
+}
+
+// testHerd: with 200 candidates queued, a release wakes one waiter, not
+// all of them: every candidate watches only the one just ahead of it.
+// Counted twice: the wakes each backend counts, and the watches the server
+// holds (one per candidate znode, none on the lock's znode).
+func testHerd(t *testing.T, env *env) {
+	const (
+		lock    = "herd"
+		waiters = 200
+		changes = 40
+	)
+	leader := newBackend(t, env.servers, lock)
+	first := campaign(t, leader, "first", 10*time.Second)
+	bs := make([]*zookeeper.Backend, waiters)
+	won := make(chan backends.Lease, waiters)
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() {
+		cancel()
+		wg.Wait()
+		close(won)
+		for l := range won {
+			l.Release(context.Background(), nil)
+		}
+	}()
+	start := time.Now()
+	for i := range bs {
+		bs[i] = newBackend(t, env.servers, lock, func(c *zookeeper.Config) { c.ConnectTimeout = 30 * time.Second })
+		wg.Go(func() {
+			l, err := bs[i].Campaign(ctx, options(fmt.Sprintf("w%d", i), 10*time.Second))
+			if err != nil {
+				if ctx.Err() == nil {
+					t.Errorf("w%d: %v", i, err)
+				}
+				return
+			}
+			won <- l
+		})
+	}
+	waitFor(t, "200 waiters to queue", func() bool {
+		st, err := leader.Status(ctx)
+		return err == nil && st.Waiting == waiters
+	})
+	t.Logf("%d waiters queued in %v", waiters, time.Since(start))
+	// From the server's side: one watch per waiter, each on the
+	// candidate ahead of it, plus the leader's on its own znode. A waiter
+	// sets its watch a moment after its znode shows.
+	var paths, total int
+	for deadline := time.Now().Add(10 * time.Second); total < waiters+1 && time.Now().Before(deadline); {
+		out, err := env.zk.Members[0].FourLetter("wchs")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(`watching (\d+) paths\s+Total watches:(\d+)`).FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("wchs: %q", out)
+		}
+		paths, _ = strconv.Atoi(m[1])
+		total, _ = strconv.Atoi(m[2])
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("server: %d watches on %d paths", total, paths)
+	if paths != waiters || total != waiters+1 {
+		t.Errorf("the server holds %d watches on %d paths, want %d on %d", total, paths, waiters+1, waiters)
+	}
+	wakes := func() uint64 {
+		var n uint64
+		for _, b := range bs {
+			n += b.Wakes()
+		}
+		return n
+	}
+	var deltas []int
+	held, last := backends.Lease(first), wakes()
+	for range changes {
+		if err := held.Release(context.Background(), nil); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case held = <-won:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no waiter took over within 10s of a release")
+		}
+		n := wakes()
+		deltas = append(deltas, int(n-last))
+		last = n
+	}
+	if err := held.Release(context.Background(), nil); err != nil {
+		t.Error(err)
+	}
+	slices.Sort(deltas)
+	t.Logf("waiters woken per change over %d changes: median %d, min %d, max %d", changes, deltas[len(deltas)/2], deltas[0], deltas[len(deltas)-1])
+	if med := deltas[len(deltas)/2]; med != 1 {
+		t.Errorf("median waiters woken per change = %d, want 1 (per change: %v)", med, deltas)
+	}
+	if deltas[len(deltas)-1] > 3 {
+		t.Errorf("a change woke %d waiters", deltas[len(deltas)-1])
+	}
+}
+
+// testAuth: with digest credentials the znodes belong to their owner (and
+// are readable by all); a client without them, or with a wrong password,
+// cannot delete the leader's znode nor campaign (a refusal, final, naming
+// the servers and the path), but can see who holds the lock. The password
+// shows nowhere.
+func testAuth(t *testing.T, env *env) {
+	const lock, password = "auth", "s3cret-pw"
+	digest := zookeeper.Digest{User: "leaderrun", Password: password}
+	withDigest := func(d zookeeper.Digest) func(*zookeeper.Config) {
+		return func(c *zookeeper.Config) { c.Digest = d }
+	}
+	b := newBackend(t, env.servers, lock, withDigest(digest))
+	l := campaign(t, b, "owner", 10*time.Second)
+	acl, _, err := env.admin.GetACL(l.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// ZooKeeper shows a digest's hash only to a client allowed to
+	// administer the znode: user:x here.
+	if len(acl) != 2 || acl[0].Scheme != "digest" || !strings.HasPrefix(acl[0].ID, digest.User+":") || acl[0].Perms != zk.PermAll ||
+		acl[1] != zk.WorldACL(zk.PermRead)[0] {
+		t.Errorf("ACL of the leader's znode: %v, want all for %s and read for anyone", acl, digest.User)
+	}
+	if err := env.admin.Delete(l.Path(), -1); !errors.Is(err, zk.ErrNoAuth) {
+		t.Errorf("a client without the credentials deleted the leader's znode: %v", err)
+	}
+	anon := newBackend(t, env.servers, lock)
+	st, err := anon.Status(context.Background())
+	if err != nil || !st.Held || st.Identity != "owner" || st.Token != l.Token() {
+		t.Errorf("status without credentials: %+v, %v; want held by owner", st, err)
+	}
+	// A lock the owner created and left: free, and still the owner's.
+	free := newBackend(t, env.servers, lock+"-free", withDigest(digest))
+	if err := campaign(t, free, "owner", 10*time.Second).Release(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	wrong := withDigest(zookeeper.Digest{User: digest.User, Password: "wrong"})
+	for _, tc := range []struct {
+		name string
+		b    *zookeeper.Backend
+		try  bool
+	}{
+		{"no credentials, wait", anon, false},
+		{"no credentials, try", newBackend(t, env.servers, lock+"-free"), true},
+		{"wrong password, wait", newBackend(t, env.servers, lock, wrong), false},
+		{"wrong password, try", newBackend(t, env.servers, lock+"-free", wrong), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			opts := options("intruder", 10*time.Second)
+			opts.Try = tc.try
+			start := time.Now()
+			ll, err := tc.b.Campaign(ctx, opts)
+			if err == nil {
+				ll.Release(context.Background(), nil)
+				t.Fatal("campaign without the owner's credentials succeeded")
+			}
+			if !errors.Is(err, backends.ErrUnavailable) || !errors.Is(err, zk.ErrNoAuth) {
+				t.Fatalf("campaign: %v, want ErrUnavailable for a refusal", err)
+			}
+			if msg := err.Error(); !strings.Contains(msg, env.servers[0]) || !strings.Contains(msg, lockDir(lock)) || !strings.Contains(msg, "refused") {
+				t.Errorf("error %q does not name the servers, the lock's znode and the refusal", msg)
+			}
+			if d := time.Since(start); d > time.Second {
+				t.Errorf("refusal took %v, want it at once", d)
+			}
+			t.Logf("%v", err)
+		})
+	}
+	select {
+	case <-l.Lost():
+		t.Errorf("the owner lost the lock: %v", l.Err())
+	default:
+	}
+	cfg := zookeeper.Config{Servers: env.servers, Digest: digest, Lock: lock}
+	if s := fmt.Sprintf("%v %+v %#v %s", cfg, cfg, cfg, digest); strings.Contains(s, password) {
+		t.Errorf("the password shows in %q", s)
+	}
+}
+
+// testUnreachable: an ensemble that refuses connections, or accepts them
+// and never answers, is ErrUnavailable naming the servers, within the
+// connect timeout; for a campaign, a try and a status alike.
+func testUnreachable(t *testing.T, env *env) {
+	silent := testenv.NewProxy(t, env.servers[0])
+	silent.Stall()
+	for _, tc := range []struct {
+		name, server string
+	}{
+		{"refused", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))},
+		{"silent", silent.Addr()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBackend(t, []string{tc.server}, "unreachable", func(c *zookeeper.Config) { c.ConnectTimeout = time.Second })
+			for _, op := range []struct {
+				name string
+				do   func(context.Context) error
+			}{
+				{"campaign", func(ctx context.Context) error {
+					_, err := b.Campaign(ctx, options("a", 10*time.Second))
+					return err
+				}},
+				{"try", func(ctx context.Context) error {
+					o := options("a", 10*time.Second)
+					o.Try = true
+					_, err := b.Campaign(ctx, o)
+					return err
+				}},
+				{"status", func(ctx context.Context) error {
+					_, err := b.Status(ctx)
+					return err
+				}},
+			} {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				start := time.Now()
+				err := op.do(ctx)
+				took := time.Since(start)
+				cancel()
+				if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), tc.server) {
+					t.Errorf("%s: %v, want ErrUnavailable naming %s", op.name, err, tc.server)
+				}
+				if took > 2*time.Second {
+					t.Errorf("%s: gave up after %v, want about the connect timeout (1s)", op.name, took)
+				}
+				t.Logf("%s: %v after %v", op.name, err, took)
+			}
+		})
+	}
+}
+
+// testTryLeavesNoTrace: a try on a held lock answers at once, names the
+// holder, and writes nothing.
+func testTryLeavesNoTrace(t *testing.T, env *env) {
+	const lock = "try-trace"
+	a, b := newBackend(t, env.servers, lock), newBackend(t, env.servers, lock)
+	la := campaign(t, a, "holder", 10*time.Second)
+	_, before, err := env.admin.Children(lockDir(lock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := options("b", 10*time.Second)
+	o.Try = true
+	start := time.Now()
+	_, err = b.Campaign(context.Background(), o)
+	took := time.Since(start)
+	if !errors.Is(err, backends.ErrLocked) || !strings.Contains(err.Error(), `"holder"`) || !strings.Contains(err.Error(), strconv.FormatUint(la.Token(), 10)) {
+		t.Fatalf("try on a held lock: %v, want ErrLocked naming the holder and its token", err)
+	}
+	t.Logf("try answered %v in %v", err, took)
+	_, after, err := env.admin.Children(lockDir(lock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Cversion != before.Cversion {
+		t.Errorf("the lock's children changed %d times during a try", after.Cversion-before.Cversion)
+	}
+}
+
+// testLostCreateAnswer: a create whose answer is lost with its connection
+// may have created the znode. The candidate finds it by its guid instead
+// of queueing twice; and if the create it retried leaves a second znode
+// after all, the candidate deletes that one once it sees it.
+func testLostCreateAnswer(t *testing.T, env *env) {
+	t.Run("it landed", func(t *testing.T) {
+		const lock = "lost-answer-landed"
+		var landed string
+		zookeeper.SetCreateHook(func(_ *zk.Conn, _, path string, err error) (string, error) {
+			if err == nil && landed == "" {
+				landed = path
+				return "", zk.ErrConnectionClosed
+			}
+			return path, err
+		})
+		defer zookeeper.SetCreateHook(nil)
+		l := campaign(t, newBackend(t, env.servers, lock), "a", 10*time.Second)
+		if l.Path() != landed {
+			t.Errorf("lease on %s, want the znode whose answer was lost, %s", l.Path(), landed)
+		}
+		if names := candidateNames(t, env.admin, lock); len(names) != 1 {
+			t.Errorf("candidates: %v, want one", names)
+		}
+	})
+	t.Run("it landed late", func(t *testing.T) {
+		const lock = "lost-answer-late"
+		holder := campaign(t, newBackend(t, env.servers, lock), "holder", 10*time.Second)
+		var mu sync.Mutex
+		var calls int
+		var ghost string
+		zookeeper.SetCreateHook(func(z *zk.Conn, prefix, path string, err error) (string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			calls++
+			switch calls {
+			case 1: // it had not landed when the candidate looked
+				if err := z.Delete(path, -1); err != nil {
+					return "", err
+				}
+				return "", zk.ErrConnectionClosed
+			case 2: // and lands right after the retry
+				var gerr error
+				ghost, gerr = z.Create(prefix, nil, zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll))
+				if gerr != nil {
+					return "", gerr
+				}
+			}
+			return path, err
+		})
+		defer zookeeper.SetCreateHook(nil)
+		b := newBackend(t, env.servers, lock)
+		got := make(chan backends.Lease, 1)
+		go func() {
+			l, err := b.Campaign(context.Background(), options("b", 10*time.Second))
+			if err != nil {
+				t.Errorf("campaign: %v", err)
+			}
+			got <- l
+		}()
+		waitFor(t, "the waiter to delete its second znode", func() bool {
+			mu.Lock()
+			g := ghost
+			mu.Unlock()
+			names := candidateNames(t, env.admin, lock)
+			return g != "" && len(names) == 2 && !slices.Contains(names, g[strings.LastIndex(g, "/")+1:])
+		})
+		holder.Release(context.Background(), nil)
+		l := <-got
+		if l == nil {
+			return
+		}
+		defer l.Release(context.Background(), nil)
+		mu.Lock()
+		defer mu.Unlock()
+		if l.(zkLease).Path() == ghost {
+			t.Errorf("the lease is on the late znode %s", ghost)
+		}
+	})
+}
+
+// testGhostAtRelease: a second znode of the leader's candidacy (a lost
+// create landing after the candidate last looked) goes when the lease is
+// released: it would lead next, with nobody behind it.
+func testGhostAtRelease(t *testing.T, env *env) {
+	const lock = "ghost-release"
+	b := newBackend(t, env.servers, lock)
+	l := campaign(t, b, "a", 10*time.Second)
+	if _, err := zookeeper.Ghost(l); err != nil {
+		t.Fatal(err)
+	}
+	if names := candidateNames(t, env.admin, lock); len(names) != 2 {
+		t.Fatalf("candidates %v, want the leader and its ghost", names)
+	}
+	if err := l.Release(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if names := candidateNames(t, env.admin, lock); len(names) != 0 {
+		t.Errorf("after the release, candidates %v remain", names)
+	}
+}
+
+// testLockNames: lock "a.done" is not disturbed by the markers and history
+// of lock "a", and neither reads the other's.
+func testLockNames(t *testing.T, env *env) {
+	a, ad := newBackend(t, env.servers, "names"), newBackend(t, env.servers, "names.done")
+	ctx := context.Background()
+	la := campaign(t, a, "a", 10*time.Second)
+	now := time.Now()
+	if err := la.Complete(ctx, backends.Marker{Key: "k", Identity: "a", Token: la.Token(), At: now, Expires: now.Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := la.Release(ctx, &backends.Term{Identity: "a", Token: la.Token(), Acquired: now, Ended: now, End: backends.EndExited}); err != nil {
+		t.Fatal(err)
+	}
+	o := options("ad", 10*time.Second)
+	o.Try = true
+	lad, err := ad.Campaign(ctx, o)
+	if err != nil {
+		t.Fatalf("try on names.done: %v", err)
+	}
+	defer lad.Release(ctx, nil)
+	if m, err := lad.Completed(ctx, "k"); err != nil || m != nil {
+		t.Errorf("names.done reads a marker of names: %+v, %v", m, err)
+	}
+	if terms, err := ad.History(ctx, 0); err != nil || len(terms) != 0 {
+		t.Errorf("names.done has history %+v, %v; want none", terms, err)
+	}
+	if terms, err := a.History(ctx, 0); err != nil || len(terms) != 1 {
+		t.Errorf("names has history %+v, %v; want one term", terms, err)
+	}
+	st, err := a.Status(ctx)
+	if err != nil || st.Held || st.Waiting != 0 {
+		t.Errorf("names, whose markers and history remain, shows %+v, %v; want free with no waiter", st, err)
+	}
+}
+
+// testMarkerKeys: any once-key is a marker of its own, even one that reads
+// as a path.
+func testMarkerKeys(t *testing.T, env *env) {
+	b := newBackend(t, env.servers, "marker-keys")
+	ctx := context.Background()
+	l := campaign(t, b, "a", 10*time.Second)
+	keys := []string{".", "..", "2024/01/02", "2024%2F01%2F02", "", "é", "a b", ".hidden", "done"}
+	now := time.Now()
+	for _, k := range keys {
+		if err := l.Complete(ctx, backends.Marker{Key: k, Identity: "a", Token: l.Token(), At: now, Expires: now.Add(time.Hour)}); err != nil {
+			t.Fatalf("complete %q: %v", k, err)
+		}
+	}
+	for _, k := range keys {
+		m, err := l.Completed(ctx, k)
+		if err != nil || m == nil || m.Key != k {
+			t.Errorf("marker %q read back as %+v, %v", k, m, err)
+		}
+	}
+	if names := children(t, env.admin, lockDir("marker-keys")+"/done"); len(names) != len(keys) {
+		t.Errorf("%d markers for %d keys: %v", len(names), len(keys), names)
+	}
+}
+
+// testRates measures the requests a leader (renewing every 2 s) and an
+// idle waiter send at the default timings (15 s session), as the server
+// counts them. It takes 30 s: set LEADERRUN_ZK_RATES=1 to run it.
+func testRates(t *testing.T, env *env) {
+	if os.Getenv("LEADERRUN_ZK_RATES") == "" {
+		t.Skip("takes 30s; set LEADERRUN_ZK_RATES=1")
+	}
+	const (
+		lock   = "rates"
+		lease  = 15 * time.Second
+		retry  = 2 * time.Second
+		window = 30 * time.Second
+	)
+	lb, fb := newBackend(t, env.servers, lock), newBackend(t, env.servers, lock)
+	l := campaign(t, lb, "leader", lease)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go fb.Campaign(ctx, options("follower", lease))
+	waitFor(t, "the follower to queue", func() bool {
+		st, err := lb.Status(ctx)
+		return err == nil && st.Waiting == 1
+	})
+	var follower string
+	for _, name := range candidateNames(t, env.admin, lock) {
+		_, stat, err := env.admin.Get(lockDir(lock) + "/" + name)
+		if err == nil && stat.EphemeralOwner != l.SessionID() {
+			follower = fmt.Sprintf("0x%x", stat.EphemeralOwner)
+		}
+	}
+	recved := func() map[string]int {
+		out, err := env.zk.Members[0].FourLetter("cons")
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts := map[string]int{}
+		for _, m := range regexp.MustCompile(`recved=(\d+),sent=\d+,sid=(0x[0-9a-f]+)`).FindAllStringSubmatch(out, -1) {
+			n, _ := strconv.Atoi(m[1])
+			counts[m[2]] = n
+		}
+		return counts
+	}
+	sid := fmt.Sprintf("0x%x", l.SessionID())
+	before := recved()
+	start := time.Now()
+	tick := time.NewTicker(retry)
+	for time.Since(start) < window {
+		<-tick.C
+		if err := l.Renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tick.Stop()
+	after, secs := recved(), time.Since(start).Seconds()
+	for s, n := range after {
+		rate := float64(n-before[s]) / secs
+		switch {
+		case s == sid:
+			t.Logf("leader (session %s): %.2f requests/s", s, rate)
+			if rate > 1.5 {
+				t.Errorf("leader sends %.2f requests/s, want about 1.2 (a sync and a read per renewal, a ping per 5 s)", rate)
+			}
+		case s == follower:
+			t.Logf("waiting follower (session %s): %.2f requests/s", s, rate)
+			if rate > 0.3 {
+				t.Errorf("an idle follower sends %.2f requests/s, want about 0.2 (a ping per 5 s)", rate)
+			}
+		}
+	}
+}
