@@ -127,10 +127,13 @@ func (c *candidacy) wait(ctx context.Context) (*lease, error) {
 		case c.s.isExpired(), errors.Is(err, zk.ErrSessionExpired):
 			return nil, c.ended()
 		case refused(err):
-			return nil, c.b.unavailable("wait in "+c.b.dir, err)
+			if !errors.Is(err, backends.ErrUnavailable) {
+				err = c.b.unavailable("wait in "+c.b.dir, err)
+			}
+			return nil, err
 		}
-		// The library is reconnecting: our znode lives as long as the
-		// session does.
+		// The library is reconnecting (a create that timed out
+		// included): our znode lives as long as the session does.
 		if err := backoff.Sleep(ctx); err != nil {
 			return nil, err
 		}
@@ -353,6 +356,13 @@ func (c *candidacy) withdraw() { c.s.close() }
 // looks before it creates: creating a znode that exists can be refused by
 // its parent's ACL.
 func (b *Backend) ensure(ctx context.Context, s *session, path string) error {
+	exists, err := call(ctx, s, func(z *zk.Conn) (bool, error) {
+		ok, _, err := z.Exists(path)
+		return ok, err
+	})
+	if err != nil || exists {
+		return err
+	}
 	for i := 2; i <= len(path); i++ {
 		if i < len(path) && path[i] != '/' {
 			continue

@@ -43,6 +43,14 @@ var _ backends.Lease = (*lease)(nil)
 func newLease(c *candidacy, token uint64, acquired time.Time, ch <-chan zk.Event) *lease {
 	ctx, stop := context.WithCancel(context.Background())
 	l := &lease{c: c, token: token, acquired: acquired, Loss: backends.NewLoss(), stop: stop}
+	// What the connection went through while we waited is old news.
+	for drained := false; !drained; {
+		select {
+		case <-c.s.states:
+		default:
+			drained = true
+		}
+	}
 	c.b.mu.Lock()
 	c.b.held = l
 	c.b.mu.Unlock()
@@ -155,10 +163,10 @@ func (l *lease) Renew(ctx context.Context) error {
 		})
 	}
 	switch {
-	case errors.Is(err, zk.ErrNoNode):
-		l.Set(l.lostErr("znode %s is gone", path))
 	case errors.Is(err, zk.ErrSessionExpired), l.c.s.isExpired():
 		l.Set(l.expiredErr())
+	case errors.Is(err, zk.ErrNoNode):
+		l.Set(l.lostErr("znode %s is gone", path))
 	case err != nil:
 		return fmt.Errorf("zookeeper %s: renew %s: %w", l.c.b.list, path, err)
 	case stat.EphemeralOwner != l.SessionID():
@@ -342,7 +350,7 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 
 	if term != nil {
 		if err := l.appendTerm(ctx, term); err != nil {
-			return fmt.Errorf("zookeeper %s: append the term of token %d to %s (the lock is released): %w",
+			return fmt.Errorf("zookeeper %s: append the term of token %d to %s (the lock is released all the same): %w",
 				b.list, l.token, b.historyDir(), err)
 		}
 		return nil
