@@ -195,81 +195,98 @@ func testHandovers(t *testing.T, env *env) {
 	t.Logf("%d handovers, tokens %d to %d", handovers, first.l.Token(), prev.l.Token())
 }
 
-// testSessionDies: a leader cut off from the ensemble (its link stalls, as
-// when its host dies) loses its session after the negotiated timeout, and
-// the waiting follower takes over within that timeout + 1 s. Meanwhile the
-// leader cannot know: its renewals fail, but Lost stays open; once the
-// link comes back, the client hears that the session expired, and Lost
-// closes.
+// testSessionDies: a leader cut off from the ensemble loses its session
+// after the negotiated timeout, and the waiting follower takes over within
+// that timeout + 1 s. The link either stalls (a partition, a frozen host:
+// TCP sees nothing) or is closed for good (the leader's process killed:
+// the server sees the connection go, and still keeps the session for its
+// timeout). Meanwhile the leader cannot know: its renewals fail, but Lost
+// stays open. A stalled link that comes back tells the client that the
+// session expired, and Lost closes.
 func testSessionDies(t *testing.T, env *env) {
-	const lock, lease = "session-dies", 2 * time.Second
-	p := testenv.NewProxy(t, env.servers[0])
-	lb := newBackend(t, []string{p.Addr()}, lock)
-	fb := newBackend(t, env.servers, lock)
-	l := campaign(t, lb, "leader", lease)
-	timeout := l.TTL()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	type result struct {
-		l   backends.Lease
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		l, err := fb.Campaign(ctx, options("follower", lease))
-		got <- result{l, err}
-	}()
-	waitFor(t, "the follower to queue", func() bool {
-		st, err := fb.Status(ctx)
-		return err == nil && st.Waiting == 1
-	})
-	p.Stall()
-	stalled := time.Now()
-	rctx, rcancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	err := l.Renew(rctx)
-	rcancel()
-	if err == nil || errors.Is(err, backends.ErrLeaseLost) {
-		t.Errorf("renew over a stalled link = %v, want a transient error", err)
-	}
-	var r result
-	select {
-	case r = <-got:
-	case <-time.After(timeout + 5*time.Second):
-		t.Fatalf("the follower did not take over within %v of the stall", timeout+5*time.Second)
-	}
-	took := time.Since(stalled)
-	if r.err != nil {
-		t.Fatalf("follower: %v", r.err)
-	}
-	defer r.l.Release(context.Background(), nil)
-	t.Logf("session timeout %v; the follower took over %v after the leader's link stalled", timeout, took)
-	if took > timeout+time.Second {
-		t.Errorf("the follower took over %v after the stall, want within the session timeout %v + 1s", took, timeout)
-	}
-	if r.l.Token() <= l.Token() {
-		t.Errorf("follower's token %d not greater than the leader's %d", r.l.Token(), l.Token())
-	}
-	select {
-	case <-l.Lost():
-		t.Errorf("the cut-off leader reported a loss it cannot have heard of: %v", l.Err())
-	default:
-	}
-	p.Resume()
-	resumed := time.Now()
-	select {
-	case <-l.Lost():
-		t.Logf("the old leader heard of its expiry %v after the link came back", time.Since(resumed))
-	case <-time.After(timeout + 2*time.Second):
-		t.Fatal("the old leader did not report its expired session after the link came back")
-	}
-	if took := time.Since(resumed); took > time.Second {
-		t.Errorf("the expiry was reported %v after the link came back, want within 1s", took)
-	}
-	if err := l.Err(); !errors.Is(err, backends.ErrLeaseLost) || !strings.Contains(err.Error(), "expired") {
-		t.Errorf("Err() = %v, want ErrLeaseLost saying the session expired", err)
-	}
-	if err := l.Renew(ctx); !errors.Is(err, backends.ErrLeaseLost) {
-		t.Errorf("Renew after the expiry = %v, want ErrLeaseLost", err)
+	for _, tc := range []struct {
+		name string
+		cut  func(*testenv.Proxy)
+		heal func(*testenv.Proxy) // nil: the link never comes back
+	}{
+		{"link stalled", (*testenv.Proxy).Stall, (*testenv.Proxy).Resume},
+		{"link closed", (*testenv.Proxy).Close, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lock := "session-dies-" + strings.ReplaceAll(tc.name, " ", "-")
+			const lease = 2 * time.Second
+			p := testenv.NewProxy(t, env.servers[0])
+			lb := newBackend(t, []string{p.Addr()}, lock)
+			fb := newBackend(t, env.servers, lock)
+			l := campaign(t, lb, "leader", lease)
+			timeout := l.TTL()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			type result struct {
+				l   backends.Lease
+				err error
+			}
+			got := make(chan result, 1)
+			go func() {
+				l, err := fb.Campaign(ctx, options("follower", lease))
+				got <- result{l, err}
+			}()
+			waitFor(t, "the follower to queue", func() bool {
+				st, err := fb.Status(ctx)
+				return err == nil && st.Waiting == 1
+			})
+			tc.cut(p)
+			cut := time.Now()
+			rctx, rcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			err := l.Renew(rctx)
+			rcancel()
+			if err == nil || errors.Is(err, backends.ErrLeaseLost) {
+				t.Errorf("renew over a cut link = %v, want a transient error", err)
+			}
+			var r result
+			select {
+			case r = <-got:
+			case <-time.After(timeout + 5*time.Second):
+				t.Fatalf("the follower did not take over within %v of the cut", timeout+5*time.Second)
+			}
+			took := time.Since(cut)
+			if r.err != nil {
+				t.Fatalf("follower: %v", r.err)
+			}
+			defer r.l.Release(context.Background(), nil)
+			t.Logf("session timeout %v; the follower took over %v after the leader's link was cut", timeout, took)
+			if took > timeout+time.Second {
+				t.Errorf("the follower took over %v after the cut, want within the session timeout %v + 1s", took, timeout)
+			}
+			if r.l.Token() <= l.Token() {
+				t.Errorf("follower's token %d not greater than the leader's %d", r.l.Token(), l.Token())
+			}
+			select {
+			case <-l.Lost():
+				t.Errorf("the cut-off leader reported a loss it cannot have heard of: %v", l.Err())
+			default:
+			}
+			if tc.heal == nil {
+				return
+			}
+			tc.heal(p)
+			healed := time.Now()
+			select {
+			case <-l.Lost():
+				t.Logf("the old leader heard of its expiry %v after the link came back", time.Since(healed))
+			case <-time.After(timeout + 2*time.Second):
+				t.Fatal("the old leader did not report its expired session after the link came back")
+			}
+			if took := time.Since(healed); took > time.Second {
+				t.Errorf("the expiry was reported %v after the link came back, want within 1s", took)
+			}
+			if err := l.Err(); !errors.Is(err, backends.ErrLeaseLost) || !strings.Contains(err.Error(), "expired") {
+				t.Errorf("Err() = %v, want ErrLeaseLost saying the session expired", err)
+			}
+			if err := l.Renew(ctx); !errors.Is(err, backends.ErrLeaseLost) {
+				t.Errorf("Renew after the expiry = %v, want ErrLeaseLost", err)
+			}
+		})
 	}
 }
 
@@ -567,6 +584,33 @@ func testUnreachable(t *testing.T, env *env) {
 			}
 		})
 	}
+}
+
+// testSilentServer: a server that accepts connections and never answers
+// does not keep the client from the one that does: each server gets its
+// share of the connect timeout. The client picks servers at random, so a
+// few campaigns meet the silent one first.
+func testSilentServer(t *testing.T, env *env) {
+	silent := testenv.NewProxy(t, env.servers[0])
+	silent.Stall()
+	servers := []string{silent.Addr(), env.servers[0]}
+	var slow int
+	for i := range 6 {
+		b := newBackend(t, servers, "silent-server", func(c *zookeeper.Config) { c.ConnectTimeout = 2 * time.Second })
+		start := time.Now()
+		l := campaign(t, b, fmt.Sprintf("a%d", i), 10*time.Second)
+		took := time.Since(start)
+		if l.Server() != env.servers[0] {
+			t.Errorf("session on %s", l.Server())
+		}
+		if took > 900*time.Millisecond {
+			slow++
+		}
+		if err := l.Release(context.Background(), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d of 6 campaigns tried the silent server first", slow)
 }
 
 // testTryLeavesNoTrace: a try on a held lock answers at once, names the

@@ -34,7 +34,9 @@ type session struct {
 	id       atomic.Int64           // our session's id, from its first connect response
 	latestID atomic.Int64           // the id in the latest connect response
 	timeout  atomic.Int64           // negotiated timeout, in ns
-	dialErr  atomic.Pointer[string] // the latest failed dial
+	dialErr  atomic.Pointer[string] // the latest failed dial or handshake
+
+	handshake time.Duration // how long a server may take to answer a connect request
 
 	connected     chan struct{} // closed when the session is first established
 	connectedOnce sync.Once
@@ -57,6 +59,10 @@ func (b *Backend) connect(ctx context.Context, timeout time.Duration) (*session,
 		connected: make(chan struct{}),
 		expired:   make(chan struct{}),
 		states:    make(chan zk.State, 16),
+		// As the Java client does: every server gets its share of the
+		// time, so that one that accepts connections and never answers
+		// cannot hold the client while the others would serve it.
+		handshake: max(min(timeout, b.connectTimeout)/time.Duration(len(b.servers)), 100*time.Millisecond),
 	}
 	conn, _, err := zk.Connect(b.servers, timeout,
 		zk.WithLogger(discard{}), zk.WithLogInfo(false),
@@ -77,7 +83,7 @@ func (b *Backend) connect(ctx context.Context, timeout time.Duration) (*session,
 	case <-t.C:
 		// Closing waits a second for an answer that cannot come.
 		b.closeLater(s)
-		cause := "no server answered"
+		cause := "no server answered the connect request"
 		if e := s.dialErr.Load(); e != nil {
 			cause = *e
 		}
@@ -147,21 +153,36 @@ func (s *session) dial(network, addr string, timeout time.Duration) (net.Conn, e
 		s.dialErr.Store(&e)
 		return nil, err
 	}
-	return &sniffer{Conn: c, s: s}, nil
+	return &sniffer{Conn: c, s: s, deadline: time.Now().Add(s.handshake)}, nil
 }
 
 // sniffer reads the fixed part of the connect response, which is the
 // first thing a server sends on a connection: length (4 bytes), protocol
-// version (4), timeout in ms (4), session id (8).
+// version (4), timeout in ms (4), session id (8). Until it has, reads have
+// the handshake's deadline: the library would wait ten times two thirds
+// of the session timeout for a server to answer, and then for the rest of
+// the answer without any deadline.
 type sniffer struct {
 	net.Conn
-	s    *session
-	head []byte
-	done bool
+	s        *session
+	deadline time.Time
+	head     []byte
+	done     bool
+}
+
+func (c *sniffer) SetReadDeadline(t time.Time) error {
+	if !c.done {
+		t = c.deadline
+	}
+	return c.Conn.SetReadDeadline(t)
 }
 
 func (c *sniffer) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
+	if !c.done && err != nil {
+		e := fmt.Sprintf("%s did not answer the connect request: %v", c.RemoteAddr(), err)
+		c.s.dialErr.Store(&e)
+	}
 	if !c.done && n > 0 {
 		c.head = append(c.head, p[:n]...)
 		if len(c.head) >= 20 {

@@ -44,6 +44,7 @@ func TestZooKeeper(t *testing.T) {
 		{"TwoHundredWaiters", testHerd},
 		{"DigestAuthAndACLs", testAuth},
 		{"Unreachable", testUnreachable},
+		{"SilentServer", testSilentServer},
 		{"TryLeavesNoTrace", testTryLeavesNoTrace},
 		{"LostCreateAnswer", testLostCreateAnswer},
 		{"GhostGoesWithRelease", testGhostAtRelease},
