@@ -24,8 +24,9 @@
 // connection dropped finds its znode by its uuid instead of creating a
 // second one; any other znode with its uuid (a create that landed late) is
 // deleted when the candidate next reads the children, and at the latest
-// when its session ends. A Curator LeaderLatch on the same path takes part
-// in the same election.
+// when its session ends. They are the names a Curator LeaderLatch gives
+// its own candidates, so a LeaderLatch on the same path should take part
+// in the same election (not tested: the tests have no Curator).
 //
 // # Fencing token
 //
@@ -55,17 +56,23 @@
 // Renew sends a sync through the ensemble leader and then reads the
 // leader's znode: the answer proves that the znode, and so the session,
 // still existed in the ensemble's committed state after the send time. A
-// missing znode is ErrLeaseLost. The client library keeps the session
-// alive with its own pings (every third of the timeout); Renew adds
-// nothing to that but the proof the runner counts its deadline from.
+// missing znode is ErrLeaseLost. Like any request, these two count as
+// contact for the session's timeout; the client library keeps the session
+// alive with its own pings anyway (every third of the timeout), so what
+// Renew adds is the proof the runner counts its deadline from. At the
+// default timings a leader sends 1.2 requests a second, a waiting
+// candidate 0.2 (its pings).
 //
-// The ensemble leader times a session from the last contact a server
-// reported to it, and followers report contacts about every half tick. So
-// if the link between our server and the ensemble leader fails within half
-// a tick after a renewal, the session may expire up to the retry period
-// (or a third of the timeout, whichever is shorter) plus half a tick
-// earlier than the runner counts. Keep lease-duration - renew-deadline -
-// kill-grace above that when the ensemble's followers serve leaderrun.
+// In an ensemble, the leader times a session from the last contact that
+// the client's server reported to it, and followers report contacts every
+// half tick. If the link between that server and the ensemble leader fails
+// within half a tick after a renewal, the report of the renewal is lost,
+// and the session may expire up to the retry period (or a third of the
+// timeout, the library's ping interval, if shorter) plus half a tick
+// earlier than the runner counts from the renewal's send time. The margin
+// lease-duration - (renew-deadline + kill-grace) covers that only if it is
+// larger. A standalone server, or the ensemble leader itself when the
+// client is connected to it, times the session from its own contacts.
 //
 // Disconnected is not a loss: the client reconnects, to another server if
 // need be, and the session with its znodes survives if that happens within
@@ -78,14 +85,16 @@
 //
 // With digest authentication (Config.Digest) every znode the backend
 // creates, the lock's parents included, gets CREATOR_ALL (all permissions
-// for the authenticated identity) plus READ for everyone, as Kafka does for
-// its own znodes: anyone who can reach the ensemble can see who holds a lock
-// and read its history (identities and exit statuses, nothing secret), and
-// only the credentials' owner can campaign, delete a candidate or write a
-// marker. Existing znodes keep their ACLs. Without authentication ZooKeeper
-// offers no way to restrict anything, so the znodes are open to every
-// client (OPEN_ACL_UNSAFE): any client can then delete the leader's znode,
-// which the leader reports as a loss.
+// for the authenticated identity) plus READ for everyone: anyone who can
+// reach the ensemble can see who holds a lock and read its history
+// (identities and exit statuses, nothing secret), as leaderrun status
+// expects, and only the credentials' owner can campaign, delete a candidate
+// or write a marker. A wrong password is refused like a missing one:
+// ZooKeeper accepts any digest credentials and checks them against each
+// znode's ACL. Existing znodes keep their ACLs. Without authentication
+// ZooKeeper offers no way to restrict anything, so the znodes are open to
+// every client (OPEN_ACL_UNSAFE): any client can then delete the leader's
+// znode, which the leader reports as a loss.
 //
 // # Markers and history
 //
