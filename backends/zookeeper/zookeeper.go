@@ -211,11 +211,16 @@ type Backend struct {
 	log            *slog.Logger
 	wakes          atomic.Uint64
 
-	mu     sync.Mutex
+	mu   sync.Mutex
+	held *lease // the lease held now, for Status's TTL
+
+	// rmu is held while the reader connects, which can take the connect
+	// timeout: nothing else waits for it.
+	rmu    sync.Mutex
 	reader *session // Status and History, connected on first use
-	held   *lease   // the lease held now, for Status's TTL
 	closed bool
-	bg     sync.WaitGroup // closes of sessions left to finish in the background
+
+	bg sync.WaitGroup // closes of sessions left to finish in the background
 }
 
 var _ backends.Backend = (*Backend)(nil)
@@ -299,10 +304,10 @@ func (b *Backend) Wakes() uint64 { return b.wakes.Load() }
 // Close implements backends.Backend: it ends the session that Status and
 // History read with. Leases must be released first.
 func (b *Backend) Close() error {
-	b.mu.Lock()
+	b.rmu.Lock()
 	r := b.reader
 	b.reader, b.closed = nil, true
-	b.mu.Unlock()
+	b.rmu.Unlock()
 	if r != nil {
 		r.close()
 	}
@@ -317,8 +322,8 @@ func (b *Backend) historyDir() string { return b.dir + "/history" }
 // readSession is the session Status and History read with, connected on
 // first use and again if the last one expired.
 func (b *Backend) readSession(ctx context.Context) (*session, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.rmu.Lock()
+	defer b.rmu.Unlock()
 	if b.closed {
 		return nil, fmt.Errorf("zookeeper %s: %s: backend closed", b.list, b.dir)
 	}
@@ -377,7 +382,7 @@ func parseCandidate(name string) (candidate, bool) {
 	}
 	guid, rest := rest[:guidLen], rest[guidLen:]
 	digits, ok := strings.CutPrefix(rest, latchName)
-	if !ok || len(digits) == 0 {
+	if !ok || len(digits) == 0 || len(digits) > 18 {
 		return candidate{}, false
 	}
 	var seq int64
