@@ -89,6 +89,37 @@ func deleteAll(t *testing.T, c *zk.Conn, path string) {
 	t.Fatalf("delete %s: candidates kept coming", path)
 }
 
+// watchers counts the sessions that watch each path, as the (first)
+// server tells.
+func watchers(t *testing.T, z *testenv.ZooKeeper) map[string]int {
+	t.Helper()
+	out, err := z.Members[0].FourLetter("wchp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, path := map[string]int{}, ""
+	for _, line := range strings.Split(out, "\n") {
+		switch {
+		case strings.HasPrefix(line, "/"):
+			path = line
+		case strings.HasPrefix(strings.TrimSpace(line), "0x"):
+			n[path]++
+		}
+	}
+	return n
+}
+
+// queue is the candidates' znodes of lock, first first.
+func queue(t *testing.T, c *zk.Conn, lock string) []string {
+	t.Helper()
+	var paths []string
+	for _, n := range candidateNames(t, c, lock) {
+		paths = append(paths, lockDir(lock)+"/"+n)
+	}
+	slices.SortFunc(paths, func(a, b string) int { return int(seqOf(t, a) - seqOf(t, b)) })
+	return paths
+}
+
 // seqOf is the sequence number a znode's name ends with.
 func seqOf(t *testing.T, path string) int64 {
 	t.Helper()
@@ -193,6 +224,69 @@ func testHandovers(t *testing.T, env *env) {
 		}
 	}
 	t.Logf("%d handovers, tokens %d to %d", handovers, first.l.Token(), prev.l.Token())
+}
+
+// testMiddleWithdraws: when the waiter between the leader and another
+// waiter withdraws, the one behind it wakes, reads the queue again and
+// keeps waiting, now on the leader: its predecessor going is not its turn.
+func testMiddleWithdraws(t *testing.T, env *env) {
+	const lock = "middle-withdraws"
+	a, bb, c := newBackend(t, env.servers, lock), newBackend(t, env.servers, lock), newBackend(t, env.servers, lock)
+	la := campaign(t, a, "a", 10*time.Second)
+	bctx, bcancel := context.WithCancel(context.Background())
+	defer bcancel()
+	bdone := make(chan error, 1)
+	go func() {
+		_, err := bb.Campaign(bctx, options("b", 10*time.Second))
+		bdone <- err
+	}()
+	waitFor(t, "b to queue", func() bool { return len(candidateNames(t, env.admin, lock)) == 2 })
+	got := make(chan backends.Lease, 1)
+	go func() {
+		l, err := c.Campaign(context.Background(), options("c", 10*time.Second))
+		if err != nil {
+			t.Errorf("c: %v", err)
+		}
+		got <- l
+	}()
+	waitFor(t, "c to queue", func() bool { return len(candidateNames(t, env.admin, lock)) == 3 })
+	waitFor(t, "c to watch b", func() bool { return watchers(t, env.zk)[queue(t, env.admin, lock)[1]] == 1 })
+	bcancel()
+	if err := <-bdone; !errors.Is(err, context.Canceled) {
+		t.Errorf("b's campaign: %v, want context.Canceled", err)
+	}
+	waitFor(t, "c to wake", func() bool { return c.Wakes() == 1 })
+	// c now watches a: its campaign goes on, a still leads.
+	// a's znode is watched by a itself and by c.
+	waitFor(t, "c to watch the leader", func() bool {
+		select {
+		case l := <-got:
+			if l != nil {
+				l.Release(context.Background(), nil)
+			}
+			t.Fatal("c's campaign returned while a held the lock")
+		default:
+		}
+		return watchers(t, env.zk)[la.Path()] == 2
+	})
+	st, err := a.Status(context.Background())
+	if err != nil || !st.Held || st.Identity != "a" || st.Waiting != 1 {
+		t.Errorf("status %+v, %v; want a holding, c waiting", st, err)
+	}
+	if err := la.Release(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case l := <-got:
+		if l != nil {
+			defer l.Release(context.Background(), nil)
+			if l.Token() <= la.Token() {
+				t.Errorf("c's token %d not greater than a's %d", l.Token(), la.Token())
+			}
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("c did not take over within 10s of a's release")
+	}
 }
 
 // testSessionDies: a leader cut off from the ensemble loses its session

@@ -39,6 +39,7 @@ func TestZooKeeper(t *testing.T) {
 		{"NegotiatedTimeout", testNegotiatedTimeout},
 		{"ZnodeDeletedByHand", testZnodeDeleted},
 		{"HandoversAcrossDeleteAll", testHandovers},
+		{"MiddleWaiterWithdraws", testMiddleWithdraws},
 		{"SessionDies", testSessionDies},
 		{"DisconnectIsNotLoss", testDisconnect},
 		{"TwoHundredWaiters", testHerd},

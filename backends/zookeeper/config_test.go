@@ -1,0 +1,79 @@
+package zookeeper_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/backends/zookeeper"
+)
+
+func TestNew(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		cfg     zookeeper.Config
+		wantErr string // "" if New must succeed
+	}{
+		{"defaults", zookeeper.Config{Servers: []string{"zk1:2181", "zk2"}, Prefix: "leaderrun/", Lock: "billing"}, ""},
+		{"prefix without a slash", zookeeper.Config{Servers: []string{"zk1"}, Prefix: "leaderrun-", Lock: "billing"}, ""},
+		{"no servers", zookeeper.Config{Lock: "billing"}, "no servers"},
+		{"chroot", zookeeper.Config{Servers: []string{"zk1:2181/apps"}, Lock: "billing"}, "chroot"},
+		{"bad lock name", zookeeper.Config{Servers: []string{"zk1"}, Lock: "a/b"}, "invalid lock name"},
+		{"empty prefix segment", zookeeper.Config{Servers: []string{"zk1"}, Prefix: "a//", Lock: "b"}, "empty"},
+		{"dot segment", zookeeper.Config{Servers: []string{"zk1"}, Prefix: "a/../", Lock: "b"}, "segment"},
+		{"system tree", zookeeper.Config{Servers: []string{"zk1"}, Prefix: "zookeeper/", Lock: "b"}, "ZooKeeper's own tree"},
+		{"password without a user", zookeeper.Config{Servers: []string{"zk1"}, Lock: "b", Digest: zookeeper.Digest{Password: "pw"}}, "without a user"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := zookeeper.New(tc.cfg)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("New: %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("New: %v, want an error saying %q", err, tc.wantErr)
+			}
+			if b != nil {
+				b.Close()
+			}
+		})
+	}
+}
+
+// TestCampaignNeedsLeaseDuration: the session timeout is the lease
+// duration, which only the runner knows; none is a mistake, not a default.
+func TestCampaignNeedsLeaseDuration(t *testing.T) {
+	b, err := zookeeper.New(zookeeper.Config{Servers: []string{"127.0.0.1:1"}, Lock: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	_, err = b.Campaign(context.Background(), backends.CampaignOptions{Identity: "a"})
+	if err == nil || !strings.Contains(err.Error(), "lease duration") {
+		t.Errorf("campaign without a lease duration: %v", err)
+	}
+}
+
+func TestParseDigest(t *testing.T) {
+	for _, tc := range []struct {
+		name, in     string
+		user, passwd string
+		ok           bool
+	}{
+		{"plain", "leaderrun:s3cret", "leaderrun", "s3cret", true},
+		{"final newline", "leaderrun:s3cret\n", "leaderrun", "s3cret", true},
+		{"colon in the password", "leaderrun:a:b", "leaderrun", "a:b", true},
+		{"no colon", "leaderrun", "", "", false},
+		{"no user", ":s3cret", "", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := zookeeper.ParseDigest(tc.in)
+			if (err == nil) != tc.ok || d.User != tc.user || d.Password != tc.passwd {
+				t.Fatalf("ParseDigest(%q) = %#v, %v", tc.in, d, err)
+			}
+			if err != nil && strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("the error shows the password: %v", err)
+			}
+		})
+	}
+}
