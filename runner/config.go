@@ -216,12 +216,17 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// ValidateGrantedTTL checks the TTL the store actually granted, which may
-// differ from what was asked. Zero means the lease never expires by itself.
-func ValidateGrantedTTL(ttl, deadline, grace time.Duration) error {
+// ValidateGrantedTTL checks the TTL the store actually granted for the
+// lease duration asked, which may differ from it (etcd rounds to whole
+// seconds; ZooKeeper's TTL leaves out how much earlier than its session
+// timeout an ensemble may expire a session). Zero means the lease never
+// expires by itself. The message says which lease duration would do, on
+// the assumption that the store grants what is asked less the same
+// amount, as it does unless it caps the TTL.
+func ValidateGrantedTTL(ttl, asked, deadline, grace time.Duration) error {
 	if ttl > 0 && ttl <= deadline+grace {
-		return configErrorf("the store granted a lease of %v, not more than --renew-deadline (%v) + --kill-grace (%v): "+
-			"raise --lease-duration", ttl, deadline, grace)
+		return configErrorf("the store granted a lease of %v for --lease-duration %v, not more than --renew-deadline (%v) + --kill-grace (%v): "+
+			"raise --lease-duration above %v, or lower --renew-deadline or --kill-grace", ttl, asked, deadline, grace, asked+deadline+grace-ttl)
 	}
 	return nil
 }

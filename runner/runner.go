@@ -168,7 +168,7 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 		}
 		return t
 	}
-	if err := ValidateGrantedTTL(lease.TTL(), cfg.RenewDeadline, cfg.KillGrace); err != nil {
+	if err := ValidateGrantedTTL(lease.TTL(), cfg.LeaseDuration, cfg.RenewDeadline, cfg.KillGrace); err != nil {
 		sup.Abort()
 		r.release(lease, notStarted(err))
 		return signals.Status{}, err

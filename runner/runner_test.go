@@ -278,12 +278,19 @@ func TestTTLTooShortRefused(t *testing.T) {
 	events := filepath.Join(dir, "events")
 	f := &flaky{Backend: local.New(local.Config{Dir: dir, Lock: "runner"})}
 	cfg := baseConfig(t, f, events)
-	cfg.RenewDeadline = 9 * time.Second // + 2s grace > the 10s the wrapper grants
+	// 12s asked passes the check of the flags; the 10s the wrapper grants
+	// is not more than 9s + 2s grace.
+	cfg.LeaseDuration = 12 * time.Second
+	cfg.RenewDeadline = 9 * time.Second
 	cfg.RetryPeriod = time.Second
 	_, err := runner.Run(context.Background(), cfg)
 	var ce *runner.ConfigError
 	if !errors.As(err, &ce) {
 		t.Fatalf("Run returned %v, want *ConfigError", err)
+	}
+	// The wrapper grants 10s whatever is asked: 1s more would do.
+	if want := fmt.Sprintf("raise --lease-duration above %v", cfg.LeaseDuration+time.Second); !strings.Contains(err.Error(), want) {
+		t.Errorf("error %q does not say %q", err, want)
 	}
 	if _, err := os.Stat(events); err == nil {
 		t.Error("the child ran although the granted TTL was refused")
