@@ -61,9 +61,24 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 
 // campaign is one candidacy, with a session of its own.
 func (b *Backend) campaign(ctx context.Context, opts backends.CampaignOptions) (*lease, error) {
+	// The lease's TTL depends on the ensemble's minimum session timeout
+	// (see leaseTTL): learn it, the first time, while connecting.
+	probed := make(chan error, 1)
+	go func() {
+		_, err := b.minSessionTimeout(ctx)
+		probed <- err
+	}()
 	s, err := b.connect(ctx, opts.LeaseDuration)
+	if perr := <-probed; err == nil && perr != nil {
+		b.closeLater(s)
+		err = perr
+	}
 	if err != nil {
 		return nil, err
+	}
+	if got := s.Timeout(); got != opts.LeaseDuration.Truncate(time.Millisecond) {
+		b.log.Info("the ensemble changed the session timeout asked (its minSessionTimeout and maxSessionTimeout bound it)",
+			"identity", opts.Identity, "asked", opts.LeaseDuration, "session_timeout", got)
 	}
 	c := &candidacy{b: b, s: s, identity: opts.Identity, guid: newGUID()}
 	var l *lease

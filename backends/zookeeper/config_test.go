@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/zookeeper"
@@ -75,5 +76,39 @@ func TestParseDigest(t *testing.T) {
 				t.Errorf("the error shows the password: %v", err)
 			}
 		})
+	}
+}
+
+// TestLeaseTTL: the margin arithmetic. A lease's TTL is the session
+// timeout less the longest gap between two contacts (the retry period, or
+// the library's pings every third of the timeout) and half a tick, taken
+// as a quarter of the minimum session timeout. At leaderrun's default
+// timings on an ensemble with ZooKeeper's default tick of 2 s, the TTL
+// does not exceed --renew-deadline + --kill-grace (10 s + 3 s), so the
+// runner refuses them; a lease duration above 16 s passes.
+func TestLeaseTTL(t *testing.T) {
+	const s = time.Second
+	for _, tc := range []struct {
+		name                    string
+		timeout, retry, minimum time.Duration
+		want                    time.Duration
+	}{
+		{"defaults, tick 2 s", 15 * s, 2 * s, 4 * s, 12 * s},
+		{"20 s lease, tick 2 s", 20 * s, 2 * s, 4 * s, 17 * s},
+		{"just above 16 s, tick 2 s", 16*s + time.Millisecond, 2 * s, 4 * s, 13*s + time.Millisecond},
+		{"pings more often than renewals", 3 * s, 2 * s, 4 * s / 10, 2*s - 100*time.Millisecond},
+		{"retry unknown: pings", 15 * s, 0, 4 * s, 9 * s},
+		{"a raised minimum only widens the margin", 15 * s, 2 * s, 10 * s, 10500 * time.Millisecond},
+		{"test servers, tick 200 ms", 3 * s, 500 * time.Millisecond, 400 * time.Millisecond, 2400 * time.Millisecond},
+		{"nothing left", 4 * s, 2 * s, 40 * s, time.Nanosecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := zookeeper.LeaseTTL(tc.timeout, tc.retry, tc.minimum); got != tc.want {
+				t.Errorf("LeaseTTL(%v, %v, %v) = %v, want %v", tc.timeout, tc.retry, tc.minimum, got, tc.want)
+			}
+		})
+	}
+	if ttl := zookeeper.LeaseTTL(15*s, 2*s, 4*s); ttl > 10*s+3*s {
+		t.Errorf("at the default timings the TTL is %v, more than D + G = 13s: the runner would accept them", ttl)
 	}
 }

@@ -47,8 +47,8 @@ func survives(t *testing.T, l zkLease, sid int64, fault time.Time) {
 		if err == nil {
 			break
 		}
-		if time.Since(fault) > l.TTL() {
-			t.Fatalf("no renewal within the session timeout (%v) of the fault: %v", l.TTL(), err)
+		if time.Since(fault) > l.SessionTimeout() {
+			t.Fatalf("no renewal within the session timeout (%v) of the fault: %v", l.SessionTimeout(), err)
 		}
 	}
 	t.Logf("renewals go through again %v after the fault, on %s", time.Since(fault), l.Server())

@@ -1,6 +1,8 @@
 package zookeeper
 
 import (
+	"time"
+
 	"github.com/go-zookeeper/zk"
 
 	"github.com/leaderrun/leaderrun/backends"
@@ -17,4 +19,10 @@ func SetCreateHook(h func(z *zk.Conn, prefix, path string, err error) (string, e
 func Ghost(l backends.Lease) (string, error) {
 	c := l.(*lease).c
 	return c.s.conn.Create(c.b.dir+"/"+protectedPrefix+c.guid+latchName, []byte(c.identity), zk.FlagEphemeralSequential, c.b.acl)
+}
+
+// LeaseTTL is what a lease reports as its TTL for a session timeout, a
+// retry period and the ensemble's minimum session timeout.
+func LeaseTTL(timeout, retry, minTimeout time.Duration) time.Duration {
+	return leaseTTL(timeout, retry, minTimeout)
 }

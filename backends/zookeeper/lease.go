@@ -29,6 +29,7 @@ type lease struct {
 	c        *candidacy
 	token    uint64
 	acquired time.Time
+	ttl      time.Duration
 
 	*backends.Loss                    // Lost and Err
 	stop           context.CancelFunc // ends the watcher
@@ -42,7 +43,8 @@ var _ backends.Lease = (*lease)(nil)
 
 func newLease(c *candidacy, token uint64, acquired time.Time, ch <-chan zk.Event) *lease {
 	ctx, stop := context.WithCancel(context.Background())
-	l := &lease{c: c, token: token, acquired: acquired, Loss: backends.NewLoss(), stop: stop}
+	ttl := leaseTTL(c.s.Timeout(), c.b.retry, time.Duration(c.b.minTimeout.Load()))
+	l := &lease{c: c, token: token, acquired: acquired, ttl: ttl, Loss: backends.NewLoss(), stop: stop}
 	// What the connection went through while we waited is old news.
 	for drained := false; !drained; {
 		select {
@@ -61,8 +63,14 @@ func newLease(c *candidacy, token uint64, acquired time.Time, ch <-chan zk.Event
 func (l *lease) Token() uint64       { return l.token }
 func (l *lease) Acquired() time.Time { return l.acquired }
 
-// TTL is the session timeout the ensemble negotiated.
-func (l *lease) TTL() time.Duration { return l.c.s.Timeout() }
+// TTL is what the runner may count on of the session timeout the
+// ensemble negotiated: the timeout, less the margin by which an ensemble
+// may expire the session earlier than a renewal's send time + timeout
+// (see leaseTTL).
+func (l *lease) TTL() time.Duration { return l.ttl }
+
+// SessionTimeout is the session timeout the ensemble negotiated.
+func (l *lease) SessionTimeout() time.Duration { return l.c.s.Timeout() }
 
 // Path is the leader's znode.
 func (l *lease) Path() string { return l.c.path() }
@@ -100,7 +108,7 @@ func (l *lease) watch(ctx context.Context, ch <-chan zk.Event) {
 			case st == zk.StateDisconnected && !disconnected:
 				disconnected = true
 				log.Warn("connection to zookeeper lost; the session survives a reconnection within its timeout",
-					"server", l.Server(), "session_timeout", l.TTL())
+					"server", l.Server(), "session_timeout", l.SessionTimeout())
 			case st == zk.StateHasSession && disconnected:
 				disconnected = false
 				log.Info("reconnected to zookeeper", "server", l.Server())

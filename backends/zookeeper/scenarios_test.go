@@ -313,7 +313,7 @@ func testSessionDies(t *testing.T, env *env) {
 			lb := newBackend(t, []string{p.Addr()}, lock)
 			fb := newBackend(t, env.servers, lock)
 			l := campaign(t, lb, "leader", lease)
-			timeout := l.TTL()
+			timeout := l.SessionTimeout()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			type result struct {
@@ -351,6 +351,11 @@ func testSessionDies(t *testing.T, env *env) {
 			t.Logf("session timeout %v; the follower took over %v after the leader's link was cut", timeout, took)
 			if took > timeout+time.Second {
 				t.Errorf("the follower took over %v after the cut, want within the session timeout %v + 1s", took, timeout)
+			}
+			// The last contact before the cut was a ping at most a third
+			// of the timeout earlier, and TTL leaves that out.
+			if took < l.TTL() {
+				t.Errorf("the follower took over %v after the cut, before the lease's TTL %v", took, l.TTL())
 			}
 			if r.l.Token() <= l.Token() {
 				t.Errorf("follower's token %d not greater than the leader's %d", r.l.Token(), l.Token())

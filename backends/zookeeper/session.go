@@ -54,15 +54,20 @@ type session struct {
 // ensemble established it, at most the connect timeout. A failure wraps
 // backends.ErrUnavailable (or is ctx's error).
 func (b *Backend) connect(ctx context.Context, timeout time.Duration) (*session, error) {
+	return b.connectShare(ctx, timeout, min(timeout, b.connectTimeout))
+}
+
+// connectShare is connect where the servers share the time given to
+// answer the connect request: as the Java client does, every server gets
+// its share, so that one that accepts connections and never answers
+// cannot hold the client while the others would serve it.
+func (b *Backend) connectShare(ctx context.Context, timeout, share time.Duration) (*session, error) {
 	s := &session{
 		b:         b,
 		connected: make(chan struct{}),
 		expired:   make(chan struct{}),
 		states:    make(chan zk.State, 16),
-		// As the Java client does: every server gets its share of the
-		// time, so that one that accepts connections and never answers
-		// cannot hold the client while the others would serve it.
-		handshake: max(min(timeout, b.connectTimeout)/time.Duration(len(b.servers)), 100*time.Millisecond),
+		handshake: max(share/time.Duration(len(b.servers)), 100*time.Millisecond),
 	}
 	conn, _, err := zk.Connect(b.servers, timeout,
 		zk.WithLogger(discard{}), zk.WithLogInfo(false),

@@ -44,14 +44,12 @@
 // Each campaign opens its own connection and ZooKeeper session, with the
 // lease duration asked by the runner (CampaignOptions.LeaseDuration) as the
 // session timeout; the ensemble clamps it to its minimum and maximum
-// session timeouts (2 and 20 ticks by default), and Lease.TTL reports the
-// timeout it negotiated, which is what the runner validates its timings
-// against. Connecting in Campaign rather than in New keeps the lease
-// duration in the one place the runner sets it, at no cost in start-up
-// latency: the CLI campaigns right after it builds the backend. Ending the
-// session when the lease is released (or the campaign withdrawn) deletes
-// every ephemeral znode it owns in the same step, so no candidate of ours
-// outlives its campaign.
+// session timeouts (2 and 20 ticks by default). Connecting in Campaign
+// rather than in New keeps the lease duration in the one place the runner
+// sets it, at no cost in start-up latency: the CLI campaigns right after
+// it builds the backend. Ending the session when the lease is released (or
+// the campaign withdrawn) deletes every ephemeral znode it owns in the
+// same step, so no candidate of ours outlives its campaign.
 //
 // Renew sends a sync through the ensemble leader and then reads the
 // leader's znode: the answer proves that the znode, and so the session,
@@ -63,16 +61,24 @@
 // default timings a leader sends 1.2 requests a second, a waiting
 // candidate 0.2 (its pings).
 //
-// In an ensemble, the leader times a session from the last contact that
-// the client's server reported to it, and followers report contacts every
-// half tick. If the link between that server and the ensemble leader fails
-// within half a tick after a renewal, the report of the renewal is lost,
-// and the session may expire up to the retry period (or a third of the
-// timeout, the library's ping interval, if shorter) plus half a tick
-// earlier than the runner counts from the renewal's send time. The margin
-// lease-duration - (renew-deadline + kill-grace) covers that only if it is
-// larger. A standalone server, or the ensemble leader itself when the
-// client is connected to it, times the session from its own contacts.
+// Lease.TTL is not the negotiated timeout T but what the runner may count
+// on from a renewal's send time: in an ensemble, the ensemble leader times
+// a session from the last contact that the client's server reported to
+// it, and followers report contacts every half tick. If the link between
+// that server and the ensemble leader fails just after a renewal, the
+// report of the renewal is lost, and the session may expire up to the
+// retry period (or a third of the timeout, the library's ping interval, if
+// shorter) plus half a tick earlier than send time + T. So
+//
+//	TTL = T − min(Config.RetryPeriod, T/3) − minSessionTimeout/4
+//
+// where the minimum session timeout (two ticks by default, so a quarter
+// of it is half a tick) is learned once per backend, while the first
+// campaign connects, from a session that asks for 100 ms and is closed at
+// once. The runner checks TTL > renew-deadline + kill-grace, so timings
+// that the ensemble cannot keep are refused; with a tick of 2 s and a
+// retry period of 2 s the lease duration must exceed renew-deadline +
+// kill-grace + 3 s. See leaseTTL, and docs/safety.md.
 //
 // Disconnected is not a loss: the client reconnects, to another server if
 // need be, and the session with its znodes survives if that happens within
@@ -165,6 +171,14 @@ type Config struct {
 	// is ErrUnavailable. Zero: 5 s.
 	ConnectTimeout time.Duration
 
+	// RetryPeriod is how often the runner renews a lease (--retry-period).
+	// The longer it is, the earlier than "send time + session timeout" an
+	// ensemble may expire a session whose follower was cut off from the
+	// ensemble leader, and the shorter the TTL that a lease reports (see
+	// the package doc). Zero: a third of the session timeout, the client
+	// library's ping interval, which bounds it whatever the runner does.
+	RetryPeriod time.Duration
+
 	// Log receives a line when a lease's connection drops or comes back,
 	// and when a waiting candidate has to campaign again. Nil: nothing is
 	// logged. The client library itself never logs.
@@ -208,8 +222,10 @@ type Backend struct {
 	lock           string
 	dir            string // the lock's znode
 	connectTimeout time.Duration
+	retry          time.Duration
 	log            *slog.Logger
 	wakes          atomic.Uint64
+	minTimeout     atomic.Int64 // the ensemble's minimum session timeout, in ns, once learned
 
 	mu   sync.Mutex
 	held *lease // the lease held now, for Status's TTL
@@ -254,6 +270,9 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.ConnectTimeout <= 0 {
 		cfg.ConnectTimeout = DefaultConnectTimeout
 	}
+	if cfg.RetryPeriod < 0 {
+		return nil, fmt.Errorf("zookeeper: retry period %v is negative", cfg.RetryPeriod)
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -269,6 +288,7 @@ func New(cfg Config) (*Backend, error) {
 		lock:           cfg.Lock,
 		dir:            dir,
 		connectTimeout: cfg.ConnectTimeout,
+		retry:          cfg.RetryPeriod,
 		log:            cfg.Log.With("backend", "zookeeper", "lock", cfg.Lock),
 	}, nil
 }

@@ -21,6 +21,7 @@ type zkLease interface {
 	backends.Lease
 	Path() string
 	SessionID() int64
+	SessionTimeout() time.Duration
 	Server() string
 }
 
@@ -133,28 +134,39 @@ func testConformance(t *testing.T, env *env) {
 }
 
 // testNegotiatedTimeout: the ensemble clamps the session timeout to its
-// bounds, and the lease reports what it granted, not what was asked.
+// bounds; the lease reports what it negotiated, and a TTL that leaves out
+// how much earlier an ensemble may expire the session (the retry period,
+// or the library's ping interval of a third of the timeout, and half a
+// tick, a quarter of the minimum session timeout).
 func testNegotiatedTimeout(t *testing.T, env *env) {
+	quarterMin := testenv.ZooKeeperMinSessionTimeout / 4
 	for _, tc := range []struct {
-		name      string
-		ask, want time.Duration
+		name             string
+		ask, retry       time.Duration
+		session, wantTTL time.Duration
 	}{
-		{"within the bounds", 3 * time.Second, 3 * time.Second},
-		{"raised to the minimum", 100 * time.Millisecond, testenv.ZooKeeperMinSessionTimeout},
-		{"lowered to the maximum", 2 * testenv.ZooKeeperMaxSessionTimeout, testenv.ZooKeeperMaxSessionTimeout},
+		{"within the bounds", 3 * time.Second, 0, 3 * time.Second, 2*time.Second - quarterMin},
+		{"renewed more often than pinged", 3 * time.Second, 500 * time.Millisecond, 3 * time.Second, 2500*time.Millisecond - quarterMin},
+		{"renewed less often than pinged", 3 * time.Second, 2 * time.Second, 3 * time.Second, 2*time.Second - quarterMin},
+		{"raised to the minimum", 100 * time.Millisecond, 0, testenv.ZooKeeperMinSessionTimeout,
+			testenv.ZooKeeperMinSessionTimeout - testenv.ZooKeeperMinSessionTimeout/3 - quarterMin},
+		{"lowered to the maximum", 2 * testenv.ZooKeeperMaxSessionTimeout, 2 * time.Second, testenv.ZooKeeperMaxSessionTimeout,
+			testenv.ZooKeeperMaxSessionTimeout - 2*time.Second - quarterMin},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := newBackend(t, env.servers, "ttl-"+strings.ReplaceAll(tc.name, " ", "-"))
+			b := newBackend(t, env.servers, "ttl-"+strings.ReplaceAll(tc.name, " ", "-"),
+				func(c *zookeeper.Config) { c.RetryPeriod = tc.retry })
 			l := campaign(t, b, "a", tc.ask)
-			if l.TTL() != tc.want {
-				t.Errorf("asked %v, TTL() = %v, want %v", tc.ask, l.TTL(), tc.want)
+			if l.SessionTimeout() != tc.session || l.TTL() != tc.wantTTL {
+				t.Errorf("asked %v, retry %v: session timeout %v, TTL %v; want %v and %v",
+					tc.ask, tc.retry, l.SessionTimeout(), l.TTL(), tc.session, tc.wantTTL)
 			}
 			st, err := b.Status(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
-			if st.TTL != tc.want || st.Remaining != -1 {
-				t.Errorf("status TTL %v remaining %v, want %v and -1 (ZooKeeper does not tell)", st.TTL, st.Remaining, tc.want)
+			if st.TTL != tc.wantTTL || st.Remaining != -1 {
+				t.Errorf("status TTL %v remaining %v, want %v and -1 (ZooKeeper does not tell)", st.TTL, st.Remaining, tc.wantTTL)
 			}
 		})
 	}
