@@ -85,7 +85,7 @@ func withDefaultCommand(app *cli.App, args []string) []string {
 func newApp(st *state) *cli.App {
 	return &cli.App{
 		Name:      "leaderrun",
-		Usage:     "run a command only while this host holds a lock in etcd, Consul or a local lock file",
+		Usage:     "run a command only while this host holds a lock in etcd, Consul, ZooKeeper or a local lock file",
 		UsageText: "leaderrun [run] --lock NAME [flags] -- COMMAND [ARG...]\nleaderrun status --lock NAME [--json]\nleaderrun check [--min-remaining D] [-v]\nleaderrun version\nleaderrun completion bash|zsh|fish",
 		Description: `leaderrun campaigns for the lock NAME and runs COMMAND only while it holds
 it. The command gets $FENCE_TOKEN, a number that grows with every grant of

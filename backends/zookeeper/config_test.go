@@ -66,6 +66,7 @@ func TestParseDigest(t *testing.T) {
 		{"colon in the password", "leaderrun:a:b", "leaderrun", "a:b", true},
 		{"no colon", "leaderrun", "", "", false},
 		{"no user", ":s3cret", "", "", false},
+		{"two lines", "leaderrun:s3cret\nother:s3cret\n", "", "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d, err := zookeeper.ParseDigest(tc.in)

@@ -192,12 +192,13 @@ type Digest struct {
 }
 
 // ParseDigest reads "user:password", as an auth file holds it (the first
-// colon separates them; a final newline is ignored).
+// colon separates them; a final newline is ignored, any other line break
+// refused).
 func ParseDigest(s string) (Digest, error) {
 	s = strings.TrimRight(s, "\r\n")
 	user, password, ok := strings.Cut(s, ":")
-	if !ok || user == "" {
-		return Digest{}, errors.New("zookeeper: digest credentials must read user:password")
+	if !ok || user == "" || strings.ContainsAny(s, "\r\n") {
+		return Digest{}, errors.New("zookeeper: digest credentials must be one line user:password")
 	}
 	return Digest{User: user, Password: password}, nil
 }

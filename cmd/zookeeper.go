@@ -1,0 +1,126 @@
+package cmd
+
+import (
+	"io"
+	"os"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/backends/zookeeper"
+)
+
+// zkFlags are the flags of the ZooKeeper backend. ZooKeeper's own tools
+// read no environment variable for the ensemble's address, so only
+// leaderrun's own select it.
+func zkFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "zk-servers", Category: categoryStore, EnvVars: []string{"LEADERRUN_ZK_SERVERS"},
+			Usage: "comma-separated `HOSTS` (host:port, port 2181 if left out) of the ZooKeeper ensemble; list every server so that the client can fail over. " +
+				"ZooKeeper needs --lease-duration above --renew-deadline + --kill-grace + --retry-period + tickTime/2 (with the other defaults and tickTime 2s: above 16s, e.g. 20s)"},
+		&cli.StringFlag{Name: "zk-auth-file", Category: categoryStore, EnvVars: []string{"LEADERRUN_ZK_AUTH_FILE"},
+			Usage: "`FILE` holding USER:PASSWORD for ZooKeeper's digest authentication; it must not be readable by group or others (chmod 600)"},
+		&cli.DurationFlag{Name: "zk-connect-timeout", Category: categoryStore, EnvVars: []string{"LEADERRUN_ZK_CONNECT_TIMEOUT"}, Value: zookeeper.DefaultConnectTimeout,
+			Usage: "give up after `D` when no ZooKeeper server answers before leadership (exit 69)"},
+	}
+}
+
+var zkStore = store{
+	name:     "zookeeper",
+	flags:    zkFlags,
+	selected: func(c *cli.Context) bool { return c.String("zk-servers") != "" },
+	open:     newZooKeeperBackend,
+	address:  "--zk-servers (LEADERRUN_ZK_SERVERS)",
+}
+
+func newZooKeeperBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
+	servers, err := zkServers(c.String("zk-servers"))
+	if err != nil {
+		return nil, err
+	}
+	connect := c.Duration("zk-connect-timeout")
+	if connect <= 0 {
+		return nil, usageErrorf("--zk-connect-timeout %v: must be greater than 0", connect)
+	}
+	var digest zookeeper.Digest
+	if f := c.String("zk-auth-file"); f != "" {
+		if digest, err = readZKAuthFile(f); err != nil {
+			return nil, err
+		}
+	}
+	log, err := newLogger(c, os.Stderr)
+	if err != nil {
+		return nil, err
+	}
+	b, err := zookeeper.New(zookeeper.Config{
+		Servers:        servers,
+		Digest:         digest,
+		Prefix:         cfg.Prefix,
+		Lock:           cfg.Lock,
+		ConnectTimeout: connect,
+		// Zero for status and history, which do not renew.
+		RetryPeriod: c.Duration("retry-period"),
+		Log:         log,
+	})
+	if err != nil {
+		// New checks the servers and the prefix; the lock was checked.
+		return nil, usageErrorf("--zk-servers %q, --prefix %q: %v", c.String("zk-servers"), cfg.Prefix, err)
+	}
+	return b, nil
+}
+
+// zkServers splits and checks --zk-servers. A ZooKeeper connection string
+// may end in a chroot (host:port,host:port/path); leaderrun's --prefix does
+// that job, and New says so.
+func zkServers(s string) ([]string, error) {
+	var servers []string
+	for _, srv := range strings.Split(s, ",") {
+		if srv = strings.TrimSpace(srv); srv != "" {
+			servers = append(servers, srv)
+		}
+	}
+	if len(servers) == 0 {
+		return nil, usageErrorf("--zk-servers %q: no server given", s)
+	}
+	return servers, nil
+}
+
+// maxZKAuthFile bounds what is read of an auth file: a line.
+const maxZKAuthFile = 4096
+
+// readZKAuthFile reads USER:PASSWORD from path. Like ssh with a private
+// key, it refuses a file that group or others may read or write: the
+// password would not be a secret. Errors name the file, never what it
+// holds.
+func readZKAuthFile(path string) (zookeeper.Digest, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return zookeeper.Digest{}, usageErrorf("--zk-auth-file: %v", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return zookeeper.Digest{}, usageErrorf("--zk-auth-file: %v", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return zookeeper.Digest{}, usageErrorf("--zk-auth-file %s: not a regular file", path)
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return zookeeper.Digest{}, usageErrorf("--zk-auth-file %s: permissions %04o are too open: the password must not be readable by group or others (chmod 600 %s)",
+			path, perm, path)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxZKAuthFile+1))
+	if err != nil {
+		return zookeeper.Digest{}, usageErrorf("--zk-auth-file %s: %v", path, err)
+	}
+	if len(data) > maxZKAuthFile {
+		return zookeeper.Digest{}, usageErrorf("--zk-auth-file %s: longer than %d bytes; want one line USER:PASSWORD", path, maxZKAuthFile)
+	}
+	d, err := zookeeper.ParseDigest(string(data))
+	if err != nil {
+		// ParseDigest's message shows nothing of the file.
+		return zookeeper.Digest{}, usageErrorf("--zk-auth-file %s: %v", path, err)
+	}
+	return d, nil
+}
