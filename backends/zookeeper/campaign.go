@@ -63,24 +63,35 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 func (b *Backend) campaign(ctx context.Context, opts backends.CampaignOptions) (*lease, error) {
 	// The lease's TTL depends on the ensemble's minimum session timeout
 	// (see leaseTTL): learn it, the first time, while connecting.
-	probed := make(chan error, 1)
+	type probe struct {
+		min time.Duration
+		err error
+	}
+	probed := make(chan probe, 1)
 	go func() {
-		_, err := b.minSessionTimeout(ctx)
-		probed <- err
+		d, err := b.minSessionTimeout(ctx)
+		probed <- probe{d, err}
 	}()
 	s, err := b.connect(ctx, opts.LeaseDuration)
-	if perr := <-probed; err == nil && perr != nil {
+	p := <-probed
+	if err == nil && p.err != nil {
 		b.closeLater(s)
-		err = perr
+		err = p.err
 	}
 	if err != nil {
 		return nil, err
 	}
-	if got := s.Timeout(); got != opts.LeaseDuration.Truncate(time.Millisecond) {
-		b.log.Info("the ensemble changed the session timeout asked (its minSessionTimeout and maxSessionTimeout bound it)",
-			"identity", opts.Identity, "asked", opts.LeaseDuration, "session_timeout", got)
+	c := &candidacy{b: b, s: s, identity: opts.Identity, guid: newGUID(),
+		ttl: leaseTTL(s.Timeout(), b.retry, p.min)}
+	// The session's id is what the servers' logs show; the TTL is what
+	// the runner checks its timings against, and not the timeout.
+	attrs := []any{"identity", opts.Identity, "session", fmt.Sprintf("0x%x", s.ID()), "server", s.conn.Server(),
+		"session_timeout", s.Timeout(), "lease_ttl", c.ttl}
+	if s.Timeout() != opts.LeaseDuration.Truncate(time.Millisecond) {
+		// The ensemble's minSessionTimeout and maxSessionTimeout bound it.
+		attrs = append(attrs, "asked", opts.LeaseDuration)
 	}
-	c := &candidacy{b: b, s: s, identity: opts.Identity, guid: newGUID()}
+	b.log.Info("zookeeper session opened", attrs...)
 	var l *lease
 	if opts.Try {
 		l, err = c.try(ctx)
@@ -101,7 +112,8 @@ type candidacy struct {
 	s        *session
 	identity string
 	guid     string
-	name     string // our znode's name in the lock's znode, once created
+	name     string        // our znode's name in the lock's znode, once created
+	ttl      time.Duration // what a lease of this session reports as its TTL
 }
 
 func (c *candidacy) path() string { return c.b.dir + "/" + c.name }

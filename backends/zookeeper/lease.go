@@ -43,8 +43,7 @@ var _ backends.Lease = (*lease)(nil)
 
 func newLease(c *candidacy, token uint64, acquired time.Time, ch <-chan zk.Event) *lease {
 	ctx, stop := context.WithCancel(context.Background())
-	ttl := leaseTTL(c.s.Timeout(), c.b.retry, time.Duration(c.b.minTimeout.Load()))
-	l := &lease{c: c, token: token, acquired: acquired, ttl: ttl, Loss: backends.NewLoss(), stop: stop}
+	l := &lease{c: c, token: token, acquired: acquired, ttl: c.ttl, Loss: backends.NewLoss(), stop: stop}
 	// What the connection went through while we waited is old news.
 	for drained := false; !drained; {
 		select {
