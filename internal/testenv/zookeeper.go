@@ -74,6 +74,8 @@ func ZooKeeperRuntime(t testing.TB) (java, classpath string) {
 // when the test ends.
 type ZooKeeper struct {
 	Members []*ZooKeeperMember
+
+	java, classpath string
 }
 
 // ZooKeeperMember is one server process. Stop, Kill, Start and Restart keep
@@ -92,18 +94,30 @@ type ZooKeeperMember struct {
 }
 
 // StartZooKeeper starts a standalone server (members 1) or an ensemble of
-// three, and waits until every member serves clients (an ensemble: with a
-// leader elected). Ports are chosen free just before the JVMs bind them; if
-// another process takes one in between, it starts again on other ports.
+// three, with a tick of ZooKeeperTickTime, and waits until every member
+// serves clients (an ensemble: with a leader elected). Ports are chosen
+// free just before the JVMs bind them; if another process takes one in
+// between, it starts again on other ports.
 func StartZooKeeper(t testing.TB, members int) *ZooKeeper {
+	t.Helper()
+	return StartZooKeeperTick(t, members, ZooKeeperTickTime)
+}
+
+// StartZooKeeperTick is StartZooKeeper with another tick, such as
+// ZooKeeper's default of 2 s; the minimum session timeout is then two
+// ticks, as by default.
+func StartZooKeeperTick(t testing.TB, members int, tick time.Duration) *ZooKeeper {
 	t.Helper()
 	if members != 1 && members != 3 {
 		t.Fatalf("StartZooKeeper: %d members; want 1 or 3", members)
 	}
+	if tick < time.Millisecond || 2*tick > ZooKeeperMaxSessionTimeout {
+		t.Fatalf("StartZooKeeper: tick %v; want 1ms to %v", tick, ZooKeeperMaxSessionTimeout/2)
+	}
 	java, classpath := ZooKeeperRuntime(t)
 	var lastErr error
 	for try := 0; try < 3; try++ {
-		z, err := newZooKeeper(t, java, classpath, members)
+		z, err := newZooKeeper(t, java, classpath, members, tick)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,8 +131,8 @@ func StartZooKeeper(t testing.TB, members int) *ZooKeeper {
 	return nil
 }
 
-func newZooKeeper(t testing.TB, java, classpath string, members int) (*ZooKeeper, error) {
-	z := &ZooKeeper{}
+func newZooKeeper(t testing.TB, java, classpath string, members int, tick time.Duration) (*ZooKeeper, error) {
+	z := &ZooKeeper{java: java, classpath: classpath}
 	var quorum []string
 	for i := 1; i <= members; i++ {
 		z.Members = append(z.Members, &ZooKeeperMember{ID: i, Addr: fmt.Sprintf("127.0.0.1:%d", FreePort(t, "127.0.0.1"))})
@@ -137,7 +151,7 @@ func newZooKeeper(t testing.TB, java, classpath string, members int) (*ZooKeeper
 		}
 		_, port, _ := net.SplitHostPort(m.Addr)
 		cfg := []string{
-			fmt.Sprintf("tickTime=%d", ZooKeeperTickTime.Milliseconds()),
+			fmt.Sprintf("tickTime=%d", tick.Milliseconds()),
 			fmt.Sprintf("maxSessionTimeout=%d", ZooKeeperMaxSessionTimeout.Milliseconds()),
 			// Followers: 4 s to join, 2 s without the leader before they give up on it.
 			"initLimit=20",
@@ -202,6 +216,26 @@ func (z *ZooKeeper) Servers() []string {
 		s[i] = m.Addr
 	}
 	return s
+}
+
+// CLICommand is the argv of ZooKeeper's own command-line client (what
+// zkCli.sh runs) against the members, without its command: append one,
+// such as "deleteall", "/leaderrun/x", and it runs it and exits.
+func (z *ZooKeeper) CLICommand() []string {
+	return []string{z.java, "-Xmx64m", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
+		"-Dorg.slf4j.simpleLogger.defaultLogLevel=error",
+		"-cp", z.classpath, "org.apache.zookeeper.ZooKeeperMain",
+		"-server", strings.Join(z.Servers(), ",")}
+}
+
+// CLI runs ZooKeeper's command-line client with args (a command such as
+// "deleteall", "/leaderrun/x") and returns what it printed. The client
+// exits 0 even when its command fails: look at the output.
+func (z *ZooKeeper) CLI(t testing.TB, args ...string) (string, error) {
+	t.Helper()
+	argv := append(z.CLICommand(), args...)
+	out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+	return string(out), err
 }
 
 // WaitServing waits until every running member serves clients.
