@@ -17,6 +17,15 @@ import (
 // it won. A waiting candidate then campaigns again with a new session.
 var errCandidacyEnded = errors.New("zookeeper: candidacy ended while waiting")
 
+// errSequenceWrapped says that the lock's sequence counter wrapped:
+// ZooKeeper numbers a sequential znode with its parent's cversion, a
+// signed 32-bit count of changes to the parent's children (a candidacy
+// is two, its create and its delete), so after about 10^9 candidacies it
+// names candidates with negative numbers, which would sort before the
+// ones ahead of them. Deleting the lock's znode while nobody holds it
+// starts the counter again (tokens, czxids, go on growing).
+var errSequenceWrapped = errors.New("zookeeper: the lock's sequence counter wrapped (2^31 changes to its children): delete the lock's znode while nobody holds it")
+
 // Campaign implements backends.Backend. Each candidacy opens a session
 // whose timeout is opts.LeaseDuration (required), creates its znode and
 // waits, watching the candidate just ahead of it, until it leads.
@@ -49,7 +58,7 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 			return l, nil
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
-		case opts.Try, refused(err), attempt == 0 && !errors.Is(err, errCandidacyEnded):
+		case opts.Try, refused(err), errors.Is(err, errSequenceWrapped), attempt == 0 && !errors.Is(err, errCandidacyEnded):
 			return nil, err
 		}
 		b.log.Warn("campaigning again", "identity", opts.Identity, "reason", err)
@@ -153,7 +162,7 @@ func (c *candidacy) wait(ctx context.Context) (*lease, error) {
 			return nil, ctx.Err()
 		case c.s.isExpired(), errors.Is(err, zk.ErrSessionExpired):
 			return nil, c.ended()
-		case refused(err):
+		case refused(err), errors.Is(err, errSequenceWrapped):
 			if !errors.Is(err, backends.ErrUnavailable) {
 				err = c.b.unavailable("wait in "+c.b.dir, err)
 			}
@@ -233,7 +242,13 @@ func (c *candidacy) create(ctx context.Context) error {
 		})
 		switch {
 		case err == nil:
-			c.name = path[len(c.b.dir)+1:]
+			name := path[len(c.b.dir)+1:]
+			if _, ok := parseCandidate(name); !ok {
+				// Not ours to keep: it would never find itself.
+				_, _ = call(rctx, c.s, func(z *zk.Conn) (struct{}, error) { return struct{}{}, z.Delete(path, -1) })
+				return c.b.unavailable("create a candidate in "+c.b.dir, fmt.Errorf("%w (it was named %s)", errSequenceWrapped, name))
+			}
+			c.name = name
 			return nil
 		case errors.Is(err, zk.ErrNoNode):
 			err = c.b.ensure(rctx, c.s, c.b.dir)

@@ -820,6 +820,37 @@ func testLostCreateAnswer(t *testing.T, env *env) {
 	})
 }
 
+// testSequenceWrapped: after 2^31 changes to a lock's children (about
+// 10^9 candidacies), ZooKeeper names the next candidates with negative
+// numbers, which would sort first. A candidate whose znode gets such a name gives up at once with an
+// error that says what to do (as a create that the hook renames shows),
+// instead of taking the lock or queueing again in a loop, and leaves no
+// znode behind.
+func testSequenceWrapped(t *testing.T, env *env) {
+	for _, try := range []bool{false, true} {
+		t.Run(fmt.Sprintf("try=%v", try), func(t *testing.T) {
+			lock := fmt.Sprintf("wrapped-%v", try)
+			zookeeper.SetCreateHook(func(_ *zk.Conn, prefix, path string, err error) (string, error) {
+				if err != nil {
+					return path, err
+				}
+				return prefix + "-2147483648", nil
+			})
+			defer zookeeper.SetCreateHook(nil)
+			b := newBackend(t, env.servers, lock)
+			opts := options("a", 10*time.Second)
+			opts.Try = try
+			began := time.Now()
+			_, err := b.Campaign(context.Background(), opts)
+			t.Logf("campaign: %v after %v", err, time.Since(began))
+			if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "wrapped") || !strings.Contains(err.Error(), "delete the lock's znode") {
+				t.Errorf("campaign = %v, want ErrUnavailable saying the counter wrapped and what to do", err)
+			}
+			waitFor(t, "the candidate's session to end", func() bool { return len(candidateNames(t, env.admin, lock)) == 0 })
+		})
+	}
+}
+
 // testGhostAtRelease: a second znode of the leader's candidacy (a lost
 // create landing after the candidate last looked) goes when the lease is
 // released: it would lead next, with nobody behind it.

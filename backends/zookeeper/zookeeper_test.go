@@ -49,6 +49,7 @@ func TestZooKeeper(t *testing.T) {
 		{"SilentServer", testSilentServer},
 		{"TryLeavesNoTrace", testTryLeavesNoTrace},
 		{"LostCreateAnswer", testLostCreateAnswer},
+		{"SequenceWrapped", testSequenceWrapped},
 		{"GhostGoesWithRelease", testGhostAtRelease},
 		{"LockNamesDoNotMeet", testLockNames},
 		{"MarkerKeys", testMarkerKeys},
