@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,20 +28,22 @@ func newStore(t testing.TB, name string) store {
 		return newEtcdStore(t)
 	case "consul":
 		return newConsulStore(t)
+	case "zookeeper":
+		return newZooKeeperStore(t)
 	}
 	t.Fatalf("unknown store %q", name)
 	return nil
 }
 
 // TestFaults is the suite. scripts/faults.sh runs it with
-// FAULTS_TRIALS (per scenario), FAULTS_BACKEND (etcd, consul or all) and
+// FAULTS_TRIALS (per scenario), FAULTS_BACKEND (etcd, consul, zookeeper or all) and
 // FAULTS_OUT (where the table and timelines go).
 func TestFaults(t *testing.T) {
 	trials, _ := strconv.Atoi(os.Getenv("FAULTS_TRIALS"))
 	if trials <= 0 {
 		t.Skip("the fault suite runs through scripts/faults.sh (FAULTS_TRIALS not set)")
 	}
-	backends := []string{"etcd", "consul"}
+	backends := []string{"etcd", "consul", "zookeeper"}
 	backendFlag := "all"
 	if b := os.Getenv("FAULTS_BACKEND"); b != "" && b != "all" {
 		backends, backendFlag = strings.Split(b, ","), b
@@ -63,7 +66,7 @@ func TestFaults(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			st := newStore(t, name)
 			for _, f := range scenarios {
-				if f.only != "" && f.only != name {
+				if f.only != nil && !slices.Contains(f.only, name) {
 					continue
 				}
 				r := &row{store: name, scenario: f.name, expectFailover: f.failover}

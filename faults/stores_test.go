@@ -21,8 +21,9 @@ type store interface {
 	// goes through proxies that it also returns.
 	candidate(t testing.TB) ([]string, []*testenv.Proxy)
 	// restartNode restarts one store node, as an operator would; for etcd
-	// killRaftLeader kills the raft leader and starts it again. Both keep
-	// quorum.
+	// killRaftLeader kills the raft leader and starts it again (ZooKeeper:
+	// the ensemble's leader), and reports false where there is none to
+	// kill. Both keep quorum.
 	restartNode(t testing.TB)
 	killRaftLeader(t testing.TB) bool
 }

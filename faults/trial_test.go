@@ -83,8 +83,8 @@ type fault struct {
 	overlapAllowed bool
 	// inject breaks things and returns when the fault is over (healed).
 	inject func(tr *trial, leader *candidate, childPid int)
-	// only restricts the fault to one store.
-	only string
+	// only restricts the fault to some stores.
+	only []string
 	// escape makes every child start a helper that leaves its process
 	// group (setsid) and ignores SIGTERM, writing to the ledger with the
 	// child's token (S9: it must die within --kill-grace of the first
@@ -130,7 +130,7 @@ var scenarios = []fault{
 	{name: "store node restart", inject: func(tr *trial, _ *candidate, _ int) {
 		tr.store.restartNode(tr.t)
 	}},
-	{name: "raft leader killed", only: "etcd", inject: func(tr *trial, _ *candidate, _ int) {
+	{name: "raft leader killed", only: []string{"etcd", "zookeeper"}, inject: func(tr *trial, _ *candidate, _ int) {
 		if !tr.store.killRaftLeader(tr.t) {
 			tr.t.Errorf("no raft leader found to kill")
 		}
