@@ -32,6 +32,8 @@ var zkStore = store{
 	selected: func(c *cli.Context) bool { return c.String("zk-servers") != "" },
 	open:     newZooKeeperBackend,
 	address:  "--zk-servers (LEADERRUN_ZK_SERVERS)",
+	// The file's name: the job has no business with the lock's password.
+	credentials: []string{"LEADERRUN_ZK_AUTH_FILE"},
 }
 
 func newZooKeeperBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
@@ -65,7 +67,7 @@ func newZooKeeperBackend(c *cli.Context, cfg storeConfig) (backends.Backend, err
 	})
 	if err != nil {
 		// New checks the servers and the prefix; the lock was checked.
-		return nil, usageErrorf("--zk-servers %q, --prefix %q: %v", c.String("zk-servers"), cfg.Prefix, err)
+		return nil, usageErrorf("--zk-servers %q, --prefix %q: %v", backends.Redact(c.String("zk-servers")), cfg.Prefix, err)
 	}
 	return b, nil
 }
@@ -81,7 +83,7 @@ func zkServers(s string) ([]string, error) {
 		}
 	}
 	if len(servers) == 0 {
-		return nil, usageErrorf("--zk-servers %q: no server given", s)
+		return nil, usageErrorf("--zk-servers %q: no server given", backends.Redact(s))
 	}
 	return servers, nil
 }

@@ -53,6 +53,7 @@ func TestZooKeeperFlags(t *testing.T) {
 		{"backend without servers", []string{"--backend", "zookeeper"}, nil, 64, []string{"--zk-servers"}},
 		{"chroot", []string{"--zk-servers", "zk1:2181,zk2:2181/apps"}, nil, 64, []string{"--zk-servers", "chroot", "--prefix"}},
 		{"bad port", []string{"--zk-servers", "zk1:x:y"}, nil, 64, []string{"--zk-servers", "zk1:x:y"}},
+		{"user information", []string{"--zk-servers", "leaderrun:" + password + "@zk1:2181"}, nil, 64, []string{"--zk-servers", "user information", "zk1:2181"}},
 		{"connect timeout 0", []string{"--zk-servers", nowhere, "--zk-connect-timeout", "0s"}, nil, 64, []string{"--zk-connect-timeout"}},
 		{"auth file missing", append([]string{"--zk-servers", nowhere, "--zk-auth-file", filepath.Join(dir, "none")}, fast...), nil, 64,
 			[]string{"--zk-auth-file", filepath.Join(dir, "none")}},

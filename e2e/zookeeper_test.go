@@ -552,12 +552,13 @@ func testZKUnreachable(t *testing.T, e *zkEnv) {
 		{"RefusedTry", []string{refused}, []string{"--try"}},
 		{"Silent", []string{silent.Addr().String()}, nil},
 		{"Status", []string{refused}, []string{"status"}},
+		{"StatusTimeout", []string{silent.Addr().String()}, []string{"status", "--timeout", "300ms"}},
 		{"History", []string{refused}, []string{"history"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := []string{"--lock", "unreachable", "--zk-servers", strings.Join(tc.servers, ","), "--zk-connect-timeout", "1s"}
-			if cmd := tc.args; len(cmd) == 1 && (cmd[0] == "status" || cmd[0] == "history") {
-				args = append(cmd, args...)
+			if cmd := tc.args; len(cmd) > 0 && (cmd[0] == "status" || cmd[0] == "history") {
+				args = append(slices.Clone(cmd), args...)
 			} else {
 				args = append(append(append(append(args, zkTimings...), tc.args...), "--"), childArgv(t)...)
 			}
@@ -634,6 +635,26 @@ func testZKAuth(t *testing.T, e *zkEnv) {
 	out, code := output(t, "status", "--lock", "auth", "--zk-servers", e.servers, "--prefix", "authed/")
 	if code != 3 {
 		t.Errorf("status without credentials: exit %d, want 3 (no leader):\n%s", code, out)
+	}
+	// The auth file's name, given in the environment, stays out of the
+	// job's unless --pass-credentials.
+	for _, pass := range []bool{false, true} {
+		env := filepath.Join(t.TempDir(), "env")
+		args := append(e.args("auth", "env", "--prefix", "authed/"), "--shell")
+		if pass {
+			args = append(args, "--pass-credentials")
+		}
+		p := start(t, []string{"LEADERRUN_ZK_AUTH_FILE=" + good}, append(args, "--", "env > "+env)...)
+		if code := p.wait(10 * time.Second); code != 0 {
+			t.Fatalf("with LEADERRUN_ZK_AUTH_FILE: exit %d:\n%s", code, p.stderr.String())
+		}
+		data, err := os.ReadFile(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(string(data), "LEADERRUN_ZK_AUTH_FILE="); got != pass {
+			t.Errorf("--pass-credentials %v: LEADERRUN_ZK_AUTH_FILE in the job's environment: %v", pass, got)
+		}
 	}
 	if evs := readEvents(t, events); count(evs, "start") != 2 {
 		t.Errorf("children started:\n%s\nwant the two authenticated runs'", formatEvents(evs))

@@ -84,7 +84,7 @@ func (b *Backend) connectShare(ctx context.Context, timeout, share time.Duration
 	case <-s.connected:
 	case <-ctx.Done():
 		b.closeLater(s)
-		return nil, ctx.Err()
+		return nil, b.ended(ctx, "connect")
 	case <-t.C:
 		// Closing waits a second for an answer that cannot come.
 		b.closeLater(s)

@@ -252,10 +252,13 @@ func New(cfg Config) (*Backend, error) {
 	}
 	for _, s := range cfg.Servers {
 		if strings.Contains(s, "/") {
-			return nil, fmt.Errorf("zookeeper: server %q: a chroot is not supported, use the prefix", s)
+			return nil, fmt.Errorf("zookeeper: server %q: a chroot is not supported, use the prefix", backends.Redact(s))
+		}
+		if strings.Contains(s, "@") {
+			return nil, fmt.Errorf("zookeeper: server %q: want host:port, without user information (use the auth file)", backends.Redact(s))
 		}
 		if _, _, err := net.SplitHostPort(zk.FormatServers([]string{s})[0]); err != nil {
-			return nil, fmt.Errorf("zookeeper: server %q: %w", s, err)
+			return nil, fmt.Errorf("zookeeper: server %q: want host:port", s)
 		}
 	}
 	if err := backends.ValidateLockName(cfg.Lock); err != nil {
@@ -283,7 +286,7 @@ func New(cfg Config) (*Backend, error) {
 	}
 	return &Backend{
 		servers:        slices.Clone(cfg.Servers),
-		list:           strings.Join(cfg.Servers, ","),
+		list:           backends.Redact(strings.Join(cfg.Servers, ",")),
 		digest:         cfg.Digest,
 		acl:            acl,
 		lock:           cfg.Lock,
@@ -548,12 +551,23 @@ func readTerms(ctx context.Context, s *session, dir string) ([]backends.Term, er
 func (b *Backend) failed(ctx, rctx context.Context, op string, err error) error {
 	switch {
 	case ctx.Err() != nil:
-		return ctx.Err()
+		return b.ended(ctx, op)
 	case rctx.Err() != nil:
 		// Not wrapped: a deadline error would read as the caller's own.
 		err = fmt.Errorf("no answer within the connect timeout (%v)", b.connectTimeout)
 	}
 	return b.unavailable(op, err)
+}
+
+// ended is the error of a request cut short because ctx ended: a
+// cancel is ctx's error alone; a deadline that passed (status --timeout)
+// is still ctx's error, wrapped in one that names the servers and wraps
+// backends.ErrUnavailable.
+func (b *Backend) ended(ctx context.Context, op string) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("zookeeper %s: %s: no answer before the deadline: %w: %w", b.list, op, backends.ErrUnavailable, ctx.Err())
+	}
+	return ctx.Err()
 }
 
 func (b *Backend) unavailable(op string, err error) error {
