@@ -149,6 +149,7 @@ func TestZooKeeper(t *testing.T) {
 		{"Unreachable", testZKUnreachable},
 		{"DigestAuth", testZKAuth},
 		{"OnceFailures", testZKOnceFailures},
+		{"EscapedHelper", testZKEscapedHelper},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, e) })
 	}
@@ -681,6 +682,36 @@ func testZKOnceFailures(t *testing.T, e *zkEnv) {
 		t.Errorf("history (exit %d):\n%s", code, out)
 	}
 	t.Logf("history:\n%s", out)
+}
+
+// testZKEscapedHelper (S9): the job's helper that left its group and
+// ignores SIGTERM dies within --kill-grace of the first kill signal, with
+// a lease whose TTL leaves one grace of margin (3.6 s − 500 ms − 100 ms =
+// 3 s = deadline 2 s + grace 0.9 s + 0.1 s). A stalled link keeps the lock
+// from the follower until the session expires, after the old tree is
+// dead; a deleted znode frees it at once, so there only the one deadline
+// is checked (the token protects the resource during the grace).
+func testZKEscapedHelper(t *testing.T, e *zkEnv) {
+	timings := []string{"--lease-duration", "3600ms", "--renew-deadline", "2s", "--retry-period", "500ms", "--kill-grace", escapeGrace.String()}
+	args := func(addr, lock, id string) []string {
+		return append([]string{"--zk-servers", addr, "--lock", lock, "--identity", id}, timings...)
+	}
+	queued := func(lock string) bool {
+		st, _ := e.status(t, lock)
+		return st.Waiting == 1
+	}
+	escapeOnStore(t, e.servers, e.servers, args, queued, []escapeFault{
+		{name: "stalled link", ordered: true, fault: func(t *testing.T, proxy *testenv.Proxy, lock string) { proxy.Stall() }},
+		{name: "znode deleted", fault: func(t *testing.T, proxy *testenv.Proxy, lock string) {
+			st, code := e.status(t, lock)
+			if code != 0 {
+				t.Fatalf("status exit %d", code)
+			}
+			if err := e.admin.Delete(st.Key, -1); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	})
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
