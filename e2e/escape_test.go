@@ -69,10 +69,14 @@ func checkHelperDeath(t *testing.T, leader *proc, events, id string, died time.T
 	t.Helper()
 	evs := waitEvents(t, events, 5*time.Second, "the job's kill signal", etcdHas("signal", id))
 	first, _ := etcdFind(evs, "signal", id)
-	killed, ok := logTime(leader.stderr.String(), "still running at the end of --kill-grace; sent SIGKILL")
-	if !ok {
-		t.Fatalf("leaderrun logged no SIGKILL:\n%s", leader.stderr.String())
-	}
+	// The line is written just after the SIGKILL, which the test may see
+	// take effect first.
+	var killed time.Time
+	waitFor(t, 5*time.Second, "leaderrun to log its SIGKILL", func() bool {
+		var ok bool
+		killed, ok = logTime(leader.stderr.String(), "still running at the end of --kill-grace; sent SIGKILL")
+		return ok
+	})
 	sent, after := killed.Sub(first.At), died.Sub(first.At)
 	t.Logf("first kill signal (%s) to SIGKILL: %v, to the helper's death: %v (--kill-grace %v)",
 		first.Rest, sent.Round(time.Millisecond), after.Round(time.Millisecond), escapeGrace)
