@@ -1,0 +1,309 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leaderrun/leaderrun/backends"
+)
+
+const (
+	// probeTimeout is how long the listener waits for its own pg_notify
+	// before it concludes that notifications do not reach it (a pooler in
+	// transaction mode delivers them to nobody, or to another client).
+	probeTimeout = 2 * time.Second
+	// listenPing is how often an idle listening connection is pinged, so
+	// that one that died silently (a stalled link) is replaced; until
+	// then, waiters still wake at the holder's expiry and leases rely on
+	// renewals.
+	listenPing = 30 * time.Second
+	// pingTimeout bounds that ping.
+	pingTimeout = 5 * time.Second
+)
+
+// errNoDelivery: LISTEN was accepted but our own notification never came.
+var errNoDelivery = errors.New("a notification sent with pg_notify did not arrive on the listening connection " +
+	"(a pooler in transaction or statement mode?)")
+
+// listener is a Backend's dedicated connection that LISTENs on the table's
+// channel and calls the subscribers when a notification names the lock's
+// row, when the table is truncated, and whenever it starts or stops
+// listening (so that a lease checks its row, and a waiter recomputes its
+// sleep). It reconnects with backoff, except after errNoDelivery: the
+// connection path cannot deliver, and the backend polls from then on.
+type listener struct {
+	b      *Backend
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu        sync.Mutex
+	subs      map[int]func()
+	next      int
+	listening bool
+	logged    bool // the mode was logged
+	probe     chan struct{}
+	probeID   string
+}
+
+// subscribe calls poke whenever the row may have changed, until the
+// returned function is called. It starts the listener on first use, if the
+// triggers are installed.
+func (b *Backend) subscribe(poke func()) (unsubscribe func()) {
+	l := b.startListener()
+	if l == nil {
+		return func() {}
+	}
+	l.mu.Lock()
+	id := l.next
+	l.next++
+	l.subs[id] = poke
+	l.mu.Unlock()
+	return func() {
+		l.mu.Lock()
+		delete(l.subs, id)
+		l.mu.Unlock()
+	}
+}
+
+// notifying reports whether notifications currently arrive.
+func (b *Backend) notifying() bool {
+	b.mu.Lock()
+	l := b.listener
+	b.mu.Unlock()
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.listening
+}
+
+// startListener starts the listener on first use and returns it; nil when
+// the triggers are not installed (the backend polls, which it logs once).
+func (b *Backend) startListener() *listener {
+	b.schemaMu.Lock()
+	notify := b.notify
+	b.schemaMu.Unlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.listener != nil || b.closed {
+		return b.listener
+	}
+	if !notify {
+		if !b.pollLogged {
+			b.pollLogged = true
+			b.log.Info("postgres: polling: the notification triggers are not installed on the table",
+				"mode", "poll", "table", b.sql.ids.tableName, "poll_interval", b.poll)
+		}
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &listener{b: b, cancel: cancel, done: make(chan struct{}), subs: map[int]func(){}}
+	b.listener = l
+	go l.run(ctx)
+	return l
+}
+
+func (l *listener) close() {
+	l.cancel()
+	<-l.done
+}
+
+// pokeAll calls every subscriber.
+func (l *listener) pokeAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, poke := range l.subs {
+		poke()
+	}
+}
+
+func (l *listener) setListening(on bool) {
+	l.mu.Lock()
+	changed := l.listening != on
+	l.listening = on
+	l.mu.Unlock()
+	if changed {
+		l.pokeAll()
+	}
+}
+
+// logMode logs, once, which mode the backend is in.
+func (l *listener) logMode(err error) {
+	l.mu.Lock()
+	first := !l.logged
+	l.logged = true
+	l.mu.Unlock()
+	b := l.b
+	switch {
+	case first && err == nil:
+		b.log.Info("postgres: listening for notifications: a loss or a release is seen at once",
+			"mode", "notify", "channel", b.sql.ids.channel)
+	case first || errors.Is(err, errNoDelivery):
+		b.log.Info("postgres: polling: notifications are not available",
+			"mode", "poll", "poll_interval", b.poll, "err", b.redact(err))
+	default:
+		b.log.Debug("postgres: the listening connection failed; reconnecting", "err", b.redact(err))
+	}
+}
+
+func (l *listener) run(ctx context.Context) {
+	defer close(l.done)
+	var retry backends.Backoff
+	for {
+		err := l.listen(ctx, &retry)
+		l.setListening(false)
+		if ctx.Err() != nil {
+			return
+		}
+		l.logMode(err)
+		if errors.Is(err, errNoDelivery) {
+			return
+		}
+		if retry.Sleep(ctx) != nil {
+			return
+		}
+	}
+}
+
+// listen connects, LISTENs, makes sure that notifications arrive, and then
+// waits for them until the connection fails or ctx ends.
+func (l *listener) listen(ctx context.Context, retry *backends.Backoff) error {
+	b := l.b
+	cfg := b.connCfg.Config.Copy()
+	cfg.OnNotification = l.handle
+	cctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	conn, err := pgconn.ConnectConfig(cctx, cfg)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
+		defer cancel()
+		conn.Close(cctx)
+	}()
+	channel := pgx.Identifier{b.sql.ids.channel}.Sanitize()
+	cctx, cancel = context.WithTimeout(ctx, requestTimeout)
+	_, err = conn.Exec(cctx, "LISTEN "+channel).ReadAll()
+	cancel()
+	if err != nil {
+		return err
+	}
+	if err := l.probeDelivery(ctx, conn); err != nil {
+		if errors.Is(err, errNoDelivery) {
+			// Through a pooler, that LISTEN may linger on some server
+			// connection; take it back where we can.
+			cctx, cancel := context.WithTimeout(ctx, withdrawTimeout)
+			_, _ = conn.Exec(cctx, "UNLISTEN "+channel).ReadAll()
+			cancel()
+		}
+		return err
+	}
+	retry.Reset()
+	l.logMode(nil)
+	// Anything that happened before LISTEN took effect was missed: every
+	// subscriber looks again.
+	l.setListening(true)
+	l.pokeAll()
+	for {
+		wctx, cancel := context.WithTimeout(ctx, listenPing)
+		err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():
+			pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+			err = conn.Ping(pctx)
+			cancel()
+			if err != nil {
+				return err
+			}
+		case err != nil:
+			return err
+		}
+	}
+}
+
+// probeDelivery sends a notification from a pooled connection and waits
+// for it to arrive on conn.
+func (l *listener) probeDelivery(ctx context.Context, conn *pgconn.PgConn) error {
+	id := randomID()
+	arrived := make(chan struct{})
+	l.mu.Lock()
+	l.probe, l.probeID = arrived, id
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.probe, l.probeID = nil, ""
+		l.mu.Unlock()
+	}()
+	payload, _ := json.Marshal(note{Op: "probe", ID: id})
+	pctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	err := l.b.do(pctx, func(c *pgxpool.Conn) error {
+		_, err := c.Exec(pctx, "SELECT pg_notify($1, $2)", l.b.sql.ids.channel, string(payload))
+		return err
+	})
+	cancel()
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	for {
+		select {
+		case <-arrived:
+			return nil
+		default:
+		}
+		err := conn.WaitForNotification(wctx)
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case wctx.Err() != nil:
+			select {
+			case <-arrived:
+				return nil
+			default:
+				return errNoDelivery
+			}
+		case err != nil:
+			return err
+		}
+	}
+}
+
+// note is a notification's payload, as the trigger function writes it.
+type note struct {
+	Op   string `json:"op"` // update, delete, truncate; probe from the listener itself
+	Name string `json:"name,omitempty"`
+	ID   string `json:"id,omitempty"` // of a probe
+}
+
+// handle is called by pgconn, on the listening connection's goroutine, for
+// each notification.
+func (l *listener) handle(_ *pgconn.PgConn, n *pgconn.Notification) {
+	var p note
+	if json.Unmarshal([]byte(n.Payload), &p) != nil {
+		return
+	}
+	switch {
+	case p.Op == "probe":
+		l.mu.Lock()
+		if l.probe != nil && p.ID == l.probeID {
+			close(l.probe)
+			l.probe = nil
+		}
+		l.mu.Unlock()
+	case p.Op == "truncate" || p.Name == l.b.key:
+		l.pokeAll()
+	}
+}

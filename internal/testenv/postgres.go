@@ -1,0 +1,544 @@
+package testenv
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// PostgresBinDir finds the directory holding initdb, postgres and psql:
+// $LEADERRUN_POSTGRES_BIN, else Debian's /usr/lib/postgresql/N/bin (newest
+// N), else the directory of the initdb in PATH. scripts/install-postgres.sh
+// installs them. It skips the test if none is found, or fails it under
+// CI=true.
+func PostgresBinDir(t testing.TB) string {
+	t.Helper()
+	var dirs []string
+	if d := os.Getenv("LEADERRUN_POSTGRES_BIN"); d != "" {
+		dirs = append(dirs, d)
+	}
+	debian, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(debian, func(i, j int) bool { return pgMajor(debian[i]) > pgMajor(debian[j]) })
+	dirs = append(dirs, debian...)
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if p, err = filepath.EvalSymlinks(p); err == nil {
+			dirs = append(dirs, filepath.Dir(p))
+		}
+	}
+	for _, d := range dirs {
+		if isExecutable(filepath.Join(d, "initdb")) && isExecutable(filepath.Join(d, "postgres")) &&
+			isExecutable(filepath.Join(d, "psql")) {
+			return d
+		}
+	}
+	Missing(t, "PostgreSQL (initdb, postgres, psql) not found: set LEADERRUN_POSTGRES_BIN or run scripts/install-postgres.sh")
+	return ""
+}
+
+// pgMajor is N in /usr/lib/postgresql/N/bin, 0 if it is not a number.
+func pgMajor(dir string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(dir)))
+	return n
+}
+
+// PgBouncerBinary finds pgbouncer: $LEADERRUN_PGBOUNCER_BIN, PATH, or
+// Debian's /usr/sbin/pgbouncer (not in a non-root PATH). It skips the test
+// if none is found, or fails it under CI=true.
+func PgBouncerBinary(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("LEADERRUN_PGBOUNCER_BIN"); p != "" {
+		return p
+	}
+	if p, err := exec.LookPath("pgbouncer"); err == nil {
+		return p
+	}
+	if p := "/usr/sbin/pgbouncer"; isExecutable(p) {
+		return p
+	}
+	Missing(t, "pgbouncer not found: set LEADERRUN_PGBOUNCER_BIN or run scripts/install-postgres.sh")
+	return ""
+}
+
+// PostgresSuperuser is the name of the superuser of a cluster started by
+// StartPostgres.
+const PostgresSuperuser = "postgres"
+
+// Postgres is a throwaway PostgreSQL cluster on 127.0.0.1 and a free port,
+// with its data in a temporary directory. Every role, the superuser
+// included, logs in with a password (scram-sha-256), over TCP only. It is
+// stopped and its directory removed when the test ends.
+//
+// PostgreSQL refuses to run as root: when the tests run as root the
+// cluster runs as the "postgres" user that Debian's package creates (or a
+// "leaderrun-pg" user made for the purpose), in a directory under
+// os.TempDir that it owns, since a test's own temp dirs are root's, 0700.
+//
+// initdb costs about 2 s on a busy 2-core machine: start one cluster per
+// test package and give each test its own lock names and tables.
+type Postgres struct {
+	// Password is the superuser's password, random for each cluster.
+	Password string
+
+	t    testing.TB
+	bin  string
+	dir  string // owned by the server's user
+	data string
+	log  string
+	port int
+	cred *syscall.Credential // nil unless the tests run as root
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has been reaped
+}
+
+// StartPostgres creates a cluster with initdb, starts it and waits until it
+// accepts connections.
+func StartPostgres(t testing.TB) *Postgres {
+	t.Helper()
+	bin := PostgresBinDir(t)
+	p := &Postgres{t: t, bin: bin, Password: randomHex(12)}
+	p.dir, p.cred = serverDir(t, "leaderrun-pg-")
+	p.data = filepath.Join(p.dir, "data")
+	p.log = filepath.Join(p.dir, "postgres.log")
+	t.Cleanup(func() {
+		p.terminate(syscall.SIGQUIT, 10*time.Second) // immediate shutdown: the data is thrown away
+		os.RemoveAll(p.dir)
+	})
+	pwfile := filepath.Join(p.dir, "pwfile")
+	p.writeFile(pwfile, p.Password+"\n")
+	initdb := p.command(filepath.Join(bin, "initdb"), "-D", p.data, "-U", PostgresSuperuser, "--pwfile", pwfile,
+		"--auth", "scram-sha-256", "--encoding", "UTF8", "--locale", "C", "--no-sync")
+	if out, err := initdb.CombinedOutput(); err != nil {
+		t.Fatalf("initdb: %v\n%s", err, out)
+	}
+	os.Remove(pwfile)
+	var err error
+	for try := 0; try < 3; try++ {
+		p.port = FreePort(t, "127.0.0.1")
+		if err = p.startServer(); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	// PostgreSQL 15 no longer lets every role create in schema public;
+	// older servers do. Make them alike, so that a role made by
+	// CreateRole cannot create tables on any version.
+	p.Psql(t, "REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+	return p
+}
+
+// serverDir makes a directory for a server process that must not run as
+// root, owned by the user it will run as, removed when the test ends by
+// the caller. Not as root: a temp dir of the test, and no credential.
+func serverDir(t testing.TB, pattern string) (string, *syscall.Credential) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return t.TempDir(), nil
+	}
+	uid, gid := serverUser(t)
+	dir, err := os.MkdirTemp("", pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, uid, gid); err != nil {
+		os.RemoveAll(dir)
+		t.Fatal(err)
+	}
+	return dir, &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}
+}
+
+var serverAccount struct {
+	once     sync.Once
+	uid, gid int
+	err      error
+}
+
+// serverUser is the unprivileged account that servers refusing root run
+// as: "postgres" if it exists, else "leaderrun-pg", created on first use.
+func serverUser(t testing.TB) (uid, gid int) {
+	t.Helper()
+	a := &serverAccount
+	a.once.Do(func() {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			u, err = user.Lookup("leaderrun-pg")
+		}
+		if err != nil {
+			out, aerr := exec.Command("useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
+				"--shell", "/usr/sbin/nologin", "leaderrun-pg").CombinedOutput()
+			if aerr != nil {
+				a.err = fmt.Errorf("no postgres user, and useradd leaderrun-pg failed: %v: %s", aerr, out)
+				return
+			}
+			if u, err = user.Lookup("leaderrun-pg"); err != nil {
+				a.err = err
+				return
+			}
+		}
+		a.uid, _ = strconv.Atoi(u.Uid)
+		a.gid, _ = strconv.Atoi(u.Gid)
+	})
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	return a.uid, a.gid
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// command is a command run as the server's user, in its directory.
+func (p *Postgres) command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(name, args...)
+	cmd.Dir = p.dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
+	return cmd
+}
+
+// writeFile writes a file the server's user owns and alone can read.
+func (p *Postgres) writeFile(path, content string) {
+	p.t.Helper()
+	if err := writeOwned(path, content, p.cred); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+func writeOwned(path, content string, cred *syscall.Credential) error {
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		return err
+	}
+	if cred != nil {
+		return os.Chown(path, int(cred.Uid), int(cred.Gid))
+	}
+	return nil
+}
+
+// startServer runs postgres in the foreground, as a child of the test,
+// and waits until it is ready.
+func (p *Postgres) startServer() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		return errors.New("postgres is already running")
+	}
+	logf, err := os.OpenFile(p.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := p.command(filepath.Join(p.bin, "postgres"), "-D", p.data,
+		"-c", "listen_addresses=127.0.0.1",
+		"-c", "port="+strconv.Itoa(p.port),
+		"-c", "unix_socket_directories="+p.dir,
+		// Throwaway data: durability buys nothing and costs time.
+		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+		"-c", "shared_buffers=16MB", "-c", "max_connections=200",
+		"-c", "logging_collector=off", "-c", "log_min_messages=warning",
+		// The role in every line, so that a test can count a role's
+		// statements (ALTER ROLE ... SET log_statement = 'all').
+		"-c", "log_line_prefix=%m [%p] %q%u@%d ")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Its own group, so that a test's signals never reach it; SIGQUIT
+	// (immediate shutdown) if the test process dies first.
+	cmd.SysProcAttr.Setpgid = true
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start postgres: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = cmd.Wait()
+	}()
+	p.cmd, p.done = cmd, done
+	return p.waitReady(done)
+}
+
+// waitReady waits for the server's status line in postmaster.pid to say
+// "ready", which is what pg_ctl -w waits for too: a server in another
+// process offers nothing else to wait on.
+func (p *Postgres) waitReady(done chan struct{}) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		data, _ := os.ReadFile(filepath.Join(p.data, "postmaster.pid"))
+		// Line 8 is the status: "starting", "stopping", "ready", "standby".
+		if lines := strings.Split(string(data), "\n"); len(lines) > 7 && strings.TrimSpace(lines[7]) == "ready" {
+			return nil
+		}
+		select {
+		case <-done:
+			p.cmd, p.done = nil, nil
+			return fmt.Errorf("postgres exited while starting on port %d:\n%s", p.port, p.tail())
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("postgres not ready after 60s on port %d:\n%s", p.port, p.tail())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (p *Postgres) tail() string {
+	data, _ := os.ReadFile(p.log)
+	if len(data) > 4000 {
+		data = data[len(data)-4000:]
+	}
+	return string(data)
+}
+
+// terminate signals the postmaster (SIGTERM: smart, SIGINT: fast, SIGQUIT:
+// immediate shutdown), waits up to grace, then kills it.
+func (p *Postgres) terminate(sig syscall.Signal, grace time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cmd, done := p.cmd, p.done
+	p.cmd, p.done = nil, nil
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-done:
+		return
+	case <-time.After(grace):
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	<-done
+}
+
+// Stop shuts the server down in fast mode (SIGINT: clients are
+// disconnected, data is kept), as `pg_ctl stop` does, and waits until it
+// is gone.
+func (p *Postgres) Stop(t testing.TB) {
+	t.Helper()
+	p.terminate(syscall.SIGINT, 30*time.Second)
+}
+
+// Start starts a stopped server again, on the same port, with its data.
+func (p *Postgres) Start(t testing.TB) {
+	t.Helper()
+	if err := p.startServer(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Restart is a fast restart: Stop, then Start.
+func (p *Postgres) Restart(t testing.TB) {
+	t.Helper()
+	p.Stop(t)
+	p.Start(t)
+}
+
+// Pid is the postmaster's process id, 0 if it is not running.
+func (p *Postgres) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+// ServerLog is what the server logged so far.
+func (p *Postgres) ServerLog() string {
+	data, _ := os.ReadFile(p.log)
+	return string(data)
+}
+
+// Host is the server's address, 127.0.0.1.
+func (p *Postgres) Host() string { return "127.0.0.1" }
+
+// Port is the server's TCP port.
+func (p *Postgres) Port() int { return p.port }
+
+// Addr is host:port of the server.
+func (p *Postgres) Addr() string { return net.JoinHostPort(p.Host(), strconv.Itoa(p.port)) }
+
+// URL is a connection URL for role and password to database postgres,
+// without TLS.
+func (p *Postgres) URL(role, password string) string {
+	return postgresURL(p.Addr(), role, password, "postgres")
+}
+
+// SuperuserURL is URL for the superuser.
+func (p *Postgres) SuperuserURL() string { return p.URL(PostgresSuperuser, p.Password) }
+
+func postgresURL(addr, role, password, database string) string {
+	u := url.URL{Scheme: "postgres", User: url.UserPassword(role, password), Host: addr, Path: "/" + database,
+		RawQuery: "sslmode=disable"}
+	return u.String()
+}
+
+// Psql runs SQL as the superuser with psql and returns its output (tuples
+// only, unaligned); it fails the test if psql does.
+func (p *Postgres) Psql(t testing.TB, sql string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(p.bin, "psql"), "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1",
+		"-h", p.Host(), "-p", strconv.Itoa(p.port), "-U", PostgresSuperuser, "-d", "postgres", "-c", sql)
+	cmd.Env = append(os.Environ(), "PGPASSWORD="+p.Password, "PGSSLMODE=disable", "PGCONNECT_TIMEOUT=10")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("psql %q: %v\n%s", sql, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// RoleOptions are the privileges of a role made by CreateRole.
+type RoleOptions struct {
+	// Create grants CREATE on schema public, so that the role can create
+	// tables. Zero value: it can use tables others grant it access to,
+	// but create none.
+	Create bool
+}
+
+// CreateRole creates a role that logs in with password.
+func (p *Postgres) CreateRole(t testing.TB, role, password string, opts RoleOptions) {
+	t.Helper()
+	sql := fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD %s", quoteIdent(role), quoteLiteral(password))
+	if opts.Create {
+		sql += fmt.Sprintf("; GRANT CREATE ON SCHEMA public TO %s", quoteIdent(role))
+	}
+	p.Psql(t, sql)
+}
+
+func quoteIdent(s string) string   { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
+
+// PgBouncer is a PgBouncer in front of a Postgres started by
+// StartPgBouncer, on 127.0.0.1 and a free port. It is stopped when the
+// test ends.
+type PgBouncer struct {
+	port int
+	log  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// StartPgBouncer starts PgBouncer in pool mode ("session", "transaction"
+// or "statement") in front of pg, for every database, and waits until it
+// accepts connections. users maps each role that may log in through it to
+// its password, which PgBouncer also uses to log in to PostgreSQL
+// (scram-sha-256 on both sides). PgBouncer refuses to run as root: as root
+// it runs as the same user as the cluster.
+func StartPgBouncer(t testing.TB, pg *Postgres, mode string, users map[string]string) *PgBouncer {
+	t.Helper()
+	bin := PgBouncerBinary(t)
+	dir, cred := serverDir(t, "leaderrun-pgbouncer-")
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	var userlist strings.Builder
+	for u, pw := range users {
+		fmt.Fprintf(&userlist, "%q %q\n", u, pw)
+	}
+	if err := writeOwned(filepath.Join(dir, "userlist.txt"), userlist.String(), cred); err != nil {
+		t.Fatal(err)
+	}
+	b := &PgBouncer{log: filepath.Join(dir, "pgbouncer.log")}
+	var err error
+	for try := 0; try < 3; try++ {
+		b.port = FreePort(t, "127.0.0.1")
+		ini := fmt.Sprintf(`[databases]
+* = host=%s port=%d
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = %s
+pool_mode = %s
+max_client_conn = 500
+default_pool_size = 20
+logfile = %s
+log_connections = 0
+log_disconnections = 0
+`, pg.Host(), pg.Port(), b.port, filepath.Join(dir, "userlist.txt"), mode, b.log)
+		if err = writeOwned(filepath.Join(dir, "pgbouncer.ini"), ini, cred); err != nil {
+			t.Fatal(err)
+		}
+		if err = b.start(bin, dir, cred); err == nil {
+			t.Cleanup(b.stop)
+			return b
+		}
+	}
+	t.Fatal(err)
+	return nil
+}
+
+func (b *PgBouncer) start(bin, dir string, cred *syscall.Credential) error {
+	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	out, err := os.OpenFile(filepath.Join(dir, "pgbouncer.out"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start pgbouncer: %w", err)
+	}
+	b.cmd, b.done = cmd, make(chan struct{})
+	go func() {
+		defer close(b.done)
+		_ = cmd.Wait()
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if c, err := net.DialTimeout("tcp", b.Addr(), time.Second); err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case <-b.done:
+			data, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.out"))
+			logData, _ := os.ReadFile(b.log)
+			return fmt.Errorf("pgbouncer exited while starting on port %d:\n%s%s", b.port, data, logData)
+		default:
+		}
+		if time.Now().After(deadline) {
+			b.stop()
+			return fmt.Errorf("pgbouncer not listening after 30s on port %d", b.port)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// stop stops PgBouncer with SIGINT (it closes every connection at once).
+func (b *PgBouncer) stop() {
+	_ = b.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-b.done:
+	case <-time.After(10 * time.Second):
+		_ = b.cmd.Process.Kill()
+		<-b.done
+	}
+}
+
+// Addr is host:port of PgBouncer.
+func (b *PgBouncer) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(b.port)) }
+
+// URL is a connection URL through PgBouncer for role and password to
+// database postgres.
+func (b *PgBouncer) URL(role, password string) string {
+	return postgresURL(b.Addr(), role, password, "postgres")
+}
