@@ -57,6 +57,7 @@ func TestPostgres(t *testing.T) {
 		{"TryIsFast", testTryIsFast},
 		{"LibpqEnvironment", testLibpqEnvironment},
 		{"TableDroppedWhileWaiting", testTableDropped},
+		{"StatementRate", testStatementRate},
 		{"ServerRestart", testServerRestart},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, store) })
@@ -723,5 +724,98 @@ func TestNewRefusesBadConfig(t *testing.T) {
 				t.Errorf("New: %v; want an error saying %q, without the password", err, tc.want)
 			}
 		})
+	}
+}
+
+// testStatementRate measures the statements that a leader and an idle
+// follower send at leaderrun's default timings (15 s lease, renewal and
+// poll every 2 s), directly (notifications) and through PgBouncer in
+// transaction mode (polling), from the server's own log. It takes 40 s, so
+// it runs only when LEADERRUN_MEASURE_STATEMENTS=1.
+func testStatementRate(t *testing.T, e *env) {
+	if os.Getenv("LEADERRUN_MEASURE_STATEMENTS") != "1" {
+		t.Skip("set LEADERRUN_MEASURE_STATEMENTS=1 to measure (40 s)")
+	}
+	const (
+		table  = "rate_leases"
+		lease  = 15 * time.Second
+		period = 2 * time.Second
+		window = 30 * time.Second
+	)
+	owner := newBackend(t, e, "rate-setup", postgres.Config{Table: table})
+	campaign(t, owner, "owner", lease).Release(context.Background(), nil)
+	roles := []string{"leader_direct", "follower_direct", "leader_bouncer", "follower_bouncer"}
+	users := map[string]string{}
+	for _, r := range roles {
+		e.pg.CreateRole(t, r, r+"-pw", testenv.RoleOptions{})
+		e.exec(t, fmt.Sprintf(`ALTER ROLE %[1]s SET log_statement = 'all';
+			GRANT SELECT, INSERT, UPDATE, DELETE ON rate_leases, rate_leases_markers, rate_leases_history TO %[1]s;
+			GRANT USAGE ON SEQUENCE rate_leases_token_seq TO %[1]s`, r))
+		users[r] = r + "-pw"
+	}
+	bouncer := testenv.StartPgBouncer(t, e.pg, "transaction", users)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, path := range []struct {
+		lock string
+		url  func(role, pw string) string
+		kind string
+	}{{"rate-direct", e.pg.URL, "direct"}, {"rate-bouncer", bouncer.URL, "bouncer"}} {
+		leader := newBackend(t, e, path.lock, postgres.Config{URL: path.url("leader_"+path.kind, "leader_"+path.kind+"-pw"),
+			Table: table, PollInterval: period})
+		l := campaign(t, leader, "leader", lease)
+		follower := newBackend(t, e, path.lock, postgres.Config{URL: path.url("follower_"+path.kind, "follower_"+path.kind+"-pw"),
+			Table: table, PollInterval: period})
+		wg.Add(2)
+		go func() { // the runner's renewals
+			defer wg.Done()
+			tick := time.NewTicker(period)
+			defer tick.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+					rctx, rcancel := context.WithTimeout(ctx, period)
+					if err := l.Renew(rctx); err != nil && ctx.Err() == nil {
+						t.Errorf("%s renewal: %v", path.kind, err)
+					}
+					rcancel()
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			if l, err := follower.Campaign(ctx, options("follower", lease)); err == nil {
+				t.Errorf("%s follower got the lock", path.kind)
+				l.Release(context.Background(), nil)
+			}
+		}()
+	}
+	// Past the listeners' set-up and the followers' first attempts.
+	time.Sleep(3 * time.Second)
+	from := len(e.pg.ServerLog())
+	time.Sleep(window)
+	logged := e.pg.ServerLog()[from:]
+	cancel()
+	for _, tc := range []struct {
+		role string
+		max  float64 // statements per second
+	}{
+		{"leader_direct", 0.6}, {"follower_direct", 0.2}, {"leader_bouncer", 0.6}, {"follower_bouncer", 0.6},
+	} {
+		n := 0
+		for _, line := range strings.Split(logged, "\n") {
+			if strings.Contains(line, "] "+tc.role+"@") && (strings.Contains(line, "LOG:  statement:") || strings.Contains(line, "LOG:  execute")) {
+				n++
+			}
+		}
+		rate := float64(n) / window.Seconds()
+		t.Logf("%s: %d statements in %v, %.3f per second", tc.role, n, window, rate)
+		if rate > tc.max {
+			t.Errorf("%s sends %.3f statements per second, want at most %.2f", tc.role, rate, tc.max)
+		}
 	}
 }
