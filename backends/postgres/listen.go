@@ -30,7 +30,7 @@ const (
 
 // errNoDelivery: LISTEN was accepted but our own notification never came.
 var errNoDelivery = errors.New("a notification sent with pg_notify did not arrive on the listening connection " +
-	"(a pooler in transaction or statement mode?)")
+	"(a pooler in transaction mode?)")
 
 // listener is a Backend's dedicated connection that LISTENs on the table's
 // channel and calls the subscribers when a notification names the lock's
@@ -47,7 +47,7 @@ type listener struct {
 	subs      map[int]func()
 	next      int
 	listening bool
-	logged    bool // the mode was logged
+	mode      string // as last logged: "notify" or "poll"
 	probe     chan struct{}
 	probeID   string
 }
@@ -135,22 +135,32 @@ func (l *listener) setListening(on bool) {
 	}
 }
 
-// logMode logs, once, which mode the backend is in.
-func (l *listener) logMode(err error) {
+// logMode logs which mode the backend is in when that changes: at the
+// first attempt to listen, when an outage of the listening connection
+// begins, and when it ends. Failures to reconnect during an outage are
+// logged at debug level.
+func (l *listener) logMode(notify bool, err error) {
+	mode := "poll"
+	if notify {
+		mode = "notify"
+	}
 	l.mu.Lock()
-	first := !l.logged
-	l.logged = true
+	changed := l.mode != mode
+	l.mode = mode
 	l.mu.Unlock()
 	b := l.b
 	switch {
-	case first && err == nil:
+	case !changed:
+		b.log.Debug("postgres: the listening connection failed again; reconnecting", "err", b.redact(err))
+	case notify:
 		b.log.Info("postgres: listening for notifications: a loss or a release is seen at once",
-			"mode", "notify", "channel", b.sql.ids.channel)
-	case first || errors.Is(err, errNoDelivery):
-		b.log.Info("postgres: polling: notifications are not available",
-			"mode", "poll", "poll_interval", b.poll, "err", b.redact(err))
+			"mode", mode, "channel", b.sql.ids.channel)
+	case errors.Is(err, errNoDelivery):
+		b.log.Info("postgres: polling: notifications do not arrive; a loss is seen at the next renewal",
+			"mode", mode, "poll_interval", b.poll, "err", err)
 	default:
-		b.log.Debug("postgres: the listening connection failed; reconnecting", "err", b.redact(err))
+		b.log.Info("postgres: polling until the listening connection is back; a loss is seen at the next renewal",
+			"mode", mode, "poll_interval", b.poll, "err", b.redact(err))
 	}
 }
 
@@ -163,7 +173,7 @@ func (l *listener) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		l.logMode(err)
+		l.logMode(false, err)
 		if errors.Is(err, errNoDelivery) {
 			return
 		}
@@ -208,7 +218,7 @@ func (l *listener) listen(ctx context.Context, retry *backends.Backoff) error {
 		return err
 	}
 	retry.Reset()
-	l.logMode(nil)
+	l.logMode(true, nil)
 	// Anything that happened before LISTEN took effect was missed: every
 	// subscriber looks again.
 	l.setListening(true)

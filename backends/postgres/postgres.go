@@ -89,22 +89,27 @@
 // (without its schema) when a row's holder, owner, token or name changes,
 // when its expiry is moved earlier, when it is deleted, and when the table
 // is truncated; renewals send none. Each Backend keeps one dedicated
-// connection that LISTENs on it, and makes sure, once per connection, that
-// a pg_notify sent from another connection arrives.
+// connection that LISTENs on it (besides the pool, usually one connection,
+// that runs the statements), and makes sure, each time it connects, that a
+// pg_notify sent from another connection arrives on it. It pings that
+// connection every 30 s, so that one that died silently is replaced.
 //
-// While that works, a lease asks the database about its row as soon as a
-// notification names it, so a row deleted or given to another holder is a
-// loss within a round trip or two (milliseconds), and a waiter is woken by
-// a release at once; otherwise it sleeps until the holder's expiry by the
-// database's clock. Expiry itself sends nothing, hence that sleep.
+// While that works, a lease reads its row as soon as a notification names
+// it (a notification is a hint; the row is the truth), so a row deleted,
+// freed, expired by hand or given to another holder is a loss within a few
+// milliseconds; a lease also reads its row each time the listener
+// (re)connects, for what it may have missed. A waiter is woken by a
+// release at once; otherwise it sleeps until the holder's expiry by the
+// database's clock (expiry itself sends nothing), but at most 30 s.
 //
 // Without it — the triggers could not be created (the role does not own
-// the table), or the connection goes through a pooler that does not keep
-// a session (PgBouncer in transaction or statement mode: the probe never
-// arrives) — the backend logs that it polls: a lease learns of its loss at
-// the runner's next renewal (within --retry-period), and a waiter tries
-// again every Config.PollInterval, or at the holder's expiry if that comes
-// first. The log line says which mode is in use, once.
+// the table), the listening connection is down, or the connection goes
+// through a pooler that does not keep a session (PgBouncer in transaction
+// mode: the probe never arrives) — the backend polls: a lease
+// learns of its loss at the runner's next renewal (within --retry-period),
+// and a waiter tries again every Config.PollInterval, or at the holder's
+// expiry if that comes first. The log says which mode is in use, and when
+// it changes.
 //
 // # PgBouncer in transaction mode
 //
@@ -112,10 +117,14 @@
 // statements in pgx's "exec" mode, unnamed statements in one round trip,
 // unless the connection string chooses default_query_exec_mode), no SET,
 // no session advisory locks, no temporary tables. Through PgBouncer in
-// transaction mode it works as above, in polling mode: a leader sends one
-// statement per renewal, a waiter one per poll interval, and a loss is
-// seen at the next renewal rather than at once. A session-mode pooler, or
-// a direct connection, gets notifications.
+// transaction mode it works, in polling mode; what that costs: a loss is
+// seen at the next renewal (within --retry-period, not within
+// milliseconds), a handover waits up to the poll interval, and an idle
+// waiter sends one statement per poll interval instead of about one per
+// lease duration. The listening connection tries LISTEN once, gets no
+// notification within 2 s, and closes. A session-mode pooler, or a direct
+// connection, gets notifications. (Statement mode is not supported: the
+// schema is created in a multi-statement transaction.)
 //
 // # Privileges
 //

@@ -47,6 +47,7 @@ func TestPostgres(t *testing.T) {
 	}{
 		{"Conformance", testConformance},
 		{"ConformanceThroughPgBouncer", testPgBouncer},
+		{"PgBouncerSessionMode", testPgBouncerSession},
 		{"TokensAcrossDeletesByHand", testTokensAcrossDeletes},
 		{"LossByHand", testLossByHand},
 		{"ExpiryByDatabaseClock", testExpiry},
@@ -56,6 +57,7 @@ func TestPostgres(t *testing.T) {
 		{"LimitedRoleOnExistingTables", testLimitedRole},
 		{"TryIsFast", testTryIsFast},
 		{"LibpqEnvironment", testLibpqEnvironment},
+		{"QuotedSchemaQualifiedTable", testQuotedTable},
 		{"TableDroppedWhileWaiting", testTableDropped},
 		{"StatementRate", testStatementRate},
 		{"ServerRestart", testServerRestart},
@@ -711,6 +713,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		{"bad lock name", postgres.Config{URL: "postgres://u@h/db", Lock: "a/b"}, "invalid lock name"},
 		{"table name too long", postgres.Config{URL: "postgres://u@h/db", Lock: "a", Table: strings.Repeat("t", 51)}, "invalid table name"},
 		{"empty schema", postgres.Config{URL: "postgres://u@h/db", Lock: "a", Table: ".t"}, "invalid table name"},
+		{"two dots", postgres.Config{URL: "postgres://u@h/db", Lock: "a", Table: "a.b.c"}, "invalid table name"},
 		{"bad URL", postgres.Config{URL: "postgres://u:hunter2@h:notaport/db", Lock: "a"}, "connection string"},
 		{"bad exec mode", postgres.Config{URL: "postgres://u:hunter2@h/db?default_query_exec_mode=fast", Lock: "a"}, "connection string"},
 	} {
@@ -818,4 +821,39 @@ func testStatementRate(t *testing.T, e *env) {
 			t.Errorf("%s sends %.3f statements per second, want at most %.2f", tc.role, rate, tc.max)
 		}
 	}
+}
+
+// testQuotedTable: a schema-qualified table whose name needs quoting
+// (upper case, a dash, a quote) works end to end, notifications included.
+func testQuotedTable(t *testing.T, e *env) {
+	e.exec(t, `CREATE SCHEMA "Ops"`)
+	const table = `Ops.Odd-"Leases"`
+	var logs logBuffer
+	b := newBackend(t, e, "quoted", postgres.Config{Table: table, Log: logs.logger()})
+	l := campaign(t, b, "a", 5*time.Second)
+	if n := e.exec(t, `SELECT FROM "Ops"."Odd-""Leases""" WHERE name = $1 AND holder = 'a'`, l.Key()); n != 1 {
+		t.Fatalf("the row is not in the quoted table (%d rows)", n)
+	}
+	backendtest.WaitFor(t, "the listener", func() bool { return strings.Contains(logs.String(), "mode=notify") })
+	e.exec(t, `DELETE FROM "Ops"."Odd-""Leases""" WHERE name = $1`, l.Key())
+	waitLost(t, l, time.Now(), "row deleted from the quoted table")
+	if st, err := b.Status(context.Background()); err != nil || st.Held {
+		t.Errorf("status after the delete: %+v, %v", st, err)
+	}
+}
+
+// testPgBouncerSession: a pooler in session mode keeps the listening
+// connection's session, so notifications work through it.
+func testPgBouncerSession(t *testing.T, e *env) {
+	bouncer := testenv.StartPgBouncer(t, e.pg, "session", map[string]string{testenv.PostgresSuperuser: e.pg.Password})
+	var logs logBuffer
+	b := newBackend(t, e, "bouncer-session", postgres.Config{URL: bouncer.URL(testenv.PostgresSuperuser, e.pg.Password),
+		Log: logs.logger()})
+	l := campaign(t, b, "a", 5*time.Second)
+	backendtest.WaitFor(t, "the backend to log its mode", func() bool { return strings.Contains(logs.String(), "mode=") })
+	if !strings.Contains(logs.String(), "mode=notify") {
+		t.Fatalf("through PgBouncer in session mode the backend should listen; the log says:\n%s", logs.String())
+	}
+	e.exec(t, "DELETE FROM leaderrun_leases WHERE name = $1", l.Key())
+	waitLost(t, l, time.Now(), "row deleted, through a session-mode pooler")
 }

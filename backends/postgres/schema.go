@@ -36,7 +36,7 @@ func newIdents(table string) (idents, error) {
 		schema, name = "", table
 	}
 	for _, part := range []string{schema, name} {
-		if qualified && part == "" || len(part) > maxTableName || strings.ContainsRune(part, 0) {
+		if qualified && part == "" || len(part) > maxTableName || strings.ContainsAny(part, ".\x00") {
 			return idents{}, fmt.Errorf("postgres: invalid table name %q: want [schema.]table, each at most %d bytes",
 				table, maxTableName)
 		}
