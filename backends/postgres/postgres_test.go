@@ -59,6 +59,7 @@ func TestPostgres(t *testing.T) {
 		{"LibpqEnvironment", testLibpqEnvironment},
 		{"QuotedSchemaQualifiedTable", testQuotedTable},
 		{"TableDroppedWhileWaiting", testTableDropped},
+		{"StalledLink", testStalledLink},
 		{"StatementRate", testStatementRate},
 		{"ServerRestart", testServerRestart},
 	} {
@@ -856,4 +857,53 @@ func testPgBouncerSession(t *testing.T, e *env) {
 	}
 	e.exec(t, "DELETE FROM leaderrun_leases WHERE name = $1", l.Key())
 	waitLost(t, l, time.Now(), "row deleted, through a session-mode pooler")
+}
+
+// testStalledLink: with the link to the server stalled (nothing closes,
+// nothing arrives), a renewal ends with its context and is not a loss, a
+// waiter's cancellation returns within the withdrawal's own bound, and
+// once the link flows again the same lease renews.
+func testStalledLink(t *testing.T, e *env) {
+	proxy := testenv.NewProxy(t, e.pg.Addr())
+	url := fmt.Sprintf("postgres://%s:%s@%s/postgres?sslmode=disable", testenv.PostgresSuperuser, e.pg.Password, proxy.Addr())
+	lock := "stalled"
+	leader := newBackend(t, e, lock, postgres.Config{URL: url, ConnectTimeout: time.Second})
+	l := campaign(t, leader, "leader", 10*time.Second)
+	follower := newBackend(t, e, lock, postgres.Config{URL: url, ConnectTimeout: time.Second, PollInterval: 100 * time.Millisecond})
+	fctx, fcancel := context.WithCancel(context.Background())
+	defer fcancel()
+	returned := make(chan error, 1)
+	go func() {
+		_, err := follower.Campaign(fctx, options("follower", 10*time.Second))
+		returned <- err
+	}()
+	proxy.Stall()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	start := time.Now()
+	err := l.Renew(ctx)
+	cancel()
+	if err == nil || errors.Is(err, backends.ErrLeaseLost) || time.Since(start) > 2*time.Second {
+		t.Errorf("renewal over a stalled link: %v after %v; want a plain error after about 500ms", err, time.Since(start))
+	}
+	fcancel()
+	cancelled := time.Now()
+	select {
+	case err := <-returned:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("cancelled waiter returned %v, want context.Canceled", err)
+		}
+		t.Logf("cancelled waiter returned %v after the cancel", time.Since(cancelled))
+	case <-time.After(5 * time.Second):
+		t.Fatal("cancelled waiter still waiting 5s later, over a stalled link")
+	}
+	proxy.Resume()
+	backendtest.WaitFor(t, "a renewal once the link flows", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		err := l.Renew(ctx)
+		if errors.Is(err, backends.ErrLeaseLost) {
+			t.Fatalf("renewal after the link came back: %v", err)
+		}
+		return err == nil
+	})
 }
