@@ -15,14 +15,18 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # bin_dir prints the directory holding initdb, pg_ctl, postgres and psql:
-# $LEADERRUN_POSTGRES_BIN, else Debian's /usr/lib/postgresql/N/bin (newest N),
-# else the directory of the initdb found in PATH (symlinks followed).
+# $LEADERRUN_POSTGRES_BIN if set (and nothing else), else Debian's
+# /usr/lib/postgresql/N/bin (newest N), else the directory of the initdb found
+# in PATH (symlinks followed), as internal/testenv looks for them.
 bin_dir() {
 	local d
 	local -a dirs=()
-	[[ -n ${LEADERRUN_POSTGRES_BIN:-} ]] && dirs+=("$LEADERRUN_POSTGRES_BIN")
-	while IFS= read -r d; do dirs+=("$d"); done < <(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r)
-	if d=$(command -v initdb 2>/dev/null); then dirs+=("$(dirname "$(readlink -f "$d")")"); fi
+	if [[ -n ${LEADERRUN_POSTGRES_BIN:-} ]]; then
+		dirs+=("$LEADERRUN_POSTGRES_BIN")
+	else
+		while IFS= read -r d; do dirs+=("$d"); done < <(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r)
+		if d=$(command -v initdb 2>/dev/null); then dirs+=("$(dirname "$(readlink -f "$d")")"); fi
+	fi
 	for d in "${dirs[@]}"; do
 		if [[ -x $d/initdb && -x $d/pg_ctl && -x $d/postgres && -x $d/psql ]]; then
 			echo "$d"
@@ -38,6 +42,9 @@ have_pgbouncer() {
 }
 
 if dir=$(bin_dir) && have_pgbouncer; then echo "$dir"; exit 0; fi
+if [[ -n ${LEADERRUN_POSTGRES_BIN:-} ]] && ! bin_dir >/dev/null; then
+	die "LEADERRUN_POSTGRES_BIN=$LEADERRUN_POSTGRES_BIN holds no initdb, pg_ctl, postgres and psql"
+fi
 
 [[ $(id -u) == 0 ]] || die "PostgreSQL or PgBouncer is missing: run this as root to install Debian's packages, or set LEADERRUN_POSTGRES_BIN and LEADERRUN_PGBOUNCER_BIN"
 command -v apt-get >/dev/null 2>&1 || die "PostgreSQL or PgBouncer is missing and apt-get is not available: install them, or set LEADERRUN_POSTGRES_BIN and LEADERRUN_PGBOUNCER_BIN"

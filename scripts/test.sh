@@ -25,6 +25,13 @@ export LEADERRUN_ETCDCTL_BIN="$etcd_dir/etcdctl"
 export LEADERRUN_CONSUL_BIN="$consul_dir/consul"
 LEADERRUN_ZOOKEEPER_CLASSPATH=$(scripts/install-zookeeper.sh)
 export LEADERRUN_ZOOKEEPER_CLASSPATH
+# Installing PostgreSQL needs root and apt-get; without them its tests are
+# skipped (failed under CI=true).
+if pg_dir=$(scripts/install-postgres.sh); then
+	export LEADERRUN_POSTGRES_BIN="$pg_dir"
+else
+	echo "PostgreSQL not installed: its tests will be skipped (failed under CI=true)" >&2
+fi
 
 echo "== go vet"
 go vet ./...

@@ -29,14 +29,15 @@ func PostgresBinDir(t testing.TB) string {
 	t.Helper()
 	var dirs []string
 	if d := os.Getenv("LEADERRUN_POSTGRES_BIN"); d != "" {
-		dirs = append(dirs, d)
-	}
-	debian, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(debian, func(i, j int) bool { return pgMajor(debian[i]) > pgMajor(debian[j]) })
-	dirs = append(dirs, debian...)
-	if p, err := exec.LookPath("initdb"); err == nil {
-		if p, err = filepath.EvalSymlinks(p); err == nil {
-			dirs = append(dirs, filepath.Dir(p))
+		dirs = []string{d} // as told, or nothing
+	} else {
+		debian, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+		sort.Slice(debian, func(i, j int) bool { return pgMajor(debian[i]) > pgMajor(debian[j]) })
+		dirs = debian
+		if p, err := exec.LookPath("initdb"); err == nil {
+			if p, err = filepath.EvalSymlinks(p); err == nil {
+				dirs = append(dirs, filepath.Dir(p))
+			}
 		}
 	}
 	for _, d := range dirs {
