@@ -37,8 +37,8 @@
 // waiter sleeps for expires - now() as the database computed it.
 //
 //   - Acquire: UPDATE the row, setting holder, owner, a new token
-//     (nextval), ttl and expires = now() + ttl, WHERE it is free (holder
-//     ”) or expired (expires <= now()), or already granted to this very
+//     (nextval), ttl and expires = now() + ttl, WHERE it is free (empty
+//     holder) or expired (expires <= now()), or already granted to this very
 //     candidacy (owner: an answer that was lost is not a lock held against
 //     ourselves). The same statement returns the current holder and
 //     expires - now() when the row is held, so a waiter knows how long to
@@ -46,15 +46,15 @@
 //     CONFLICT DO NOTHING creates it free, and the UPDATE runs again.
 //   - Renew: UPDATE expires = now() + ttl WHERE holder and token are still
 //     ours and the lease has not expired. Matching no row is a loss.
-//   - Release: in one statement, set the row free (holder ”, expires
+//   - Release: in one statement, set the row free (empty holder, expires
 //     now()) if it is still ours, append the term to the history, and trim
 //     the lock's history to its last 100 terms.
 //   - Complete: INSERT ... ON CONFLICT DO UPDATE of the marker, selecting
 //     from the lease row FOR SHARE WHERE holder, token are ours and the
-//     lease has not expired: the share lock makes a concurrent takeover
-//     (an UPDATE of that row) wait until the marker is committed, or the
-//     marker is not written at all. Expired markers are ignored when read
-//     and deleted by the writer.
+//     lease has not expired. The share lock makes a takeover (an UPDATE of
+//     that row) wait until the marker is committed; a takeover committed
+//     first leaves the SELECT nothing to find, and no marker is written.
+//     Expired markers are ignored when read and deleted by the writer.
 //
 // # Why the token never goes backwards
 //
@@ -135,7 +135,8 @@
 // sequence; notifications also need the triggers, which only the table's
 // owner can create (without them the backend polls). Nothing else: no
 // superuser, no extensions. A missing table that the role cannot create
-// is an error naming the table and the privilege.
+// is an error naming the table and the privilege. PostgreSQL 11 or later
+// (tested with 15).
 //
 // The connection is configured as psql's: a URL or key=value string, and
 // PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, PGPASSFILE

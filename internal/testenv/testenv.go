@@ -1,7 +1,9 @@
 // Package testenv starts the real servers and processes that tests need:
-// etcd members, Consul agents, a TCP proxy that can stall or cut a link,
-// and leaderrun itself. Servers come from the binaries that
-// scripts/install-etcd.sh and scripts/install-consul.sh build.
+// etcd members, Consul agents, PostgreSQL clusters and PgBouncer, a TCP
+// proxy that can stall or cut a link, and leaderrun itself. Servers come
+// from the binaries that scripts/install-etcd.sh and
+// scripts/install-consul.sh build, and the packages that
+// scripts/install-postgres.sh installs.
 //
 // A missing binary skips the test on a developer's machine and fails it
 // when CI=true: CI must never pass by not testing.
