@@ -219,10 +219,9 @@ func (l *listener) listen(ctx context.Context, retry *backends.Backoff) error {
 	}
 	retry.Reset()
 	l.logMode(true, nil)
-	// Anything that happened before LISTEN took effect was missed: every
-	// subscriber looks again.
+	// Anything that happened before LISTEN took effect was missed:
+	// setListening pokes every subscriber, to look again.
 	l.setListening(true)
-	l.pokeAll()
 	for {
 		wctx, cancel := context.WithTimeout(ctx, listenPing)
 		err := conn.WaitForNotification(wctx)
