@@ -524,8 +524,8 @@ func (b *Backend) History(ctx context.Context, limit int) ([]backends.Term, erro
 	case pgCode(err) == "42P01":
 		return nil, nil
 	case err != nil:
-		return nil, b.redact(fmt.Errorf("postgres at %s: read the history of %q in table %s: %w",
-			b.addr, b.key, b.sql.ids.history, err))
+		return nil, b.redact(fmt.Errorf("postgres at %s: read the history of %q in table %s: %w: %w",
+			b.addr, b.key, b.sql.ids.history, backends.ErrUnavailable, err))
 	}
 	return backends.NewestFirst(terms, limit), nil
 }

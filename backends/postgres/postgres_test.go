@@ -489,6 +489,11 @@ func testRefused(t *testing.T, e *env) {
 					strings.Contains(err.Error(), secret) {
 					t.Errorf("status = %v, want ErrUnavailable naming %s, without the password", err, tc.addr)
 				}
+				_, err = b.History(ctx, 0)
+				if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), tc.addr) ||
+					strings.Contains(err.Error(), secret) {
+					t.Errorf("history = %v, want ErrUnavailable naming %s, without the password", err, tc.addr)
+				}
 			})
 		}
 	}

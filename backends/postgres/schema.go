@@ -30,6 +30,17 @@ type idents struct {
 	tableLit, markersLit, histLit, seqLit, fnLit string
 }
 
+// ValidateTable reports whether table can be Config.Table: [schema.]name,
+// each part 1 to 50 bytes, without dots or NUL (any other character is
+// quoted). The empty string is DefaultTable.
+func ValidateTable(table string) error {
+	if table == "" {
+		return nil
+	}
+	_, err := newIdents(table)
+	return err
+}
+
 func newIdents(table string) (idents, error) {
 	schema, name, qualified := strings.Cut(table, ".")
 	if !qualified {
