@@ -1,0 +1,75 @@
+package cmd
+
+import (
+	"os"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/backends/postgres"
+)
+
+// postgresFlags are the flags of the PostgreSQL backend. The connection is
+// configured as psql's: what the URL leaves out comes from libpq's
+// variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE,
+// PGPASSFILE, ...) and a missing password from ~/.pgpass. DATABASE_URL is
+// read when neither the flag nor LEADERRUN_POSTGRES_URL is set, but it is
+// not one of the flag's variables: a variable that many programs set must
+// never select this store by itself.
+func postgresFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "postgres-url", Category: categoryStore, EnvVars: []string{"LEADERRUN_POSTGRES_URL"},
+			Usage: "PostgreSQL connection `URL` or key=value string, as psql takes it (default: $DATABASE_URL); what it leaves out comes from libpq's PG* variables and ~/.pgpass. " +
+				"Put no password here: arguments are visible to every user of the host; use the variable, PGPASSWORD or ~/.pgpass"},
+		&cli.StringFlag{Name: "postgres-table", Category: categoryStore, EnvVars: []string{"LEADERRUN_POSTGRES_TABLE"}, Value: postgres.DefaultTable,
+			Usage: "lease `TABLE` ([schema.]name), created with its sequence, markers and history tables if missing"},
+	}
+}
+
+var postgresStore = store{
+	name:     "postgres",
+	flags:    postgresFlags,
+	selected: func(c *cli.Context) bool { return c.String("postgres-url") != "" },
+	open:     newPostgresBackend,
+	address:  "--postgres-url (LEADERRUN_POSTGRES_URL), or --backend postgres with DATABASE_URL or libpq's PG* variables",
+}
+
+// newPostgresBackend validates the PostgreSQL flags and builds the
+// backend. Waiters without notifications poll every --retry-period (zero,
+// for status and history, which have no such flag: the backend's
+// default). No message names the URL: it may carry a password.
+func newPostgresBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
+	url, source := c.String("postgres-url"), "--postgres-url"
+	if url == "" {
+		url, source = os.Getenv("DATABASE_URL"), "DATABASE_URL"
+	}
+	if url == "" {
+		source = "libpq's PG* variables"
+	}
+	table := c.String("postgres-table")
+	if strings.TrimSpace(table) == "" {
+		return nil, usageErrorf("--postgres-table must not be empty")
+	}
+	if err := postgres.ValidateTable(table); err != nil {
+		return nil, usageErrorf("--postgres-table: %v", err)
+	}
+	log, err := newLogger(c, os.Stderr)
+	if err != nil {
+		return nil, err
+	}
+	b, err := postgres.New(postgres.Config{
+		URL:          url,
+		Prefix:       cfg.Prefix,
+		Lock:         cfg.Lock,
+		Table:        table,
+		PollInterval: c.Duration("retry-period"),
+		Log:          log,
+	})
+	if err != nil {
+		// The driver's parse errors show the connection string with its
+		// password masked.
+		return nil, usageErrorf("%s: %v", source, err)
+	}
+	return b, nil
+}
