@@ -1,7 +1,7 @@
 // Package faults is leaderrun's fault-injection suite. It drives real
 // leaderrun binaries against a real 3-member etcd cluster, a real 3-server
-// Consul cluster and a real 3-server ZooKeeper ensemble, with every
-// candidate's store traffic passing through a TCP
+// Consul cluster, a real PostgreSQL server and a real 3-server ZooKeeper
+// ensemble, with every candidate's store traffic passing through a TCP
 // proxy that the suite stalls and resets, and checks the safety contract on
 // every trial against a fencing ledger.
 //

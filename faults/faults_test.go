@@ -28,6 +28,8 @@ func newStore(t testing.TB, name string) store {
 		return newEtcdStore(t)
 	case "consul":
 		return newConsulStore(t)
+	case "postgres":
+		return newPostgresStore(t)
 	case "zookeeper":
 		return newZooKeeperStore(t)
 	}
@@ -36,14 +38,14 @@ func newStore(t testing.TB, name string) store {
 }
 
 // TestFaults is the suite. scripts/faults.sh runs it with
-// FAULTS_TRIALS (per scenario), FAULTS_BACKEND (etcd, consul, zookeeper or all) and
-// FAULTS_OUT (where the table and timelines go).
+// FAULTS_TRIALS (per scenario), FAULTS_BACKEND (a comma-separated list of
+// stores, or all) and FAULTS_OUT (where the table and timelines go).
 func TestFaults(t *testing.T) {
 	trials, _ := strconv.Atoi(os.Getenv("FAULTS_TRIALS"))
 	if trials <= 0 {
 		t.Skip("the fault suite runs through scripts/faults.sh (FAULTS_TRIALS not set)")
 	}
-	backends := []string{"etcd", "consul", "zookeeper"}
+	backends := []string{"etcd", "consul", "postgres", "zookeeper"}
 	backendFlag := "all"
 	if b := os.Getenv("FAULTS_BACKEND"); b != "" && b != "all" {
 		backends, backendFlag = strings.Split(b, ","), b

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Fault-injection suite: real leaderrun binaries against a real 3-member
-# etcd cluster, a real 3-server Consul cluster and a real 3-server ZooKeeper
-# ensemble, each candidate's store traffic through a TCP proxy that the
-# suite stalls and resets, checked against a fencing ledger. Prints a table
-# per store and scenario and writes it, with one SVG timeline per scenario,
-# to --out. Exits non-zero on any violation.
+# etcd cluster, a real 3-server Consul cluster, a real PostgreSQL server and
+# a real 3-server ZooKeeper ensemble, each candidate's store traffic through
+# a TCP proxy that the suite stalls and resets, checked against a fencing
+# ledger. Prints a table per store and scenario and writes it, with one SVG
+# timeline per scenario, to --out. Exits non-zero on any violation.
 #
-#   scripts/faults.sh [--trials N] [--backend etcd|consul|zookeeper|all] [--out DIR]
+#   scripts/faults.sh [--trials N] [--backend STORE[,STORE...]|all] [--out DIR]
+#
+# STORE is one of: etcd consul postgres zookeeper.
 #
 # --trials 3 is the short mode that CI runs; the published table in
 # docs/faults/ comes from --trials 20 --out docs/faults.
@@ -19,11 +21,18 @@ while [ $# -gt 0 ]; do
 	--trials) trials=$2; shift 2 ;;
 	--backend) backend=$2; shift 2 ;;
 	--out) out=$2; shift 2 ;;
-	*) echo "usage: $0 [--trials N] [--backend etcd|consul|zookeeper|all] [--out DIR]" >&2; exit 64 ;;
+	*) echo "usage: $0 [--trials N] [--backend STORE[,STORE...]|all] [--out DIR]" >&2; exit 64 ;;
 	esac
 done
+stores="etcd consul postgres zookeeper"
 case "$trials" in '' | *[!0-9]* | 0) echo "--trials $trials: want a positive number" >&2; exit 64 ;; esac
-case "$backend" in etcd | consul | zookeeper | all) ;; *) echo "--backend $backend: want etcd, consul, zookeeper or all" >&2; exit 64 ;; esac
+if [ "$backend" != all ]; then
+	for b in ${backend//,/ }; do
+		case " $stores " in *" $b "*) ;; *) echo "--backend $backend: want all or some of: $stores" >&2; exit 64 ;; esac
+	done
+fi
+# wants STORE: the run includes STORE.
+wants() { [ "$backend" = all ] || case ",$backend," in *",$1,"*) true ;; *) false ;; esac; }
 if [ -z "$out" ]; then
 	out=$(mktemp -d -t leaderrun-faults.XXXXXX)
 fi
@@ -33,8 +42,14 @@ out=$(cd "$out" && pwd)
 etcd_dir=$(scripts/install-etcd.sh)
 consul_dir=$(scripts/install-consul.sh)
 export LEADERRUN_ETCD_BIN="$etcd_dir/etcd" LEADERRUN_ETCDCTL_BIN="$etcd_dir/etcdctl" LEADERRUN_CONSUL_BIN="$consul_dir/consul"
-LEADERRUN_ZOOKEEPER_CLASSPATH=$(scripts/install-zookeeper.sh)
-export LEADERRUN_ZOOKEEPER_CLASSPATH
+if wants zookeeper; then
+	LEADERRUN_ZOOKEEPER_CLASSPATH=$(scripts/install-zookeeper.sh)
+	export LEADERRUN_ZOOKEEPER_CLASSPATH
+fi
+if wants postgres; then
+	LEADERRUN_POSTGRES_BIN=$(scripts/install-postgres.sh)
+	export LEADERRUN_POSTGRES_BIN
+fi
 export FAULTS_TRIALS=$trials FAULTS_BACKEND=$backend FAULTS_OUT=$out
 FAULTS_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ -n "$(git status --porcelain 2>/dev/null)" ]; then FAULTS_COMMIT="$FAULTS_COMMIT+changes"; fi
