@@ -1,0 +1,1120 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leaderrun/leaderrun/internal/testenv"
+)
+
+// pgTimings keep the tests fast: the database expires a lease 3 s after
+// its last renewal; the child gets the kill signal 2 s after the send time
+// of the last acknowledged renewal and SIGKILL 500 ms later, so it is dead
+// at least 500 ms before anyone can take the lock.
+var pgTimings = []string{"--lease-duration", "3s", "--renew-deadline", "2s", "--retry-period", "500ms", "--kill-grace", "500ms"}
+
+const (
+	pgLease = 3 * time.Second
+	pgRetry = 500 * time.Millisecond
+)
+
+// pgEnv is the cluster that the PostgreSQL tests share (initdb costs
+// seconds on this machine), and a superuser pool that plays the operator.
+type pgEnv struct {
+	pg    *testenv.Postgres
+	admin *pgxpool.Pool
+	bin   string // directory of psql
+	url   string // the superuser's, directly to the server
+}
+
+// TestPostgres runs the binary against a real PostgreSQL: every "Must show"
+// of the PostgreSQL backend and of once-per-period runs on it. The subtests
+// run one after the other: most of them measure reaction times.
+func TestPostgres(t *testing.T) {
+	pg := testenv.StartPostgres(t)
+	admin, err := pgxpool.New(context.Background(), pg.SuperuserURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	e := &pgEnv{pg: pg, admin: admin, bin: testenv.PostgresBinDir(t), url: pg.SuperuserURL()}
+	// Connect now, so that the operator's statements below are one
+	// round trip each.
+	e.exec(t, "SELECT 1")
+	for _, tc := range []struct {
+		name string
+		run  func(*testing.T, *pgEnv)
+	}{
+		{"HandoversAndTokensAcrossDelete", testPgHandovers},
+		{"RowDeletedOrTaken", testPgRowDeletedOrTaken},
+		{"Kill9Leader", testPgKill9Leader},
+		{"StalledLeader", testPgStalledLeader},
+		{"SigtermHandover", testPgSigtermHandover},
+		{"TryAndWait", testPgTryAndWait},
+		{"Refused", testPgRefused},
+		{"NoCreatePrivilege", testPgNoCreatePrivilege},
+		{"StatusAndHistory", testPgStatusAndHistory},
+		{"Check", testPgCheck},
+		{"OncePerPeriodCron", testPgOnceCron},
+		{"OnceFailedRunIsRunAgain", testPgOnceFailed},
+		{"OnceLossBeforeMarker", testPgOnceLossBeforeMarker},
+		{"FencingExample", testPgFencingExample},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.run(t, e) })
+	}
+}
+
+// exec runs sql as the superuser and returns the rows it affected.
+func (e *pgEnv) exec(t *testing.T, sql string, args ...any) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tag, err := e.admin.Exec(ctx, sql, args...)
+	if err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return tag.RowsAffected()
+}
+
+// scalar runs a query of one value as the superuser.
+func (e *pgEnv) scalar(t *testing.T, sql string, args ...any) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var v string
+	if err := e.admin.QueryRow(ctx, sql, args...).Scan(&v); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return v
+}
+
+// libpq is the environment that points libpq clients (psql, and leaderrun
+// with --backend postgres) at the server as the superuser, with psql in
+// PATH.
+func (e *pgEnv) libpq() []string {
+	return []string{"PGHOST=" + e.pg.Host(), "PGPORT=" + strconv.Itoa(e.pg.Port()), "PGUSER=" + testenv.PostgresSuperuser,
+		"PGPASSWORD=" + e.pg.Password, "PGDATABASE=postgres", "PGSSLMODE=disable", "PGCONNECT_TIMEOUT=5",
+		"PATH=" + e.bin + string(os.PathListSeparator) + os.Getenv("PATH")}
+}
+
+// pgURL is a connection URL to addr (the server, a proxy or PgBouncer).
+func pgURL(addr, role, password string, query ...string) string {
+	u := url.URL{Scheme: "postgres", User: url.UserPassword(role, password), Host: addr, Path: "/postgres",
+		RawQuery: strings.Join(append([]string{"sslmode=disable"}, query...), "&")}
+	return u.String()
+}
+
+// via is the superuser's URL through addr.
+func (e *pgEnv) via(addr string) string { return pgURL(addr, testenv.PostgresSuperuser, e.pg.Password) }
+
+// run starts leaderrun on lock, connected by url given in
+// LEADERRUN_POSTGRES_URL (as the flag's help recommends: not on the
+// command line), with the recording child in mode.
+func (e *pgEnv) run(t *testing.T, events, mode, url, lock, id string, extra ...string) *proc {
+	t.Helper()
+	args := append([]string{"--lock", lock, "--identity", id}, pgTimings...)
+	args = append(append(args, extra...), "--")
+	return start(t, append(childEnv(events, mode), "LEADERRUN_POSTGRES_URL="+url), append(args, childArgv(t)...)...)
+}
+
+// bouncer starts a PgBouncer in transaction mode in front of the server,
+// for the superuser.
+func (e *pgEnv) bouncer(t *testing.T) *testenv.PgBouncer {
+	t.Helper()
+	return testenv.StartPgBouncer(t, e.pg, "transaction", map[string]string{testenv.PostgresSuperuser: e.pg.Password})
+}
+
+// pgOutput runs leaderrun to the end with env added, and returns its
+// stdout (and stderr) and exit code.
+func pgOutput(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(testenv.Leaderrun(t), args...)
+	cmd.Env = append(os.Environ(), env...)
+	var errBuf syncBuffer
+	cmd.Stderr = &errBuf
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	default:
+		t.Fatalf("leaderrun %v: %v", args, err)
+	}
+	return string(out), errBuf.String(), code
+}
+
+// pgStatusOf is `leaderrun status --json` of lock, and its exit code.
+func (e *pgEnv) statusOf(t *testing.T, lock string) (etcdStatus, int) {
+	t.Helper()
+	out, errs, code := pgOutput(t, []string{"LEADERRUN_POSTGRES_URL=" + e.url}, "status", "--json", "--lock", lock)
+	var st etcdStatus
+	if code != 0 && code != 3 {
+		t.Fatalf("status: exit %d\n%s%s", code, out, errs)
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status --json printed %q: %v", out, err)
+	}
+	return st, code
+}
+
+// pgTerm is one line of `leaderrun history --json`.
+type pgTerm struct {
+	Identity string    `json:"identity"`
+	Token    uint64    `json:"token"`
+	Acquired time.Time `json:"acquired"`
+	Started  time.Time `json:"started"`
+	Ended    time.Time `json:"ended"`
+	End      string    `json:"end"`
+	ExitCode int       `json:"exit_code"`
+	Signal   string    `json:"signal"`
+	Reason   string    `json:"reason"`
+	OnceKey  string    `json:"once_key"`
+}
+
+// history is `leaderrun history --json` of lock, newest first.
+func (e *pgEnv) history(t *testing.T, lock string) []pgTerm {
+	t.Helper()
+	out, errs, code := pgOutput(t, []string{"LEADERRUN_POSTGRES_URL=" + e.url}, "history", "--json", "--limit", "100", "--lock", lock)
+	if code != 0 {
+		t.Fatalf("history: exit %d\n%s%s", code, out, errs)
+	}
+	var terms []pgTerm
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if line == "" {
+			continue
+		}
+		var tm pgTerm
+		if err := json.Unmarshal([]byte(line), &tm); err != nil {
+			t.Fatalf("history --json line %q: %v", line, err)
+		}
+		terms = append(terms, tm)
+	}
+	return terms
+}
+
+// waitListening waits until p's backend listens for notifications (its
+// log says mode=notify), or polls (mode=poll): a candidate in that state
+// has campaigned and waits.
+func waitListening(t *testing.T, p *proc, mode string) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "the candidate to log mode="+mode, func() bool {
+		return strings.Contains(p.stderr.String(), "mode="+mode)
+	})
+}
+
+func pgEvents(t *testing.T) string { return filepath.Join(t.TempDir(), "events") }
+
+// testPgHandovers: three instances at a time contend for one lock, each
+// replaced when it exits, as systemd would; between two leaders the whole
+// lease table is emptied by hand (DELETE FROM leaderrun_leases). Over 21
+// children (20 handovers) two never run at once and every token is greater
+// than the one before, across the DELETE too: the sequence does not care.
+func testPgHandovers(t *testing.T, e *pgEnv) {
+	events := pgEvents(t)
+	const lock = "handover"
+	runSlots := func(n int) {
+		var slots [3]*proc
+		run := func(i int) {
+			slots[i] = e.run(t, events, "sleep:100ms", e.url, lock, fmt.Sprintf("slot%d", i))
+		}
+		for i := range slots {
+			run(i)
+		}
+		for target := count(readEvents(t, events), "start") + n; ; {
+			var exited int
+			select {
+			case <-slots[0].done:
+				exited = 0
+			case <-slots[1].done:
+				exited = 1
+			case <-slots[2].done:
+				exited = 2
+			case <-time.After(30 * time.Second):
+				t.Fatalf("no instance exited for 30s\n%s", formatEvents(readEvents(t, events)))
+			}
+			if code := slots[exited].code; code != 0 {
+				t.Fatalf("slot %d exited %d\n%s", exited, code, slots[exited].stderr.String())
+			}
+			if count(readEvents(t, events), "start") >= target {
+				break
+			}
+			run(exited)
+		}
+		for _, p := range slots {
+			if !p.exited() {
+				p.signal(syscall.SIGTERM)
+				p.wait(10 * time.Second)
+			}
+		}
+	}
+
+	runSlots(10)
+	before := consulStarts(readEvents(t, events))
+	lastBefore := before[len(before)-1].Token
+	deleted := e.exec(t, "DELETE FROM leaderrun_leases")
+	runSlots(11)
+
+	evs := readEvents(t, events)
+	ivs := checkExclusive(t, evs)
+	if len(ivs) < 21 {
+		t.Fatalf("%d children ran, want 21 (20 handovers)", len(ivs))
+	}
+	if first := ivs[len(before)].Token; first <= lastBefore {
+		t.Errorf("first token after DELETE FROM leaderrun_leases is %d, not greater than %d before it", first, lastBefore)
+	}
+	var gaps []time.Duration
+	tokens := make([]uint64, len(ivs))
+	for i, iv := range ivs {
+		tokens[i] = iv.Token
+		if i > 0 && i != len(before) {
+			gaps = append(gaps, iv.Start.Sub(ivs[i-1].End))
+		}
+	}
+	t.Logf("%d children, %d handovers; tokens %v; DELETE FROM leaderrun_leases (%d row) after token %d",
+		len(ivs), len(ivs)-1, tokens, deleted, lastBefore)
+	t.Logf("handover gap, old child's exit → next child's start: %s", consulSummary(gaps))
+}
+
+// testPgRowDeletedOrTaken (S3): an operator deleting the leader's row, or
+// giving it to another holder with an UPDATE, stops the child within 1 s
+// (aim: 100 ms) and leaderrun exits 76. Directly, the trigger's
+// notification reports it; through PgBouncer in transaction mode, where
+// notifications do not arrive, the next renewal does (within
+// --retry-period, 500 ms here).
+func testPgRowDeletedOrTaken(t *testing.T, e *pgEnv) {
+	bouncer := e.bouncer(t)
+	for _, tc := range []struct {
+		name, sql string
+		bouncer   bool
+	}{
+		{"Delete", "DELETE FROM leaderrun_leases WHERE name = $1", false},
+		{"UpdateHolder", "UPDATE leaderrun_leases SET holder = 'intruder' WHERE name = $1", false},
+		{"UpdateTokenAndHolder", "UPDATE leaderrun_leases SET holder = 'intruder', token = nextval('leaderrun_leases_token_seq') WHERE name = $1", false},
+		{"DeleteThroughPgBouncer", "DELETE FROM leaderrun_leases WHERE name = $1", true},
+		{"UpdateHolderThroughPgBouncer", "UPDATE leaderrun_leases SET holder = 'intruder' WHERE name = $1", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var lat []time.Duration
+			for i := range consulTrials(t, 3) {
+				events := pgEvents(t)
+				lock := fmt.Sprintf("loss-%s-%d", strings.ToLower(tc.name), i)
+				u, mode := e.url, "notify"
+				if tc.bouncer {
+					u, mode = e.via(bouncer.Addr()), "poll"
+				}
+				p := e.run(t, events, "forever", u, lock, "leader")
+				waitEvents(t, events, 10*time.Second, "the child", etcdHas("start", "leader"))
+				waitListening(t, p, mode)
+				before := time.Now()
+				if n := e.exec(t, tc.sql, "leaderrun/"+lock); n != 1 {
+					t.Fatalf("%s changed %d rows, want 1", tc.sql, n)
+				}
+				took := time.Since(before)
+				evs := waitEvents(t, events, 3*time.Second, "the kill signal", etcdHas("signal", "leader"))
+				sig, _ := etcdFind(evs, "signal", "leader")
+				d := sig.At.Sub(before)
+				lat = append(lat, d)
+				t.Logf("trial %d: child signalled %v after the statement was sent (the statement took %v)",
+					i, d.Round(time.Microsecond), took.Round(time.Microsecond))
+				if d > time.Second {
+					t.Errorf("trial %d: child signalled %v after the statement, want within 1s", i, d)
+				}
+				if code := p.wait(10 * time.Second); code != 76 {
+					t.Errorf("trial %d: leaderrun exited %d, want 76", i, code)
+				}
+			}
+			t.Logf("%s (%s): statement → kill signal: %s", tc.name, map[bool]string{false: "notifications", true: "polling"}[tc.bouncer],
+				consulSummary(lat))
+		})
+	}
+}
+
+// testPgKill9Leader: SIGKILL of leaderrun alone takes its child down
+// within 1 s (pdeathsig and the watchdog), and a follower's child starts
+// within lease-duration + retry-period + 0.5 s, once the database's clock
+// says that the dead leader's lease expired: woken at the expiry when it
+// is notified, by its poll every retry period through PgBouncer.
+func testPgKill9Leader(t *testing.T, e *pgEnv) {
+	bouncer := e.bouncer(t)
+	for _, tc := range []struct {
+		name    string
+		bouncer bool
+	}{{"FollowerNotified", false}, {"FollowerPollsThroughPgBouncer", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var gones, takes []time.Duration
+			bound := pgLease + pgRetry + 500*time.Millisecond
+			for i := range consulTrials(t, 3) {
+				events := pgEvents(t)
+				lock := fmt.Sprintf("kill9-%t-%d", tc.bouncer, i)
+				leader := e.run(t, events, "forever", e.url, lock, "leader")
+				evs := waitEvents(t, events, 10*time.Second, "the leader's child", etcdHas("start", "leader"))
+				old, _ := etcdFind(evs, "start", "leader")
+				u, mode := e.url, "notify"
+				if tc.bouncer {
+					u, mode = e.via(bouncer.Addr()), "poll"
+				}
+				follower := e.run(t, events, "forever", u, lock, "follower")
+				waitListening(t, follower, mode)
+				killed := time.Now()
+				if err := syscall.Kill(leader.pid(), syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+				waitFor(t, 2*time.Second, "the leader's child to die", func() bool { return !alive(old.Pid) })
+				gone := time.Since(killed)
+				evs = waitEvents(t, events, bound+5*time.Second, "the follower's child", etcdHas("start", "follower"))
+				next, _ := etcdFind(evs, "start", "follower")
+				took := next.At.Sub(killed)
+				gones, takes = append(gones, gone), append(takes, took)
+				t.Logf("trial %d: old child gone %v after kill -9; follower's child started %v after it; tokens %d then %d",
+					i, gone.Round(time.Microsecond), took.Round(time.Millisecond), old.Token, next.Token)
+				if gone > time.Second {
+					t.Errorf("trial %d: old child outlived leaderrun by %v, want under 1s", i, gone)
+				}
+				if took > bound {
+					t.Errorf("trial %d: follower's child started %v after the kill, want within lease + retry + 0.5s = %v", i, took, bound)
+				}
+				if next.Token <= old.Token {
+					t.Errorf("trial %d: follower's token %d not greater than %d", i, next.Token, old.Token)
+				}
+				follower.signal(syscall.SIGTERM)
+				follower.wait(10 * time.Second)
+			}
+			t.Logf("kill -9 of the leader (%s): old child gone after %s; follower's child started after %s (bound %v)",
+				tc.name, consulSummary(gones), consulSummary(takes), bound)
+		})
+	}
+}
+
+// testPgStalledLeader (S2): the leader's link to PostgreSQL stops
+// forwarding without closing (its renewals and its listening connection
+// alike). Its child must be dead before the follower's starts, in every
+// trial ($E2E_TRIALS, default 20). The trials run five at a time side by
+// side, each with its own lock and proxy: they wait on the database's
+// clock, not on the CPU.
+func testPgStalledLeader(t *testing.T, e *pgEnv) {
+	type trial struct {
+		lock, events string
+		proxy        *testenv.Proxy
+		leader       *proc
+		stalled      time.Time
+	}
+	total := consulTrials(t, 20)
+	var stops, takes, margins []time.Duration
+	ok := 0
+	for first := 0; first < total; first += 5 {
+		trials := make([]*trial, min(5, total-first))
+		for i := range trials {
+			tr := &trial{lock: fmt.Sprintf("stall-%d", first+i), events: pgEvents(t), proxy: testenv.NewProxy(t, e.pg.Addr())}
+			tr.leader = e.run(t, tr.events, "forever", e.via(tr.proxy.Addr()), tr.lock, "leader")
+			trials[i] = tr
+		}
+		for _, tr := range trials {
+			waitEvents(t, tr.events, 10*time.Second, tr.lock+": the leader's child", etcdHas("start", "leader"))
+			waitListening(t, tr.leader, "notify")
+			waitListening(t, e.run(t, tr.events, "forever", e.url, tr.lock, "follower"), "notify")
+		}
+		for _, tr := range trials {
+			tr.stalled = time.Now()
+			tr.proxy.Stall()
+		}
+		for _, tr := range trials {
+			evs := waitEvents(t, tr.events, pgLease+10*time.Second, tr.lock+": the follower's child", etcdHas("start", "follower"))
+			checkExclusive(t, evs)
+			sig, signalled := etcdFind(evs, "signal", "leader")
+			exit, exited := etcdFind(evs, "exit", "leader")
+			next, _ := etcdFind(evs, "start", "follower")
+			if !signalled || !exited || !exit.At.Before(next.At) {
+				t.Errorf("%s: the leader's child was not dead before the follower's started\n%s", tr.lock, formatEvents(evs))
+				continue
+			}
+			ok++
+			stops = append(stops, sig.At.Sub(tr.stalled))
+			takes = append(takes, next.At.Sub(tr.stalled))
+			margins = append(margins, next.At.Sub(exit.At))
+		}
+		for _, tr := range trials {
+			tr.proxy.Resume()
+			if code := tr.leader.wait(15 * time.Second); code != 76 {
+				t.Errorf("%s: the stalled leader exited %d, want 76", tr.lock, code)
+			}
+		}
+	}
+	t.Logf("stalled leader: old child dead before the new one started in %d of %d trials", ok, total)
+	t.Logf("stall → leader's child signalled: %s", consulSummary(stops))
+	t.Logf("stall → follower's child started: %s", consulSummary(takes))
+	t.Logf("leader's child exit → follower's child start (safety margin): %s", consulSummary(margins))
+}
+
+// testPgSigtermHandover (S6, S8): SIGTERM stops the leader's child,
+// releases the row, and the notified follower's child starts within
+// 300 ms of the old child's exit.
+func testPgSigtermHandover(t *testing.T, e *pgEnv) {
+	var gaps []time.Duration
+	for i := range consulTrials(t, 5) {
+		events := pgEvents(t)
+		lock := fmt.Sprintf("sigterm-%d", i)
+		leader := e.run(t, events, "forever", e.url, lock, "leader")
+		waitEvents(t, events, 10*time.Second, "the leader's child", etcdHas("start", "leader"))
+		follower := e.run(t, events, "forever", e.url, lock, "follower")
+		waitListening(t, follower, "notify")
+		leader.signal(syscall.SIGTERM)
+		if code := leader.wait(10 * time.Second); code != 0 {
+			t.Errorf("trial %d: leader exited %d after SIGTERM, want its child's 0", i, code)
+		}
+		evs := waitEvents(t, events, 5*time.Second, "the follower's child", etcdHas("start", "follower"))
+		checkExclusive(t, evs)
+		exit, _ := etcdFind(evs, "exit", "leader")
+		next, _ := etcdFind(evs, "start", "follower")
+		gap := next.At.Sub(exit.At)
+		gaps = append(gaps, gap)
+		if gap > 300*time.Millisecond {
+			t.Errorf("trial %d: follower's child started %v after the leader's child exited, want within 300ms", i, gap)
+		}
+		follower.signal(syscall.SIGTERM)
+		follower.wait(10 * time.Second)
+	}
+	t.Logf("SIGTERM handover, old child's exit → new child's start: %s", consulSummary(gaps))
+}
+
+// testPgTryAndWait: --try on a held lock exits 75 within 100 ms (process
+// start, connection and authentication included) and changes nothing in
+// the database; --wait 500ms gives up after about 0.5 s; a waiting
+// candidate that gets SIGTERM withdraws at once.
+func testPgTryAndWait(t *testing.T, e *pgEnv) {
+	const lock = "tw"
+	events := pgEvents(t)
+	e.run(t, events, "forever", e.url, lock, "holder")
+	waitEvents(t, events, 10*time.Second, "the holder's child", etcdHas("start", "holder"))
+	row := func() string {
+		return e.scalar(t, "SELECT holder || ' ' || owner || ' ' || token FROM leaderrun_leases WHERE name = $1", "leaderrun/"+lock)
+	}
+	before := row()
+
+	var tries []time.Duration
+	for i := range 5 {
+		began := time.Now()
+		code := e.run(t, events, "exit:0", e.url, lock, fmt.Sprintf("try%d", i), "--try").wait(10 * time.Second)
+		tries = append(tries, time.Since(began))
+		if code != 75 {
+			t.Errorf("--try on a held lock exited %d, want 75", code)
+		}
+	}
+	slices.Sort(tries)
+	t.Logf("--try on a held lock, exit 75 after (process start included): %s", consulSummary(tries))
+	if med := tries[len(tries)/2]; med > 100*time.Millisecond {
+		t.Errorf("--try took %v (median), want within 100ms", med)
+	}
+	if after := row(); after != before {
+		t.Errorf("--try changed the row from %q to %q", before, after)
+	}
+	if n := e.scalar(t, "SELECT count(*) FROM leaderrun_leases_history WHERE name = $1", "leaderrun/"+lock); n != "0" {
+		t.Errorf("--try left %s terms in the history, want none", n)
+	}
+
+	for _, mode := range []string{"notify", "poll"} {
+		u := e.url
+		if mode == "poll" {
+			u = e.via(e.bouncer(t).Addr())
+		}
+		began := time.Now()
+		code := e.run(t, events, "exit:0", u, lock, "wait-"+mode, "--wait", "500ms").wait(10 * time.Second)
+		took := time.Since(began)
+		t.Logf("--wait 500ms (%s) on a held lock: exit %d after %v", mode, code, took.Round(time.Millisecond))
+		if code != 75 {
+			t.Errorf("--wait 500ms (%s) exited %d, want 75", mode, code)
+		}
+		if took < 500*time.Millisecond || took > time.Second {
+			t.Errorf("--wait 500ms (%s) gave up after %v, want about 500ms", mode, took)
+		}
+	}
+
+	w := e.run(t, events, "exit:0", e.url, lock, "waiter")
+	waitListening(t, w, "notify")
+	w.signal(syscall.SIGTERM)
+	if code := w.wait(3 * time.Second); code != 128+int(syscall.SIGTERM) {
+		t.Errorf("waiter interrupted by SIGTERM exited %d, want %d", code, 128+int(syscall.SIGTERM))
+	}
+	if after := row(); after != before {
+		t.Errorf("the withdrawn waiter changed the row from %q to %q", before, after)
+	}
+	if evs := readEvents(t, events); count(evs, "start") != 1 {
+		t.Errorf("children started:\n%s\nwant only the holder's", formatEvents(evs))
+	}
+}
+
+// testPgRefused: a wrong password, a server that refuses connections and
+// one that accepts them and says nothing are exit 69, in every mode,
+// naming the host and port and never the password, whether it came on
+// the command line or in PGPASSWORD.
+func testPgRefused(t *testing.T, e *pgEnv) {
+	const secret = "Wr0ng-s3cret-pw"
+	closed := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))
+	// A listener that never accepts: the kernel completes the handshake
+	// and nothing ever answers.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	libpq := func(addr string) []string {
+		host, port, _ := net.SplitHostPort(addr)
+		return []string{"PGHOST=" + host, "PGPORT=" + port, "PGUSER=postgres", "PGPASSWORD=" + secret, "PGDATABASE=postgres",
+			"PGSSLMODE=disable", "PGCONNECT_TIMEOUT=1"}
+	}
+	for _, tc := range []struct {
+		name, addr, want string
+		args, env        []string
+	}{
+		{name: "WrongPasswordInFlag", addr: e.pg.Addr(), want: "password authentication failed",
+			args: []string{"--postgres-url", pgURL(e.pg.Addr(), "postgres", secret)}},
+		{name: "WrongPasswordInPGPASSWORD", addr: e.pg.Addr(), want: "password authentication failed",
+			args: []string{"--backend", "postgres"}, env: libpq(e.pg.Addr())},
+		{name: "NothingListening", addr: closed, want: "connection refused",
+			args: []string{"--postgres-url", pgURL(closed, "postgres", secret, "connect_timeout=1")}},
+		{name: "NoAnswer", addr: silent.Addr().String(), want: "timeout",
+			args: []string{"--backend", "postgres"}, env: libpq(silent.Addr().String())},
+	} {
+		for _, mode := range []string{"try", "wait", "status", "history"} {
+			t.Run(tc.name+"/"+mode, func(t *testing.T) {
+				args := append([]string{"--lock", "refused"}, tc.args...)
+				switch mode {
+				case "try":
+					args = append(append(args, "--try", "--"), childArgv(t)...)
+				case "wait":
+					args = append(append(args, "--"), childArgv(t)...)
+				default:
+					args = append([]string{mode}, args...)
+				}
+				began := time.Now()
+				stdout, stderr, code := pgOutput(t, append(childEnv(pgEvents(t), "exit:0"), tc.env...), args...)
+				took := time.Since(began)
+				out := stdout + stderr
+				t.Logf("exit %d after %v: %s", code, took.Round(time.Millisecond), strings.TrimSpace(out))
+				if code != 69 {
+					t.Errorf("exit %d, want 69", code)
+				}
+				if !strings.Contains(out, tc.addr) || !strings.Contains(out, tc.want) {
+					t.Errorf("output does not name %s and say %q", tc.addr, tc.want)
+				}
+				if strings.Contains(out, secret) {
+					t.Errorf("output shows the password")
+				}
+				if took > 3*time.Second {
+					t.Errorf("took %v, want about the 1s connect timeout at most", took)
+				}
+			})
+		}
+	}
+}
+
+// testPgNoCreatePrivilege: a role that may not create tables, on a lease
+// table that does not exist, exits 69 naming the table and the privilege.
+func testPgNoCreatePrivilege(t *testing.T, e *pgEnv) {
+	const pw = "no-create-pw"
+	e.pg.CreateRole(t, "no_create", pw, testenv.RoleOptions{})
+	_, stderr, code := pgOutput(t, []string{"LEADERRUN_POSTGRES_URL=" + pgURL(e.pg.Addr(), "no_create", pw)},
+		"--lock", "x", "--postgres-table", "missing_leases", "--", "/bin/true")
+	t.Logf("exit %d: %s", code, strings.TrimSpace(stderr))
+	if code != 69 {
+		t.Errorf("exit %d, want 69", code)
+	}
+	// The log quotes the error: its own quotes are escaped.
+	for _, want := range []string{"table missing_leases", "permission denied", "needs the CREATE privilege on schema", "public", "no_create", e.pg.Addr()} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("output does not say %q", want)
+		}
+	}
+	if strings.Contains(stderr, pw) {
+		t.Errorf("output shows the password")
+	}
+}
+
+// testPgStatusAndHistory: status exits 3 on a free lock and 0 with a
+// leader, whose identity, token (the child's FENCE_TOKEN), lease duration
+// and time left by the database's clock it shows; history of a lock never
+// used prints nothing and exits 0, and lists terms that ended in every
+// way, newest first, with the right statuses and tokens.
+func testPgStatusAndHistory(t *testing.T, e *pgEnv) {
+	const lock = "st"
+	env := []string{"LEADERRUN_POSTGRES_URL=" + e.url}
+	if out, errs, code := pgOutput(t, env, "history", "--lock", "never-used"); code != 0 || out != "" {
+		t.Errorf("history of a lock never used: exit %d, output %q %q; want exit 0 and nothing", code, out, errs)
+	}
+	out, _, code := pgOutput(t, env, "status", "--lock", lock)
+	if code != 3 || !strings.Contains(out, "none") {
+		t.Errorf("status of a free lock: exit %d, output:\n%s\nwant exit 3 and leader none", code, out)
+	}
+
+	events := pgEvents(t)
+	// Four terms: exit 0, exit 3, lost (row deleted), stopped by SIGTERM.
+	if code := e.run(t, events, "exit:0", e.url, lock, "ok").wait(10 * time.Second); code != 0 {
+		t.Fatalf("first run exited %d", code)
+	}
+	if code := e.run(t, events, "exit:3", e.url, lock, "three").wait(10 * time.Second); code != 3 {
+		t.Fatalf("second run exited %d, want the child's 3", code)
+	}
+	lost := e.run(t, events, "forever", e.url, lock, "lost")
+	waitEvents(t, events, 10*time.Second, "the third child", etcdHas("start", "lost"))
+	waitListening(t, lost, "notify")
+	e.exec(t, "DELETE FROM leaderrun_leases WHERE name = $1", "leaderrun/"+lock)
+	if code := lost.wait(10 * time.Second); code != 76 {
+		t.Fatalf("third run exited %d after its row was deleted, want 76", code)
+	}
+	holder := e.run(t, events, "forever", e.url, lock, "holder-1")
+	evs := waitEvents(t, events, 10*time.Second, "the holder's child", etcdHas("start", "holder-1"))
+	child, _ := etcdFind(evs, "start", "holder-1")
+
+	out, _, code = pgOutput(t, env, "status", "--lock", lock)
+	t.Logf("status:\n%s", out)
+	for _, want := range []string{"backend:     postgres", "leader:      holder-1", "token:       " + strconv.FormatUint(child.Token, 10),
+		"ttl:         3s", "lease left:", "last term:"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status does not say %q", want)
+		}
+	}
+	if code != 0 || strings.Contains(out, "waiting:") {
+		t.Errorf("status: exit %d; want 0, and no waiting count (waiters leave no trace in the database)", code)
+	}
+	st, code := e.statusOf(t, lock)
+	if code != 0 || !st.Held || st.Identity != "holder-1" || st.Token != child.Token || st.Backend != "postgres" ||
+		st.Key != "leaderrun/"+lock || time.Duration(st.TTL) != pgLease || st.Waiting != -1 ||
+		st.Remaining <= 0 || time.Duration(st.Remaining) > pgLease {
+		t.Errorf("status --json: exit %d, %+v; want held by holder-1 with token %d, ttl %v, 0 < remaining <= ttl, waiting -1",
+			code, st, child.Token, pgLease)
+	}
+	holder.signal(syscall.SIGTERM)
+	if code := holder.wait(10 * time.Second); code != 0 {
+		t.Fatalf("holder exited %d after SIGTERM, want its child's 0", code)
+	}
+
+	terms := e.history(t, lock)
+	out, _, _ = pgOutput(t, env, "history", "--lock", lock)
+	t.Logf("history:\n%s", out)
+	starts := consulStarts(readEvents(t, events))
+	want := []struct {
+		id, end string
+		exit    int
+	}{{"holder-1", "stopped", 0}, {"lost", "lost", 143}, {"three", "exited", 3}, {"ok", "exited", 0}}
+	if len(terms) != len(want) || len(starts) != len(want) {
+		t.Fatalf("history --json has %d terms, %d children ran; want %d:\n%+v", len(terms), len(starts), len(want), terms)
+	}
+	for i, w := range want {
+		tm := terms[i]
+		if tm.Identity != w.id || tm.End != w.end || tm.Token != starts[len(starts)-1-i].Token ||
+			tm.Started.IsZero() || tm.Ended.Before(tm.Started) || tm.Acquired.After(tm.Started) {
+			t.Errorf("term %d: %+v; want %s ended %q with the token of its child, %d", i, tm, w.id, w.end, starts[len(starts)-1-i].Token)
+		}
+		if w.end != "lost" && tm.ExitCode != w.exit {
+			t.Errorf("term %d (%s): exit code %d, want %d", i, w.id, tm.ExitCode, w.exit)
+		}
+		if i > 0 && tm.Token >= terms[i-1].Token {
+			t.Errorf("history not newest first: token %d after %d", tm.Token, terms[i-1].Token)
+		}
+	}
+	if !strings.Contains(terms[1].Reason, "deleted") {
+		t.Errorf("the lost term's reason %q does not say that the row was deleted", terms[1].Reason)
+	}
+	if terms[0].Signal != "SIGTERM" {
+		t.Errorf("the stopped term's signal is %q, want SIGTERM", terms[0].Signal)
+	}
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 1+len(want) || !strings.HasPrefix(lines[0], "TOKEN") {
+		t.Errorf("history prints %d lines, want a header and %d terms", len(lines), len(want))
+	}
+}
+
+// testPgCheck: `leaderrun check` in the child exits 0 while leading, and
+// 1 within 100 ms of the row being deleted; leaderrun exits 76.
+func testPgCheck(t *testing.T, e *pgEnv) {
+	out, job := checkJob(t)
+	args := []string{"--lock", "chk", "--lease-duration", "8s", "--renew-deadline", "4s", "--retry-period", "1s",
+		"--kill-grace", "3s", "--shell", "--", job}
+	p := start(t, []string{"LEADERRUN_POSTGRES_URL=" + e.url}, args...)
+	waitFor(t, 10*time.Second, "a successful check", func() bool { return len(checks(out, 0)) > 0 })
+	waitListening(t, p, "notify")
+	deleted := time.Now()
+	e.exec(t, "DELETE FROM leaderrun_leases WHERE name = 'leaderrun/chk'")
+	expectCheckFails(t, p, out, deleted)
+}
+
+// onceTimings are short enough for a follower to take over a killed
+// leader's lease, and run its 1 s job, within the 3 s a candidate waits.
+var onceTimings = []string{"--lease-duration", "1200ms", "--renew-deadline", "800ms", "--retry-period", "200ms", "--kill-grace", "300ms"}
+
+// testPgOnceCron is the simulated cron of once-per-period runs: for 10
+// periods of 4 s, three hosts' crons start `leaderrun --wait 3s --once-per
+// 4s` at random offsets of 0-0.8 s; the job sleeps 1 s and exits 0. In 3
+// of the periods the leader is killed with kill -9 200 ms into its run.
+// Exactly one run completes per period (a killed one's successor's), two
+// children never run at once, and the candidates that find the period
+// done exit 0 without running anything; history and the markers agree.
+func testPgOnceCron(t *testing.T, e *pgEnv) {
+	const (
+		period  = 4 * time.Second
+		periods = 10
+		lock    = "cron"
+	)
+	killIn := map[int]bool{2: true, 5: true, 8: true}
+	events := pgEvents(t)
+	type host struct {
+		id     string
+		offset time.Duration
+		p      *proc
+	}
+	type result struct {
+		key       string
+		boundary  time.Time
+		hosts     []*host
+		killed    string    // the identity of the leader killed, if any
+		pid       int       // of its child
+		killedAt  time.Time // when it was killed
+		childDied time.Time // when its child was seen gone
+	}
+	var results []result
+	// Start at the next period boundary (UTC-aligned, as --once-per is).
+	next := time.Now().Truncate(period).Add(period)
+	for n := range periods {
+		boundary := next
+		r := result{key: fmt.Sprintf("every-4s-%d", boundary.Unix()/4), boundary: boundary}
+		for i := range 3 {
+			r.hosts = append(r.hosts, &host{id: fmt.Sprintf("p%d-h%d", n, i), offset: time.Duration(rand.Int64N(int64(800 * time.Millisecond)))})
+		}
+		slices.SortFunc(r.hosts, func(a, b *host) int { return int(a.offset - b.offset) })
+		for _, h := range r.hosts {
+			<-time.After(time.Until(boundary.Add(h.offset))) // the cron firing, not a synchronisation
+			args := append(append([]string{"--lock", lock, "--identity", h.id}, onceTimings...), "--wait", "3s", "--once-per", "4s", "--")
+			h.p = start(t, append(childEnv(events, "sleep:1s"), "LEADERRUN_POSTGRES_URL="+e.url), append(args, childArgv(t)...)...)
+		}
+		if killIn[n] {
+			isOurs := func(ev event) bool { return ev.Kind == "start" && strings.HasPrefix(ev.ID, fmt.Sprintf("p%d-", n)) }
+			evs := waitEvents(t, events, 5*time.Second, fmt.Sprintf("period %d's first child", n), func(evs []event) bool {
+				return slices.ContainsFunc(evs, isOurs)
+			})
+			first := evs[slices.IndexFunc(evs, isOurs)]
+			<-time.After(time.Until(first.At.Add(200 * time.Millisecond))) // mid-run: the fault, not a synchronisation
+			for _, h := range r.hosts {
+				if h.id == first.ID {
+					if err := syscall.Kill(h.p.pid(), syscall.SIGKILL); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			r.killed, r.pid, r.killedAt = first.ID, first.Pid, time.Now()
+			waitFor(t, 2*time.Second, "the killed leader's child to die", func() bool { return !alive(first.Pid) })
+			r.childDied = time.Now()
+		}
+		for _, h := range r.hosts {
+			h.p.wait(10 * time.Second)
+		}
+		results = append(results, r)
+		next = time.Now().Truncate(period).Add(period)
+		if next.Sub(boundary) != period {
+			t.Logf("period %d overran: the next candidates start %v after its start", n, next.Sub(boundary))
+		}
+	}
+
+	// The killed children recorded no exit: they end when they were seen gone.
+	evs := readEvents(t, events)
+	for _, r := range results {
+		if r.killed != "" {
+			evs = append(evs, event{At: r.childDied, Kind: "exit", Pid: r.pid, ID: r.killed, Rest: "killed"})
+		}
+	}
+	slices.SortStableFunc(evs, func(a, b event) int { return a.At.Compare(b.At) })
+	checkExclusive(t, evs)
+	terms := e.history(t, lock)
+	completedBy := map[string][]pgTerm{}
+	for _, tm := range terms {
+		if tm.End == "exited" && tm.ExitCode == 0 {
+			completedBy[tm.OnceKey] = append(completedBy[tm.OnceKey], tm)
+		}
+	}
+	for n, r := range results {
+		var ran, completed []string
+		var summary []string
+		for _, h := range r.hosts {
+			started, _ := etcdFind(evs, "start", h.id)
+			finished := slices.ContainsFunc(evs, func(ev event) bool { return ev.Kind == "exit" && ev.ID == h.id && ev.Rest == "0" })
+			if started.ID != "" {
+				ran = append(ran, h.id)
+			}
+			if finished {
+				completed = append(completed, h.id)
+			}
+			switch {
+			case h.id == r.killed:
+				summary = append(summary, fmt.Sprintf("%s@%v killed", h.id, h.offset.Round(time.Millisecond)))
+			case h.p.code != 0:
+				t.Errorf("period %d: %s exited %d, want 0\n%s", n, h.id, h.p.code, h.p.stderr.String())
+			case finished:
+				took := ""
+				if r.killed != "" {
+					took = fmt.Sprintf(", %v after the kill", started.At.Sub(r.killedAt).Round(time.Millisecond))
+				}
+				summary = append(summary, fmt.Sprintf("%s@%v ran (token %d, started %v into the period%s)", h.id, h.offset.Round(time.Millisecond),
+					started.Token, started.At.Sub(r.boundary).Round(time.Millisecond), took))
+			case started.ID == "":
+				if !strings.Contains(h.p.stderr.String(), "already completed") {
+					t.Errorf("period %d: %s exited 0 without running, and without saying the period was done:\n%s", n, h.id, h.p.stderr.String())
+				}
+				summary = append(summary, fmt.Sprintf("%s@%v skipped", h.id, h.offset.Round(time.Millisecond)))
+			}
+		}
+		wantRan := 1
+		if r.killed != "" {
+			wantRan = 2
+		}
+		if len(completed) != 1 || len(ran) != wantRan {
+			t.Errorf("period %d (%s): %d runs completed (%v) and %d started (%v), want 1 and %d", n, r.key, len(completed), completed,
+				len(ran), ran, wantRan)
+		}
+		if c := completedBy[r.key]; len(c) != 1 || len(completed) == 1 && c[0].Identity != completed[0] {
+			t.Errorf("period %d (%s): history has %d completed terms %+v, want one by %v", n, r.key, len(c), c, completed)
+		}
+		marker := e.scalar(t, "SELECT coalesce((SELECT identity FROM leaderrun_leases_markers WHERE name = $1 AND key = $2), '')",
+			"leaderrun/"+lock, r.key)
+		if len(completed) == 1 && marker != completed[0] {
+			t.Errorf("period %d (%s): marker by %q, want %q", n, r.key, marker, completed[0])
+		}
+		t.Logf("period %d (%s): %s", n, r.key, strings.Join(summary, "; "))
+	}
+	// Every term but the killed leaders' (kill -9 leaves no term): one
+	// completed run and the skips of each period.
+	if want := periods*3 - len(killIn); len(terms) != want {
+		t.Errorf("history has %d terms, want %d", len(terms), want)
+	}
+}
+
+// testPgOnceFailed: a job that exits 1 records no marker, so the candidate
+// waiting behind it runs the job; the one after that finds it done and
+// exits 0 without running anything.
+func testPgOnceFailed(t *testing.T, e *pgEnv) {
+	const lock, key = "once-failed", "2024-06-01"
+	events := pgEvents(t)
+	once := append(append([]string{"--lock", lock}, pgTimings...), "--once-key", key, "--wait", "20s")
+	env := func(mode string) []string { return append(childEnv(events, mode), "LEADERRUN_POSTGRES_URL="+e.url) }
+	markers := func() string {
+		return e.scalar(t, "SELECT count(*) FROM leaderrun_leases_markers WHERE name = $1 AND key = $2", "leaderrun/"+lock, key)
+	}
+	// The job records its run, then fails.
+	a := start(t, env("sleep:300ms"), append(append(once, "--identity", "a", "--shell", "--"), childArgv(t)[0], ";", "exit", "1")...)
+	waitEvents(t, events, 10*time.Second, "a's child", etcdHas("start", "a"))
+	b := start(t, env("sleep:1s"), append(append(once, "--identity", "b", "--"), childArgv(t)...)...)
+	waitListening(t, b, "notify")
+	if code := a.wait(10 * time.Second); code != 1 {
+		t.Errorf("a exited %d, want its job's 1", code)
+	}
+	if n := markers(); n != "0" {
+		t.Errorf("after a's job failed there are %s markers, want none", n)
+	}
+	if code := b.wait(10 * time.Second); code != 0 {
+		t.Errorf("b exited %d, want 0", code)
+	}
+	evs := waitEvents(t, events, time.Second, "b's child's exit", etcdHas("exit", "b"))
+	ran, _ := etcdFind(evs, "start", "b")
+	if n := markers(); n != "1" {
+		t.Errorf("after b's job succeeded there are %s markers, want 1", n)
+	}
+	_, stderr, code := pgOutput(t, env("exit:0"), append(append(once, "--identity", "c", "--"), childArgv(t)...)...)
+	if code != 0 || !strings.Contains(stderr, "already completed") || !strings.Contains(stderr, "completed_by=b") {
+		t.Errorf("c: exit %d, log:\n%s\nwant exit 0, saying b completed it", code, stderr)
+	}
+	checkExclusive(t, readEvents(t, events))
+	if n := count(readEvents(t, events), "start"); n != 2 {
+		t.Errorf("%d children ran, want a's and b's", n)
+	}
+	terms := e.history(t, lock)
+	if len(terms) != 3 || terms[0].Identity != "c" || terms[0].End != "skipped" ||
+		terms[1].Identity != "b" || terms[1].End != "exited" || terms[1].ExitCode != 0 || terms[1].Token != ran.Token ||
+		terms[2].Identity != "a" || terms[2].End != "exited" || terms[2].ExitCode != 1 {
+		t.Errorf("history: %+v\nwant c skipped, b exited 0 with token %d, a exited 1", terms, ran.Token)
+	}
+	for _, tm := range terms {
+		if tm.OnceKey != key {
+			t.Errorf("term of %s has once-key %q, want %q", tm.Identity, tm.OnceKey, key)
+		}
+	}
+	t.Logf("a's job exited 1: no marker; b (token %d) ran it and recorded it; c skipped", ran.Token)
+}
+
+// testPgOnceLossBeforeMarker: a leader whose lease is lost between its
+// job's successful exit and the marker write writes no marker, exits 76,
+// and the candidate waiting behind it runs the job and records it. The
+// loss is the row deleted by the job's own last command (seen by the
+// notification or by the fenced marker write itself, whichever comes
+// first; through PgBouncer, where nothing is notified, always the write),
+// or the leader's link stalled once the job has ended (the write hangs,
+// and lands, if ever, after the lease expired).
+func testPgOnceLossBeforeMarker(t *testing.T, e *pgEnv) {
+	bouncer := e.bouncer(t)
+	for i, tc := range []struct {
+		name           string
+		bouncer, stall bool
+	}{
+		{"RowDeletedAsTheJobEnds", false, false},
+		{"RowDeletedAsTheJobEndsThroughPgBouncer", true, false},
+		{"LinkStalledAfterTheJobEnded", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lock, key := fmt.Sprintf("once-loss-%d", i), "k"
+			dir := t.TempDir()
+			events := filepath.Join(dir, "events")
+			u := e.url
+			var proxy *testenv.Proxy
+			switch {
+			case tc.bouncer:
+				u = e.via(bouncer.Addr())
+			case tc.stall:
+				proxy = testenv.NewProxy(t, e.pg.Addr())
+				u = e.via(proxy.Addr())
+			}
+			self := childArgv(t)[0]
+			job := fmt.Sprintf(`%s && psql -X -q -c "DELETE FROM leaderrun_leases WHERE name = 'leaderrun/%s'"`, self, lock)
+			if tc.stall {
+				job = fmt.Sprintf(`%s && touch %s/exited && while [ ! -e %s/stalled ]; do sleep 0.01; done`, self, dir, dir)
+			}
+			args := append(append([]string{"--lock", lock, "--identity", "a", "--once-key", key}, pgTimings...), "--shell", "--", job)
+			a := start(t, append(append(childEnv(events, "sleep:300ms"), e.libpq()...), "LEADERRUN_POSTGRES_URL="+u), args...)
+			waitEvents(t, events, 10*time.Second, "a's child", etcdHas("start", "a"))
+			b := e.run(t, events, "sleep:300ms", e.url, lock, "b", "--once-key", key, "--wait", "20s")
+			waitListening(t, b, "notify")
+			var stalled time.Time
+			if tc.stall {
+				waitFor(t, 10*time.Second, "a's job to end", func() bool { _, err := os.Stat(filepath.Join(dir, "exited")); return err == nil })
+				proxy.Stall()
+				stalled = time.Now()
+				if err := os.WriteFile(filepath.Join(dir, "stalled"), nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			evs := waitEvents(t, events, pgLease+10*time.Second, "b's child", etcdHas("start", "b"))
+			next, _ := etcdFind(evs, "start", "b")
+			if tc.stall {
+				t.Logf("b's child started %v after a's link stalled", next.At.Sub(stalled).Round(time.Millisecond))
+				proxy.Resume()
+			}
+			if code := a.wait(20 * time.Second); code != 76 {
+				t.Errorf("a exited %d, want 76", code)
+			}
+			log := a.stderr.String()
+			switch {
+			case strings.Contains(log, "completion marker was not written"):
+				t.Logf("a: the job exited 0, the fenced marker write found the lease gone: %s", grep(log, "marker was not written"))
+			case strings.Contains(log, "leadership lost; stopping child"):
+				t.Logf("a: the loss was seen before the job ended: %s", grep(log, "leadership lost"))
+				if tc.bouncer || tc.stall {
+					t.Errorf("a saw the loss before its job ended, which it cannot (no notification arrives)")
+				}
+			default:
+				t.Errorf("a's log says neither that the marker was not written nor that leadership was lost:\n%s", log)
+			}
+			if strings.Contains(log, "completion recorded") {
+				t.Errorf("a recorded a completion:\n%s", log)
+			}
+			if code := b.wait(10 * time.Second); code != 0 {
+				t.Errorf("b exited %d, want 0", code)
+			}
+			checkExclusive(t, readEvents(t, events))
+			marker := e.scalar(t, "SELECT identity || ' ' || token FROM leaderrun_leases_markers WHERE name = $1 AND key = $2",
+				"leaderrun/"+lock, key)
+			if want := fmt.Sprintf("b %d", next.Token); marker != want {
+				t.Errorf("marker %q, want %q: b's run", marker, want)
+			}
+		})
+	}
+}
+
+// fenceRow is row 1 of the fencing example's table: the token and value of
+// the last accepted write.
+func (e *pgEnv) fenceRow(t *testing.T) (uint64, string) {
+	t.Helper()
+	var (
+		token int64
+		value string
+	)
+	err := e.admin.QueryRow(context.Background(), "SELECT fence_token, value FROM job_state WHERE id = 1").Scan(&token, &value)
+	if err != nil {
+		t.Fatalf("read job_state: %v", err)
+	}
+	return uint64(token), value
+}
+
+// testPgFencingExample runs examples/fencing/postgres-job.sh as its
+// comments say: under leaderrun with --backend postgres, configured by the
+// same libpq variables as the job's psql, against the same server. Two
+// runs write with increasing tokens; then a paused old leader's late
+// write, carrying the first run's token, is refused and changes nothing;
+// the current leader's retry is accepted.
+func testPgFencingExample(t *testing.T, e *pgEnv) {
+	script := filepath.Join(filepath.Dir(fencingScript()), "postgres-job.sh")
+	env := e.libpq()
+	run := func(value string) uint64 {
+		t.Helper()
+		p := start(t, env, append(append([]string{"--backend", "postgres", "--lock", "fence"}, pgTimings...), "--", script, value)...)
+		if code := p.wait(10 * time.Second); code != 0 {
+			t.Fatalf("leaderrun with %s exited %d, want 0:\n%s", value, code, p.stderr.String())
+		}
+		if !strings.Contains(p.stderr.String(), "postgres-job: wrote with token") {
+			t.Errorf("the %s run does not say it wrote:\n%s", value, p.stderr.String())
+		}
+		token, got := e.fenceRow(t)
+		if got != value {
+			t.Fatalf("after the %s run the row holds %q (token %d), want %q", value, got, token, value)
+		}
+		return token
+	}
+	first := run("first")
+	second := run("it's the second") // a quote, which psql must quote
+	if second <= first {
+		t.Fatalf("second leader wrote with token %d, want more than the first's %d", second, first)
+	}
+
+	// The first leader, paused before its write and resumed after the
+	// second leader's, still holds its old token. leaderrun would set
+	// FENCE_TOKEN itself, so the late write runs the script directly.
+	job := func(token, value string) (string, int) {
+		cmd := exec.Command(script, value)
+		cmd.Env = append(append(os.Environ(), env...), "FENCE_TOKEN="+token)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatalf("%s: %v", script, err)
+		}
+		return string(out), cmd.ProcessState.ExitCode()
+	}
+	out, code := job(strconv.FormatUint(first, 10), "stale")
+	if code != 3 || !strings.Contains(out, "rejected") || !strings.Contains(out, strconv.FormatUint(second, 10)) {
+		t.Errorf("stale write with token %d: exit %d, %q; want exit 3, rejected, naming token %d", first, code, out, second)
+	}
+	if token, value := e.fenceRow(t); token != second || value != "it's the second" {
+		t.Errorf("after the stale write the row holds %q with token %d, want the second run's, %d", value, token, second)
+	}
+	// The current leader retrying its own write is accepted: the guard is
+	// fence_token <= FENCE_TOKEN, not <.
+	if out, code := job(strconv.FormatUint(second, 10), "second, retried"); code != 0 {
+		t.Errorf("retry with the current token %d: exit %d\n%s", second, code, out)
+	}
+	if token, value := e.fenceRow(t); token != second || value != "second, retried" {
+		t.Errorf("after the retry the row holds %q with token %d, want %q with %d", value, token, "second, retried", second)
+	}
+	if out, code := job("12; DROP TABLE job_state", "x"); code != 64 {
+		t.Errorf("a FENCE_TOKEN that is not a number: exit %d, want 64\n%s", code, out)
+	}
+	t.Logf("first leader wrote with token %d, second with %d; the stale write with %d was refused", first, second, first)
+}
