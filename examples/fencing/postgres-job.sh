@@ -1,11 +1,17 @@
 #!/bin/sh
 # postgres-job.sh: sqlite-job.sh against PostgreSQL. The connection comes
 # from the usual libpq variables (PGHOST, PGPORT, PGDATABASE, PGUSER,
-# PGPASSWORD or ~/.pgpass, PGSSLMODE, ...):
+# PGPASSWORD or ~/.pgpass, PGSSLMODE, ...), which leaderrun's postgres
+# backend reads too, so one environment holds the lease and the data in the
+# same database:
 #
-#   PGHOST=db1 PGDATABASE=ops leaderrun --lock report -- ./postgres-job.sh "report of $(date +%F)"
+#   PGHOST=db1 PGDATABASE=ops leaderrun --backend postgres --lock report -- ./postgres-job.sh "report of $(date +%F)"
 #
-# Exit 0: write accepted. Exit 3: rejected as stale. Other: psql failed.
+# It stores VALUE in row 1 of job_state only if no write with a greater
+# token has landed there: a leader that was paused, lost its lease and
+# resumed later cannot overwrite what its successor wrote.
+# Exit 0: write accepted. Exit 3: rejected as stale. Exit 64: FENCE_TOKEN is
+# not a number. Other: psql failed.
 set -eu
 
 token=${FENCE_TOKEN:?FENCE_TOKEN is not set: run me under leaderrun}
