@@ -89,10 +89,11 @@
 // (without its schema) when a row's holder, owner, token or name changes,
 // when its expiry is moved earlier, when it is deleted, and when the table
 // is truncated; renewals send none. Each Backend keeps one dedicated
-// connection that LISTENs on it (besides the pool, usually one connection,
-// that runs the statements), and makes sure, each time it connects, that a
-// pg_notify sent from another connection arrives on it. It pings that
-// connection every 30 s, so that one that died silently is replaced.
+// connection that LISTENs on it (besides the pool that runs the statements:
+// usually one connection, at most two), and makes sure, each time it
+// connects, that a pg_notify sent from another connection arrives on it.
+// It pings that connection every 30 s, so that one that died silently is
+// replaced.
 //
 // While that works, a lease reads its row as soon as a notification names
 // it (a notification is a hint; the row is the truth), so a row deleted,
@@ -131,10 +132,12 @@
 // The first user creates the objects above and needs CREATE on the schema
 // (PostgreSQL 15 no longer grants it on public to every role). Others, or
 // every user if an administrator created the objects beforehand, need
-// SELECT, INSERT, UPDATE, DELETE on the three tables and USAGE on the
-// sequence; notifications also need the triggers, which only the table's
-// owner can create (without them the backend polls). Nothing else: no
-// superuser, no extensions. A missing table that the role cannot create
+// SELECT, INSERT, UPDATE on the lease table; SELECT, INSERT, UPDATE,
+// DELETE on the markers; SELECT, INSERT, DELETE on the history; and USAGE
+// on the sequence (docs/backends/postgres.md has the GRANTs, which the e2e
+// tests run as written). Notifications also need the triggers, which only
+// the table's owner can create (without them the backend polls); LISTEN
+// and NOTIFY need no privilege. Nothing else: no superuser, no extensions. A missing table that the role cannot create
 // is an error naming the table and the privilege. PostgreSQL 11 or later
 // (tested with 15).
 //
@@ -183,6 +186,8 @@ const (
 	// withdrawTimeout bounds the clean-up of a cancelled candidacy: it
 	// runs after the caller's context ended and must not keep it waiting.
 	withdrawTimeout = 2 * time.Second
+	// maxPoolConns bounds the pool that runs the statements (see New).
+	maxPoolConns = 2
 	// maxTableName keeps the names derived from the table's
 	// (<table>_token_seq, <table>_history, ...) within PostgreSQL's 63
 	// bytes, beyond which it would cut them short.
@@ -305,6 +310,12 @@ func New(cfg Config) (*Backend, error) {
 	// is then retried once on a new one (Backend.do): no ping before every
 	// renewal.
 	poolCfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	if !strings.Contains(cfg.URL, "pool_max_conns") {
+		// A renewal and a check after a notification may overlap; nothing
+		// else does. Every leaderrun on a host costs the server's
+		// max_connections at most this, plus the listening connection.
+		poolCfg.MaxConns = maxPoolConns
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: connection pool: %w", err)
