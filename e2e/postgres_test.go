@@ -68,6 +68,8 @@ func TestPostgres(t *testing.T) {
 		{"TryAndWait", testPgTryAndWait},
 		{"Refused", testPgRefused},
 		{"NoCreatePrivilege", testPgNoCreatePrivilege},
+		{"MinimalGrants", testPgMinimalGrants},
+		{"ConnectionsPerProcess", testPgConnections},
 		{"StatusAndHistory", testPgStatusAndHistory},
 		{"Check", testPgCheck},
 		{"OncePerPeriodCron", testPgOnceCron},
@@ -643,6 +645,99 @@ func testPgNoCreatePrivilege(t *testing.T, e *pgEnv) {
 	if strings.Contains(stderr, pw) {
 		t.Errorf("output shows the password")
 	}
+}
+
+// pgMinimalGrants are the privileges that docs/backends/postgres.md lists
+// for a role using tables that someone else created (%[1]s: the role).
+const pgMinimalGrants = `GRANT SELECT, INSERT, UPDATE ON leaderrun_leases TO %[1]s;
+GRANT SELECT, INSERT, UPDATE, DELETE ON leaderrun_leases_markers TO %[1]s;
+GRANT SELECT, INSERT, DELETE ON leaderrun_leases_history TO %[1]s;
+GRANT USAGE ON SEQUENCE leaderrun_leases_token_seq TO %[1]s;`
+
+// testPgMinimalGrants: with the tables and triggers created by their owner
+// (the superuser's runs before), a role that has only the documented
+// privileges runs a job, records and reads its completion marker and its
+// history, shows status, is refused --try on a held lock, and is told of
+// its loss by notification.
+func testPgMinimalGrants(t *testing.T, e *pgEnv) {
+	const pw = "app-pw"
+	events := pgEvents(t)
+	// The owner's first run creates the tables and triggers, if no
+	// earlier test did.
+	if code := e.run(t, events, "exit:0", e.url, "grants-setup", "owner").wait(10 * time.Second); code != 0 {
+		t.Fatalf("the owner's run exited %d", code)
+	}
+	e.pg.CreateRole(t, "app", pw, testenv.RoleOptions{})
+	e.exec(t, fmt.Sprintf(pgMinimalGrants, "app"))
+	app := pgURL(e.pg.Addr(), "app", pw)
+	env := []string{"LEADERRUN_POSTGRES_URL=" + app}
+	for _, want := range []int{0, 0} {
+		p := e.run(t, events, "exit:0", app, "grants", "app", "--once-key", "k")
+		if code := p.wait(10 * time.Second); code != want {
+			t.Fatalf("run as app: exit %d, want %d\n%s", code, want, p.stderr.String())
+		}
+		if strings.Contains(p.stderr.String(), "level=WARN") || strings.Contains(p.stderr.String(), "level=ERROR") {
+			t.Errorf("run as app logged a warning or an error:\n%s", p.stderr.String())
+		}
+	}
+	if n := count(readEvents(t, events), "start"); n != 2 {
+		t.Errorf("%d jobs ran, want 2 (the owner's, and app's first): the second run finds the marker", n)
+	}
+	if out, _, code := pgOutput(t, env, "history", "--lock", "grants"); code != 0 || !strings.Contains(out, "exited 0") || !strings.Contains(out, "skipped") {
+		t.Errorf("history as app: exit %d\n%s", code, out)
+	}
+	holder := e.run(t, events, "forever", app, "grants-held", "app-holder")
+	waitEvents(t, events, 10*time.Second, "the holder's job", etcdHas("start", "app-holder"))
+	waitListening(t, holder, "notify")
+	if out, errs, code := pgOutput(t, env, "status", "--lock", "grants-held"); code != 0 || !strings.Contains(out, "app-holder") {
+		t.Errorf("status as app: exit %d\n%s%s", code, out, errs)
+	}
+	if code := e.run(t, events, "exit:0", app, "grants-held", "app-try", "--try").wait(10 * time.Second); code != 75 {
+		t.Errorf("--try as app on a held lock: exit %d, want 75", code)
+	}
+	deleted := time.Now()
+	e.exec(t, "DELETE FROM leaderrun_leases WHERE name = 'leaderrun/grants-held'")
+	evs := waitEvents(t, events, 3*time.Second, "the kill signal", etcdHas("signal", "app-holder"))
+	sig, _ := etcdFind(evs, "signal", "app-holder")
+	t.Logf("as a role with only the documented grants: marker, history, status, --try work; row deleted → kill signal after %v",
+		sig.At.Sub(deleted).Round(time.Microsecond))
+	if d := sig.At.Sub(deleted); d > time.Second {
+		t.Errorf("kill signal %v after the delete, want within 1s", d)
+	}
+	if code := holder.wait(10 * time.Second); code != 76 {
+		t.Errorf("holder exited %d, want 76", code)
+	}
+}
+
+// testPgConnections counts the server connections of one leader and one
+// waiting follower (pg_stat_activity, application_name leaderrun): what
+// each leaderrun costs the server's max_connections.
+func testPgConnections(t *testing.T, e *pgEnv) {
+	conns := func() int {
+		n, _ := strconv.Atoi(e.scalar(t, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'leaderrun'"))
+		return n
+	}
+	waitFor(t, 10*time.Second, "the earlier tests' connections to close", func() bool { return conns() == 0 })
+	events := pgEvents(t)
+	renewals := func(p *proc) int { return strings.Count(p.stderr.String(), "lease renewed") }
+	leader := e.run(t, events, "forever", e.url, "conns", "leader", "--log-level", "debug")
+	waitEvents(t, events, 10*time.Second, "the leader's job", etcdHas("start", "leader"))
+	waitListening(t, leader, "notify")
+	waitFor(t, 10*time.Second, "three renewals", func() bool { return renewals(leader) >= 3 })
+	alone := conns()
+	follower := e.run(t, events, "forever", e.url, "conns", "follower")
+	waitListening(t, follower, "notify")
+	from := renewals(leader)
+	waitFor(t, 10*time.Second, "three more renewals", func() bool { return renewals(leader) >= from+3 })
+	both := conns()
+	t.Logf("server connections: a leader %d, a waiting follower %d (pool of at most 2, and the listening connection)", alone, both-alone)
+	if alone > 3 || both-alone > 3 {
+		t.Errorf("a leader holds %d connections and a follower %d, want at most 3 each", alone, both-alone)
+	}
+	follower.signal(syscall.SIGTERM)
+	follower.wait(10 * time.Second)
+	leader.signal(syscall.SIGTERM)
+	leader.wait(10 * time.Second)
 }
 
 // testPgStatusAndHistory: status exits 3 on a free lock and 0 with a
