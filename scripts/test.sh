@@ -2,8 +2,9 @@
 # Runs the whole test suite, as CI does. On first use it builds the test
 # servers (etcd v3.6.16 and Consul v1.14.8) into $LEADERRUN_CACHE (default
 # ~/.cache/leaderrun, outside the repo; a few minutes cold, seconds after)
-# and, as root, installs Debian's zookeeper package; each test then starts
-# its own servers on free loopback ports.
+# and, as root, installs Debian's zookeeper, postgresql and pgbouncer
+# packages if they are missing; each test then starts its own servers on
+# free loopback ports.
 #
 #   scripts/test.sh [go test flags, e.g. -run Local -v]
 set -euo pipefail
