@@ -161,7 +161,7 @@ func pgOutput(t *testing.T, env []string, args ...string) (stdout, stderr string
 	return string(out), errBuf.String(), code
 }
 
-// pgStatusOf is `leaderrun status --json` of lock, and its exit code.
+// statusOf is `leaderrun status --json` of lock, and its exit code.
 func (e *pgEnv) statusOf(t *testing.T, lock string) (etcdStatus, int) {
 	t.Helper()
 	out, errs, code := pgOutput(t, []string{"LEADERRUN_POSTGRES_URL=" + e.url}, "status", "--json", "--lock", lock)

@@ -23,7 +23,8 @@ func (s *postgresStore) name() string { return "postgres" }
 
 // The same timings as etcd's: the database grants the lease duration
 // asked, to the microsecond. The renew deadline leaves a fast restart of
-// the server (about a second here) time to finish without a failover.
+// the server (well under a second on a small cluster) time to finish
+// without a failover.
 func (s *postgresStore) timings() timing {
 	return timing{lease: 5 * time.Second, deadline: 3 * time.Second, retry: 500 * time.Millisecond, grace: time.Second}
 }
