@@ -38,7 +38,8 @@ var postgresStore = store{
 // newPostgresBackend validates the PostgreSQL flags and builds the
 // backend. Waiters without notifications poll every --retry-period (zero,
 // for status and history, which have no such flag: the backend's
-// default). No message names the URL: it may carry a password.
+// default). No message of ours shows the URL, which may carry a password;
+// the driver's own parse errors show it with the password masked.
 func newPostgresBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
 	url, source := c.String("postgres-url"), "--postgres-url"
 	if url == "" {
@@ -67,8 +68,6 @@ func newPostgresBackend(c *cli.Context, cfg storeConfig) (backends.Backend, erro
 		Log:          log,
 	})
 	if err != nil {
-		// The driver's parse errors show the connection string with its
-		// password masked.
 		return nil, usageErrorf("%s: %v", source, err)
 	}
 	return b, nil
