@@ -33,6 +33,9 @@ var postgresStore = store{
 	selected: func(c *cli.Context) bool { return c.String("postgres-url") != "" },
 	open:     newPostgresBackend,
 	address:  "--postgres-url (LEADERRUN_POSTGRES_URL), or --backend postgres with DATABASE_URL or libpq's PG* variables",
+	// Only leaderrun's own variable: DATABASE_URL and PG* are as often
+	// the job's own connection to its data.
+	credentials: []string{"LEADERRUN_POSTGRES_URL"},
 }
 
 // newPostgresBackend validates the PostgreSQL flags and builds the

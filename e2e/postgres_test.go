@@ -68,6 +68,9 @@ func TestPostgres(t *testing.T) {
 		{"TryAndWait", testPgTryAndWait},
 		{"Refused", testPgRefused},
 		{"NoCreatePrivilege", testPgNoCreatePrivilege},
+		{"PermissionDenied", testPgPermissionDenied},
+		{"StatusTimeout", testPgStatusTimeout},
+		{"CredentialsStayOut", testPgCredentials},
 		{"MinimalGrants", testPgMinimalGrants},
 		{"ConnectionsPerProcess", testPgConnections},
 		{"StatusAndHistory", testPgStatusAndHistory},
@@ -621,6 +624,99 @@ func testPgRefused(t *testing.T, e *pgEnv) {
 					t.Errorf("took %v, want about the 1s connect timeout at most", took)
 				}
 			})
+		}
+	}
+}
+
+// testPgPermissionDenied: a role that may read the tables but not write
+// them is refused for good, in every mode: exit 69 within a few seconds,
+// saying permission denied on the lease table, neither retried for ever
+// nor taken for a held lock. It may still read the status.
+func testPgPermissionDenied(t *testing.T, e *pgEnv) {
+	const pw = "reader-pw"
+	if code := e.run(t, pgEvents(t), "exit:0", e.url, "denied-setup", "owner").wait(10 * time.Second); code != 0 {
+		t.Fatalf("the owner's run exited %d", code)
+	}
+	e.pg.CreateRole(t, "reader", pw, testenv.RoleOptions{})
+	e.exec(t, "GRANT SELECT ON leaderrun_leases, leaderrun_leases_markers, leaderrun_leases_history TO reader")
+	env := []string{"LEADERRUN_POSTGRES_URL=" + pgURL(e.pg.Addr(), "reader", pw)}
+	for _, tc := range []struct {
+		name string
+		mode []string
+	}{{"Wait", nil}, {"Try", []string{"--try"}}, {"Wait5s", []string{"--wait", "5s"}}} {
+		mode := tc.mode
+		t.Run(tc.name, func(t *testing.T) {
+			began := time.Now()
+			_, stderr, code := pgOutput(t, env, append(append([]string{"--lock", "denied"}, mode...), "--", "/bin/true")...)
+			took := time.Since(began)
+			t.Logf("exit %d after %v: %s", code, took.Round(time.Millisecond), grep(stderr, "level=ERROR"))
+			if code != 69 || !strings.Contains(stderr, "permission denied for table leaderrun_leases") || !strings.Contains(stderr, e.pg.Addr()) {
+				t.Errorf("exit %d; want 69 saying permission denied for table leaderrun_leases, naming %s", code, e.pg.Addr())
+			}
+			if took > 3*time.Second {
+				t.Errorf("took %v: a refusal must not be retried", took)
+			}
+			if strings.Contains(stderr, pw) {
+				t.Errorf("output shows the password")
+			}
+		})
+	}
+	if out, errs, code := pgOutput(t, env, "status", "--lock", "denied"); code != 3 {
+		t.Errorf("status as a role that may read: exit %d, want 3 (no leader)\n%s%s", code, out, errs)
+	}
+}
+
+// testPgCredentials: LEADERRUN_POSTGRES_URL, leaderrun's own credential,
+// does not reach the job unless --pass-credentials; PGPASSWORD and
+// DATABASE_URL, which a job uses for its own data, do.
+func testPgCredentials(t *testing.T, e *pgEnv) {
+	for _, tc := range []struct {
+		name  string
+		extra []string
+		want  string
+	}{
+		{"Default", nil, "url= pw=set db=set"},
+		{"PassCredentials", []string{"--pass-credentials"}, "url=set pw=set db=set"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "env")
+			job := `echo "url=${LEADERRUN_POSTGRES_URL:+set} pw=${PGPASSWORD:+set} db=${DATABASE_URL:+set}" > ` + out
+			env := []string{"LEADERRUN_POSTGRES_URL=" + e.url, "PGPASSWORD=job-secret", "DATABASE_URL=postgres://job@db/data"}
+			args := append(append(append([]string{"--lock", "creds"}, pgTimings...), tc.extra...), "--shell", "--", job)
+			if _, stderr, code := pgOutput(t, env, args...); code != 0 {
+				t.Fatalf("exit %d\n%s", code, stderr)
+			}
+			got, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.TrimSpace(string(got)) != tc.want {
+				t.Errorf("the job saw %q, want %q", strings.TrimSpace(string(got)), tc.want)
+			}
+		})
+	}
+}
+
+// testPgStatusTimeout: status and history give up at --timeout when the
+// server does not answer, before the connect timeout: exit 69 naming the
+// server, not a bare "context deadline exceeded".
+func testPgStatusTimeout(t *testing.T, e *pgEnv) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	env := []string{"LEADERRUN_POSTGRES_URL=" + pgURL(silent.Addr().String(), "postgres", "pw", "connect_timeout=10")}
+	for _, cmd := range []string{"status", "history"} {
+		began := time.Now()
+		_, stderr, code := pgOutput(t, env, cmd, "--lock", "timeout", "--timeout", "500ms")
+		took := time.Since(began)
+		t.Logf("%s --timeout 500ms: exit %d after %v: %s", cmd, code, took.Round(time.Millisecond), strings.TrimSpace(stderr))
+		if code != 69 || !strings.Contains(stderr, silent.Addr().String()) {
+			t.Errorf("%s: exit %d; want 69 naming %s", cmd, code, silent.Addr())
+		}
+		if took > 2*time.Second {
+			t.Errorf("%s took %v, want about the 500ms --timeout", cmd, took)
 		}
 	}
 }
