@@ -106,6 +106,13 @@ func (l *leadership) renewed(now time.Time, rn renewal) {
 		// Sent after the deadline had passed (the process was paused):
 		// the store may have let the lease go meanwhile.
 		l.lose(now, fmt.Errorf("renew deadline passed (%v late) before the next renewal was sent", rn.sent.Sub(l.deadline)))
+	case rn.err == nil && !now.Before(l.deadline):
+		// Sent in time, but its answer comes after the deadline passed
+		// (a pause, or the deadline timer not yet served): a deadline
+		// that passed is final. A follower may already have judged the
+		// lease dead from the silence (docs/safety.md, Consul).
+		l.lose(now, fmt.Errorf("renew deadline passed (%v ago) before the renewal sent %v earlier was acknowledged",
+			now.Sub(l.deadline).Round(time.Millisecond), now.Sub(rn.sent).Round(time.Millisecond)))
 	case rn.err == nil:
 		if rn.sent.After(l.lastAck) {
 			l.lastAck = rn.sent

@@ -179,6 +179,16 @@ func TestPauseDetected(t *testing.T) {
 		l.deadlinePassed(after(40 * time.Second))
 		wantStops(t, c, syscall.SIGTERM)
 	})
+	t.Run("renewal acknowledged after the deadline", func(t *testing.T) {
+		// Sent at 9 s, before the 10 s deadline; its answer is handled
+		// at 12 s, when the deadline has passed: too late.
+		l, c, _ := fixture(t, nil)
+		l.renewed(after(12*time.Second), renewal{sent: after(9 * time.Second), latency: 3 * time.Second})
+		wantStops(t, c, syscall.SIGTERM)
+		if l.lost == nil || !strings.Contains(l.lost.Error(), "before the renewal sent 3s earlier was acknowledged") {
+			t.Fatalf("lost %v, want the late acknowledgement", l.lost)
+		}
+	})
 	t.Run("renewal sent after the deadline", func(t *testing.T) {
 		l, c, _ := fixture(t, nil)
 		l.renewed(after(40*time.Second), renewal{sent: after(39 * time.Second)})
