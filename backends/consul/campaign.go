@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -12,20 +14,24 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// Campaign implements backends.Backend. It creates a session, tries to
-// acquire the key, and while another session holds it waits with blocking
-// queries, renewing its own session every TTL/2 so that Status can count it.
-// If the session is invalidated while waiting, it campaigns again with a new
-// one.
+// Campaign implements backends.Backend. It creates a session and tries to
+// acquire the key. If another session holds it, the candidate joins the
+// lock's queue and waits its turn: while others are ahead of it, in a
+// blocking query on the entry just ahead; once first in line, in a blocking
+// query on the lock key, timing its holder (see the package documentation).
+// A goroutine of its own renews the session every TTL/2 meanwhile, so that
+// no blocking query has to end early for a renewal. If the session is
+// invalidated while waiting, the candidate leaves the queue and campaigns
+// again with a new session, at the end of the queue.
 //
 // A store that cannot be reached, or refuses the token, before the first
 // wait is an error wrapping backends.ErrUnavailable at once. While waiting,
 // transient errors are retried for as long as the session may live (its
-// TTL since the last acknowledged renewal).
+// TTL since the last acknowledged renewal); a refusal is final.
 //
-// Cancelling ctx releases the key if an acquisition may have gone through
-// and destroys the session, on a context of its own, before Campaign
-// returns ctx's error.
+// Cancelling ctx leaves the queue, releases the key if an acquisition may
+// have gone through and destroys the session, on a context of its own,
+// before Campaign returns ctx's error.
 func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (backends.Lease, error) {
 	if err := b.CheckLeaseDuration(opts.LeaseDuration); err != nil {
 		return nil, fmt.Errorf("consul: --lease-duration %v: %w", opts.LeaseDuration, err)
@@ -41,14 +47,16 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 			return nil, err
 		}
 		l, err := c.campaign(ctx, opts.Try)
-		switch {
-		case err == nil:
+		if err == nil {
 			return l, nil
+		}
+		// Leave the queue: a dead entry would only make the waiter behind
+		// it look twice.
+		c.withdraw()
+		switch {
 		case errors.Is(err, errSessionGone) && ctx.Err() == nil:
 			continue
-		}
-		c.withdraw()
-		if ctx.Err() != nil {
+		case ctx.Err() != nil:
 			return nil, ctx.Err()
 		}
 		return nil, err
@@ -61,20 +69,33 @@ type candidate struct {
 	identity string
 	session  string
 	ttl      time.Duration // as granted
-	lastAck  time.Time     // send time of the last create or renew Consul acknowledged
+
+	mu      sync.Mutex
+	lastAck time.Time // send time of the last create or renew Consul acknowledged
 
 	// maybeHeld is set while an acquisition may have succeeded without us
 	// knowing: a withdrawal must then release the key before destroying
 	// the session, or Consul would impose the lock-delay on everyone.
 	maybeHeld bool
+	// queued is set once the candidate's queue entry may exist.
+	queued bool
+	// first is set once no live entry is ahead of ours: from then on the
+	// candidate watches the lock key. Entries only ever join at the end,
+	// so it stays first until it wins or leaves.
+	first bool
 
-	// What the last read of the key showed.
+	// What the last read of the lock key showed (first in line only).
 	viewed bool
 	index  uint64 // X-Consul-Index, for the next blocking query
-	holder string // session holding the key, "" if free
-	// holderDelay is the lock-delay of holder, or -1 if not known.
-	holderDelay time.Duration
-	free        freeSpell
+	holder holder // holder.session is "" if the key is free
+	// modify and changed are the ModifyIndex of the held key as last seen
+	// and when this candidate first saw it (its monotonic clock): the
+	// holder's silence is counted from changed.
+	modify  uint64
+	changed time.Time
+	// destroyed is the session this candidate destroyed for its silence.
+	destroyed string
+	free      freeSpell
 }
 
 // freeSpell is an unbroken run of reads that found the key free in the same
@@ -84,7 +105,10 @@ type freeSpell struct {
 	modifyIndex uint64        // the free key's ModifyIndex, 0 if deleted
 	since       time.Time     // when it was first seen free
 	delay       time.Duration // the lock-delay of the session that held it before, -1 if unknown
-	failures    int           // acquisitions refused in this spell
+	// invalidated: the key was freed by destroying its holder's session
+	// (this candidate did), so the delay runs for certain.
+	invalidated bool
+	failures    int // acquisitions refused in this spell
 	lastFailure time.Time
 }
 
@@ -103,6 +127,9 @@ const (
 // retryAt is the earliest time an acquisition in this spell can succeed.
 func (f *freeSpell) retryAt() time.Time {
 	if f.failures == 0 {
+		if f.invalidated && f.delay > 0 {
+			return f.since.Add(f.delay + delaySlack)
+		}
 		return f.since
 	}
 	if f.failures == 1 && f.delay > 0 {
@@ -114,9 +141,15 @@ func (f *freeSpell) retryAt() time.Time {
 	return f.lastFailure.Add(min(backoff, maxBackoff))
 }
 
-// newCandidate creates a session for this lock. A Consul session is created
-// with the local agent's serfHealth check too: if the agent's node fails,
-// the session is invalidated without waiting for the TTL.
+// newCandidate creates a session for this lock.
+//
+// The session has no health checks: Consul's default would tie it to the
+// agent's serfHealth check, and a host cut off from the servers would then
+// lose its session (and the key, after the lock-delay) while its leaderrun,
+// unable to hear of it, lets its command run until the renew deadline. With
+// no checks, the session ends only by its TTL (counted from a renewal the
+// holder sent, so that its command is stopped first, S2), by a destroy, or
+// with its node's registration.
 //
 // The session is created even if ctx is cancelled meanwhile (the request
 // takes a round trip), so that a cancelled campaign can always destroy it
@@ -128,22 +161,25 @@ func (b *Backend) newCandidate(ctx context.Context, identity string, ttl time.Du
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
 	defer cancel()
 	// api.Session.Create leaves out a zero LockDelay, which Consul reads
-	// as its default of 15 s; send the body ourselves so that 0 means 0.
+	// as its default of 15 s, and empty check lists, which it reads as
+	// serfHealth; send the body ourselves so that 0 means 0 and none none.
 	body := map[string]any{
-		"Name":      b.sessionName(),
-		"TTL":       ttl.String(),
-		"LockDelay": b.lockDelay.String(),
-		"Behavior":  api.SessionBehaviorRelease,
+		"Name":       b.sessionName(),
+		"TTL":        ttl.String(),
+		"LockDelay":  b.lockDelay.String(),
+		"Behavior":   api.SessionBehaviorRelease,
+		"Checks":     []string{},
+		"NodeChecks": []string{},
 	}
 	var out struct{ ID string }
 	sent := time.Now()
 	if _, err := b.client.Raw().Write("/v1/session/create", body, &out, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
 		return nil, b.unavailable("create session for", err)
 	}
-	c := &candidate{b: b, identity: identity, session: out.ID, lastAck: sent, holderDelay: -1}
+	c := &candidate{b: b, identity: identity, session: out.ID, lastAck: sent}
 	info, _, err := b.client.Session().Info(out.ID, (&api.QueryOptions{}).WithContext(ctx))
 	if err == nil && info == nil {
-		// Destroyed already, by an operator or a failing node check.
+		// Destroyed already, by an operator.
 		return nil, errSessionGone
 	}
 	if err == nil {
@@ -156,98 +192,129 @@ func (b *Backend) newCandidate(ctx context.Context, identity string, ttl time.Du
 	return c, nil
 }
 
-// campaign tries to acquire the key and waits for its turn until it does.
-// It returns errSessionGone if the session was invalidated meanwhile.
+// acked is the send time of the last acknowledged create or renewal.
+func (c *candidate) acked() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lastAck
+}
+
+// campaign tries to acquire the key and, if it is held, waits in the queue
+// until it does. It returns errSessionGone if the session was invalidated
+// meanwhile.
 //
 // An error before the first wait ends the campaign: a store that cannot be
 // reached or refuses us is reported at once. Once waiting, a transient
 // error (see tolerate) is retried, so that a Raft election or a short
 // outage of the agent does not end the campaign.
 func (c *candidate) campaign(ctx context.Context, try bool) (*lease, error) {
-	var retry backends.Backoff
-	waited := false
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, err
+	l, err := c.attempt(ctx)
+	switch {
+	case err != nil || l != nil:
+		return l, err
+	case try:
+		return nil, fmt.Errorf("consul: %s is held by another session, or in its lock-delay: %w", c.b.key, backends.ErrLocked)
+	}
+	// The keep-alive cancels wctx with the reason if the session is lost.
+	wctx, lose := context.WithCancelCause(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c.keepAlive(wctx, lose)
+	}()
+	defer func() {
+		lose(nil)
+		wg.Wait()
+	}()
+	why := func(err error) error {
+		if ctx.Err() == nil && context.Cause(wctx) != nil && !errors.Is(context.Cause(wctx), context.Canceled) {
+			return context.Cause(wctx)
 		}
-		l, err := c.attempt(ctx)
+		return err
+	}
+	if err := c.enqueue(wctx); err != nil {
+		return nil, why(err)
+	}
+	var retry backends.Backoff
+	for {
+		if err := c.waitTurn(wctx); err != nil {
+			return nil, why(err)
+		}
+		l, err := c.attempt(wctx)
 		switch {
 		case err == nil && l != nil:
 			return l, nil
-		case err == nil && try:
-			return nil, fmt.Errorf("consul: %s is held by another session, or in its lock-delay: %w", c.b.key, backends.ErrLocked)
-		case err == nil:
+		case err == nil && c.holder.session == "":
 			retry.Reset()
-			if c.viewed && c.holder == "" {
-				c.free.failures++
-				c.free.lastFailure = time.Now()
-			}
-		case !waited || try:
-			return nil, err
+			c.free.failures++
+			c.free.lastFailure = time.Now()
+		case err == nil:
+			// The key looked like ours and was not: read it again.
+			retry.Reset()
+			c.viewed = false
 		default:
-			if err := c.tolerate(ctx, err, &retry); err != nil {
-				return nil, err
+			if err := c.tolerate(wctx, err, &retry); err != nil {
+				return nil, why(err)
 			}
-			continue
-		}
-		waited = true
-		if err := c.waitTurn(ctx); err != nil {
-			return nil, err
 		}
 	}
 }
 
-// attempt acquires the key and, if that worked, reads the token. A nil
+// attempt acquires the key, and leaves the queue in the same transaction,
+// so that the waiter behind learns of it only once the key is ours. A nil
 // lease with a nil error means Consul refused: another session holds the
-// key, or its lock-delay is running.
+// key, or its lock-delay is running. The transaction's answer carries the
+// key's new ModifyIndex: the token.
 func (c *candidate) attempt(ctx context.Context) (*lease, error) {
-	won, err := c.acquire(ctx)
-	if err != nil || !won {
-		return nil, err
-	}
-	l, err := c.grant(ctx)
-	if errors.Is(err, errNotOurs) {
-		return nil, nil
-	}
-	return l, err
-}
-
-// acquire sends one ?acquire= for the key.
-func (c *candidate) acquire(ctx context.Context) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
+	// Only a renewal acknowledged before the acquisition was sent may
+	// count as its proof of life: followers see the acquisition's write,
+	// and time the holder from it.
+	acked := c.acked()
+	rec := record{Identity: c.identity, TTL: c.ttl.String(), LockDelay: c.b.lockDelay.String()}
+	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVLock, Key: c.b.key, Value: rec.encode(), Flags: recordFlags, Session: c.session}}}
+	if c.queued {
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: c.b.queueKey(c.session)}})
+	}
 	c.maybeHeld = true
-	p := &api.KVPair{Key: c.b.key, Value: []byte(c.identity), Session: c.session}
-	won, _, err := c.b.client.KV().Acquire(p, (&api.WriteOptions{}).WithContext(ctx))
+	ok, resp, _, err := c.b.client.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
+	why := txnError(resp)
 	switch {
-	case isInvalidSession(err):
-		c.maybeHeld = false
-		return false, errSessionGone
 	case err != nil:
-		return false, c.b.unavailable("acquire", err)
-	}
-	c.maybeHeld = won
-	return won, nil
-}
-
-// errNotOurs: the key was acquired, but by the time we read it another
-// session held it (or nobody): wait like every other candidate.
-var errNotOurs = errors.New("consul: key not held by this session")
-
-// grant reads the key after a successful acquisition to learn the token.
-// Acquired is the send time of the session's last acknowledged create or
-// renewal; the runner renews once more if that is old.
-func (c *candidate) grant(ctx context.Context) (*lease, error) {
-	pair, meta, err := c.b.get(ctx, 0, 0, true)
-	if err != nil {
-		return nil, c.b.unavailable("read", err)
-	}
-	if pair == nil || pair.Session != c.session {
-		c.observe(ctx, pair, meta)
-		return nil, errNotOurs
+		return nil, c.b.unavailable("acquire", err)
+	case !ok && strings.Contains(why, "invalid session"):
+		c.maybeHeld = false
+		return nil, errSessionGone
+	case !ok && isPermissionDenied(why):
+		c.maybeHeld = false
+		return nil, c.b.unavailable("acquire", fmt.Errorf("%w: %s", errPermissionDenied, why))
+	case !ok:
+		c.maybeHeld = false
+		return nil, nil
+	case len(resp.Results) == 0 || resp.Results[0].KV == nil:
+		return nil, c.b.unavailable("acquire", errors.New("transaction answer without the key"))
 	}
 	c.maybeHeld = false // the lease owns the key from now on
-	return newLease(c.b, c.session, c.identity, pair.ModifyIndex, c.ttl, c.lastAck, meta.LastIndex), nil
+	token := resp.Results[0].KV.ModifyIndex
+	return newLease(c.b, c.session, rec, token, c.ttl, acked), nil
+}
+
+// txnError is the first error a rolled-back transaction reports, "" if none.
+func txnError(resp *api.TxnResponse) string {
+	if resp == nil || len(resp.Errors) == 0 {
+		return ""
+	}
+	return resp.Errors[0].What
+}
+
+// errPermissionDenied is a transaction refused by the ACLs: Consul reports
+// that as an error of the transaction, not as a 403.
+var errPermissionDenied = errors.New("permission denied (403)")
+
+func isPermissionDenied(what string) bool {
+	return strings.Contains(strings.ToLower(what), "permission denied")
 }
 
 // renew renews the session once and records the send time.
@@ -262,47 +329,184 @@ func (c *candidate) renew(ctx context.Context) error {
 	case entry == nil:
 		return errSessionGone
 	}
+	c.mu.Lock()
 	c.lastAck = sent
+	c.mu.Unlock()
 	return nil
 }
 
-// renewAt is when a waiting candidate renews its session: at half the TTL,
-// as the api's RenewPeriodic does, leaving the other half for retries.
-func (c *candidate) renewAt() time.Time { return c.lastAck.Add(c.ttl / 2) }
+// keepAlive renews the session of a waiting candidate every TTL/2, as the
+// api's RenewPeriodic does, leaving the other half for retries, until ctx
+// ends. If the session is gone, or cannot be renewed within its TTL, it
+// cancels the wait with the reason.
+func (c *candidate) keepAlive(ctx context.Context, lose context.CancelCauseFunc) {
+	var retry backends.Backoff
+	t := time.NewTimer(time.Until(c.acked().Add(c.ttl / 2)))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := c.renew(ctx)
+		switch {
+		case err == nil:
+			retry.Reset()
+			t.Reset(time.Until(c.acked().Add(c.ttl / 2)))
+			continue
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, errSessionGone) || !transient(err) || time.Since(c.acked()) >= c.ttl:
+			lose(err)
+			return
+		}
+		t.Reset(retry.Next())
+	}
+}
 
-// waitTurn blocks until an acquisition may succeed: the key is free and no
-// lock-delay is known to be pending. Between reads it sleeps in a blocking
-// query on the key, which Consul answers as soon as the key changes, and
-// wakes up in time to renew the session or to retry after a lock-delay.
-//
-// A failed read or renewal is retried while the session must still be
-// alive (within its TTL of the last acknowledged renewal), so that a short
-// outage of the agent does not end the campaign.
+// enqueue joins the queue: an entry named by the session and held by it,
+// so that it dies with the session. Entries are ordered by CreateIndex, a
+// Raft index: a new one always comes last.
+func (c *candidate) enqueue(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	c.queued = true
+	p := &api.KVPair{Key: c.b.queueKey(c.session), Value: []byte(c.identity), Session: c.session}
+	_, _, err := c.b.client.KV().Acquire(p, (&api.WriteOptions{}).WithContext(ctx))
+	switch {
+	case isInvalidSession(err):
+		return errSessionGone
+	case err != nil:
+		return c.b.unavailable("join the queue of", err)
+	}
+	return nil
+}
+
+// waitTurn blocks until this candidate is first in the queue and an
+// acquisition may succeed.
 func (c *candidate) waitTurn(ctx context.Context) error {
+	var retry backends.Backoff
+	for !c.first {
+		ahead, err := c.ahead(ctx)
+		if err == nil && ahead != nil {
+			err = c.waitFor(ctx, ahead)
+		}
+		if err != nil {
+			if err := c.tolerate(ctx, err, &retry); err != nil {
+				return err
+			}
+			continue
+		}
+		retry.Reset()
+		c.first = ahead == nil
+	}
+	return c.waitKey(ctx)
+}
+
+// ahead lists the queue and returns the live entry just ahead of ours, or
+// nil if ours is first. Dead entries (their session is gone; Consul
+// released them) are ignored and deleted. If our entry is missing (deleted
+// by hand), it joins again, at the end.
+func (c *candidate) ahead(ctx context.Context) (*api.KVPair, error) {
+	entries, err := c.b.queue(ctx)
+	if err != nil {
+		return nil, c.b.unavailable("read the queue of", err)
+	}
+	own := c.b.queueKey(c.session)
+	var prev *api.KVPair
+	for _, e := range entries {
+		switch {
+		case e.Key == own && e.Session == c.session:
+			return prev, nil
+		case e.Key == own:
+			return nil, errSessionGone
+		case e.Session == "":
+			c.b.dropDead(ctx, e)
+		default:
+			prev = e
+		}
+	}
+	if err := c.enqueue(ctx); err != nil {
+		return nil, err
+	}
+	return nil, errRequeued
+}
+
+// errRequeued: our queue entry was missing and has been created again;
+// look at the queue anew.
+var errRequeued = errors.New("consul: queue entry re-created")
+
+// dropDead deletes a queue entry whose session is gone, unless it changed
+// since it was read. Errors are ignored: another waiter tries again.
+func (b *Backend) dropDead(ctx context.Context, e *api.KVPair) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	_, _, _ = b.client.KV().DeleteCAS(e, (&api.WriteOptions{}).WithContext(ctx))
+}
+
+// waitFor blocks, in blocking queries that each last up to maxWait, until
+// the entry ahead is deleted or its session is gone.
+func (c *candidate) waitFor(ctx context.Context, ahead *api.KVPair) error {
+	index := ahead.ModifyIndex
+	for {
+		pair, meta, err := c.b.get(ctx, ahead.Key, index, maxWait, false)
+		switch {
+		case err != nil:
+			return c.b.unavailable("watch the queue of", err)
+		case pair == nil:
+			return nil
+		case pair.Session == "":
+			c.b.dropDead(ctx, pair)
+			return nil
+		}
+		index = nextIndex(index, meta.LastIndex)
+	}
+}
+
+// waitKey blocks, as the first in line, until an acquisition may succeed:
+// the key is free and no lock-delay is known to be pending. It sleeps in a
+// blocking query on the key, which Consul answers as soon as the key
+// changes (a holder that renews changes it every retry period), and wakes
+// up in time to retry after a lock-delay or to find the holder silent.
+//
+// A holder whose record says that it rewrites the key at every renewal is
+// timed: when this candidate has seen no change of the key for patience
+// since it saw the last one, takeOver confirms and destroys its session.
+func (c *candidate) waitKey(ctx context.Context) error {
 	var retry backends.Backoff
 	for {
 		now := time.Now()
-		wake := c.renewAt()
-		if c.viewed && c.holder == "" {
+		wake := now.Add(maxWait)
+		switch {
+		case !c.viewed:
+		case c.holder.session == "":
 			at := c.free.retryAt()
 			if !now.Before(at) {
 				return nil
 			}
-			wake = earliest(wake, at)
-		}
-		if !now.Before(c.renewAt()) {
-			if err := c.renew(ctx); err != nil {
-				if err = c.tolerate(ctx, err, &retry); err != nil {
-					return err
+			wake = at
+		case c.holder.session == c.session:
+			// An earlier acquisition went through although its answer was
+			// lost; acquiring again with the same session succeeds.
+			return nil
+		case c.holder.renews:
+			at := c.changed.Add(c.patience())
+			if !now.Before(at) {
+				if err := c.takeOver(ctx); err != nil {
+					if err = c.tolerate(ctx, err, &retry); err != nil {
+						return err
+					}
 				}
+				continue
 			}
-			continue
+			wake = at
 		}
 		index := c.index
 		if !c.viewed {
 			index = 0
 		}
-		pair, meta, err := c.b.get(ctx, index, wake.Sub(now), false)
+		pair, meta, err := c.b.get(ctx, c.b.key, index, wake.Sub(now), false)
 		if err != nil {
 			if err = c.tolerate(ctx, c.b.unavailable("watch", err), &retry); err != nil {
 				return err
@@ -310,13 +514,47 @@ func (c *candidate) waitTurn(ctx context.Context) error {
 			continue
 		}
 		retry.Reset()
-		if pair != nil && pair.Session == c.session {
-			// An earlier acquisition went through although its answer was
-			// lost; acquiring again with the same session succeeds.
-			return nil
-		}
 		c.observe(ctx, pair, meta)
 	}
+}
+
+// patience is how long the holder must be silent before this candidate
+// takes over: its own lease duration, or the holder's if that is longer
+// (the holder's command is stopped within its own lease; client-go's
+// followers wait the duration in the holder's record, too).
+func (c *candidate) patience() time.Duration { return max(c.ttl, c.holder.ttl) }
+
+// takeOver deals with a holder that was silent for patience: it reads the
+// key again, consistently (a stale view cannot end a live holder's
+// lease), and if the key is still in the version last seen, destroys the
+// holder's session. Consul then releases the key and refuses it to
+// everyone for the holder's lock-delay; waitKey retries after that. See
+// docs/safety.md for why the holder's command is dead by then.
+func (c *candidate) takeOver(ctx context.Context) error {
+	pair, meta, err := c.b.get(ctx, c.b.key, 0, 0, true)
+	if err != nil {
+		return c.b.unavailable("confirm the holder of", err)
+	}
+	if pair == nil || pair.Session != c.holder.session || pair.ModifyIndex != c.modify {
+		c.observe(ctx, pair, meta)
+		return nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	if _, err := c.b.client.Session().Destroy(c.holder.session, (&api.WriteOptions{}).WithContext(dctx)); err != nil {
+		var se api.StatusError
+		if errors.As(err, &se) && se.Code == http.StatusForbidden {
+			err = fmt.Errorf("%w (destroying the session of a silent holder needs session write on its node: session_prefix \"\" { policy = \"write\" })", err)
+		}
+		return c.b.unavailable(fmt.Sprintf("destroy session %s of the silent holder %q (no change for %v) of", c.holder.session, c.holder.identity, c.patience()), err)
+	}
+	c.destroyed = c.holder.session
+	pair, meta, err = c.b.get(ctx, c.b.key, 0, 0, false)
+	if err != nil {
+		return c.b.unavailable("read", err)
+	}
+	c.observe(ctx, pair, meta)
+	return nil
 }
 
 // tolerate decides about a failed request while waiting: it returns nil
@@ -324,10 +562,12 @@ func (c *candidate) waitTurn(ctx context.Context) error {
 // alive (within its TTL of the last acknowledged renewal), and the error
 // (or ctx's) otherwise.
 func (c *candidate) tolerate(ctx context.Context, err error, retry *backends.Backoff) error {
-	if ctx.Err() != nil {
+	switch {
+	case ctx.Err() != nil:
 		return ctx.Err()
-	}
-	if errors.Is(err, errSessionGone) || !transient(err) || time.Since(c.lastAck) >= c.ttl {
+	case errors.Is(err, errRequeued):
+		return retry.Sleep(ctx)
+	case errors.Is(err, errSessionGone) || !transient(err) || time.Since(c.acked()) >= c.ttl:
 		return err
 	}
 	return retry.Sleep(ctx)
@@ -341,20 +581,31 @@ func transient(err error) bool {
 	if errors.As(err, &se) {
 		return se.Code >= 500 || se.Code == http.StatusTooManyRequests
 	}
-	return true
+	return !errors.Is(err, errPermissionDenied)
 }
 
-// observe records a read of the key.
+// observe records a read of the lock key, at the moment the answer came:
+// never earlier than the write it shows was applied.
 func (c *candidate) observe(ctx context.Context, pair *api.KVPair, meta *api.QueryMeta) {
+	now := time.Now()
 	if meta != nil {
 		c.index = nextIndex(c.index, meta.LastIndex)
 	}
-	wasHeld := c.viewed && c.holder != ""
+	prev := c.holder
+	wasHeld := c.viewed && prev.session != ""
 	c.viewed = true
 	if pair != nil && pair.Session != "" {
-		if pair.Session != c.holder {
-			c.holder = pair.Session
-			c.holderDelay = c.lockDelayOf(ctx, pair.Session)
+		switch {
+		case pair.Session != prev.session:
+			c.holder = parseHolder(pair)
+			if c.holder.lockDelay < 0 {
+				c.holder.lockDelay = c.lockDelayOf(ctx, pair.Session)
+			}
+			c.modify, c.changed = pair.ModifyIndex, now
+		case pair.ModifyIndex > c.modify:
+			// An older version than the one seen last is a stale read, and
+			// tells nothing about the holder.
+			c.modify, c.changed = pair.ModifyIndex, now
 		}
 		c.free = freeSpell{}
 		return
@@ -364,18 +615,20 @@ func (c *candidate) observe(ctx context.Context, pair *api.KVPair, meta *api.Que
 		mod = pair.ModifyIndex
 	}
 	if c.free.since.IsZero() || c.free.modifyIndex != mod {
-		delay := time.Duration(-1)
+		spell := freeSpell{modifyIndex: mod, since: now, delay: -1}
 		if wasHeld {
 			// We saw it go free: if its holder was invalidated rather
 			// than released, its lock-delay runs from about now.
-			delay = c.holderDelay
+			spell.delay = prev.lockDelay
+			spell.invalidated = prev.session == c.destroyed
 		}
-		c.free = freeSpell{modifyIndex: mod, since: time.Now(), delay: delay}
+		c.free = spell
 	}
-	c.holder = ""
+	c.holder = holder{}
 }
 
-// lockDelayOf asks Consul for a session's lock-delay, -1 if it cannot say.
+// lockDelayOf asks Consul for a session's lock-delay, -1 if it cannot say:
+// for holders whose record does not tell.
 func (c *candidate) lockDelayOf(ctx context.Context, session string) time.Duration {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -387,24 +640,21 @@ func (c *candidate) lockDelayOf(ctx context.Context, session string) time.Durati
 }
 
 // withdraw gives up the candidacy on a context of its own: the caller's
-// may be cancelled already. Releasing first matters only if we may hold
-// the key: destroying a session that holds it would impose its lock-delay
-// on every other candidate. Errors are ignored: the session expires by
-// itself within 2×TTL.
+// may be cancelled already. It leaves the queue first, so that the waiter
+// behind moves up at once. Releasing the key matters only if we may hold
+// it: destroying a session that holds it would impose its lock-delay on
+// every other candidate. Errors are ignored: the session expires by itself
+// within 2×TTL, and its entry with it.
 func (c *candidate) withdraw() {
 	ctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
 	defer cancel()
 	wo := (&api.WriteOptions{}).WithContext(ctx)
+	if c.queued {
+		_, _ = c.b.client.KV().Delete(c.b.queueKey(c.session), wo)
+	}
 	if c.maybeHeld {
-		p := &api.KVPair{Key: c.b.key, Value: []byte(c.identity), Session: c.session}
+		p := &api.KVPair{Key: c.b.key, Session: c.session}
 		_, _, _ = c.b.client.KV().Release(p, wo)
 	}
 	_, _ = c.b.client.Session().Destroy(c.session, wo)
-}
-
-func earliest(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
 }

@@ -1,14 +1,42 @@
 // Package consul is the Consul backend. A candidate creates a session whose
-// TTL is the lease duration, acquires the key <prefix><lock> with it
-// (?acquire=), and waits for the key with blocking queries while another
-// session holds it. The key's value is the holder's identity.
+// TTL is the lease duration and acquires the key <prefix><lock> with it. A
+// candidate that finds the key held joins a queue under
+// <prefix><lock>:queue/, one key per waiter held by the waiter's own
+// session; only the first in line watches the lock key, every other waiter
+// watches the one just ahead of it (etcd's election and ZooKeeper's lock
+// recipe work the same way), so that a change of leader wakes one or two
+// waiters, not all of them.
+//
+// # The record, and failover within the lease
+//
+// The key's value is a JSON record of its holder (identity, token, session
+// TTL and lock-delay), marked by recordFlags in the entry's flags. Every
+// renewal of the holder renews its session and rewrites the record, in a
+// transaction that first checks that the key is still held by the session,
+// so that the key's ModifyIndex moves with every renewal; Renew succeeds
+// only if both were acknowledged. The first waiter in line times the holder
+// as client-go's followers do: if it sees no change of the key for a lease
+// (the longer of its own and the holder's session TTL) on its own
+// monotonic clock, counted from the moment it saw the last change, it
+// confirms with a consistent read that nothing changed, destroys the
+// holder's session and acquires the key once the holder's lock-delay has
+// passed. docs/safety.md ("Consul: a follower takes over a silent holder")
+// argues why the old holder's command is dead by then.
+//
+// Sessions are created without Consul's default serfHealth check: a session
+// ends only by its TTL, by a destroy, or with its node's registration, so
+// that an unreachable agent alone cannot free the key while its holder's
+// command still runs.
 //
 // # Fencing token
 //
-// The token is the key's ModifyIndex read right after this session acquired
-// it. ModifyIndex is a Raft index: every write in the datacenter gets a
-// larger one, so a later grant always has a larger token, even when the key
-// was deleted and created again in between. LockIndex is not used: it counts
+// The token is the key's ModifyIndex right after this session acquired it
+// (returned by the acquiring transaction). ModifyIndex is a Raft index:
+// every write in the datacenter gets a larger one, so a later grant always
+// has a larger token, even when the key was deleted and created again in
+// between. Renewals move the ModifyIndex too, so the holder's first renewal
+// writes its token into the record, where Status reads it; until then the
+// ModifyIndex still is the token. LockIndex is not used: it counts
 // acquisitions of one incarnation of the key and restarts at 1 when the key
 // is deleted and re-created, so it can go backwards. A Raft index goes
 // backwards only if the servers lose their state (a snapshot restore, or a
@@ -18,20 +46,21 @@
 //
 // Consul's servers invalidate a session between TTL and 2×TTL after its last
 // renewal: they double the TTL to allow for clock skew. When a session that
-// holds a lock is invalidated (it expired, its node failed or it was
-// destroyed), Consul refuses every acquisition of that key for the session's
-// lock-delay. So after a holder dies a standby takes over within
-// 2×TTL + lock-delay. A holder that releases the key first (leaderrun exits
-// normally, or stops after losing leadership) hands over at once: lock-delay
-// applies only to keys released by invalidation.
+// holds a lock is invalidated or destroyed, Consul refuses every
+// acquisition of that key for the session's lock-delay. With a follower
+// timing the holder, a holder that dies is replaced within a lease of its
+// last renewal plus the lock-delay; a holder that releases the key first
+// (leaderrun exits normally, or stops after losing leadership) hands over
+// at once: lock-delay applies only to keys freed by an invalidation.
 //
-// Liveness of a holder is judged by the runner from acknowledged renewals
-// (PUT /v1/session/renew); the lease also watches its key with a blocking
-// query and reports loss the moment the key is deleted, taken by another
-// session, or released because the session was destroyed.
+// Liveness of a holder is judged by the runner from acknowledged renewals;
+// the lease also watches its key with a blocking query and reports loss the
+// moment the key is deleted, taken by another session, or released because
+// the session was destroyed.
 package consul
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -84,10 +113,13 @@ type Config struct {
 	Prefix string
 
 	// LockDelay is how long Consul refuses to hand the key to anyone else
-	// after this session is invalidated while holding it, so that a holder
-	// that was cut off has time to notice and stop. 0 to MaxLockDelay.
+	// after this session is invalidated or destroyed while holding it, so
+	// that a holder whose session was destroyed (by an operator, or by a
+	// follower that found it silent) has time to notice and stop its
+	// command: at least the kill grace and a round trip. It also delays
+	// every failover from a crashed holder by as much. 0 to MaxLockDelay.
 	// Zero value: no delay (unlike the Consul API, whose default is 15 s;
-	// leaderrun's --consul-lock-delay defaults to 15 s).
+	// leaderrun's --consul-lock-delay defaults to --kill-grace + 1 s).
 	LockDelay time.Duration
 }
 
@@ -159,6 +191,9 @@ func (b *Backend) Name() string { return "consul" }
 // Key is where the lock lives in Consul's KV store.
 func (b *Backend) Key() string { return b.key }
 
+// LockDelay is the lock-delay of the sessions this backend creates.
+func (b *Backend) LockDelay() time.Duration { return b.lockDelay }
+
 // Close implements backends.Backend: it closes idle connections to the
 // agent. Leases must be released first.
 func (b *Backend) Close() error {
@@ -168,12 +203,14 @@ func (b *Backend) Close() error {
 	return nil
 }
 
-// Keys of the lock's completion markers and history. Lock names cannot
-// hold ':' (backends.ValidateLockName), so these never meet another lock's
-// key.
-func (b *Backend) markerPrefix() string        { return b.key + ":done/" }
-func (b *Backend) markerKey(key string) string { return b.markerPrefix() + key }
-func (b *Backend) historyPrefix() string       { return b.key + ":history/" }
+// Keys of the lock's completion markers, history and queue of waiters.
+// Lock names cannot hold ':' (backends.ValidateLockName), so these never
+// meet another lock's key.
+func (b *Backend) queuePrefix() string            { return b.key + ":queue/" }
+func (b *Backend) queueKey(session string) string { return b.queuePrefix() + session }
+func (b *Backend) markerPrefix() string           { return b.key + ":done/" }
+func (b *Backend) markerKey(key string) string    { return b.markerPrefix() + key }
+func (b *Backend) historyPrefix() string          { return b.key + ":history/" }
 func (b *Backend) historyKey(token uint64) string {
 	return fmt.Sprintf("%s%020d", b.historyPrefix(), token)
 }
@@ -200,9 +237,9 @@ func isInvalidSession(err error) bool {
 	return errors.As(err, &se) && strings.Contains(strings.ToLower(se.Body), "invalid session")
 }
 
-// get reads the key. With index > 0 it is a blocking query that returns
-// when the key's index passes index, or after at most wait.
-func (b *Backend) get(ctx context.Context, index uint64, wait time.Duration, consistent bool) (*api.KVPair, *api.QueryMeta, error) {
+// get reads key. With index > 0 it is a blocking query that returns when
+// the key's index passes index, or after at most wait.
+func (b *Backend) get(ctx context.Context, key string, index uint64, wait time.Duration, consistent bool) (*api.KVPair, *api.QueryMeta, error) {
 	q := &api.QueryOptions{RequireConsistent: consistent}
 	timeout := requestTimeout
 	if index > 0 {
@@ -214,7 +251,7 @@ func (b *Backend) get(ctx context.Context, index uint64, wait time.Duration, con
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return b.client.KV().Get(b.key, q.WithContext(ctx))
+	return b.client.KV().Get(key, q.WithContext(ctx))
 }
 
 // nextIndex is the index for the next blocking query after one that
@@ -228,51 +265,122 @@ func nextIndex(prev, got uint64) uint64 {
 	return max(got, 1)
 }
 
-// Status implements backends.Backend. The token is the key's current
-// ModifyIndex: the holder writes the key only when it acquires it, so that
-// equals its token unless something else wrote the key since. Waiting counts
-// the sessions named for this lock other than the holder's; a candidate
-// that died while waiting is counted until Consul expires its session.
-// Remaining is -1: Consul does not tell when a session will expire.
+// Status implements backends.Backend. The token is the one in the
+// holder's record, or the key's ModifyIndex before the holder's first
+// renewal wrote it there. Waiting counts the live entries of the queue (a
+// candidate that died while waiting is counted until Consul expires its
+// session). Remaining is -1: Consul does not tell when a session will
+// expire.
 //
-// Status needs key:read on the key; without session:read as well it still
-// reports the holder and token, with Waiting -1 and no TTL or node.
+// Status needs key:read on the key's prefix; without session:read as well
+// it still reports the holder, token, TTL and waiters, but no node.
 func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	st := backends.Status{Lock: b.lock, Backend: b.Name(), Key: b.key, Remaining: -1, Waiting: -1}
-	pair, _, err := b.get(ctx, 0, 0, false)
+	pair, _, err := b.get(ctx, b.key, 0, 0, false)
 	if err != nil {
 		return st, b.unavailable("read", err)
 	}
-	lctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	var holder *api.SessionEntry
-	sessions, meta, err := b.client.Session().List((&api.QueryOptions{}).WithContext(lctx))
-	if err == nil {
-		waiting := 0
-		for _, s := range sessions {
-			switch {
-			case pair != nil && s.ID == pair.Session:
-				holder = s
-			case s.Name == b.sessionName():
-				waiting++
+	var h holder
+	if pair != nil && pair.Session != "" {
+		h = parseHolder(pair)
+	}
+	if queue, err := b.queue(ctx); err == nil {
+		st.Waiting = 0
+		for _, e := range queue {
+			if e.Session != "" && e.Session != h.session {
+				st.Waiting++
 			}
 		}
-		// A list that the token's ACLs cut short cannot be counted.
-		if !meta.ResultsFilteredByACLs {
-			st.Waiting = waiting
-		}
 	}
-	if pair == nil || pair.Session == "" {
+	if h.session == "" {
 		return st, nil
 	}
 	st.Held = true
-	st.Identity = string(pair.Value)
-	st.Token = pair.ModifyIndex
-	if holder != nil {
-		st.Node = holder.Node
-		st.TTL, _ = time.ParseDuration(holder.TTL)
+	st.Identity = h.identity
+	st.Token = h.token
+	st.TTL = h.ttl
+	ictx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	if info, _, err := b.client.Session().Info(h.session, (&api.QueryOptions{}).WithContext(ictx)); err == nil && info != nil {
+		st.Node = info.Node
+		st.TTL, _ = time.ParseDuration(info.TTL)
 	}
 	return st, nil
+}
+
+// queue lists the entries of the lock's queue of waiters, oldest first.
+func (b *Backend) queue(ctx context.Context) (api.KVPairs, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	pairs, _, err := b.client.KV().List(b.queuePrefix(), (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(pairs, func(a, b *api.KVPair) int { return cmp.Compare(a.CreateIndex, b.CreateIndex) })
+	return pairs, nil
+}
+
+// recordFlags, in the flags of the lock key, marks its value as a record
+// (see record). A value without them was written by an older leaderrun or
+// another tool: the holder's identity as plain text, from a holder that
+// does not write the key when it renews, and that no follower may time.
+const recordFlags uint64 = 0x6c72756e_00000001 // "lrun", format 1
+
+// record is the value of the lock key while leaderrun holds it, in JSON so
+// that `consul kv get` shows it.
+type record struct {
+	Identity string `json:"identity"`
+	// Token is the holder's fencing token. It is 0 until the holder's
+	// first renewal: the key's ModifyIndex then still is the token.
+	Token uint64 `json:"token,omitempty"`
+	// TTL and LockDelay are those of the holder's session: a follower
+	// waits at least TTL without a change before it takes over, and the
+	// lock-delay before it acquires.
+	TTL       string `json:"ttl"`
+	LockDelay string `json:"lock_delay"`
+	// Renewal counts the holder's renewals. Consul does not write an entry
+	// that a write would leave unchanged (its ModifyIndex would stay), so
+	// every renewal must change something.
+	Renewal uint64 `json:"renewal,omitempty"`
+}
+
+func (r record) encode() []byte {
+	data, _ := json.Marshal(r)
+	return data
+}
+
+// holder is what a reader of the held key knows about its holder.
+type holder struct {
+	session  string
+	identity string
+	token    uint64
+	// ttl is the holder's session TTL, 0 if not known.
+	ttl time.Duration
+	// lockDelay is the holder's lock-delay, -1 if not known.
+	lockDelay time.Duration
+	// renews: the holder rewrites the key at every renewal, so that a
+	// follower can tell that it is silent.
+	renews bool
+}
+
+// parseHolder reads a held key's value: a record, or a plain identity.
+func parseHolder(pair *api.KVPair) holder {
+	h := holder{session: pair.Session, identity: string(pair.Value), token: pair.ModifyIndex, lockDelay: -1}
+	var r record
+	if pair.Flags != recordFlags || json.Unmarshal(pair.Value, &r) != nil {
+		return h
+	}
+	h.identity = r.Identity
+	if r.Token != 0 {
+		h.token = r.Token
+	}
+	if d, err := time.ParseDuration(r.LockDelay); err == nil {
+		h.lockDelay = d
+	}
+	if d, err := time.ParseDuration(r.TTL); err == nil && d > 0 {
+		h.ttl, h.renews = d, true
+	}
+	return h
 }
 
 // History implements backends.Backend: the terms are keys under

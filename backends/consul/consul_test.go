@@ -5,11 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -157,16 +153,17 @@ func TestConsulLockDelay(t *testing.T) {
 
 	lh := campaign(t, holder, "holder")
 	got := campaignAsync(waiter, "waiter")
-	counter.waitBlocked(t)
-	before := counter.requests()
+	counter.waitBlocked(t, "/v1/kv/"+holder.Key())
+	before := counter.count()
 	destroy(t, op, sessionOf(t, lh))
 	dropped := time.Now()
 	select {
 	case res := <-got:
 		lw := res.get(t)
 		took := time.Since(dropped)
-		n := counter.requests() - before
-		t.Logf("waiter acquired %v after the holder's session was destroyed (lock-delay %v), with %d requests: %v", took, delay, n, counter.paths())
+		reqs := counter.requests()[before:]
+		n := len(reqs)
+		t.Logf("waiter acquired %v after the holder's session was destroyed (lock-delay %v), with %d requests: %v", took, delay, n, reqs)
 		if took < delay-50*time.Millisecond {
 			t.Errorf("acquired %v after the drop, before the lock-delay of %v had passed", took, delay)
 		}
@@ -186,73 +183,6 @@ func TestConsulLockDelay(t *testing.T) {
 	release(t, lh)
 }
 
-// TestConsulIdleWaiterBlocks: a waiter holds one blocking query open and sends
-// nothing else until its session needs renewing.
-func TestConsulIdleWaiterBlocks(t *testing.T) {
-	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
-	holder := newBackend(t, agent.Addr(), "idle", 0)
-	counter := newCountingProxy(t, agent.Addr())
-	waiter := newBackend(t, counter.addr(), "idle", 0)
-	lh := campaign(t, holder, "holder")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	_, err := waiter.Campaign(ctx, backends.CampaignOptions{Identity: "waiter", LeaseDuration: ttl})
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("waiter: %v, want context.DeadlineExceeded", err)
-	}
-	// create, info, acquire, read, holder's info, blocking read; then
-	// withdrawal: destroy.
-	n := counter.requests()
-	t.Logf("a waiter sent %d requests in 3s: %v", n, counter.paths())
-	if n > 8 {
-		t.Errorf("waiter sent %d requests in 3s; want a handful (no polling)", n)
-	}
-	release(t, lh)
-}
-
-// TestConsulWaiterSessionInvalidated: a waiter whose session is destroyed behind
-// its back campaigns again with a new session and still gets the lock.
-func TestConsulWaiterSessionInvalidated(t *testing.T) {
-	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
-	op := admin(t, agent.Addr())
-	counter := newCountingProxy(t, agent.Addr())
-	a, b := newBackend(t, agent.Addr(), "rewait", 0), newBackend(t, counter.addr(), "rewait", 0)
-	la := campaign(t, a, "a")
-	got := campaignAsync(b, "b")
-	counter.waitBlocked(t)
-	var waiting string
-	waitUntil(t, "the waiter's session", func() bool {
-		sessions, _, err := op.Session().List(nil)
-		if err != nil {
-			return false
-		}
-		for _, s := range sessions {
-			if s.ID != sessionOf(t, la) && strings.HasSuffix(s.Name, a.Key()) {
-				waiting = s.ID
-				return true
-			}
-		}
-		return false
-	})
-	destroy(t, op, waiting)
-	released := time.Now()
-	release(t, la)
-	select {
-	case res := <-got:
-		lb := res.get(t)
-		t.Logf("waiter acquired %v after the release, with session %s (destroyed one: %s)", time.Since(released), sessionOf(t, lb), waiting)
-		if sessionOf(t, lb) == waiting {
-			t.Error("the waiter holds the lock with the session that was destroyed")
-		}
-		if lb.Token() <= la.Token() {
-			t.Errorf("token %d after %d", lb.Token(), la.Token())
-		}
-		release(t, lb)
-	case <-time.After(15 * time.Second):
-		t.Fatal("waiter did not acquire the lock after its session was destroyed")
-	}
-}
-
 // TestConsulSessionDestroyedAtBirth: a session destroyed between its
 // creation and the first look at it (an operator cleaning up, a node check
 // failing) makes the candidate start over with a new one, not fail.
@@ -260,12 +190,13 @@ func TestConsulSessionDestroyedAtBirth(t *testing.T) {
 	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
 	op := admin(t, agent.Addr())
 	var first atomic.Value
-	proxy := newHookedProxy(t, agent.Addr(), func(r *http.Request) {
+	proxy := newHookedProxy(t, agent.Addr(), func(_ http.ResponseWriter, r *http.Request) bool {
 		if id, ok := strings.CutPrefix(r.URL.Path, "/v1/session/info/"); ok && first.CompareAndSwap(nil, id) {
 			if _, err := op.Session().Destroy(id, nil); err != nil {
 				t.Errorf("destroy %s: %v", id, err)
 			}
 		}
+		return false
 	})
 	b := newBackend(t, proxy.addr(), "birth", 0)
 	l := campaign(t, b, "a")
@@ -357,8 +288,9 @@ func TestConsulLeaseProperties(t *testing.T) {
 		if err != nil || info == nil {
 			t.Fatalf("session info: %v", err)
 		}
-		if info.LockDelay != delay || info.Behavior != api.SessionBehaviorRelease || info.TTL != "10s" {
-			t.Errorf("session %+v, want lock-delay %v, behavior release, TTL 10s", info, delay)
+		if info.LockDelay != delay || info.Behavior != api.SessionBehaviorRelease || info.TTL != "10s" ||
+			len(info.Checks) != 0 || len(info.NodeChecks) != 0 || len(info.ServiceChecks) != 0 {
+			t.Errorf("session %+v, want lock-delay %v, behavior release, TTL 10s, no health checks", info, delay)
 		}
 		st, err := b.Status(context.Background())
 		if err != nil {
@@ -476,76 +408,6 @@ func TestConsulLeaseDurationBounds(t *testing.T) {
 	}
 }
 
-// countingProxy forwards HTTP to an agent and counts the requests. If
-// before is set, it sees each request before it is forwarded.
-type countingProxy struct {
-	srv    *httptest.Server
-	mu     sync.Mutex
-	log    []string
-	n      atomic.Int64
-	before func(r *http.Request)
-}
-
-func newCountingProxy(t *testing.T, target string) *countingProxy {
-	return newHookedProxy(t, target, nil)
-}
-
-func newHookedProxy(t *testing.T, target string, before func(r *http.Request)) *countingProxy {
-	t.Helper()
-	u, err := url.Parse("http://" + target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &countingProxy{before: before}
-	rp := httputil.NewSingleHostReverseProxy(u)
-	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p.n.Add(1)
-		p.mu.Lock()
-		p.log = append(p.log, r.Method+" "+r.URL.Path+"?"+r.URL.RawQuery)
-		p.mu.Unlock()
-		if p.before != nil {
-			p.before(r)
-		}
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(p.srv.Close)
-	return p
-}
-
-func (p *countingProxy) addr() string    { return strings.TrimPrefix(p.srv.URL, "http://") }
-func (p *countingProxy) requests() int64 { return p.n.Load() }
-func (p *countingProxy) paths() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]string(nil), p.log...)
-}
-
-// waitBlocked waits until a blocking query went through the proxy: a
-// candidate has tried, failed and is waiting.
-func (p *countingProxy) waitBlocked(t *testing.T) {
-	t.Helper()
-	waitUntil(t, "a blocking query", func() bool {
-		for _, path := range p.paths() {
-			if strings.Contains(path, "index=") {
-				return true
-			}
-		}
-		return false
-	})
-}
-
-// waitUntil polls cond, a condition in another process, for up to 10 s.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestConsulClusterLeaderChange: on a 3-server cluster, the Raft leader is
 // stopped while one candidate holds the lock through one follower and
 // another waits through the other. The holder's session survives the
@@ -588,7 +450,7 @@ func TestConsulClusterLeaderChange(t *testing.T) {
 	b := newBackend(t, counter.addr(), "cluster", 0)
 	la := campaign(t, a, "a")
 	got := campaignAsync(b, "b")
-	counter.waitBlocked(t)
+	counter.waitBlocked(t, "/v1/kv/"+a.Key())
 
 	stopped := time.Now()
 	servers[li].Stop()
@@ -623,10 +485,14 @@ func TestConsulClusterLeaderChange(t *testing.T) {
 	servers[li].Start()
 }
 
-// TestConsulACLPolicies: the least a token needs. To campaign: write on the
-// key and on sessions of the agent's node. For status: read on the key;
-// without session read it still shows the holder and token.
+// TestConsulACLPolicies: the least a token needs, as docs/backends/consul.md
+// gives it. To campaign, wait in the queue and take over a silent holder:
+// write on the keys under the prefix and on sessions of every node (a
+// follower destroys the session of a holder on another node). For status:
+// read on the keys; without session read it still shows the holder, token
+// and waiters.
 func TestConsulACLPolicies(t *testing.T) {
+	t.Parallel()
 	const root = "root-token-for-tests"
 	agent := testenv.StartConsul(t, testenv.ConsulOptions{ACLToken: root})
 	cfg := api.DefaultConfig()
@@ -650,30 +516,54 @@ func TestConsulACLPolicies(t *testing.T) {
 	withToken := func(secret string) *consul.Backend {
 		cfg := api.DefaultConfig()
 		cfg.Address, cfg.Token = agent.Addr(), secret
-		b, err := consul.New(consul.Config{API: cfg, Lock: "acl", Prefix: "leaderrun-test/"})
+		b, err := consul.New(consul.Config{API: cfg, Lock: "acl", Prefix: "leaderrun-test/", LockDelay: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { b.Close() })
 		return b
 	}
-	runner := withToken(token("runner", `key_prefix "leaderrun-test/" { policy = "write" }
-session_prefix "" { policy = "write" }`))
+	// The policy of docs/backends/consul.md, for the prefix of these tests.
+	runnerPolicy := `key_prefix "leaderrun-test/" { policy = "write" }
+session_prefix "" { policy = "write" }`
+	runnerToken := token("runner", runnerPolicy)
+	runner, follower := withToken(runnerToken), withToken(runnerToken)
 	reader := withToken(token("reader", `key_prefix "leaderrun-test/" { policy = "read" }`))
 
 	l := campaign(t, runner, "holder")
-	defer release(t, l)
+	got := campaignFor(t, follower, "follower", ttl)
+	waitWaiting(t, runner, 1)
 	st, err := runner.Status(context.Background())
-	if err != nil || !st.Held || st.Token != l.Token() || st.Waiting != 0 || st.TTL != ttl {
+	if err != nil || !st.Held || st.Token != l.Token() || st.Waiting != 1 || st.TTL != ttl || st.Node != agent.Node() {
 		t.Errorf("status with the runner's token: %+v, %v", st, err)
 	}
 	st, err = reader.Status(context.Background())
-	if err != nil || !st.Held || st.Identity != "holder" || st.Token != l.Token() || st.Waiting != -1 {
-		t.Errorf("status with a read-only token: %+v, %v; want holder and token, waiting -1", st, err)
+	if err != nil || !st.Held || st.Identity != "holder" || st.Token != l.Token() || st.Waiting != 1 || st.TTL != ttl || st.Node != "" {
+		t.Errorf("status with a read-only token: %+v, %v; want holder, token, TTL and 1 waiting, no node", st, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := reader.Campaign(ctx, backends.CampaignOptions{Identity: "reader", LeaseDuration: ttl}); !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "403") {
 		t.Errorf("campaign with a read-only token: %v, want ErrUnavailable (403)", err)
 	}
+	// The holder falls silent (no renewals): the follower, with the same
+	// policy, destroys its session and takes over.
+	select {
+	case res := <-got:
+		lf := res.get(t)
+		took := res.at.Sub(l.Acquired())
+		t.Logf("the follower took over the silent holder %v after its last renewal", took.Round(time.Millisecond))
+		if took <= ttl {
+			t.Errorf("took over %v after the holder's last renewal, within its lease of %v", took, ttl)
+		}
+		select {
+		case <-l.Lost():
+		case <-time.After(time.Second):
+			t.Error("the old holder did not report its loss")
+		}
+		release(t, lf)
+	case <-time.After(ttl + 10*time.Second):
+		t.Fatal("the follower did not take over the silent holder with the documented policy")
+	}
+	release(t, l)
 }

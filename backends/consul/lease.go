@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -29,31 +30,41 @@ type lease struct {
 	token    uint64
 	ttl      time.Duration
 	acquired time.Time
+	rec      record // as written at the grant; renewals add the token and their count
 
 	*backends.Loss // Lost and Err
 	stopWatch      context.CancelFunc
 	watchDone      chan struct{}
 
+	// renewals counts Renew calls, so that every renewal writes a record
+	// of its own; written is the key's ModifyIndex after the last write
+	// Consul acknowledged.
+	renewals atomic.Uint64
+	written  atomic.Uint64
+
 	mu       sync.Mutex
 	released bool
 }
 
-// newLease starts watching the key from index, the X-Consul-Index of the
-// read that found it held by session.
-func newLease(b *Backend, session, identity string, token uint64, ttl time.Duration, acquired time.Time, index uint64) *lease {
+// newLease starts watching the key from token, the ModifyIndex the
+// acquisition gave it.
+func newLease(b *Backend, session string, rec record, token uint64, ttl time.Duration, acquired time.Time) *lease {
 	ctx, cancel := context.WithCancel(context.Background())
+	rec.Token = token
 	l := &lease{
 		b:         b,
 		session:   session,
-		identity:  identity,
+		identity:  rec.Identity,
 		token:     token,
 		ttl:       ttl,
 		acquired:  acquired,
+		rec:       rec,
 		Loss:      backends.NewLoss(),
 		stopWatch: cancel,
 		watchDone: make(chan struct{}),
 	}
-	go l.watch(ctx, index)
+	l.written.Store(token)
+	go l.watch(ctx, token)
 	return l
 }
 
@@ -64,21 +75,83 @@ func (l *lease) Acquired() time.Time { return l.acquired }
 // Session is the ID of the Consul session that holds the lock.
 func (l *lease) Session() string { return l.session }
 
-// Renew implements backends.Lease with one PUT /v1/session/renew. Consul
-// answers 404 for a session it no longer has: the lease is lost.
+// Renew implements backends.Lease. It renews the session (PUT
+// /v1/session/renew) and, at the same time, rewrites the key's record in a
+// transaction that first checks that the key is still held by the session:
+// that write moves the key's ModifyIndex, which is how the follower first
+// in line tells that this holder is alive. Renew returns nil only if both
+// were acknowledged, so that the runner's deadline counts from the send
+// time of a renewal that the follower saw, or will see, and that Consul
+// applied to the session (docs/safety.md). A session Consul no longer
+// has, or a key held by another session or deleted, is a loss.
 func (l *lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
+	rec := l.rec
+	rec.Renewal = l.renewals.Add(1)
+	var sessionErr error
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		sessionErr = l.renewSession(ctx)
+	}()
+	writeErr := l.write(ctx, rec)
+	wg.Wait()
+	for _, err := range []error{sessionErr, writeErr} {
+		if errors.Is(err, backends.ErrLeaseLost) {
+			l.Set(err)
+			return err
+		}
+	}
+	return errors.Join(sessionErr, writeErr)
+}
+
+// renewSession renews the session once. Consul answers 404 for a session it
+// no longer has: the lease is lost.
+func (l *lease) renewSession(ctx context.Context) error {
 	entry, _, err := l.b.client.Session().Renew(l.session, (&api.WriteOptions{}).WithContext(ctx))
 	switch {
 	case err != nil:
 		return fmt.Errorf("consul at %s: renew session %s holding %s: %w", l.b.addr, l.session, l.b.key, err)
 	case entry == nil:
-		l.Set(fmt.Errorf("consul: session %s holding %s is gone (expired or destroyed): %w", l.session, l.b.key, backends.ErrLeaseLost))
-		return l.Err()
+		return fmt.Errorf("consul: session %s holding %s is gone (expired or destroyed): %w", l.session, l.b.key, backends.ErrLeaseLost)
 	}
 	return nil
+}
+
+// write rewrites the record, fenced by a check of the key's session, and
+// makes sure that the write moved the key's ModifyIndex: a write that
+// changed nothing would tell the followers nothing.
+func (l *lease) write(ctx context.Context, rec record) error {
+	ops := api.TxnOps{
+		{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: l.b.key, Session: l.session}},
+		{KV: &api.KVTxnOp{Verb: api.KVSet, Key: l.b.key, Value: rec.encode(), Flags: recordFlags}},
+	}
+	ok, resp, _, err := l.b.client.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
+	switch {
+	case err != nil:
+		return fmt.Errorf("consul at %s: write the record of %s: %w", l.b.addr, l.b.key, err)
+	case !ok && isPermissionDenied(txnError(resp)):
+		return fmt.Errorf("consul at %s: write the record of %s: %w: %s", l.b.addr, l.b.key, errPermissionDenied, txnError(resp))
+	case !ok:
+		return fmt.Errorf("consul: %s is no longer held by session %s (%s): %w", l.b.key, l.session, txnError(resp), backends.ErrLeaseLost)
+	case len(resp.Results) < 2 || resp.Results[1].KV == nil:
+		return fmt.Errorf("consul at %s: write the record of %s: the answer does not show the key", l.b.addr, l.b.key)
+	}
+	got := resp.Results[1].KV.ModifyIndex
+	for {
+		prev := l.written.Load()
+		if got <= prev {
+			// Out of order with a later renewal, or not written at all:
+			// either way this one proves nothing new.
+			return fmt.Errorf("consul: the record of %s was written at index %d, not after %d", l.b.key, got, prev)
+		}
+		if l.written.CompareAndSwap(prev, got) {
+			return nil
+		}
+	}
 }
 
 // watch holds a blocking query on the key until the key is no longer held
@@ -89,7 +162,7 @@ func (l *lease) watch(ctx context.Context, index uint64) {
 	defer close(l.watchDone)
 	var retry backends.Backoff
 	for {
-		pair, meta, err := l.b.get(ctx, index, watchWait, false)
+		pair, meta, err := l.b.get(ctx, l.b.key, index, watchWait, false)
 		if ctx.Err() != nil {
 			return
 		}
@@ -144,7 +217,9 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 	wo := (&api.WriteOptions{}).WithContext(ctx)
 	var ops api.TxnOps
 	if !lost {
-		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: l.b.key, Value: []byte(l.identity), Session: l.session}})
+		rec := l.rec
+		rec.Renewal = l.renewals.Add(1)
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: l.b.key, Value: rec.encode(), Flags: recordFlags, Session: l.session}})
 	}
 	var termErr error
 	if term != nil {

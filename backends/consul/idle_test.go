@@ -1,0 +1,114 @@
+package consul_test
+
+import (
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leaderrun/leaderrun/internal/testenv"
+)
+
+// idleWindow is how long TestConsulIdleWaiters counts requests:
+// $CONSUL_IDLE_WINDOW, or a minute.
+func idleWindow(t *testing.T) time.Duration {
+	if s := os.Getenv("CONSUL_IDLE_WINDOW"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			t.Fatalf("CONSUL_IDLE_WINDOW=%q: want a duration", s)
+		}
+		return d
+	}
+	return time.Minute
+}
+
+// idleCounts sorts the requests of a waiter answered in a window.
+type idleCounts struct {
+	blocking, woke, short, renewals, other int
+	shortest                               time.Duration
+}
+
+func countIdle(reqs []proxied) idleCounts {
+	var c idleCounts
+	for _, r := range reqs {
+		switch {
+		case r.blocking():
+			c.blocking++
+			d := r.end.Sub(r.start)
+			if c.shortest == 0 || d < c.shortest {
+				c.shortest = d
+			}
+			switch {
+			case r.woke():
+				c.woke++
+			case d < time.Second:
+				// Neither the key changed nor did its wait end: for nothing.
+				c.short++
+			}
+		case r.method == http.MethodPut && strings.HasPrefix(r.path, "/v1/session/renew/"):
+			c.renewals++
+		default:
+			c.other++
+		}
+	}
+	return c
+}
+
+// TestConsulIdleWaiters counts what two idle waiters send Consul over a
+// minute while a holder renews every 2 s. The first in line times the
+// holder: each of its blocking queries is answered by a renewal's write
+// (one per renewal), none ends early for nothing. The second waits on the
+// first's queue entry, which does not change: it sends at most 0.1
+// blocking queries per second, as `consul lock`'s waiters do (0.05).
+// Neither sends anything but blocking queries and its session's renewals.
+func TestConsulIdleWaiters(t *testing.T) {
+	t.Parallel()
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
+	hb := newBackend(t, agent.Addr(), "idle", 0)
+	key := "/v1/kv/" + hb.Key()
+	lh := campaign(t, hb, "holder")
+	r := renewEvery(lh, 2*time.Second)
+	p1, p2 := newCountingProxy(t, agent.Addr()), newCountingProxy(t, agent.Addr())
+	campaignFor(t, newBackend(t, p1.addr(), "idle", 0), "first", ttl)
+	waitWaiting(t, hb, 1)
+	campaignFor(t, newBackend(t, p2.addr(), "idle", 0), "second", ttl)
+	waitWaiting(t, hb, 2)
+	p1.waitBlocked(t, key)
+	p2.waitBlocked(t, "")
+	window := idleWindow(t)
+	begin := time.Now()
+	acked0, _, _ := r.counts()
+	time.Sleep(window) // the measurement interval, not synchronisation
+	end := time.Now()
+	acked1, failed, _ := r.counts()
+	renewals := acked1 - acked0
+	first, second := countIdle(p1.between(begin, end)), countIdle(p2.between(begin, end))
+	per := func(n int) float64 { return float64(n) / end.Sub(begin).Seconds() }
+	t.Logf("over %v, the holder renewed %d times (%d failed)", end.Sub(begin).Round(time.Millisecond), renewals, failed)
+	for _, w := range []struct {
+		name string
+		c    idleCounts
+	}{{"first in line", first}, {"second in line", second}} {
+		t.Logf("%s: blocking queries %.3f/s (%d: %d answered by a change, %d under 1s for nothing, shortest %v), session renewals %.3f/s, other requests %d",
+			w.name, per(w.c.blocking), w.c.blocking, w.c.woke, w.c.short, w.c.shortest.Round(time.Millisecond), per(w.c.renewals), w.c.other)
+		if w.c.short > 0 {
+			t.Errorf("%s: %d blocking queries returned in under 1s with nothing changed", w.name, w.c.short)
+		}
+		if w.c.other > 0 {
+			t.Errorf("%s: %d requests other than blocking queries and renewals: polling", w.name, w.c.other)
+		}
+		// A session of TTL 10 s is renewed every 5 s.
+		if want := int(end.Sub(begin) / (ttl / 2)); w.c.renewals < want-1 || w.c.renewals > want+1 {
+			t.Errorf("%s: %d session renewals, want about %d (every TTL/2)", w.name, w.c.renewals, want)
+		}
+	}
+	if first.blocking > renewals+2 {
+		t.Errorf("first in line: %d blocking queries for %d renewals of the holder", first.blocking, renewals)
+	}
+	if per(second.blocking) > 0.1 {
+		t.Errorf("second in line: %.3f blocking queries/s, want at most 0.1", per(second.blocking))
+	}
+	r.halt()
+	release(t, lh)
+}
