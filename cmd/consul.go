@@ -11,9 +11,21 @@ import (
 	"github.com/leaderrun/leaderrun/backends/consul"
 )
 
-// defaultConsulLockDelay is Consul's own default lock-delay: long enough
-// for a holder that was cut off to notice and stop its command.
-const defaultConsulLockDelay = 15 * time.Second
+// consulLockDelaySlack is added to --kill-grace for the default
+// lock-delay: a holder whose session is destroyed hears of it within a
+// round trip (its blocking query on the key returns), stops its command at
+// once, and the command is dead a kill grace later (S3, S9).
+const consulLockDelaySlack = time.Second
+
+// consulLockDelay is --consul-lock-delay if it was given, else
+// --kill-grace + 1 s, at most Consul's 60 s. status and history have no
+// --kill-grace (0 then): they create no session.
+func consulLockDelay(c *cli.Context) time.Duration {
+	if c.IsSet("consul-lock-delay") {
+		return c.Duration("consul-lock-delay")
+	}
+	return min(c.Duration("kill-grace")+consulLockDelaySlack, consul.MaxLockDelay)
+}
 
 // consulFlags are the flags of the Consul backend. The address, token and
 // TLS settings are read as the consul CLI reads them; TLS comes from the
@@ -27,8 +39,9 @@ func consulFlags() []cli.Flag {
 			Usage: "Consul ACL `TOKEN` (prefer --consul-token-file: arguments are visible to every user of the host)"},
 		&cli.StringFlag{Name: "consul-token-file", Category: categoryStore, EnvVars: []string{api.HTTPTokenFileEnvName},
 			Usage: "`FILE` holding the Consul ACL token; wins over --consul-token"},
-		&cli.DurationFlag{Name: "consul-lock-delay", Category: categoryStore, EnvVars: []string{"LEADERRUN_CONSUL_LOCK_DELAY"}, Value: defaultConsulLockDelay,
-			Usage: "after a leader's session is invalidated, Consul keeps the lock from everyone for `D` (0s-60s); failover after a crash takes up to 2 × --lease-duration + D"},
+		&cli.DurationFlag{Name: "consul-lock-delay", Category: categoryStore, EnvVars: []string{"LEADERRUN_CONSUL_LOCK_DELAY"},
+			DefaultText: "--kill-grace + 1s",
+			Usage:       "after a leader's session is destroyed or invalidated, Consul keeps the lock from everyone for `D` (0s-60s), so that a leader that hears of it stops its command first; failover after a crash takes up to --lease-duration + D"},
 	}
 }
 
@@ -47,7 +60,7 @@ var consulStore = store{
 // --consul-token, then CONSUL_HTTP_TOKEN_FILE, then CONSUL_HTTP_TOKEN
 // (api.NewClient applies it, telling a flag from the variable by value).
 func newConsulBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
-	if d := c.Duration("consul-lock-delay"); d < 0 || d > consul.MaxLockDelay {
+	if d := consulLockDelay(c); d < 0 || d > consul.MaxLockDelay {
 		return nil, usageErrorf("--consul-lock-delay %v: want 0s to %v", d, consul.MaxLockDelay)
 	}
 	addr := c.String("consul-addr")
@@ -68,7 +81,7 @@ func newConsulBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error)
 		API:       apiCfg,
 		Lock:      cfg.Lock,
 		Prefix:    cfg.Prefix,
-		LockDelay: c.Duration("consul-lock-delay"),
+		LockDelay: consulLockDelay(c),
 	})
 	if err != nil {
 		return nil, usageErrorf("%v", err)

@@ -1,0 +1,63 @@
+package cmd
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leaderrun/leaderrun/backends/consul"
+)
+
+// TestConsulLockDelay: without --consul-lock-delay the sessions' lock-delay
+// is --kill-grace + 1 s, at most Consul's 60 s; an explicit value, by flag
+// or variable, wins, 0 included; out of range is a usage error naming the
+// flag.
+func TestConsulLockDelay(t *testing.T) {
+	cases := []struct {
+		name  string
+		flags func() []cli.Flag
+		args  []string
+		env   string
+		want  time.Duration
+		err   string
+	}{
+		{name: "default kill grace", flags: runFlags, want: 4 * time.Second},
+		{name: "derived from --kill-grace", flags: runFlags, args: []string{"--kill-grace", "2s"}, want: 3 * time.Second},
+		{name: "derived from LEADERRUN_KILL_GRACE", flags: runFlags, env: "LEADERRUN_KILL_GRACE=500ms", want: 1500 * time.Millisecond},
+		{name: "derived, at most 60s", flags: runFlags, args: []string{"--kill-grace", "59500ms"}, want: consul.MaxLockDelay},
+		{name: "explicit wins", flags: runFlags, args: []string{"--kill-grace", "2s", "--consul-lock-delay", "15s"}, want: 15 * time.Second},
+		{name: "explicit 0s wins", flags: runFlags, args: []string{"--consul-lock-delay", "0s"}, want: 0},
+		{name: "explicit by variable", flags: runFlags, env: "LEADERRUN_CONSUL_LOCK_DELAY=7s", want: 7 * time.Second},
+		{name: "status has no kill grace", flags: storeFlags, want: time.Second},
+		{name: "too long", flags: runFlags, args: []string{"--consul-lock-delay", "61s"}, err: "--consul-lock-delay 1m1s"},
+		{name: "negative", flags: runFlags, args: []string{"--consul-lock-delay", "-1s"}, err: "--consul-lock-delay -1s"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if name, value, ok := strings.Cut(tc.env, "="); ok {
+				t.Setenv(name, value)
+			}
+			var got time.Duration
+			app := &cli.App{Name: "t", Flags: tc.flags(), Action: func(c *cli.Context) error {
+				b, _, err := openBackend(c)
+				if err != nil {
+					return err
+				}
+				got = b.(*consul.Backend).LockDelay()
+				return b.Close()
+			}}
+			args := append([]string{"t", "--consul-addr", "127.0.0.1:1", "--lock", "x"}, tc.args...)
+			err := app.Run(args)
+			switch {
+			case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+				t.Errorf("got %v, want an error saying %q", err, tc.err)
+			case tc.err == "" && err != nil:
+				t.Errorf("unexpected error: %v", err)
+			case tc.err == "" && got != tc.want:
+				t.Errorf("lock-delay %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
