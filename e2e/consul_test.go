@@ -3,13 +3,20 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"log"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -253,52 +260,101 @@ func TestConsulSessionDestroyed(t *testing.T) {
 	t.Logf("session destroyed → child signalled: %s (aim < 100ms)", consulSummary(lat))
 }
 
-// TestConsulKill9: when the leader is killed with SIGKILL its child dies
-// with it, and a follower takes over once Consul invalidates the session
-// (TTL to 2×TTL) and the lock-delay has passed.
-func TestConsulKill9(t *testing.T) {
+// consulTimedArgs are the flags of a Consul run with the given timing
+// flags (none: leaderrun's defaults) and no --consul-lock-delay, so that
+// the lock-delay is the derived one, then extra.
+func consulTimedArgs(addr, lock, id string, timing []string, extra ...string) []string {
+	args := append([]string{"--consul-addr", addr, "--lock", lock, "--identity", id}, timing...)
+	return append(args, extra...)
+}
+
+// TestConsulCrashFailover: when the leading leaderrun is killed with
+// SIGKILL, its child dies with it, and the follower first in line, which
+// has seen no renewal for a lease, takes over: its child starts within
+// lease + lock-delay + 1 s of the kill, the lock-delay being the derived
+// --kill-grace + 1 s. Once with short timings, once with the defaults.
+func TestConsulCrashFailover(t *testing.T) {
 	t.Parallel()
 	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
 	c := consulClient(t, agent.Addr())
-	delays := []time.Duration{0}
-	if os.Getenv("E2E_BENCH") == "1" || consulTrials(t, 5) >= 20 {
-		delays = append(delays, 15*time.Second)
+	cases := []struct {
+		name                    string
+		timing                  []string
+		lease, grace, lockDelay time.Duration
+	}{
+		{name: "lease 10s", timing: []string{"--lease-duration", "10s", "--renew-deadline", "6s", "--retry-period", "2s", "--kill-grace", "2s"},
+			lease: 10 * time.Second, grace: 2 * time.Second, lockDelay: 3 * time.Second},
+		{name: "defaults", lease: 15 * time.Second, grace: 3 * time.Second, lockDelay: 4 * time.Second},
 	}
-	for _, delay := range delays {
-		t.Run("lock-delay "+delay.String(), func(t *testing.T) {
-			t.Parallel()
-			events := filepath.Join(t.TempDir(), "events")
-			lock := "kill9-" + strconv.Itoa(int(delay.Seconds()))
-			flags := []string{"--consul-lock-delay", delay.String()}
-			leader := start(t, childEnv(events, "forever"), consulRun(t, agent.Addr(), lock, "leader", flags...)...)
-			evs := waitEvents(t, events, 10*time.Second, "the leader's child", consulSaw("start", "leader"))
-			first, _ := consulFirst(evs, "start", "leader")
-			start(t, childEnv(events, "forever"), consulRun(t, agent.Addr(), lock, "follower", flags...)...)
-			waitFor(t, 10*time.Second, "the follower to wait", func() bool { return consulCandidates(t, c, lock) == 2 })
+	trials := consulTrials(t, 3)
+	for _, tc := range cases {
+		for i := range trials {
+			t.Run(fmt.Sprintf("%s/%d", tc.name, i), func(t *testing.T) {
+				t.Parallel()
+				events := filepath.Join(t.TempDir(), "events")
+				lock := fmt.Sprintf("crash-%s-%d", strings.ReplaceAll(tc.name, " ", ""), i)
+				run := func(id string) *proc {
+					args := append(append(consulTimedArgs(agent.Addr(), lock, id, tc.timing), "--"), childArgv(t)...)
+					return start(t, childEnv(events, "forever"), args...)
+				}
+				leader := run("leader")
+				evs := waitEvents(t, events, 10*time.Second, "the leader's child", consulSaw("start", "leader"))
+				first, _ := consulFirst(evs, "start", "leader")
+				info, _, err := c.Session().Info(consulHolder(t, c, lock), nil)
+				if err != nil || info == nil {
+					t.Fatalf("the leader's session: %v", err)
+				}
+				if info.LockDelay != tc.lockDelay {
+					t.Errorf("the leader's session has lock-delay %v, want --kill-grace + 1s = %v", info.LockDelay, tc.lockDelay)
+				}
+				follower := run("follower")
+				waitFor(t, 10*time.Second, "the follower to queue", func() bool { return consulWaiting(t, c, lock) == 1 })
 
-			killed := time.Now()
-			if err := syscall.Kill(leader.pid(), syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			waitFor(t, 5*time.Second, "the leader's child to die", func() bool { return !alive(first.Pid) })
-			childGone := time.Since(killed)
-			if childGone > time.Second {
-				t.Errorf("the leader's child died %v after leaderrun was killed, want within 1s", childGone)
-			}
-			limit := 2*consulTTL + delay + time.Second
-			evs = waitEvents(t, events, limit+5*time.Second, "the follower's child", consulSaw("start", "follower"))
-			next, _ := consulFirst(evs, "start", "follower")
-			failover := next.At.Sub(killed)
-			if failover > limit {
-				t.Errorf("follower's child started %v after the kill, want within 2×TTL + lock-delay + 1s = %v", failover, limit)
-			}
-			if next.Token <= first.Token {
-				t.Errorf("follower's token %d not greater than %d", next.Token, first.Token)
-			}
-			t.Logf("kill -9 with TTL %v, lock-delay %v: leader's child gone after %v; follower's child started after %v (bound %v)",
-				consulTTL, delay, childGone.Round(time.Millisecond), failover.Round(time.Millisecond), limit)
-		})
+				killed := time.Now()
+				if err := syscall.Kill(leader.pid(), syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+				waitFor(t, 5*time.Second, "the leader's child to die", func() bool { return !alive(first.Pid) })
+				childGone := time.Since(killed)
+				if childGone > time.Second {
+					t.Errorf("the leader's child died %v after leaderrun was killed, want within 1s", childGone)
+				}
+				limit := tc.lease + tc.lockDelay + time.Second
+				evs = waitEvents(t, events, limit+10*time.Second, "the follower's child", consulSaw("start", "follower"))
+				next, _ := consulFirst(evs, "start", "follower")
+				failover := next.At.Sub(killed)
+				if failover > limit {
+					t.Errorf("follower's child started %v after the kill, want within lease + lock-delay + 1s = %v", failover, limit)
+				}
+				if failover < tc.lease {
+					t.Errorf("follower's child started %v after the kill, within the lease of %v", failover, tc.lease)
+				}
+				if next.Token <= first.Token {
+					t.Errorf("follower's token %d not greater than %d", next.Token, first.Token)
+				}
+				t.Logf("kill -9, lease %v, lock-delay %v (derived): leader's child gone after %v; follower's child started after %v (bound %v)",
+					tc.lease, tc.lockDelay, childGone.Round(time.Millisecond), failover.Round(time.Millisecond), limit)
+				follower.signal(syscall.SIGTERM)
+				follower.wait(10 * time.Second)
+			})
+		}
 	}
+}
+
+// consulWaiting counts the live entries of lock's queue of waiters.
+func consulWaiting(t *testing.T, c *api.Client, lock string) int {
+	t.Helper()
+	pairs, _, err := c.KV().List(consulPrefix+lock+":queue/", nil)
+	if err != nil {
+		t.Fatalf("list the queue of %s: %v", lock, err)
+	}
+	n := 0
+	for _, p := range pairs {
+		if p.Session != "" {
+			n++
+		}
+	}
+	return n
 }
 
 // TestConsulSIGTERMHandover: SIGTERM stops the leader's child, releases the
@@ -360,7 +416,9 @@ func consulLogTime(out, msg string) (time.Time, bool) {
 
 // TestConsulStalledLeader: a leader whose connection to Consul stalls (no
 // byte moves, nothing is closed) stops its child on its renew deadline,
-// before Consul lets the follower take over, in every trial. The trials run
+// before the follower, which sees no renewal for a lease, takes over, in
+// every trial; the follower's child starts within a lease and a second of
+// the stall (lock-delay 0 here: safety does not rest on it). The trials run
 // side by side, each with its own lock and proxy, in phases driven from the
 // test's goroutine: they wait on Consul's clock, not on the CPU, and
 // parallel subtests would run only GOMAXPROCS of them at a time.
@@ -386,7 +444,7 @@ func TestConsulStalledLeader(t *testing.T) {
 		start(t, childEnv(tr.events, "forever"), consulRun(t, agent.Addr(), tr.lock, "follower")...)
 	}
 	for _, tr := range trials {
-		waitFor(t, 10*time.Second, tr.lock+": the follower to wait", func() bool { return consulCandidates(t, c, tr.lock) == 2 })
+		waitFor(t, 10*time.Second, tr.lock+": the follower to wait", func() bool { return consulWaiting(t, c, tr.lock) == 1 })
 	}
 	for _, tr := range trials {
 		tr.stalled = time.Now()
@@ -405,6 +463,9 @@ func TestConsulStalledLeader(t *testing.T) {
 		}
 		stops = append(stops, sig.At.Sub(tr.stalled))
 		takes = append(takes, next.At.Sub(tr.stalled))
+		if d := next.At.Sub(tr.stalled); d > consulTTL+time.Second {
+			t.Errorf("%s: the follower's child started %v after the stall, want within the lease + 1s", tr.lock, d)
+		}
 		margins = append(margins, next.At.Sub(exit.At))
 	}
 	for _, tr := range trials {
@@ -709,4 +770,237 @@ func consulRSS(pid int) int {
 		}
 	}
 	return 0
+}
+
+// consulProxy is an HTTP proxy in front of the agent for one leaderrun,
+// which records every request: what a process costs Consul, and when its
+// blocking queries were answered by a change.
+type consulProxy struct {
+	srv  *httptest.Server
+	mu   sync.Mutex
+	reqs []consulRequest
+}
+
+// consulRequest is one request through a consulProxy. index is the
+// request's ?index (0: not a blocking query), got the answer's
+// X-Consul-Index; end is zero while it is open.
+type consulRequest struct {
+	method, path string
+	start, end   time.Time
+	index, got   uint64
+}
+
+func (r consulRequest) blocking() bool { return r.method == "GET" && r.index > 0 }
+func (r consulRequest) woke() bool     { return r.blocking() && r.got != 0 && r.got != r.index }
+
+func newConsulProxy(t *testing.T, agent string) *consulProxy {
+	t.Helper()
+	target, err := url.Parse("http://" + agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.ErrorLog = log.New(io.Discard, "", 0)
+	p := &consulProxy{}
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		index, _ := strconv.ParseUint(r.URL.Query().Get("index"), 10, 64)
+		p.mu.Lock()
+		i := len(p.reqs)
+		p.reqs = append(p.reqs, consulRequest{method: r.Method, path: r.URL.Path, start: time.Now(), index: index})
+		p.mu.Unlock()
+		rp.ServeHTTP(w, r)
+		got, _ := strconv.ParseUint(w.Header().Get("X-Consul-Index"), 10, 64)
+		p.mu.Lock()
+		p.reqs[i].end, p.reqs[i].got = time.Now(), got
+		p.mu.Unlock()
+	}))
+	t.Cleanup(func() {
+		p.srv.CloseClientConnections()
+		p.srv.Close()
+	})
+	return p
+}
+
+func (p *consulProxy) addr() string { return strings.TrimPrefix(p.srv.URL, "http://") }
+
+// answered returns the requests answered in [from, to).
+func (p *consulProxy) answered(from, to time.Time) []consulRequest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []consulRequest
+	for _, r := range p.reqs {
+		if !r.end.IsZero() && !r.end.Before(from) && r.end.Before(to) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// blocked reports whether a blocking query on path is open.
+func (p *consulProxy) blocked(path string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, r := range p.reqs {
+		if r.blocking() && r.end.IsZero() && r.path == path {
+			return true
+		}
+	}
+	return false
+}
+
+// consulIssueTimings are the timings of issue 15's figures.
+var consulIssueTimings = []string{"--lease-duration", "10s", "--renew-deadline", "6s", "--retry-period", "2s", "--kill-grace", "2s"}
+
+// TestConsulIdleWaiters counts what two idle leaderrun waiters send their
+// agent over a minute (E2E_IDLE_WINDOW) while the leader renews every 2 s.
+// The second in line waits on the first's queue entry, which does not
+// change: at most 0.1 blocking queries/s (`consul lock`'s waiters send
+// 0.05/s). The first in line times the leader and is answered once per
+// renewal (0.5/s here): that is the price of failover within the lease,
+// and none of its queries ends early for nothing. Neither polls.
+func TestConsulIdleWaiters(t *testing.T) {
+	t.Parallel()
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
+	c := consulClient(t, agent.Addr())
+	window := time.Minute
+	if s := os.Getenv("E2E_IDLE_WINDOW"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatalf("E2E_IDLE_WINDOW=%q: %v", s, err)
+		}
+		window = d
+	}
+	const lock = "idle"
+	events := filepath.Join(t.TempDir(), "events")
+	run := func(addr, id string) *proc {
+		args := append(append(consulTimedArgs(addr, lock, id, consulIssueTimings), "--"), childArgv(t)...)
+		return start(t, childEnv(events, "forever"), args...)
+	}
+	leader := run(agent.Addr(), "leader")
+	waitEvents(t, events, 10*time.Second, "the leader's child", consulSaw("start", "leader"))
+	proxies := []*consulProxy{newConsulProxy(t, agent.Addr()), newConsulProxy(t, agent.Addr())}
+	var waiters []*proc
+	for i, p := range proxies {
+		waiters = append(waiters, run(p.addr(), fmt.Sprintf("waiter%d", i)))
+		waitFor(t, 10*time.Second, "the waiter to queue", func() bool { return consulWaiting(t, c, lock) == i+1 })
+	}
+	waitFor(t, 10*time.Second, "the first waiter to watch the key", func() bool { return proxies[0].blocked("/v1/kv/" + consulPrefix + lock) })
+	begin := time.Now()
+	time.Sleep(window) // the measurement interval, not synchronisation
+	end := time.Now()
+	secs := end.Sub(begin).Seconds()
+	for i, p := range proxies {
+		var blocking, woke, short, renewals, other int
+		for _, r := range p.answered(begin, end) {
+			switch {
+			case r.blocking():
+				blocking++
+				if r.woke() {
+					woke++
+				} else if r.end.Sub(r.start) < time.Second {
+					short++
+				}
+			case r.method == "PUT" && strings.HasPrefix(r.path, "/v1/session/renew/"):
+				renewals++
+			default:
+				other++
+			}
+		}
+		t.Logf("waiter %d over %v: blocking queries %.3f/s (%d, %d answered by a change, %d under 1s for nothing), session renewals %.3f/s, other %d",
+			i, end.Sub(begin).Round(time.Millisecond), float64(blocking)/secs, blocking, woke, short, float64(renewals)/secs, other)
+		if short > 0 || other > 0 {
+			t.Errorf("waiter %d: %d blocking queries under 1s for nothing, %d other requests", i, short, other)
+		}
+		switch {
+		case i == 0 && float64(blocking)/secs > 0.5+2/secs:
+			t.Errorf("waiter 0: %.3f blocking queries/s, want one per renewal of the leader (0.5/s)", float64(blocking)/secs)
+		case i == 1 && float64(blocking)/secs > 0.1:
+			t.Errorf("waiter 1: %.3f blocking queries/s, want at most 0.1", float64(blocking)/secs)
+		}
+	}
+	for _, p := range append(waiters, leader) {
+		p.signal(syscall.SIGTERM)
+		p.wait(10 * time.Second)
+	}
+}
+
+// TestConsulFewWoken: N leaderrun waiters (E2E_WAITERS, default 20) on one
+// lock, each through a proxy of its own; at each change of leader (SIGTERM
+// to the leader) only two followers are woken: the next in line, which
+// becomes the leader, and the one behind it, which moves up.
+func TestConsulFewWoken(t *testing.T) {
+	t.Parallel()
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
+	c := consulClient(t, agent.Addr())
+	n := 20
+	if s := os.Getenv("E2E_WAITERS"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 3 {
+			t.Fatalf("E2E_WAITERS=%q: want a number of at least 3", s)
+		}
+		n = v
+	}
+	changes := min(5, n-2)
+	const lock = "herd"
+	key := "/v1/kv/" + consulPrefix + lock
+	events := filepath.Join(t.TempDir(), "events")
+	procs := make([]*proc, n+1)
+	proxies := make([]*consulProxy, n+1)
+	for i := range procs {
+		proxies[i] = newConsulProxy(t, agent.Addr())
+		args := append(append(consulTimedArgs(proxies[i].addr(), lock, fmt.Sprintf("p%03d", i), consulIssueTimings), "--"), childArgv(t)...)
+		procs[i] = start(t, childEnv(events, "forever"), args...)
+		if i == 0 {
+			waitEvents(t, events, 10*time.Second, "the first child", consulSaw("start", "p000"))
+		} else {
+			waitFor(t, 20*time.Second, "the waiter to queue", func() bool { return consulWaiting(t, c, lock) == i })
+		}
+	}
+	waitFor(t, 10*time.Second, "the first waiter to watch the key", func() bool { return proxies[1].blocked(key) })
+	var woken []int
+	var handovers []time.Duration
+	for k := range changes {
+		stopped := time.Now()
+		procs[k].signal(syscall.SIGTERM)
+		next := fmt.Sprintf("p%03d", k+1)
+		evs := waitEvents(t, events, 10*time.Second, next+"'s child", consulSaw("start", next))
+		waitFor(t, 10*time.Second, "the next in line to watch the key", func() bool { return proxies[k+2].blocked(key) })
+		end := time.Now()
+		exit, _ := consulFirst(evs, "exit", fmt.Sprintf("p%03d", k))
+		st, _ := consulFirst(evs, "start", next)
+		handovers = append(handovers, st.At.Sub(exit.At))
+		var who []int
+		for i, p := range proxies {
+			if i == k {
+				continue // the old leader, not a follower
+			}
+			for _, r := range p.answered(stopped, end) {
+				if r.woke() {
+					who = append(who, i)
+					break
+				}
+			}
+		}
+		woken = append(woken, len(who))
+		t.Logf("change %d: p%03d → %s, handover (old child's exit → new child's start) %v; processes woken: %v", k, k, next, st.At.Sub(exit.At).Round(time.Microsecond), who)
+		for _, i := range who {
+			if i != k+1 && i != k+2 {
+				t.Errorf("change %d: p%03d was woken; want only the new leader p%03d and the next in line p%03d", k, i, k+1, k+2)
+			}
+		}
+	}
+	checkExclusive(t, readEvents(t, events))
+	slices.Sort(woken)
+	t.Logf("%d waiters, %d changes: processes woken per change %v (median %d); handover %s", n, changes, woken, woken[len(woken)/2], consulSummary(handovers))
+	if woken[len(woken)/2] > 2 {
+		t.Errorf("median %d processes woken per change, want at most 2", woken[len(woken)/2])
+	}
+	for _, p := range procs {
+		if !p.exited() {
+			p.signal(syscall.SIGTERM)
+		}
+	}
+	for _, p := range procs {
+		p.wait(10 * time.Second)
+	}
 }
