@@ -567,3 +567,68 @@ session_prefix "" { policy = "write" }`
 	}
 	release(t, l)
 }
+
+// TestConsulTakeoverNeedsSessionWrite: a token with session write on its
+// own node only can wait, but destroying the session of a silent holder on
+// another node is refused: the campaign ends with ErrUnavailable naming
+// the session and the policy it needs (not a silent wait for ever).
+func TestConsulTakeoverNeedsSessionWrite(t *testing.T) {
+	t.Parallel()
+	const root = "root-token-for-tests"
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{ACLToken: root})
+	cfg := api.DefaultConfig()
+	cfg.Address, cfg.Token = agent.Addr(), root
+	op, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A silent leaderrun holder on another node: a session of node
+	// "other" (no health checks) holding the key with a record.
+	if _, err := op.Catalog().Register(&api.CatalogRegistration{Node: "other", Address: "127.0.0.2"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var out struct{ ID string }
+	body := map[string]any{"Node": "other", "TTL": "30s", "Checks": []string{}, "NodeChecks": []string{}, "Behavior": "release"}
+	if _, err := op.Raw().Write("/v1/session/create", body, &out, nil); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() { _ = op.Session().RenewPeriodic("30s", out.ID, nil, stop) }()
+	key := "leaderrun-test/acl-other"
+	record := []byte(`{"identity":"elsewhere","token":1,"ttl":"10s","lock_delay":"0s"}`)
+	if ok, _, err := op.KV().Acquire(&api.KVPair{Key: key, Value: record, Flags: 0x6c72756e_00000001, Session: out.ID}, nil); err != nil || !ok {
+		t.Fatalf("acquire %s for node other: %v %v", key, ok, err)
+	}
+	p, _, err := op.ACL().PolicyCreate(&api.ACLPolicy{Name: "own-node", Rules: `key_prefix "leaderrun-test/" { policy = "write" }
+session "` + agent.Node() + `" { policy = "write" }`}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _, err := op.ACL().TokenCreate(&api.ACLToken{Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fcfg := api.DefaultConfig()
+	fcfg.Address, fcfg.Token = agent.Addr(), tok.SecretID
+	b, err := consul.New(consul.Config{API: fcfg, Lock: "acl-other", Prefix: "leaderrun-test/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	select {
+	case res := <-campaignFor(t, b, "follower", ttl):
+		t.Logf("campaign with session write on its own node only: %v", res.err)
+		if !errors.Is(res.err, backends.ErrUnavailable) || !strings.Contains(res.err.Error(), out.ID) || !strings.Contains(res.err.Error(), `session_prefix ""`) {
+			t.Errorf("got %v, want ErrUnavailable naming session %s and the policy", res.err, out.ID)
+		}
+		if strings.Contains(res.err.Error(), tok.SecretID) {
+			t.Errorf("%v shows the token", res.err)
+		}
+	case <-time.After(ttl + 10*time.Second):
+		t.Fatal("the follower neither took over nor reported the refusal")
+	}
+	if pair, _, err := op.KV().Get(key, nil); err != nil || pair == nil || pair.Session != out.ID {
+		t.Errorf("the key %+v, %v: want it still held by node other's session", pair, err)
+	}
+}
