@@ -108,8 +108,10 @@ func newConsulStore(t testing.TB) *consulStore {
 
 func (s *consulStore) name() string { return "consul" }
 
-// Consul's session TTL is at least 10 s. Lock-delay 0: the suite shows
-// that safety does not rest on it.
+// Consul's session TTL is at least 10 s. Lock-delay 0: a follower takes
+// over a silent leader a lease after it saw the leader's last renewal, and
+// the suite shows that safety rests on that (lease > deadline + grace),
+// not on the lock-delay.
 func (s *consulStore) timings() timing {
 	return timing{lease: 10 * time.Second, deadline: 6 * time.Second, retry: time.Second, grace: 2 * time.Second,
 		extra: []string{"--consul-lock-delay", "0s"}}
