@@ -836,12 +836,12 @@ func (p *consulProxy) answered(from, to time.Time) []consulRequest {
 	return out
 }
 
-// blocked reports whether a blocking query on path is open.
+// blocked reports whether a blocking query on path ("": any) is open.
 func (p *consulProxy) blocked(path string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, r := range p.reqs {
-		if r.blocking() && r.end.IsZero() && r.path == path {
+		if r.blocking() && r.end.IsZero() && (path == "" || r.path == path) {
 			return true
 		}
 	}
@@ -885,6 +885,7 @@ func TestConsulIdleWaiters(t *testing.T) {
 		waitFor(t, 10*time.Second, "the waiter to queue", func() bool { return consulWaiting(t, c, lock) == i+1 })
 	}
 	waitFor(t, 10*time.Second, "the first waiter to watch the key", func() bool { return proxies[0].blocked("/v1/kv/" + consulPrefix + lock) })
+	waitFor(t, 10*time.Second, "the second waiter to watch the first", func() bool { return proxies[1].blocked("") })
 	begin := time.Now()
 	time.Sleep(window) // the measurement interval, not synchronisation
 	end := time.Now()
