@@ -20,8 +20,8 @@
 // monotonic clock, counted from the moment it saw the last change, it
 // confirms with a consistent read that nothing changed, destroys the
 // holder's session and acquires the key once the holder's lock-delay has
-// passed. docs/safety.md ("Consul: a follower takes over a silent holder")
-// argues why the old holder's command is dead by then.
+// passed. docs/safety.md ("Consul: a follower takes over a silent
+// leader") argues why the old holder's command is dead by then.
 //
 // Sessions are created without Consul's default serfHealth check: a session
 // ends only by its TTL, by a destroy, or with its node's registration, so
