@@ -26,7 +26,6 @@ const watchWait = time.Minute
 type lease struct {
 	b        *Backend
 	session  string
-	identity string
 	token    uint64
 	ttl      time.Duration
 	acquired time.Time
@@ -54,7 +53,6 @@ func newLease(b *Backend, session string, rec record, token uint64, ttl time.Dur
 	l := &lease{
 		b:         b,
 		session:   session,
-		identity:  rec.Identity,
 		token:     token,
 		ttl:       ttl,
 		acquired:  acquired,
