@@ -38,7 +38,7 @@ func observers(c *cli.Context, cfg *runner.Config, backend backends.Backend, log
 
 	if addr := c.String("metrics-addr"); addr != "" {
 		m := metrics.New(cfg.Lock, backend.Name())
-		ms, err := metrics.Serve(addr, m)
+		ms, err := metrics.Serve(addr, m, metrics.Limits{})
 		if err != nil {
 			cleanup()
 			return nil, nil, usageErrorf("--metrics-addr %q: %v", addr, err)

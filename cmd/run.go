@@ -49,7 +49,7 @@ func runFlags() []cli.Flag {
 		&cli.BoolFlag{Name: "pass-credentials", Category: categoryChild, EnvVars: []string{"LEADERRUN_PASS_CREDENTIALS"},
 			Usage: "leave the store's credential variables (ETCDCTL_PASSWORD, CONSUL_HTTP_TOKEN, ...) in the command's environment; by default they are removed"},
 		&cli.StringFlag{Name: "metrics-addr", Category: categoryLogging, EnvVars: []string{"LEADERRUN_METRICS_ADDR"},
-			Usage: "serve Prometheus /metrics and /healthz on `HOST:PORT` (default: off)"},
+			Usage: "serve Prometheus /metrics and /healthz on `HOST:PORT`, bound as given: :PORT is every interface; 127.0.0.1:PORT keeps it to this host (default: off)"},
 	}
 	return append(flags, storeFlags()...)
 }

@@ -6,10 +6,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -107,8 +110,63 @@ type Server struct {
 	wg  sync.WaitGroup
 }
 
-// Serve listens on addr (host:port) and serves until Close.
-func Serve(addr string, m *Metrics) (*Server, error) {
+// The defaults of Limits. A scrape is one small request and response (a
+// Prometheus scrape times out after 10 s by default), and a scraper comes
+// back every 15 s to a minute: nothing legitimate needs a connection to
+// stay idle, send its headers slowly or hold one of many slots.
+const (
+	DefaultReadHeaderTimeout = 5 * time.Second
+	DefaultReadTimeout       = 10 * time.Second
+	DefaultWriteTimeout      = 10 * time.Second
+	DefaultIdleTimeout       = 30 * time.Second
+	DefaultMaxConns          = 64
+)
+
+// Limits bound what clients can make the metrics server hold: without
+// them every idle keep-alive connection keeps a descriptor and a goroutine
+// forever, and a flood of them takes memory and the descriptors that
+// renewals and the child need. Each field's zero value is its default.
+type Limits struct {
+	// ReadHeaderTimeout closes a connection whose request headers have not
+	// all arrived this long after it was accepted, or after its previous
+	// response (a client that connects and sends nothing). Default 5 s.
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds the reading of a whole request. Default 10 s.
+	ReadTimeout time.Duration
+	// WriteTimeout bounds the writing of a response to a client that reads
+	// slowly. Default 10 s.
+	WriteTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection that has sent no new
+	// request this long after its last response. Too short costs a scraper
+	// a reconnect per scrape, nothing more. Default 30 s.
+	IdleTimeout time.Duration
+	// MaxConns caps the connections open at once; one more is closed as
+	// soon as it is accepted, rather than queued behind the others, so a
+	// flood costs neither descriptors nor memory and a scraper gets in as
+	// soon as the timeouts free a slot. Default 64.
+	MaxConns int
+}
+
+func (l Limits) withDefaults() Limits {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&l.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	def(&l.ReadTimeout, DefaultReadTimeout)
+	def(&l.WriteTimeout, DefaultWriteTimeout)
+	def(&l.IdleTimeout, DefaultIdleTimeout)
+	if l.MaxConns <= 0 {
+		l.MaxConns = DefaultMaxConns
+	}
+	return l
+}
+
+// Serve listens on addr (host:port) as given, so ":9464" means every
+// interface, and serves within lim until Close.
+func Serve(addr string, m *Metrics, lim Limits) (*Server, error) {
+	lim = lim.withDefaults()
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: listen on %s: %w", addr, err)
@@ -118,13 +176,62 @@ func Serve(addr string, m *Metrics) (*Server, error) {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	s := &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln}
+	s := &Server{
+		srv: &http.Server{
+			Handler:           mux,
+			ReadHeaderTimeout: lim.ReadHeaderTimeout,
+			ReadTimeout:       lim.ReadTimeout,
+			WriteTimeout:      lim.WriteTimeout,
+			IdleTimeout:       lim.IdleTimeout,
+			MaxHeaderBytes:    8 << 10,
+			// The server's own log would go to stderr unstructured, one
+			// line per bad client.
+			ErrorLog: log.New(io.Discard, "", 0),
+		},
+		ln: &capped{Listener: ln, max: int64(lim.MaxConns)},
+	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		_ = s.srv.Serve(ln)
+		_ = s.srv.Serve(s.ln)
 	}()
 	return s, nil
+}
+
+// capped is a listener that keeps at most max connections open: it closes
+// the ones over the cap as it accepts them.
+type capped struct {
+	net.Listener
+	max  int64
+	open atomic.Int64
+}
+
+func (l *capped) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.open.Add(1) <= l.max {
+			return &cappedConn{Conn: c, l: l}, nil
+		}
+		l.open.Add(-1)
+		c.Close()
+	}
+}
+
+// cappedConn frees its slot when it is closed, once however often Close
+// is called.
+type cappedConn struct {
+	net.Conn
+	l    *capped
+	once sync.Once
+}
+
+func (c *cappedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { c.l.open.Add(-1) })
+	return err
 }
 
 // Addr is the address actually listened on (useful with port 0).
