@@ -8,12 +8,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"sync"
 	"time"
 
+	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/runner"
 )
 
@@ -65,12 +67,17 @@ type Server struct {
 	path string
 	dir  string
 	ln   net.Listener
+	log  *slog.Logger
 	wg   sync.WaitGroup
+	// stop ends a pause between failed accepts when Close is called.
+	stop   context.Context
+	cancel context.CancelFunc
 }
 
 // Listen creates the socket under a new 0700 directory in dir (os.TempDir
-// if empty), so that only this user can ask.
-func Listen(dir string, state *State) (*Server, error) {
+// if empty), so that only this user can ask. log, if not nil, hears when
+// accepting fails and when it works again.
+func Listen(dir string, state *State, log *slog.Logger) (*Server, error) {
 	d, err := os.MkdirTemp(dir, "leaderrun-")
 	if err != nil {
 		return nil, fmt.Errorf("create control socket directory: %w", err)
@@ -81,7 +88,11 @@ func Listen(dir string, state *State) (*Server, error) {
 		os.RemoveAll(d)
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
-	s := &Server{path: path, dir: d, ln: ln}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{path: path, dir: d, ln: ln, log: log}
+	s.stop, s.cancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
 	go s.serve(state)
 	return s, nil
@@ -90,12 +101,36 @@ func Listen(dir string, state *State) (*Server, error) {
 // Path is the socket's path, for LEADERRUN_SOCKET.
 func (s *Server) Path() string { return s.path }
 
+// acceptBackoff paces retries while accept fails. Check gives up after a
+// second, so the longest pause is short enough for a check that arrived
+// during the failure to be answered within its second once a descriptor
+// is free again.
+var acceptBackoff = backends.Backoff{Min: 5 * time.Millisecond, Max: 100 * time.Millisecond}
+
 func (s *Server) serve(state *State) {
 	defer s.wg.Done()
+	retry := acceptBackoff
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
-			return
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of descriptors (EMFILE, ENFILE) or kernel memory: the
+			// pending connection stays queued, and accept works again once
+			// the job or the store's client closes something. Ending here
+			// would leave every later check hanging while we still lead.
+			if retry.Failures() == 0 {
+				s.log.Warn("check socket: accept failed; retrying", "socket", s.path, "error", err)
+			}
+			if retry.Sleep(s.stop) != nil {
+				return
+			}
+			continue
+		}
+		if n := retry.Failures(); n > 0 {
+			s.log.Info("check socket: accepting again", "socket", s.path, "failed_accepts", n)
+			retry.Reset()
 		}
 		_ = c.SetDeadline(time.Now().Add(time.Second))
 		_ = json.NewEncoder(c).Encode(state.Answer())
@@ -105,6 +140,7 @@ func (s *Server) serve(state *State) {
 
 // Close stops serving and removes the socket.
 func (s *Server) Close() error {
+	s.cancel()
 	err := s.ln.Close()
 	s.wg.Wait()
 	os.RemoveAll(s.dir)
