@@ -1,7 +1,8 @@
 // Package notify tells systemd what leaderrun is doing, through sd_notify:
 // READY=1 once it is connected and campaigning, a STATUS= line that follows
 // every leadership change, WATCHDOG=1 while things are healthy and
-// STOPPING=1 when it stops. Without NOTIFY_SOCKET it does nothing.
+// STOPPING=1, once, when it begins to stop. Without NOTIFY_SOCKET it does
+// nothing.
 package notify
 
 import (
@@ -26,10 +27,11 @@ type Notifier struct {
 	// watchdog is half of WatchdogSec, zero when systemd does not watch.
 	watchdog time.Duration
 
-	mu      sync.Mutex
-	leading bool
-	stop    chan struct{} // ends the standby heartbeat; nil when none runs
-	wg      sync.WaitGroup
+	mu       sync.Mutex
+	leading  bool
+	stopSent bool          // STOPPING=1 went out
+	stop     chan struct{} // ends the standby heartbeat; nil when none runs
+	wg       sync.WaitGroup
 
 	// ctx ends the status query of describeLeader when Close is called.
 	ctx    context.Context
@@ -82,15 +84,30 @@ func (n *Notifier) Observe(e runner.Event) {
 		}
 	case runner.Lost:
 		n.setLeading(false)
-		n.send(fmt.Sprintf("STATUS=leadership lost (token %d): %v; stopping the command", e.Token, e.Err))
+		n.send(n.stopping() + fmt.Sprintf("STATUS=leadership lost (token %d): %v; stopping the command", e.Token, e.Err))
 	case runner.Stopping:
-		n.send("STOPPING=1\nSTATUS=stopping the command")
+		n.send(n.stopping() + "STATUS=stopping the command")
 	case runner.ChildExited:
 		n.send(fmt.Sprintf("STATUS=command exited (%v); releasing lock %s", e.Status, n.lock))
 	case runner.Released:
 		n.setLeading(false)
-		n.send("STOPPING=1\nSTATUS=released lock " + n.lock)
+		n.send(n.stopping() + "STATUS=released lock " + n.lock)
 	}
+}
+
+// stopping returns "STOPPING=1\n" the first time it is called and "" after:
+// systemd is told once that leaderrun is shutting down, at the first of
+// leadership lost, the stop of the command on a signal, or the lock
+// released (after the command exited by itself); each of these ends the
+// run.
+func (n *Notifier) stopping() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.stopSent {
+		return ""
+	}
+	n.stopSent = true
+	return "STOPPING=1\n"
 }
 
 func (n *Notifier) setLeading(v bool) {
