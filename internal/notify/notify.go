@@ -28,7 +28,7 @@ type Notifier struct {
 	watchdog time.Duration
 
 	mu       sync.Mutex
-	leading  bool
+	led      bool          // Acquired was seen: a standby STATUS would be stale
 	stopSent bool          // STOPPING=1 went out
 	stop     chan struct{} // ends the standby heartbeat; nil when none runs
 	wg       sync.WaitGroup
@@ -72,7 +72,9 @@ func (n *Notifier) Observe(e runner.Event) {
 		n.describeLeader()
 	case runner.Acquired:
 		n.stopHeartbeat()
-		n.setLeading(true)
+		n.mu.Lock()
+		n.led = true
+		n.mu.Unlock()
 		n.send(fmt.Sprintf("STATUS=leading with token %d", e.Token))
 	case runner.ChildStarted:
 		n.send(fmt.Sprintf("STATUS=leading with token %d; command running as pid %d", e.Token, e.Pid))
@@ -83,14 +85,12 @@ func (n *Notifier) Observe(e runner.Event) {
 			n.send("WATCHDOG=1")
 		}
 	case runner.Lost:
-		n.setLeading(false)
 		n.send(n.stopping() + fmt.Sprintf("STATUS=leadership lost (token %d): %v; stopping the command", e.Token, e.Err))
 	case runner.Stopping:
 		n.send(n.stopping() + "STATUS=stopping the command")
 	case runner.ChildExited:
 		n.send(fmt.Sprintf("STATUS=command exited (%v); releasing lock %s", e.Status, n.lock))
 	case runner.Released:
-		n.setLeading(false)
 		n.send(n.stopping() + "STATUS=released lock " + n.lock)
 	}
 }
@@ -110,12 +110,6 @@ func (n *Notifier) stopping() string {
 	return "STOPPING=1\n"
 }
 
-func (n *Notifier) setLeading(v bool) {
-	n.mu.Lock()
-	n.leading = v
-	n.mu.Unlock()
-}
-
 // describeLeader puts the current leader into STATUS, in the background:
 // a slow store must not hold up the campaign.
 func (n *Notifier) describeLeader() {
@@ -128,13 +122,17 @@ func (n *Notifier) describeLeader() {
 		ctx, cancel := context.WithTimeout(n.ctx, 5*time.Second)
 		defer cancel()
 		st, err := n.status(ctx)
-		n.mu.Lock()
-		leading := n.leading
-		n.mu.Unlock()
-		if err != nil || leading {
+		// A lock held with no holder recorded yet is a grant in progress,
+		// often our own: nothing to name.
+		if err != nil || !st.Held || st.Identity == "" {
 			return
 		}
-		if st.Held {
+		// Under mu, which Acquired takes before it says "leading": this
+		// line cannot come after that one (or after a loss) and leave
+		// systemctl status showing a leader as a standby.
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if !n.led {
 			n.send(fmt.Sprintf("STATUS=standby; leader is %s (token %d)", st.Identity, st.Token))
 		}
 	}()
