@@ -10,13 +10,32 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The SQLite fencing example runs for real; as root, install sqlite3 if
-# it is missing (Debian), otherwise that one test is skipped (failed under CI).
-if ! command -v sqlite3 >/dev/null; then
+# Debian packages some tests run for real: sqlite3 (the SQLite fencing
+# example), systemd-analyze from systemd (the example units are verified
+# and rated) and strace (leaderrun's system calls checked against the
+# units' filter). As root, install what is missing; otherwise those tests
+# are skipped (failed under CI).
+missing=()
+command -v sqlite3 >/dev/null || missing+=(sqlite3)
+command -v systemd-analyze >/dev/null || missing+=(systemd)
+command -v strace >/dev/null || missing+=(strace)
+if [ ${#missing[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-		apt-get update -qq && apt-get install -y -qq sqlite3 >/dev/null
+		# Install, never start: policy-rc.d 101 forbids maintainer scripts
+		# to start services (systemd's own postinst included).
+		policy=
+		if [ ! -e /usr/sbin/policy-rc.d ]; then
+			policy=/usr/sbin/policy-rc.d
+			printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy"
+		fi
+		status=0
+		apt-get update -qq &&
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
+			status=$?
+		[ -z "$policy" ] || rm -f "$policy"
+		[ "$status" = 0 ] || exit "$status"
 	else
-		echo "sqlite3 not found: install it (apt-get install sqlite3) to run the fencing example test" >&2
+		echo "not found: ${missing[*]}: install them (apt-get install ${missing[*]}) to run the tests that need them" >&2
 	fi
 fi
 etcd_dir=$(scripts/install-etcd.sh)
