@@ -12,13 +12,15 @@ cd "$(dirname "$0")/.."
 
 # Debian packages some tests run for real: sqlite3 (the SQLite fencing
 # example), systemd-analyze from systemd (the example units are verified
-# and rated) and strace (leaderrun's system calls checked against the
-# units' filter). As root, install what is missing; otherwise those tests
-# are skipped (failed under CI).
+# and rated), strace (leaderrun's system calls checked against the units'
+# filter) and cron (the crontab recipe, run by cron itself in a private
+# mount namespace). As root, install what is missing; otherwise those
+# tests are skipped (failed under CI).
 missing=()
 command -v sqlite3 >/dev/null || missing+=(sqlite3)
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 command -v strace >/dev/null || missing+=(strace)
+[ -x /usr/sbin/cron ] || missing+=(cron)
 if [ ${#missing[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 		# Install, never start: policy-rc.d 101 forbids maintainer scripts
