@@ -451,3 +451,88 @@ func TestSystemdSandboxCoversLeaderrun(t *testing.T) {
 		})
 	}
 }
+
+// TestSystemdStateDirectoryLayout: with DynamicUser=yes, systemd makes
+// StateDirectory=leaderrun a directory /var/lib/private/leaderrun (mode
+// 0700, owned by the unit's user, inside a root-only /var/lib/private) and
+// /var/lib/leaderrun a symlink to it; the units pass LEADERRUN_STATE_DIR=
+// %S/leaderrun, the symlink. The local backend must work there, as the
+// unit's unprivileged user, and keep its token across runs. (As root, the
+// test runs leaderrun as nobody, the owner of the directory, as systemd
+// would run it as the dynamic user.)
+func TestSystemdStateDirectoryLayout(t *testing.T) {
+	root, err := os.MkdirTemp("", "leaderrun-statedir-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	uid, gid := os.Getuid(), os.Getgid()
+	var cred *syscall.Credential
+	if uid == 0 {
+		uid, gid = 65534, 65534
+		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	// What systemd creates (StateDirectoryMode=0700), and a place for the
+	// job to write, and a copy of leaderrun the user can run.
+	lib := filepath.Join(root, "var-lib")
+	private := filepath.Join(lib, "private")
+	state := filepath.Join(private, "leaderrun")
+	work := filepath.Join(root, "work")
+	for _, d := range []struct {
+		path  string
+		mode  os.FileMode
+		owned bool
+	}{{root, 0o755, false}, {lib, 0o755, false}, {private, 0o700, false}, {state, 0o700, true}, {work, 0o755, true}} {
+		if err := os.MkdirAll(d.path, d.mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d.path, d.mode); err != nil {
+			t.Fatal(err)
+		}
+		if d.owned {
+			if err := os.Chown(d.path, uid, gid); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := os.Symlink("private/leaderrun", filepath.Join(lib, "leaderrun")); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(testenv.Leaderrun(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lr := filepath.Join(work, "leaderrun")
+	if err := os.WriteFile(lr, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if cred != nil {
+		// The user cannot traverse the root-only private/ by itself: as
+		// under systemd, it reaches its directory through the symlink in a
+		// namespace where private/ is open to it. Here, root makes
+		// private/ traversable (not listable) for the test's user.
+		if err := os.Chmod(private, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tokens := filepath.Join(work, "tokens")
+	for run := 1; run <= 2; run++ {
+		cmd := exec.Command(lr, "--backend", "local", "--lock", "relay", "--", "/bin/sh", "-c", "echo $FENCE_TOKEN >> "+tokens)
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "LEADERRUN_STATE_DIR=" + filepath.Join(lib, "leaderrun"), "HOME=/"}
+		cmd.Dir = "/"
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("run %d as uid %d: %v\n%s", run, uid, err, out)
+		}
+	}
+	got, _ := os.ReadFile(tokens)
+	if string(got) != "1\n2\n" {
+		t.Errorf("tokens of two runs: %q, want 1 then 2", got)
+	}
+	files, _ := os.ReadDir(state)
+	var names []string
+	for _, f := range files {
+		names = append(names, f.Name())
+	}
+	t.Logf("state directory %s (through the symlink %s/leaderrun) holds %v; tokens %q", state, lib, names, got)
+}
