@@ -85,34 +85,38 @@ func withDefaultCommand(app *cli.App, args []string) []string {
 func newApp(st *state) *cli.App {
 	return &cli.App{
 		Name:      "leaderrun",
-		Usage:     "run a command only while this host holds a lock in etcd, Consul, ZooKeeper or a local lock file",
-		UsageText: "leaderrun [run] --lock NAME [flags] -- COMMAND [ARG...]\nleaderrun status --lock NAME [--json]\nleaderrun check [--min-remaining D] [-v]\nleaderrun version\nleaderrun completion bash|zsh|fish",
+		Usage:     "run a command only while this host holds a lock in etcd, Consul, PostgreSQL, Kubernetes, ZooKeeper or a local lock file",
+		UsageText: "leaderrun [run] --lock NAME [flags] -- COMMAND [ARG...]\nleaderrun status --lock NAME [--json]\nleaderrun history --lock NAME [--json] [--limit N]\nleaderrun check [--min-remaining D] [-v]\nleaderrun version\nleaderrun completion bash|zsh|fish",
 		Description: `leaderrun campaigns for the lock NAME and runs COMMAND only while it holds
 it. The command gets $FENCE_TOKEN, a number that grows with every grant of
 the lock: send it with every write so that a resource can refuse a leader
 that was paused and lost its lease. If the lease is lost, leaderrun stops the
-command (--kill-signal, then SIGKILL after --kill-grace) before the store can
-hand the lock to anyone else, and exits 76.
+command and everything it started (--kill-signal, then SIGKILL after
+--kill-grace) before the store can hand the lock to anyone else, and exits 76.
 
-crontab, on every host (one runs the job, the others exit 75 quietly):
-   0 2 * * * leaderrun --try --quiet --min-hold 10m --lock billing -- /opt/billing/run
+crontab, on every host (one successful run a day; a host that finds the
+lock held waits, and runs the job if the leader died before finishing it):
+   PATH=/usr/local/bin:/usr/bin:/bin
+   0 2 * * * /usr/local/bin/leaderrun --quiet --wait 50m --once-per 24h --lock billing -- /opt/billing/run
 
 systemd unit (standbys wait; the leader runs the service; see
-examples/systemd/ for the commented original):
+examples/systemd/ for the commented, sandboxed original):
    [Service]
    Type=notify
    NotifyAccess=main
    Environment=LEADERRUN_ETCD_ENDPOINTS=http://10.0.0.1:2379,http://10.0.0.2:2379
-   ExecStart=/usr/bin/leaderrun --lock relay -- /usr/bin/relay
+   ExecStart=/usr/local/bin/leaderrun --lock relay -- /usr/bin/relay
    Restart=always
    SuccessExitStatus=76 143
    KillMode=mixed
    TimeoutStopSec=10
 
 Exit codes: the command's own; 128+N if it died of signal N; 1 check: not
-leader; 3 status: no leader; 64 usage; 69 store unreachable; 70 internal
+leader; 3 status: no leader; 64 usage or unsafe state directory; 65 local
+token or state file corrupt; 69 store unreachable or refused; 70 internal
 error; 75 not acquired (--try, --wait); 76 leadership lost; 126 command not
-executable; 127 command not found.
+executable; 127 command not found; --done-exit-code (0) when --once-per or
+--once-key finds the run already done.
 
 Run 'leaderrun run --help' for every flag of run.`,
 		Version:              Version(),
