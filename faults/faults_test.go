@@ -62,55 +62,24 @@ func TestFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// FAULTS_PARALLEL stores run at once, each with its own servers (the
+	// scenarios of one store always run one after the other).
+	parallel, _ := strconv.Atoi(os.Getenv("FAULTS_PARALLEL"))
 	started := time.Now()
+	byStore := make([][]*row, len(backends))
+	t.Run("stores", func(t *testing.T) {
+		for k, name := range backends {
+			t.Run(name, func(t *testing.T) {
+				if parallel > 1 {
+					t.Parallel()
+				}
+				byStore[k] = runStore(t, name, trials, bin, child, out)
+			})
+		}
+	})
 	var rows []*row
-	for _, name := range backends {
-		t.Run(name, func(t *testing.T) {
-			st := newStore(t, name)
-			for _, f := range scenarios {
-				if f.only != nil && !slices.Contains(f.only, name) {
-					continue
-				}
-				r := &row{store: name, scenario: f.name, expectFailover: f.failover}
-				rows = append(rows, r)
-				drawn := false
-				for i := range trials {
-					t.Run(fmt.Sprintf("%s/%d", strings.ReplaceAll(f.name, " ", "_"), i), func(t *testing.T) {
-						tr := runTrial(t, st, f, bin, child, i)
-						v := tr.check()
-						if f.escape {
-							// The scenario proves nothing unless the
-							// helpers really ran beside their children.
-							for _, tm := range termsOf(v.lives) {
-								if len(tm.writers) < 2 {
-									t.Errorf("%s: the child of %s (token %d) has no escaped helper in the ledger", f.name, tm.Identity, tm.Token)
-								}
-							}
-						}
-						r.add(v)
-						if v.violations() > 0 {
-							t.Errorf("%s %s trial %d: %d violations:\n%s", name, f.name, i, v.violations(), v.problems())
-							for _, c := range tr.cands {
-								t.Logf("candidate %s (exit %d):\n%s", c.id, c.code, c.out.String())
-							}
-						}
-						// One timeline per scenario: the first trial, or the
-						// first that broke an invariant.
-						if !drawn || v.violations() > 0 {
-							drawn = true
-							file := filepath.Join(out, fmt.Sprintf("%s-%s.svg", name, slug(f.name)))
-							title := fmt.Sprintf("%s: %s (trial %d)", name, f.name, i)
-							if err := os.WriteFile(file, []byte(timeline(title, tr, v)), 0o644); err != nil {
-								t.Error(err)
-							}
-						}
-					})
-				}
-				t.Logf("%s %-22s trials=%d changes=%d violations=%d stale-rejected=%d failover p50=%s max=%s",
-					name, f.name, r.trials, r.leaderChanges, r.violations(), r.staleRejected,
-					fmtDur(percentile(r.failovers, .5)), fmtDur(percentile(r.failovers, 1)))
-			}
-		})
+	for _, rs := range byStore {
+		rows = append(rows, rs...)
 	}
 	tbl := table(rows)
 	fmt.Println()
@@ -119,13 +88,68 @@ func TestFaults(t *testing.T) {
 	if commit == "" {
 		commit = "unknown"
 	}
-	report := fmt.Sprintf("# Fault-injection results\n\nProduced by `scripts/faults.sh --trials %d --backend %s` at commit %s on %s (%d cores, %s/%s, %s), in %v.\n\n%s\n%s",
-		trials, backendFlag, commit, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH,
+	cmdline := fmt.Sprintf("scripts/faults.sh --trials %d --backend %s", trials, backendFlag)
+	if parallel > 1 {
+		cmdline += fmt.Sprintf(" --parallel %d", parallel)
+	}
+	report := fmt.Sprintf("# Fault-injection results\n\nProduced by `%s` at commit %s on %s (%d cores, %s/%s, %s), in %v.\n\n%s\n%s",
+		cmdline, commit, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH,
 		runtime.Version(), time.Since(started).Round(time.Second), tbl, legend)
 	if err := os.WriteFile(filepath.Join(out, "faults.md"), []byte(report), 0o644); err != nil {
 		t.Error(err)
 	}
 	t.Logf("table and timelines written to %s", out)
+}
+
+// runStore runs every scenario of one store, trials times each, and
+// returns its rows of the table.
+func runStore(t *testing.T, name string, trials int, bin, child, out string) []*row {
+	st := newStore(t, name)
+	var rows []*row
+	for _, f := range scenarios {
+		if f.only != nil && !slices.Contains(f.only, name) {
+			continue
+		}
+		r := &row{store: name, scenario: f.name, expectFailover: f.failover}
+		rows = append(rows, r)
+		drawn := false
+		for i := range trials {
+			t.Run(fmt.Sprintf("%s/%d", strings.ReplaceAll(f.name, " ", "_"), i), func(t *testing.T) {
+				tr := runTrial(t, st, f, bin, child, i)
+				v := tr.check()
+				if f.escape {
+					// The scenario proves nothing unless the
+					// helpers really ran beside their children.
+					for _, tm := range termsOf(v.lives) {
+						if len(tm.writers) < 2 {
+							t.Errorf("%s: the child of %s (token %d) has no escaped helper in the ledger", f.name, tm.Identity, tm.Token)
+						}
+					}
+				}
+				r.add(v)
+				if v.violations() > 0 {
+					t.Errorf("%s %s trial %d: %d violations:\n%s", name, f.name, i, v.violations(), v.problems())
+					for _, c := range tr.cands {
+						t.Logf("candidate %s (exit %d):\n%s", c.id, c.code, c.out.String())
+					}
+				}
+				// One timeline per scenario: the first trial, or the
+				// first that broke an invariant.
+				if !drawn || v.violations() > 0 {
+					drawn = true
+					file := filepath.Join(out, fmt.Sprintf("%s-%s.svg", name, slug(f.name)))
+					title := fmt.Sprintf("%s: %s (trial %d)", name, f.name, i)
+					if err := os.WriteFile(file, []byte(timeline(title, tr, v)), 0o644); err != nil {
+						t.Error(err)
+					}
+				}
+			})
+		}
+		t.Logf("%s %-22s trials=%d changes=%d violations=%d stale-rejected=%d failover p50=%s max=%s",
+			name, f.name, r.trials, r.leaderChanges, r.violations(), r.staleRejected,
+			fmtDur(percentile(r.failovers, .5)), fmtDur(percentile(r.failovers, 1)))
+	}
+	return rows
 }
 
 const legend = `

@@ -6,7 +6,7 @@
 # ledger. Prints a table per store and scenario and writes it, with one SVG
 # timeline per scenario, to --out. Exits non-zero on any violation.
 #
-#   scripts/faults.sh [--trials N] [--backend STORE[,STORE...]|all] [--out DIR]
+#   scripts/faults.sh [--trials N] [--backend STORE[,STORE...]|all] [--parallel P] [--out DIR]
 #
 # STORE is one of: etcd consul postgres zookeeper.
 #
@@ -15,17 +15,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-trials=3 backend=all out=""
+trials=3 backend=all out="" parallel=1
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--trials) trials=$2; shift 2 ;;
 	--backend) backend=$2; shift 2 ;;
 	--out) out=$2; shift 2 ;;
-	*) echo "usage: $0 [--trials N] [--backend STORE[,STORE...]|all] [--out DIR]" >&2; exit 64 ;;
+	--parallel) parallel=$2; shift 2 ;;
+	*) echo "usage: $0 [--trials N] [--backend STORE[,STORE...]|all] [--parallel P] [--out DIR]" >&2; exit 64 ;;
 	esac
 done
 stores="etcd consul postgres zookeeper"
 case "$trials" in '' | *[!0-9]* | 0) echo "--trials $trials: want a positive number" >&2; exit 64 ;; esac
+case "$parallel" in '' | *[!0-9]* | 0) echo "--parallel $parallel: want a positive number" >&2; exit 64 ;; esac
 if [ "$backend" != all ]; then
 	for b in ${backend//,/ }; do
 		case " $stores " in *" $b "*) ;; *) echo "--backend $backend: want all or some of: $stores" >&2; exit 64 ;; esac
@@ -55,7 +57,7 @@ if wants postgres; then
 		echo "PostgreSQL not installed: its trials will be skipped (failed under CI=true)" >&2
 	fi
 fi
-export FAULTS_TRIALS=$trials FAULTS_BACKEND=$backend FAULTS_OUT=$out
+export FAULTS_TRIALS=$trials FAULTS_BACKEND=$backend FAULTS_OUT=$out FAULTS_PARALLEL=$parallel
 FAULTS_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ -n "$(git status --porcelain 2>/dev/null)" ]; then FAULTS_COMMIT="$FAULTS_COMMIT+changes"; fi
 export FAULTS_COMMIT
@@ -63,7 +65,7 @@ export FAULTS_COMMIT
 # -v shows each trial; the whole output goes to faults.log, the outline to
 # the terminal; the table is printed at the end and saved as faults.md.
 set +e
-go test -count=1 -timeout 0 -run '^TestFaults$' -v ./faults/ 2>&1 | tee "$out/faults.log" |
+go test -count=1 -timeout 0 -parallel "$parallel" -run '^TestFaults$' -v ./faults/ 2>&1 | tee "$out/faults.log" |
 	grep --line-buffered -E '^(=== RUN|--- FAIL|\||FAIL|ok|PASS)|faults_test.go'
 status=${PIPESTATUS[0]}
 set -e
