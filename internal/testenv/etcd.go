@@ -70,6 +70,9 @@ type EtcdMember struct {
 	args      []string
 	log       string
 	http      *http.Client // for /health
+	// shared: the member belongs to the process, not to a test (see
+	// dieWithParent).
+	shared bool
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -85,7 +88,7 @@ const etcdStartTimeout = 30 * time.Second
 // started again on other ports.
 func StartEtcd(t testing.TB, members int) *Etcd {
 	t.Helper()
-	return startEtcd(t, members, nil)
+	return startEtcd(t, EtcdBinary(t), members, nil)
 }
 
 // StartEtcdTLS starts one member that serves clients over TLS only
@@ -93,15 +96,16 @@ func StartEtcd(t testing.TB, members int) *Etcd {
 // made for the test; Etcd.TLS names the files a client needs.
 func StartEtcdTLS(t testing.TB) *Etcd {
 	t.Helper()
-	return startEtcd(t, 1, newEtcdTLS(t))
+	return startEtcd(t, EtcdBinary(t), 1, newEtcdTLS(t))
 }
 
-func startEtcd(t testing.TB, members int, tlsFiles *EtcdTLS) *Etcd {
+// startEtcd starts a cluster that t stops when it ends; t is a test, or the
+// process for a server that a package's tests share (see SharedKube).
+func startEtcd(t scope, bin string, members int, tlsFiles *EtcdTLS) *Etcd {
 	t.Helper()
 	if members != 1 && members != 3 {
 		t.Fatalf("StartEtcd: %d members; want 1 or 3", members)
 	}
-	bin := EtcdBinary(t)
 	var lastErr error
 	for try := 0; try < 3; try++ {
 		e := newEtcd(t, bin, members, try, tlsFiles)
@@ -115,18 +119,20 @@ func startEtcd(t testing.TB, members int, tlsFiles *EtcdTLS) *Etcd {
 	return nil
 }
 
-func newEtcd(t testing.TB, bin string, members, try int, tlsFiles *EtcdTLS) *Etcd {
+func newEtcd(t scope, bin string, members, try int, tlsFiles *EtcdTLS) *Etcd {
 	e := &Etcd{TLS: tlsFiles}
 	scheme, hc := "http", &http.Client{Timeout: time.Second}
 	if tlsFiles != nil {
 		scheme, hc = "https", tlsFiles.httpClient(t)
 	}
+	_, shared := t.(*procScope)
 	var cluster []string
 	for i := range members {
 		m := &EtcdMember{
+			shared:    shared,
 			Name:      fmt.Sprintf("m%d", i+1),
-			ClientURL: fmt.Sprintf("%s://127.0.0.1:%d", scheme, FreePort(t, "127.0.0.1")),
-			PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", FreePort(t, "127.0.0.1")),
+			ClientURL: fmt.Sprintf("%s://127.0.0.1:%d", scheme, freePort(t, "127.0.0.1")),
+			PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", freePort(t, "127.0.0.1")),
 			http:      hc,
 		}
 		cluster = append(cluster, m.Name+"="+m.PeerURL)
@@ -183,7 +189,7 @@ func (e *Etcd) Endpoints() []string {
 func (e *Etcd) WaitHealthy(t testing.TB) {
 	t.Helper()
 	if err := e.waitHealthy(etcdStartTimeout); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 }
 
@@ -215,10 +221,10 @@ func (m *EtcdMember) Kill(t testing.TB) {
 func (m *EtcdMember) Start(t testing.TB) {
 	t.Helper()
 	if err := m.spawn(); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	if err := m.waitHealthy(time.Now().Add(etcdStartTimeout)); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 }
 
@@ -252,6 +258,9 @@ func (m *EtcdMember) spawn() error {
 	defer logf.Close()
 	cmd := exec.Command(m.args[0], m.args[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	if m.shared {
+		cmd.SysProcAttr = dieWithParent()
+	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start etcd member %s: %w", m.Name, err)
 	}
@@ -329,7 +338,7 @@ func (m *EtcdMember) tail() string {
 
 // newEtcdTLS writes a CA, a server certificate for 127.0.0.1 and a client
 // certificate, both signed by the CA, into a temporary directory.
-func newEtcdTLS(t testing.TB) *EtcdTLS {
+func newEtcdTLS(t scope) *EtcdTLS {
 	t.Helper()
 	dir := t.TempDir()
 	ca := newCert(t, nil, func(c *x509.Certificate) {
@@ -356,15 +365,15 @@ func newEtcdTLS(t testing.TB) *EtcdTLS {
 }
 
 // httpClient trusts the test CA and presents the client certificate.
-func (f *EtcdTLS) httpClient(t testing.TB) *http.Client {
+func (f *EtcdTLS) httpClient(t scope) *http.Client {
 	t.Helper()
 	cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	caPEM, err := os.ReadFile(f.CACert)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
@@ -382,15 +391,15 @@ type testCert struct {
 
 // newCert makes a certificate valid for a day, signed by parent, or
 // self-signed if parent is nil.
-func newCert(t testing.TB, parent *testCert, edit func(*x509.Certificate)) *testCert {
+func newCert(t scope, parent *testCert, edit func(*x509.Certificate)) *testCert {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	serial, err := rand.Int(rand.Reader, big.NewInt(1<<62))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
@@ -405,22 +414,22 @@ func newCert(t testing.TB, parent *testCert, edit func(*x509.Certificate)) *test
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	cert, err := x509.ParseCertificate(der)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	return &testCert{cert: cert, der: der, key: key}
 }
 
 // write stores the certificate as dir/name.pem and its key as
 // dir/name-key.pem, and returns the certificate's path.
-func (c *testCert) write(t testing.TB, dir, name string) string {
+func (c *testCert) write(t scope, dir, name string) string {
 	t.Helper()
 	keyDER, err := x509.MarshalPKCS8PrivateKey(c.key)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	certPath := filepath.Join(dir, name+".pem")
 	for path, block := range map[string]*pem.Block{
@@ -428,7 +437,7 @@ func (c *testCert) write(t testing.TB, dir, name string) string {
 		filepath.Join(dir, name+"-key.pem"): {Type: "PRIVATE KEY", Bytes: keyDER},
 	} {
 		if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
-			t.Fatal(err)
+			t.Fatalf("%v", err)
 		}
 	}
 	return certPath

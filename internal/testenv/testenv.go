@@ -58,8 +58,24 @@ func isExecutable(p string) bool {
 	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
 }
 
+// scope is what starting a server needs of its owner: a test (any
+// testing.TB), or the test process itself for a server that all the tests
+// of a package share (see SharedKube). Fatalf ends the start-up; Cleanup
+// stops the server when the owner ends.
+type scope interface {
+	Helper()
+	TempDir() string
+	Fatalf(format string, args ...any)
+	Cleanup(func())
+}
+
 // FreePort asks the kernel for a free TCP port on ip.
 func FreePort(t testing.TB, ip string) int {
+	t.Helper()
+	return freePort(t, ip)
+}
+
+func freePort(t scope, ip string) int {
 	t.Helper()
 	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {

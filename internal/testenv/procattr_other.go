@@ -1,0 +1,9 @@
+//go:build !linux
+
+package testenv
+
+import "syscall"
+
+// dieWithParent is Linux only; elsewhere a shared server outlives a test
+// process that dies without stopping it.
+func dieWithParent() *syscall.SysProcAttr { return nil }
