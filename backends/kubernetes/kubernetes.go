@@ -1,0 +1,270 @@
+// Package kubernetes is the Kubernetes backend: the lock is a
+// coordination.k8s.io/v1 Lease named after it, with the record that
+// client-go's leaderelection keeps in it (holderIdentity,
+// leaseDurationSeconds, acquireTime, renewTime, leaseTransitions), so that
+// `kubectl get lease` shows the holder and a client-go LeaderElector on the
+// same Lease and leaderrun exclude each other.
+//
+// # Record and timing
+//
+// Every write is an update conditional on the resourceVersion that was
+// read: of two candidates that saw the same state, one wins and the other
+// gets 409 Conflict. A Lease that names no holder is free; one that names a
+// holder is taken over only once its record has not changed for
+// leaseDurationSeconds, timed on the follower's own monotonic clock from
+// when it saw the record change, exactly as client-go's elector times it.
+// The timestamps in the record are never trusted as a clock (hosts' clocks
+// may differ), only compared, so clock offsets between hosts do not matter.
+// Followers watch the Lease, so a release (holderIdentity cleared, as
+// client-go's ReleaseOnCancel does) hands over at once, and the holder sees
+// at once that its Lease was deleted or given to someone else (S3).
+//
+// leaseDurationSeconds is whole seconds: the lease duration asked is
+// rounded up, and Lease.TTL reports what was written.
+//
+// An identity is no proof of ownership here: a record that names this
+// candidate's identity but was not written by this Lease is treated like
+// anyone else's (client-go would renew it at once). Identities must still
+// be distinct: a client-go elector that shares leaderrun's identity takes
+// leaderrun's Lease for its own.
+//
+// # Fencing token
+//
+// The token of a grant is one more than the resourceVersion of the Lease
+// that the acquiring update was conditional on, or one more than the token
+// recorded on the Lease if that is larger. It is recorded in the
+// leaderrun/token annotation with the grant it belongs to.
+//
+// Why it cannot go backwards: kube-apiserver stores every object in etcd,
+// and a resourceVersion is the etcd revision of the object's last write.
+// etcd's revision counts every write to the whole store, so it only grows,
+// and since Kubernetes 1.35 the API itself defines the resource versions of
+// one resource as integers that compare in the order of the writes. Let
+// grant k be the conditional update W(k), made on version r(k) and
+// committed at revision w(k) > r(k); its token t(k) = r(k)+1 <= w(k). The
+// next grant's update W(k+1) can only succeed on a state written after
+// W(k), as W(k) made the Lease held and only a later write (a release, an
+// expiry's takeover, a deletion followed by a creation) frees it again; so
+// r(k+1) >= w(k) and t(k+1) = r(k+1)+1 > w(k) >= t(k). A deletion does not
+// break this: after it nothing of the object survives, but the deletion and
+// the creation of the next Lease are writes with larger revisions still,
+// and a candidate that finds no Lease creates a free one first and acquires
+// it with an update on that creation's version. The maximum with the
+// recorded token only adds safety should the revisions ever restart while
+// the object survives (the store migrated by copying objects). What does
+// make tokens go backwards is restoring etcd from an old backup: the
+// revisions and the object both go back in time.
+//
+// leaseTransitions is not the token: it restarts at 0 when the Lease is
+// created again, and client-go's electors write it too.
+//
+// # Permissions
+//
+// get, create, update and watch on leases in the namespace; no list (the
+// watch selects the Lease by name, which RBAC authorizes as a watch of that
+// name). A Role may restrict get, update and watch to the Lease's name;
+// create cannot be, so either grant it or create the Lease in advance. A
+// refused verb is final: Campaign returns an error wrapping
+// backends.ErrUnavailable with the apiserver's message, which names the
+// verb, resource and user.
+//
+// # History and completion markers
+//
+// They live in annotations of the Lease (leaderrun/history, about the last
+// backends.HistoryLimit terms within 128 KiB; leaderrun/markers, 64 KiB),
+// so they need no other permission and vanish with the Lease. Markers are
+// written by an update conditional on a version of the Lease that this
+// grant holds, so a leader that lost the Lease cannot write one.
+package kubernetes
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/leaderrun/leaderrun/backends"
+)
+
+// Config describes one lock in one Kubernetes cluster.
+type Config struct {
+	// API says how to reach the apiserver (see LoadAPIConfig). Required.
+	API *APIConfig
+
+	// Namespace is where the Lease lives. Empty: API.Namespace (the pod's
+	// service account's, or the kubeconfig context's), else "default".
+	Namespace string
+
+	// Lock is the Lease's name; see ValidateLockName.
+	Lock string
+}
+
+// Backend campaigns for one Lease. Its methods are safe for concurrent
+// use, but Campaign is meant for one campaign at a time.
+type Backend struct {
+	client    *client
+	namespace string
+	lock      string
+	source    string
+}
+
+// New returns a backend for cfg.Lock. It validates cfg and builds the
+// client, reading the CA and credential files it names, but sends nothing
+// to the apiserver until the first Campaign, Status or History.
+func New(cfg Config) (*Backend, error) {
+	if err := ValidateLockName(cfg.Lock); err != nil {
+		return nil, err
+	}
+	if cfg.API == nil {
+		return nil, fmt.Errorf("kubernetes: no API configuration")
+	}
+	ns := cfg.Namespace
+	if ns == "" {
+		ns = cfg.API.Namespace
+	}
+	if ns == "" {
+		ns = "default"
+	}
+	if !isDNSLabel(ns) {
+		return nil, fmt.Errorf("kubernetes: namespace %q is not a valid namespace name: want 1-63 characters from [a-z0-9-], starting and ending with a letter or digit", ns)
+	}
+	c, err := newClient(cfg.API)
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{client: c, namespace: ns, lock: cfg.Lock, source: cfg.API.Source}, nil
+}
+
+// ValidateLockName returns an error unless name can name both a leaderrun
+// lock (backends.ValidateLockName) and a Lease: a lowercase RFC 1123
+// subdomain, whose dot-separated parts start and end with a letter or a
+// digit.
+func ValidateLockName(name string) error {
+	if err := backends.ValidateLockName(name); err != nil || !isDNSSubdomain(name) {
+		return fmt.Errorf("kubernetes: lock name %q is not a valid Lease name: want a lowercase RFC 1123 subdomain, "+
+			"1-128 characters from [a-z0-9.-], each dot-separated part starting and ending with a letter or digit", name)
+	}
+	return nil
+}
+
+// isDNSSubdomain is the apiserver's rule for most object names: at most
+// 253 characters, dot-separated parts of [a-z0-9-] that start and end with
+// a letter or digit (parts may be longer than a DNS label's 63).
+func isDNSSubdomain(s string) bool {
+	if len(s) == 0 || len(s) > 253 {
+		return false
+	}
+	for _, part := range strings.Split(s, ".") {
+		if !isAlnumDashes(part) {
+			return false
+		}
+	}
+	return true
+}
+
+// isDNSLabel is the rule for namespace names: one part of at most 63.
+func isDNSLabel(s string) bool { return len(s) <= 63 && isAlnumDashes(s) }
+
+func isAlnumDashes(s string) bool {
+	if len(s) == 0 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// Name implements backends.Backend.
+func (b *Backend) Name() string { return "kubernetes" }
+
+// Namespace is the namespace of the Lease.
+func (b *Backend) Namespace() string { return b.namespace }
+
+// Key is where the lock lives: namespace/leases/name.
+func (b *Backend) Key() string { return b.namespace + "/leases/" + b.lock }
+
+// Close implements backends.Backend: it closes idle connections to the
+// apiserver. Leases must be released first.
+func (b *Backend) Close() error {
+	b.client.http.CloseIdleConnections()
+	return nil
+}
+
+// unavailable wraps an error met before leadership: it names the server
+// and the Lease, never a credential.
+func (b *Backend) unavailable(op string, err error) error {
+	return fmt.Errorf("kubernetes at %s: %s lease %s/%s: %w: %w", b.client.host, op, b.namespace, b.lock, backends.ErrUnavailable, err)
+}
+
+// get reads the Lease; nil without error if there is none.
+func (b *Backend) get(ctx context.Context) (*leaseObject, error) {
+	obj, err := b.client.getLease(ctx, b.namespace, b.lock)
+	if isNotFound(err) {
+		return nil, nil
+	}
+	return obj, err
+}
+
+// Status implements backends.Backend. The token is the holder's if
+// leaderrun granted it (a client-go elector's grant has none: 0).
+// Remaining is computed from renewTime, the holder's own clock, so it is
+// only as good as the two hosts' clocks agree; it is 0 for a Lease that
+// looks expired, which a follower would still wait out on its own clock.
+// Waiting is -1: followers only watch, the apiserver does not count them.
+func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
+	st := backends.Status{Lock: b.lock, Backend: b.Name(), Key: b.Key(), Remaining: -1, Waiting: -1}
+	obj, err := b.get(ctx)
+	if err != nil {
+		return st, b.unavailable("get", err)
+	}
+	if obj == nil || !obj.record.held() {
+		return st, nil
+	}
+	st.Held = true
+	st.Identity = obj.record.HolderIdentity
+	st.Token = obj.holderToken()
+	st.TTL = time.Duration(obj.record.LeaseDurationSeconds) * time.Second
+	if renewed := parseTime(obj.record.RenewTime); !renewed.IsZero() {
+		st.Remaining = max(time.Until(renewed.Add(st.TTL)), 0)
+	}
+	return st, nil
+}
+
+// History implements backends.Backend from the Lease's leaderrun/history
+// annotation.
+func (b *Backend) History(ctx context.Context, limit int) ([]backends.Term, error) {
+	obj, err := b.get(ctx)
+	if err != nil {
+		return nil, b.unavailable("get", err)
+	}
+	if obj == nil {
+		return nil, nil
+	}
+	return backends.NewestFirst(obj.terms(), limit), nil
+}
+
+// leaseSeconds is d in whole seconds, rounded up: the Lease may only last
+// longer than asked, never shorter.
+func leaseSeconds(d time.Duration) int32 {
+	s := (d + time.Second - 1) / time.Second
+	return int32(min(max(s, 1), 1<<31-1))
+}
+
+// CheckLeaseDuration implements backends.LeaseDurationChecker:
+// leaseDurationSeconds is an int32 of seconds.
+func (b *Backend) CheckLeaseDuration(d time.Duration) error {
+	if d <= 0 || d > (1<<31-1)*time.Second {
+		return fmt.Errorf("kubernetes: lease duration %v out of range: want 1s to %v", d, (1<<31-1)*time.Second)
+	}
+	return nil
+}
+
+var (
+	_ backends.Backend              = (*Backend)(nil)
+	_ backends.LeaseDurationChecker = (*Backend)(nil)
+	_ backends.Lease                = (*lease)(nil)
+)

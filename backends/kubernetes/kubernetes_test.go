@@ -1,0 +1,619 @@
+package kubernetes_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/backends/backendtest"
+	"github.com/leaderrun/leaderrun/backends/kubernetes"
+	"github.com/leaderrun/leaderrun/internal/testenv"
+)
+
+// cluster is the shared apiserver and a namespace of the test's own in
+// which KubeLimited has exactly the verbs the package doc asks for.
+type cluster struct {
+	k  *testenv.Kube
+	ns string
+}
+
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	k := testenv.SharedKube(t)
+	ns := k.Namespace(t)
+	k.Grant(t, ns, testenv.KubeLimited, "get", "create", "update", "watch")
+	return &cluster{k: k, ns: ns}
+}
+
+// backend returns a backend for lock as user, closed when the test ends.
+func (c *cluster) backend(t *testing.T, user, lock string) *kubernetes.Backend {
+	t.Helper()
+	api, err := kubernetes.LoadAPIConfig(kubernetes.LoadOptions{Kubeconfig: c.k.Kubeconfig(t, user, c.ns)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := kubernetes.New(kubernetes.Config{API: api, Lock: lock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Namespace() != c.ns {
+		t.Fatalf("backend in namespace %q, want the context's %q", b.Namespace(), c.ns)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func (c *cluster) leasePath(lock string) string {
+	return "/apis/coordination.k8s.io/v1/namespaces/" + c.ns + "/leases/" + lock
+}
+
+// spec reads the Lease's spec as the admin sees it.
+func (c *cluster) spec(t *testing.T, lock string) map[string]any {
+	t.Helper()
+	var obj struct {
+		Spec map[string]any `json:"spec"`
+	}
+	if err := json.Unmarshal(c.k.Admin(t, http.MethodGet, c.leasePath(lock), nil), &obj); err != nil {
+		t.Fatal(err)
+	}
+	return obj.Spec
+}
+
+// setHolder plays an operator who edits the Lease's holderIdentity.
+func (c *cluster) setHolder(t *testing.T, lock, holder string) {
+	t.Helper()
+	c.k.Admin(t, http.MethodPatch, c.leasePath(lock), map[string]any{"spec": map[string]any{"holderIdentity": holder}})
+}
+
+// deleteLease plays an operator who deletes the Lease.
+func (c *cluster) deleteLease(t *testing.T, lock string) {
+	t.Helper()
+	c.k.Admin(t, http.MethodDelete, c.leasePath(lock), nil)
+}
+
+// lockOf is the lock name of a lease from this backend.
+func lockOf(t *testing.T, l backends.Lease) string {
+	t.Helper()
+	k, ok := l.(interface{ Key() string })
+	if !ok {
+		t.Fatalf("lease %T does not tell its key", l)
+	}
+	return k.Key()[strings.LastIndexByte(k.Key(), '/')+1:]
+}
+
+func options(id string, d time.Duration) backends.CampaignOptions {
+	return backends.CampaignOptions{Identity: id, LeaseDuration: d}
+}
+
+func campaign(t *testing.T, b backends.Backend, id string, d time.Duration) backends.Lease {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := b.Campaign(ctx, options(id, d))
+	if err != nil {
+		t.Fatalf("%s: campaign: %v", id, err)
+	}
+	return l
+}
+
+// TestConformance runs the shared suite as a user that has only the
+// verbs the package doc lists; Drop clears holderIdentity, as an operator
+// forcing a release would.
+func TestConformance(t *testing.T) {
+	c := newCluster(t)
+	backendtest.Run(t, backendtest.Harness{
+		New: func(t *testing.T, lock string) backends.Backend { return c.backend(t, testenv.KubeLimited, lock) },
+		Drop: func(t *testing.T, l backends.Lease) {
+			c.setHolder(t, lockOf(t, l), "")
+		},
+	})
+}
+
+// TestThreeContendersTokensAcrossDeletes: three candidates hand the lock
+// over 24 times, and every fourth time an operator deletes the Lease
+// instead of letting its leader release it. They never lead at once, and
+// every grant's token is greater than the one before, although the
+// deletions restart leaseTransitions.
+func TestThreeContendersTokensAcrossDeletes(t *testing.T) {
+	c := newCluster(t)
+	const lock, grants = "contended", 24
+	var (
+		holders atomic.Int32
+		mu      sync.Mutex
+		tokens  []uint64
+		deletes int
+		wg      sync.WaitGroup
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	errs := make(chan error, 3)
+	for i := range 3 {
+		b := c.backend(t, testenv.KubeLimited, lock)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("contender-%d", i)
+			for {
+				l, err := b.Campaign(ctx, options(id, 10*time.Second))
+				if err != nil {
+					errs <- fmt.Errorf("%s: campaign: %w", id, err)
+					return
+				}
+				if n := holders.Add(1); n != 1 {
+					errs <- fmt.Errorf("%s: %d holders at once (token %d)", id, n, l.Token())
+				}
+				mu.Lock()
+				tokens = append(tokens, l.Token())
+				n := len(tokens)
+				drop := n%4 == 0
+				if drop {
+					deletes++
+				}
+				mu.Unlock()
+				time.Sleep(2 * time.Millisecond) // hold while the others queue
+				holders.Add(-1)
+				if drop {
+					// Not deleteLease: t.Fatal is for the test's goroutine.
+					if code, body := c.k.Request(t, testenv.KubeAdmin, http.MethodDelete, c.leasePath(lock), nil); code != http.StatusOK {
+						errs <- fmt.Errorf("%s: delete the Lease: %d %s", id, code, body)
+					}
+					select {
+					case <-l.Lost():
+					case <-time.After(time.Second):
+						errs <- fmt.Errorf("%s: deletion of the Lease not seen within 1s", id)
+					}
+				}
+				rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+				err = l.Release(rctx, nil)
+				rcancel()
+				if err != nil {
+					errs <- fmt.Errorf("%s: release: %w", id, err)
+					return
+				}
+				if n >= grants {
+					cancel() // the others stop waiting
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if !errors.Is(err, context.Canceled) {
+			t.Error(err)
+		}
+	}
+	t.Logf("%d grants, %d deletions, tokens %v", len(tokens), deletes, tokens)
+	if len(tokens) < grants || deletes < grants/4 {
+		t.Fatalf("%d grants and %d deletions, want %d and %d", len(tokens), deletes, grants, grants/4)
+	}
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Errorf("grant %d: token %d not greater than the previous grant's %d", i, tokens[i], tokens[i-1])
+		}
+	}
+}
+
+// TestTransitionsRestartTokensDoNot: the premise of the token design. A
+// deleted and re-created Lease counts its transitions from 0 again; the
+// token keeps growing.
+func TestTransitionsRestartTokensDoNot(t *testing.T) {
+	c := newCluster(t)
+	b := c.backend(t, testenv.KubeLimited, "recreated")
+	var tokens []uint64
+	var transitions []float64
+	for round := range 2 {
+		for range 2 {
+			l := campaign(t, b, "a", 5*time.Second)
+			tokens = append(tokens, l.Token())
+			transitions = append(transitions, c.spec(t, "recreated")["leaseTransitions"].(float64))
+			backendtest.Release(t, l)
+		}
+		if round == 0 {
+			c.deleteLease(t, "recreated")
+		}
+	}
+	t.Logf("tokens %v, leaseTransitions %v", tokens, transitions)
+	if transitions[2] >= transitions[1] {
+		t.Errorf("leaseTransitions %v did not restart after the deletion (test premise)", transitions)
+	}
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Errorf("grant %d: token %d not greater than %d", i, tokens[i], tokens[i-1])
+		}
+	}
+}
+
+// TestLossSeenAtOnce: an operator deletes the Lease, gives it to someone
+// else, or clears its holder; the leader's Lost closes within 1 s (the
+// watch, not a renewal, tells it), Err says why, and Renew and Complete
+// report the loss.
+func TestLossSeenAtOnce(t *testing.T) {
+	c := newCluster(t)
+	tests := []struct {
+		name string
+		do   func(t *testing.T, lock string)
+		want string
+	}{
+		{"deleted", func(t *testing.T, lock string) { c.deleteLease(t, lock) }, "was deleted"},
+		{"taken", func(t *testing.T, lock string) { c.setHolder(t, lock, "intruder") }, `taken by "intruder"`},
+		{"holder cleared", func(t *testing.T, lock string) { c.setHolder(t, lock, "") }, "released by someone else"},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lock := fmt.Sprintf("loss-%d", i)
+			b := c.backend(t, testenv.KubeLimited, lock)
+			l := campaign(t, b, "leader", 15*time.Second)
+			defer backendtest.Release(t, l)
+			start := time.Now()
+			tt.do(t, lock)
+			select {
+			case <-l.Lost():
+				t.Logf("Lost closed %v after the operator's request was sent", time.Since(start))
+			case <-time.After(time.Second):
+				t.Fatal("Lost not closed within 1s")
+			}
+			if err := l.Err(); !errors.Is(err, backends.ErrLeaseLost) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Err() = %v, want ErrLeaseLost saying %q", err, tt.want)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := l.Renew(ctx); !errors.Is(err, backends.ErrLeaseLost) {
+				t.Errorf("Renew after the loss: %v, want ErrLeaseLost", err)
+			}
+		})
+	}
+}
+
+// TestRenewFindsLoss: without the watch's help (the loss happens between
+// two renewals and Renew is asked first), a renewal whose conditional
+// update conflicts with another holder's record reports the loss.
+func TestRenewFindsLoss(t *testing.T) {
+	c := newCluster(t)
+	b := c.backend(t, testenv.KubeLimited, "renew-loss")
+	l := campaign(t, b, "leader", 15*time.Second)
+	defer backendtest.Release(t, l)
+	c.setHolder(t, "renew-loss", "intruder")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := l.Renew(ctx); !errors.Is(err, backends.ErrLeaseLost) {
+		t.Errorf("Renew after the holder was changed: %v, want ErrLeaseLost", err)
+	}
+	if got := c.spec(t, "renew-loss")["holderIdentity"]; got != "intruder" {
+		t.Errorf("holderIdentity is %v after the failed renewal, want the intruder's record untouched", got)
+	}
+}
+
+// TestRenewKeepsOthersWrites: a label or annotation written by someone
+// else between two renewals costs a conflict and a read, not the lease,
+// and survives the renewal.
+func TestRenewKeepsOthersWrites(t *testing.T) {
+	c := newCluster(t)
+	b := c.backend(t, testenv.KubeLimited, "labelled")
+	l := campaign(t, b, "leader", 15*time.Second)
+	defer backendtest.Release(t, l)
+	c.k.Admin(t, http.MethodPatch, c.leasePath("labelled"), map[string]any{
+		"metadata": map[string]any{"labels": map[string]string{"team": "billing"}},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := l.Renew(ctx); err != nil {
+		t.Fatalf("renew after a label was added: %v", err)
+	}
+	var obj struct {
+		Metadata struct {
+			Labels map[string]string `json:"labels"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(c.k.Admin(t, http.MethodGet, c.leasePath("labelled"), nil), &obj); err != nil {
+		t.Fatal(err)
+	}
+	if obj.Metadata.Labels["team"] != "billing" {
+		t.Errorf("labels after the renewal: %v, want team=billing kept", obj.Metadata.Labels)
+	}
+	select {
+	case <-l.Lost():
+		t.Errorf("a label change was taken for a loss: %v", l.Err())
+	default:
+	}
+}
+
+// TestFollowerTimesTheRecord: a follower takes the Lease over only once
+// its record has not changed for leaseDurationSeconds on the follower's
+// clock. While the holder renews (the record changes), the follower waits;
+// once it stops, the follower takes over no earlier than the lease
+// duration after the last renewal was sent, and not much later.
+func TestFollowerTimesTheRecord(t *testing.T) {
+	c := newCluster(t)
+	const d = 2 * time.Second
+	holder := c.backend(t, testenv.KubeLimited, "timed")
+	follower := c.backend(t, testenv.KubeLimited, "timed")
+	lh := campaign(t, holder, "holder", d)
+	defer backendtest.Release(t, lh)
+	got := make(chan backends.Lease, 1)
+	go func() {
+		l, err := follower.Campaign(context.Background(), options("follower", d))
+		if err != nil {
+			t.Errorf("follower: %v", err)
+		}
+		got <- l
+	}()
+	// Renew for three lease durations: each renewal restarts the
+	// follower's clock.
+	var lastSent, lastAck time.Time
+	ctx := context.Background()
+	for end := time.Now().Add(3 * d); time.Now().Before(end); {
+		select {
+		case l := <-got:
+			if l != nil {
+				backendtest.Release(t, l)
+			}
+			t.Fatalf("the follower took the Lease while the holder renewed it")
+		case <-time.After(d / 4):
+		}
+		lastSent = time.Now()
+		if err := lh.Renew(ctx); err != nil {
+			t.Fatalf("renew: %v", err)
+		}
+		lastAck = time.Now()
+	}
+	select {
+	case l := <-got:
+		if l == nil {
+			return
+		}
+		at := l.Acquired()
+		t.Logf("follower took over %v after the last renewal was sent (lease %v)", at.Sub(lastSent), d)
+		if at.Sub(lastSent) < d {
+			t.Errorf("follower took over %v after the last renewal was sent, before the lease duration %v", at.Sub(lastSent), d)
+		}
+		if at.Sub(lastAck) > d+time.Second {
+			t.Errorf("follower took over %v after the last renewal, want within 1s of the lease duration %v", at.Sub(lastAck), d)
+		}
+		if l.TTL() != d {
+			t.Errorf("TTL %v, want %v", l.TTL(), d)
+		}
+		select {
+		case <-lh.Lost():
+		case <-time.After(time.Second):
+			t.Error("the old holder did not see the takeover within 1s")
+		}
+		backendtest.Release(t, l)
+	case <-time.After(d + 5*time.Second):
+		t.Fatal("follower did not take over")
+	}
+}
+
+// TestLeaseSecondsRoundUp: leaseDurationSeconds is whole seconds, rounded
+// up, and TTL reports what was written.
+func TestLeaseSecondsRoundUp(t *testing.T) {
+	c := newCluster(t)
+	tests := []struct {
+		name  string
+		asked time.Duration
+		want  time.Duration
+	}{
+		{"whole", 3 * time.Second, 3 * time.Second},
+		{"fraction", 2500 * time.Millisecond, 3 * time.Second},
+		{"below one second", 100 * time.Millisecond, time.Second},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lock := fmt.Sprintf("seconds-%d", i)
+			l := campaign(t, c.backend(t, testenv.KubeLimited, lock), "a", tt.asked)
+			defer backendtest.Release(t, l)
+			if l.TTL() != tt.want {
+				t.Errorf("TTL %v for %v asked, want %v", l.TTL(), tt.asked, tt.want)
+			}
+			if got := c.spec(t, lock)["leaseDurationSeconds"]; got != tt.want.Seconds() {
+				t.Errorf("leaseDurationSeconds %v written, want %v", got, tt.want.Seconds())
+			}
+		})
+	}
+}
+
+// TestRecordAsClientGo: the spec is what client-go's LeaseLock writes and
+// kubectl shows: the holder, the duration in seconds, MicroTime stamps, a
+// transition counted per grant; a release clears the holder and sets the
+// duration to 1 s as ReleaseOnCancel does.
+func TestRecordAsClientGo(t *testing.T) {
+	c := newCluster(t)
+	b := c.backend(t, testenv.KubeLimited, "record")
+	l := campaign(t, b, "host-a:123", 15*time.Second)
+	spec := c.spec(t, "record")
+	if spec["holderIdentity"] != "host-a:123" || spec["leaseDurationSeconds"] != 15.0 || spec["leaseTransitions"] != 1.0 {
+		t.Errorf("spec while held: %v", spec)
+	}
+	for _, f := range []string{"acquireTime", "renewTime"} {
+		if s, _ := spec[f].(string); len(s) != len("2006-01-02T15:04:05.000000Z") {
+			t.Errorf("%s = %v, want a MicroTime", f, spec[f])
+		}
+	}
+	backendtest.Release(t, l)
+	spec = c.spec(t, "record")
+	if spec["holderIdentity"] != "" || spec["leaseDurationSeconds"] != 1.0 || spec["leaseTransitions"] != 1.0 {
+		t.Errorf("spec after release: %v", spec)
+	}
+	l = campaign(t, b, "host-b:456", 15*time.Second)
+	defer backendtest.Release(t, l)
+	if spec = c.spec(t, "record"); spec["leaseTransitions"] != 2.0 {
+		t.Errorf("leaseTransitions after the second grant: %v, want 2", spec["leaseTransitions"])
+	}
+}
+
+// TestTryOnStaleRecord: a try that finds a record whose timestamps say it
+// expired long ago does not give up at once (the holder may be dead) but
+// does not trust the timestamps either: it takes the Lease once the record
+// has not changed for the lease duration on its own clock.
+func TestTryOnStaleRecord(t *testing.T) {
+	c := newCluster(t)
+	stale := time.Now().Add(-time.Hour).UTC().Format("2006-01-02T15:04:05.000000Z")
+	c.k.Admin(t, http.MethodPost, "/apis/coordination.k8s.io/v1/namespaces/"+c.ns+"/leases", map[string]any{
+		"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+		"metadata": map[string]any{"name": "stale"},
+		"spec": map[string]any{"holderIdentity": "dead-host", "leaseDurationSeconds": 1,
+			"acquireTime": stale, "renewTime": stale, "leaseTransitions": 3},
+	})
+	b := c.backend(t, testenv.KubeLimited, "stale")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	try := options("b", 5*time.Second)
+	try.Try = true
+	start := time.Now()
+	l, err := b.Campaign(ctx, try)
+	if err != nil {
+		t.Fatalf("try on a stale record: %v", err)
+	}
+	defer backendtest.Release(t, l)
+	took := time.Since(start)
+	t.Logf("try took the stale Lease after %v", took)
+	if took < time.Second {
+		t.Errorf("took the Lease after %v, before its 1s lease duration passed on our clock", took)
+	}
+
+	// A live holder: ErrLocked at once.
+	b2 := c.backend(t, testenv.KubeLimited, "stale")
+	try = options("c", 5*time.Second)
+	try.Try = true
+	start = time.Now()
+	if l2, err := b2.Campaign(ctx, try); !errors.Is(err, backends.ErrLocked) {
+		if l2 != nil {
+			backendtest.Release(t, l2)
+		}
+		t.Fatalf("try on a live holder: %v, want ErrLocked", err)
+	}
+	if d := time.Since(start); d > 100*time.Millisecond {
+		t.Errorf("ErrLocked after %v, want well under 100ms", d)
+	}
+}
+
+// TestRefusedVerbs: a user that lacks one of the verbs gets an error that
+// wraps ErrUnavailable, at once, in every mode that needs the verb, naming
+// the verb, and never the token. A waiter needs neither create nor update
+// while someone else holds the Lease: it waits.
+func TestRefusedVerbs(t *testing.T) {
+	k := testenv.SharedKube(t)
+	all := []string{"get", "create", "update", "watch"}
+	tests := []struct {
+		name    string
+		missing string
+		try     bool
+		held    bool // by a user with every verb
+		waits   bool // the campaign needs no refused verb yet
+	}{
+		{name: "get/try", missing: "get", try: true},
+		{name: "get/wait", missing: "get"},
+		{name: "get/held", missing: "get", held: true},
+		{name: "create/try", missing: "create", try: true},
+		{name: "create/wait", missing: "create"},
+		{name: "create/held", missing: "create", held: true, waits: true},
+		{name: "update/try", missing: "update", try: true},
+		{name: "update/wait", missing: "update"},
+		{name: "update/held", missing: "update", held: true, waits: true},
+		{name: "watch/try", missing: "watch", try: true},
+		{name: "watch/wait", missing: "watch"},
+		{name: "watch/held", missing: "watch", held: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var verbs []string
+			for _, v := range all {
+				if v != tt.missing {
+					verbs = append(verbs, v)
+				}
+			}
+			c := &cluster{k: k, ns: k.Namespace(t)}
+			k.Grant(t, c.ns, testenv.KubeLimited, verbs...)
+			k.Grant(t, c.ns, testenv.KubeOther, all...)
+			if tt.held {
+				l := campaign(t, c.backend(t, testenv.KubeOther, "refused"), "holder", 15*time.Second)
+				defer backendtest.Release(t, l)
+			}
+			b := c.backend(t, testenv.KubeLimited, "refused")
+			timeout := 10 * time.Second
+			if tt.waits {
+				timeout = time.Second
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			opts := options("limited", 15*time.Second)
+			opts.Try = tt.try
+			start := time.Now()
+			l, err := b.Campaign(ctx, opts)
+			if err == nil {
+				backendtest.Release(t, l)
+				t.Fatalf("campaign without %s succeeded", tt.missing)
+			}
+			if tt.waits {
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("waiting without %s while the Lease is held: %v, want to wait", tt.missing, err)
+				}
+				return
+			}
+			t.Logf("after %v: %v", time.Since(start), err)
+			if !errors.Is(err, backends.ErrUnavailable) {
+				t.Errorf("error %v does not wrap ErrUnavailable", err)
+			}
+			if want := "cannot " + tt.missing + ` resource "leases"`; !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q does not say %q", err, want)
+			}
+			if strings.Contains(err.Error(), k.Token(testenv.KubeLimited)) {
+				t.Errorf("error %q shows the token", err)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("refusal took %v, want at once", d)
+			}
+			// Nothing is left held by the refused candidate.
+			st, err := c.backend(t, testenv.KubeOther, "refused").Status(ctx)
+			if err != nil || st.Identity == "limited" {
+				t.Errorf("status after the refusal: %+v, %v; want the Lease not held by the refused candidate", st, err)
+			}
+		})
+	}
+}
+
+// TestLockNames: lock names must be Lease names.
+func TestLockNames(t *testing.T) {
+	api := &kubernetes.APIConfig{Server: "https://127.0.0.1:1"}
+	tests := []struct {
+		name string
+		lock string
+		ok   bool
+	}{
+		{"plain", "billing", true},
+		{"digits and dashes", "job-42", true},
+		{"dotted", "billing.v2-eu", true},
+		{"one character", "a", true},
+		{"128 characters", strings.Repeat("a", 128), true},
+		{"uppercase", "Billing", false},
+		{"underscore", "bill_ing", false},
+		{"leading dash", "-billing", false},
+		{"trailing dash", "billing-", false},
+		{"leading dot", ".billing", false},
+		{"empty part", "a..b", false},
+		{"part ending in dash", "a-.b", false},
+		{"slash", "a/b", false},
+		{"empty", "", false},
+		{"129 characters", strings.Repeat("a", 129), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := kubernetes.New(kubernetes.Config{API: api, Lock: tt.lock})
+			if tt.ok && err != nil {
+				t.Errorf("lock %q refused: %v", tt.lock, err)
+			}
+			if !tt.ok && (err == nil || !strings.Contains(err.Error(), "RFC 1123 subdomain")) {
+				t.Errorf("lock %q: %v, want an error naming the rule", tt.lock, err)
+			}
+		})
+	}
+}

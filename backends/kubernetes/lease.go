@@ -1,0 +1,316 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/leaderrun/leaderrun/backends"
+)
+
+// maxAttempts bounds the conflicts one write retries: each conflict is a
+// write by someone else that did not take the Lease (a label, an
+// annotation, a lost leader recording its term), which is rare.
+const maxAttempts = 5
+
+// lease is a grant of the Lease. A goroutine started by newLease consumes
+// the watch and closes Lost when the Lease is deleted or its record stops
+// being this grant's; Release stops it and waits for it.
+type lease struct {
+	b        *Backend
+	identity string
+	token    uint64
+	seconds  int32
+	acquired time.Time
+
+	*backends.Loss // Lost and Err
+	w              *watcher
+	stopLoop       chan struct{}
+	loopDone       chan struct{}
+
+	mu       sync.Mutex
+	cur      *leaseObject // the latest state known, from our writes and the watch
+	released bool
+}
+
+// newLease starts consuming w, which follows the Lease from before cur,
+// the answer to the acquiring update.
+func newLease(b *Backend, identity string, token uint64, seconds int32, acquired time.Time, cur *leaseObject, w *watcher) *lease {
+	l := &lease{
+		b: b, identity: identity, token: token, seconds: seconds, acquired: acquired,
+		Loss: backends.NewLoss(), w: w, cur: cur,
+		stopLoop: make(chan struct{}), loopDone: make(chan struct{}),
+	}
+	go l.loop()
+	return l
+}
+
+func (l *lease) Token() uint64       { return l.token }
+func (l *lease) TTL() time.Duration  { return time.Duration(l.seconds) * time.Second }
+func (l *lease) Acquired() time.Time { return l.acquired }
+
+// ours reports whether obj is a state of this grant: our holder, and our
+// token recorded for the current count of transitions.
+func (l *lease) ours(obj *leaseObject) bool {
+	return obj.record.HolderIdentity == l.identity && obj.holderToken() == l.token
+}
+
+// lostTo says how obj shows that the Lease is no longer this grant's.
+func (l *lease) lostTo(obj *leaseObject) error {
+	key := l.b.Key()
+	if obj == nil {
+		return fmt.Errorf("kubernetes: lease %s was deleted: %w", key, backends.ErrLeaseLost)
+	}
+	switch h := obj.record.HolderIdentity; {
+	case h == "":
+		return fmt.Errorf("kubernetes: lease %s was released by someone else (holderIdentity cleared): %w", key, backends.ErrLeaseLost)
+	case h != l.identity:
+		return fmt.Errorf("kubernetes: lease %s was taken by %q: %w", key, h, backends.ErrLeaseLost)
+	default:
+		return fmt.Errorf("kubernetes: lease %s was granted again to %q, not by this candidacy (token %d): %w",
+			key, h, l.token, backends.ErrLeaseLost)
+	}
+}
+
+// loop follows the watch until the Lease is lost or the lease released.
+func (l *lease) loop() {
+	defer close(l.loopDone)
+	for {
+		select {
+		case ch := <-l.w.changes:
+			if err := l.apply(ch); err != nil {
+				l.Set(err)
+				return
+			}
+		case <-l.stopLoop:
+			return
+		}
+	}
+}
+
+// apply takes in one change seen by the watch; an error if it shows the
+// Lease lost. States older than what we know (the watch started before our
+// own update) are skipped.
+func (l *lease) apply(ch change) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ch.deleted {
+		if l.cur.newer(ch.obj) {
+			return nil // a deletion before our grant: of the Lease we replaced
+		}
+		return l.lostTo(nil)
+	}
+	if !ch.obj.newer(l.cur) {
+		return nil
+	}
+	if !l.ours(ch.obj) {
+		return l.lostTo(ch.obj)
+	}
+	l.cur = ch.obj
+	return nil
+}
+
+// snapshot is a copy of the latest state, to change and send.
+func (l *lease) snapshot() *leaseObject {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cur.clone()
+}
+
+// advance records a state of the Lease that one of our writes returned,
+// or a fresh read found ours.
+func (l *lease) advance(obj *leaseObject) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if obj.newer(l.cur) {
+		l.cur = obj
+	}
+}
+
+// errNotOurs: the Lease is no longer this grant's.
+var errNotOurs = errors.New("kubernetes: lease not held by this grant")
+
+// update writes edit(state) conditional on the latest state, and on a
+// conflict reads the Lease again and retries if it is still ours. It
+// returns errNotOurs, wrapped with the reason, if the Lease is deleted or
+// no longer ours, without writing.
+func (l *lease) update(ctx context.Context, edit func(*leaseObject)) error {
+	obj := l.snapshot()
+	for attempt := 1; ; attempt++ {
+		if !l.ours(obj) {
+			return fmt.Errorf("%w: %w", errNotOurs, l.lostTo(obj))
+		}
+		edit(obj)
+		got, err := l.b.client.updateLease(ctx, l.b.namespace, obj)
+		switch {
+		case err == nil:
+			l.advance(got)
+			return nil
+		case isNotFound(err):
+			return fmt.Errorf("%w: %w", errNotOurs, l.lostTo(nil))
+		case !isConflict(err) || attempt == maxAttempts:
+			return err
+		}
+		fresh, err := l.b.get(ctx)
+		switch {
+		case err != nil:
+			return err
+		case fresh == nil:
+			return fmt.Errorf("%w: %w", errNotOurs, l.lostTo(nil))
+		}
+		l.advance(fresh)
+		obj = fresh.clone()
+	}
+}
+
+// failed turns an error of update into what the caller returns: a loss
+// closes Lost and wraps ErrLeaseLost; anything else names the server.
+func (l *lease) failed(op string, err error) error {
+	if errors.Is(err, errNotOurs) {
+		l.Set(errors.Unwrap(err))
+		if lost := l.Err(); lost != nil {
+			return lost
+		}
+	}
+	return fmt.Errorf("kubernetes at %s: %s lease %s: %w", l.b.client.host, op, l.b.Key(), err)
+}
+
+// Renew implements backends.Lease with one update of renewTime,
+// conditional on the latest version known; a conflict that shows the
+// Lease deleted or taken is a loss.
+func (l *lease) Renew(ctx context.Context) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	err := l.update(ctx, func(obj *leaseObject) {
+		rec := obj.record
+		rec.RenewTime = formatTime(time.Now())
+		rec.LeaseDurationSeconds = l.seconds
+		obj.setRecord(rec)
+	})
+	if err != nil {
+		return l.failed("renew", err)
+	}
+	return nil
+}
+
+// Completed implements backends.Lease from a fresh read of the Lease.
+func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, error) {
+	obj, err := l.b.get(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes at %s: read completion markers of lease %s: %w", l.b.client.host, l.b.Key(), err)
+	}
+	if obj == nil {
+		return nil, nil
+	}
+	for _, m := range obj.markers(time.Now()) {
+		if m.Key == key {
+			return &m, nil
+		}
+	}
+	return nil, nil
+}
+
+// Complete implements backends.Lease: the marker goes into the
+// leaderrun/markers annotation in an update conditional on a version of
+// the Lease that this grant holds.
+func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
+	if err := l.Err(); err != nil {
+		return err
+	}
+	err := l.update(ctx, func(obj *leaseObject) { obj.setMarker(m, time.Now()) })
+	if err != nil {
+		return l.failed("record completion marker "+m.Key+" on", err)
+	}
+	return nil
+}
+
+// Release implements backends.Lease. It stops the watch first (our own
+// release would read as a loss), then, if the Lease is still ours, frees
+// it as client-go's ReleaseOnCancel does and appends term to the history in
+// the same update. If the Lease was lost, it appends term without touching
+// the record, which is someone else's now, retrying on conflicts; if the
+// Lease was deleted, it creates a free one to hold the term.
+func (l *lease) Release(ctx context.Context, term *backends.Term) error {
+	l.mu.Lock()
+	if l.released {
+		l.mu.Unlock()
+		return nil
+	}
+	l.released = true
+	l.mu.Unlock()
+	close(l.stopLoop)
+	<-l.loopDone
+	l.w.stop()
+
+	if l.Err() == nil {
+		err := l.free(ctx, term)
+		if err == nil || !errors.Is(err, errNotOurs) {
+			return err
+		}
+	}
+	if term == nil {
+		return nil
+	}
+	return l.record(ctx, *term)
+}
+
+// free gives the Lease up, with term in its history. If the apiserver
+// refuses the history (too large), it gives it up without it: a term that
+// cannot be recorded must not keep the lock.
+func (l *lease) free(ctx context.Context, term *backends.Term) error {
+	edit := func(obj *leaseObject) {
+		obj.setRecord(released(obj.record, time.Now()))
+		if term != nil {
+			obj.appendTerm(*term)
+		}
+	}
+	err := l.update(ctx, edit)
+	if code := codeOf(err); term != nil && (code == http.StatusUnprocessableEntity || code == http.StatusRequestEntityTooLarge) {
+		refused := err
+		term = nil
+		if err = l.update(ctx, edit); err == nil {
+			return fmt.Errorf("kubernetes at %s: lease %s released, but its history was refused: %w", l.b.client.host, l.b.Key(), refused)
+		}
+	}
+	if err != nil && !errors.Is(err, errNotOurs) {
+		return fmt.Errorf("kubernetes at %s: release lease %s: %w", l.b.client.host, l.b.Key(), err)
+	}
+	return err
+}
+
+// record appends term to the history of a Lease that is not ours any
+// more, leaving its record alone.
+func (l *lease) record(ctx context.Context, term backends.Term) error {
+	var err error
+	for attempt := 0; attempt < 2*maxAttempts; attempt++ {
+		var obj *leaseObject
+		if obj, err = l.b.get(ctx); err != nil {
+			break
+		}
+		if obj == nil {
+			now := formatTime(time.Now())
+			obj = newLeaseObject(l.b.namespace, l.b.lock)
+			obj.setRecord(record{LeaseDurationSeconds: 1, AcquireTime: now, RenewTime: now})
+			obj.appendTerm(term)
+			if _, err = l.b.client.createLease(ctx, l.b.namespace, obj); !isConflict(err) {
+				break
+			}
+			continue
+		}
+		obj.appendTerm(term)
+		if _, err = l.b.client.updateLease(ctx, l.b.namespace, obj); !isConflict(err) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("kubernetes at %s: record term %d in the history of lease %s: %w", l.b.client.host, term.Token, l.b.Key(), err)
+	}
+	return nil
+}
+
+// Key is where the Lease lives: namespace/leases/name.
+func (l *lease) Key() string { return l.b.Key() }
