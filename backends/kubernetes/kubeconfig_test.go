@@ -1,0 +1,549 @@
+package kubernetes
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/internal/testenv"
+)
+
+// whoami asks the apiserver who cfg authenticates as (a SelfSubjectReview,
+// which every authenticated user may create).
+func whoami(t *testing.T, c *client) string {
+	t.Helper()
+	body := []byte(`{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`)
+	data, err := c.do(context.Background(), http.MethodPost, "/apis/authentication.k8s.io/v1/selfsubjectreviews", nil, body)
+	if err != nil {
+		t.Fatalf("whoami: %v", err)
+	}
+	var r struct {
+		Status struct {
+			UserInfo struct {
+				Username string `json:"username"`
+			} `json:"userInfo"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	return r.Status.UserInfo.Username
+}
+
+func clientFor(t *testing.T, cfg *APIConfig) *client {
+	t.Helper()
+	c, err := newClient(cfg)
+	if err != nil {
+		t.Fatalf("client for %s: %v", cfg.Source, err)
+	}
+	t.Cleanup(c.http.CloseIdleConnections)
+	return c
+}
+
+func write(t *testing.T, path, data string) string {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func b64File(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return base64.StdEncoding.EncodeToString(data)
+}
+
+// env is an environment for LoadOptions.Getenv with nothing but vars (and
+// a HOME without a kubeconfig).
+func env(t *testing.T, vars map[string]string) func(string) string {
+	home := t.TempDir()
+	return func(k string) string {
+		if k == "HOME" {
+			return home
+		}
+		return vars[k]
+	}
+}
+
+// execPlugin writes a credential plugin: a shell script that checks its
+// arguments, its environment and KUBERNETES_EXEC_INFO, counts its runs in
+// dir/runs, and prints dir/outN.json on its N-th run if there is one, else
+// dir/out.json.
+func writeExecPlugin(t *testing.T, dir string) string {
+	t.Helper()
+	script := `#!/bin/sh
+echo run >>"$PLUGIN_DIR/runs"
+[ "$1" = "get-token" ] && [ "$2" = "--cluster=test" ] || { echo "unexpected arguments: $*" >&2; exit 2; }
+[ "$PLUGIN_ENV" = "from-kubeconfig" ] || { echo "PLUGIN_ENV not set" >&2; exit 2; }
+case $KUBERNETES_EXEC_INFO in *'"interactive":false'*) ;; *) echo "no KUBERNETES_EXEC_INFO" >&2; exit 2;; esac
+n=$(wc -l <"$PLUGIN_DIR/runs" | tr -d ' ')
+if [ -f "$PLUGIN_DIR/out$n.json" ]; then cat "$PLUGIN_DIR/out$n.json"; else cat "$PLUGIN_DIR/out.json"; fi
+`
+	p := filepath.Join(dir, "plugin.sh")
+	if err := os.WriteFile(p, []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func execCredentialJSON(t *testing.T, version string, status map[string]any) string {
+	t.Helper()
+	data, err := json.Marshal(map[string]any{"apiVersion": version, "kind": "ExecCredential", "status": status})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+func runs(t *testing.T, dir string) int {
+	data, _ := os.ReadFile(filepath.Join(dir, "runs"))
+	return strings.Count(string(data), "run")
+}
+
+// TestKubeconfig: the kubeconfig forms kubectl reads reach the real
+// apiserver as the user they name. An exec plugin runs once while its
+// credential is valid; an expired one runs for every use (the TLS
+// handshake asks for a client certificate, then each request for a
+// token); a refused token is replaced and the request sent again.
+func TestKubeconfig(t *testing.T) {
+	k := testenv.SharedKube(t)
+	tokenLimited, tokenAdmin := k.Token(testenv.KubeLimited), k.Token(testenv.KubeAdmin)
+	certA, keyA := k.ClientCert(t, "cert-user", "cert-group")
+	certB, keyB := k.ClientCert(t, "cert-data-user")
+	execCert, execKey := k.ClientCert(t, "exec-cert-user")
+	readFile := func(p string) string {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data)
+	}
+	cluster := func(extra string) string {
+		return fmt.Sprintf("clusters:\n- name: test\n  cluster:\n    server: %s\n%s", k.URL, extra)
+	}
+	withCA := cluster("    certificate-authority: " + k.CAFile + "\n")
+	oneUser := func(user string) string {
+		return fmt.Sprintf("users:\n- name: u\n  user:\n%s\ncontexts:\n- name: c\n  context: {cluster: test, user: u, namespace: ns-c}\ncurrent-context: c\n", user)
+	}
+	tests := []struct {
+		name    string
+		files   map[string]string // relative name -> content; "kubeconfig" is the one used
+		list    []string          // KUBECONFIG, relative names; nil: LoadOptions.Kubeconfig
+		context string
+		want    string
+		wantNS  string
+		runs    int // exec plugin runs after two requests
+	}{
+		{name: "token, current context", files: map[string]string{"kubeconfig": withCA + fmt.Sprintf(`users:
+- name: admin
+  user: {token: %s}
+- name: limited
+  user: {token: %s}
+contexts:
+- name: a
+  context: {cluster: test, user: admin, namespace: ns-a}
+- name: b
+  context: {cluster: test, user: limited, namespace: ns-b}
+current-context: b
+`, tokenAdmin, tokenLimited)}, want: testenv.KubeLimited, wantNS: "ns-b"},
+		{name: "chosen context", context: "a", files: map[string]string{"kubeconfig": withCA + fmt.Sprintf(`users:
+- name: admin
+  user: {token: %s}
+- name: limited
+  user: {token: %s}
+contexts:
+- name: a
+  context: {cluster: test, user: admin, namespace: ns-a}
+- name: b
+  context: {cluster: test, user: limited}
+current-context: b
+`, tokenAdmin, tokenLimited)}, want: testenv.KubeAdmin, wantNS: "ns-a"},
+		{name: "token file relative to the kubeconfig", files: map[string]string{
+			"kubeconfig": withCA + oneUser("    tokenFile: secrets/token"),
+			"secrets/token": tokenLimited + "\n",
+		}, want: testenv.KubeLimited, wantNS: "ns-c"},
+		{name: "client certificate files relative to the kubeconfig", files: map[string]string{
+			"kubeconfig": cluster("    certificate-authority: ca.pem\n") + oneUser("    client-certificate: tls/cert.pem\n    client-key: tls/key.pem"),
+			"ca.pem":      readFile(k.CAFile), "tls/cert.pem": readFile(certA), "tls/key.pem": readFile(keyA),
+		}, want: "cert-user", wantNS: "ns-c"},
+		{name: "client certificate and CA as data", files: map[string]string{
+			"kubeconfig": cluster("    certificate-authority-data: "+b64File(t, k.CAFile)+"\n") +
+				oneUser("    client-certificate-data: "+b64File(t, certB)+"\n    client-key-data: "+b64File(t, keyB)),
+		}, want: "cert-data-user", wantNS: "ns-c"},
+		{name: "insecure-skip-tls-verify", files: map[string]string{
+			"kubeconfig": cluster("    insecure-skip-tls-verify: true\n") + oneUser("    token: "+tokenLimited),
+		}, want: testenv.KubeLimited, wantNS: "ns-c"},
+		{name: "impersonation", files: map[string]string{
+			"kubeconfig": withCA + oneUser("    token: "+tokenAdmin+"\n    as: "+testenv.KubeOther),
+		}, want: testenv.KubeOther, wantNS: "ns-c"},
+		{name: "exec plugin v1 token", files: map[string]string{
+			"kubeconfig": withCA + oneUser(`    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: ./plugin.sh
+      args: [get-token, --cluster=test]
+      env: [{name: PLUGIN_ENV, value: from-kubeconfig}, {name: PLUGIN_DIR, value: DIR}]
+      interactiveMode: Never
+      provideClusterInfo: true`),
+			"out.json": execCredentialJSON(t, execV1, map[string]any{"token": tokenLimited, "expirationTimestamp": time.Now().Add(time.Hour).UTC().Format(time.RFC3339)}),
+		}, want: testenv.KubeLimited, wantNS: "ns-c", runs: 1},
+		{name: "exec plugin v1beta1 client certificate", files: map[string]string{
+			"kubeconfig": withCA + oneUser(`    exec:
+      apiVersion: client.authentication.k8s.io/v1beta1
+      command: ./plugin.sh
+      args: [get-token, --cluster=test]
+      env: [{name: PLUGIN_ENV, value: from-kubeconfig}, {name: PLUGIN_DIR, value: DIR}]`),
+			"out.json": execCredentialJSON(t, execV1beta1, map[string]any{"clientCertificateData": readFile(execCert), "clientKeyData": readFile(execKey)}),
+		}, want: "exec-cert-user", wantNS: "ns-c", runs: 1},
+		{name: "exec plugin credential expired: run again", files: map[string]string{
+			"kubeconfig": withCA + oneUser(`    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: ./plugin.sh
+      args: [get-token, --cluster=test]
+      env: [{name: PLUGIN_ENV, value: from-kubeconfig}, {name: PLUGIN_DIR, value: DIR}]
+      interactiveMode: IfAvailable`),
+			"out.json": execCredentialJSON(t, execV1, map[string]any{"token": tokenLimited, "expirationTimestamp": time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)}),
+		}, want: testenv.KubeLimited, wantNS: "ns-c", runs: 3},
+		{name: "exec plugin token refused: run again and retry", files: map[string]string{
+			"kubeconfig": withCA + oneUser(`    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: ./plugin.sh
+      args: [get-token, --cluster=test]
+      env: [{name: PLUGIN_ENV, value: from-kubeconfig}, {name: PLUGIN_DIR, value: DIR}]
+      interactiveMode: Never`),
+			"out1.json": execCredentialJSON(t, execV1, map[string]any{"token": "revoked-token"}),
+			"out.json":  execCredentialJSON(t, execV1, map[string]any{"token": tokenLimited}),
+		}, want: testenv.KubeLimited, wantNS: "ns-c", runs: 2},
+		{name: "KUBECONFIG list: first file wins, missing files skipped", list: []string{"missing", "first", "second"}, files: map[string]string{
+			"first": withCA + fmt.Sprintf("users:\n- name: u\n  user: {token: %s}\n", tokenLimited),
+			"second": withCA + fmt.Sprintf(`users:
+- name: u
+  user: {token: %s}
+contexts:
+- name: c
+  context: {cluster: test, user: u, namespace: ns-second}
+current-context: c
+`, tokenAdmin),
+		}, want: testenv.KubeLimited, wantNS: "ns-second"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for name, content := range tt.files {
+				p := filepath.Join(dir, name)
+				if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+					t.Fatal(err)
+				}
+				write(t, p, strings.ReplaceAll(content, "value: DIR", "value: "+dir))
+			}
+			if strings.Contains(tt.files["kubeconfig"], "plugin.sh") {
+				writeExecPlugin(t, dir)
+			}
+			opts := LoadOptions{Context: tt.context, Getenv: env(t, nil)}
+			if tt.list == nil {
+				opts.Kubeconfig = filepath.Join(dir, "kubeconfig")
+			} else {
+				var paths []string
+				for _, f := range tt.list {
+					paths = append(paths, filepath.Join(dir, f))
+				}
+				opts.Getenv = env(t, map[string]string{"KUBECONFIG": strings.Join(paths, string(filepath.ListSeparator))})
+			}
+			cfg, err := LoadAPIConfig(opts)
+			if err != nil {
+				t.Fatalf("load: %v", err)
+			}
+			if cfg.Namespace != tt.wantNS {
+				t.Errorf("namespace %q, want %q", cfg.Namespace, tt.wantNS)
+			}
+			c := clientFor(t, cfg)
+			for i := range 2 {
+				if got := whoami(t, c); got != tt.want {
+					t.Fatalf("request %d authenticated as %q, want %q", i+1, got, tt.want)
+				}
+			}
+			if n := runs(t, dir); n != tt.runs {
+				t.Errorf("exec plugin ran %d times for two requests, want %d", n, tt.runs)
+			}
+		})
+	}
+}
+
+// TestExecPluginCampaign: a backend whose credentials come from an exec
+// plugin campaigns and holds the Lease; a failing plugin is an error that
+// shows its message and never a token.
+func TestExecPluginCampaign(t *testing.T) {
+	k := testenv.SharedKube(t)
+	ns := k.Namespace(t)
+	k.Grant(t, ns, testenv.KubeLimited, "get", "create", "update", "watch")
+	dir := t.TempDir()
+	writeExecPlugin(t, dir)
+	write(t, filepath.Join(dir, "out.json"), execCredentialJSON(t, execV1, map[string]any{"token": k.Token(testenv.KubeLimited)}))
+	kubeconfig := write(t, filepath.Join(dir, "kubeconfig"), fmt.Sprintf(`clusters:
+- name: test
+  cluster: {server: %s, certificate-authority: %s}
+users:
+- name: u
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: %s
+      args: [get-token, --cluster=test]
+      env: [{name: PLUGIN_ENV, value: from-kubeconfig}, {name: PLUGIN_DIR, value: %s}]
+      interactiveMode: Never
+contexts:
+- name: c
+  context: {cluster: test, user: u, namespace: %s}
+current-context: c
+`, k.URL, k.CAFile, filepath.Join(dir, "plugin.sh"), dir, ns))
+	cfg, err := LoadAPIConfig(LoadOptions{Kubeconfig: kubeconfig, Getenv: env(t, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(Config{API: cfg, Lock: "exec"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := b.Campaign(ctx, backends.CampaignOptions{Identity: "exec", LeaseDuration: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Renew(ctx); err != nil {
+		t.Errorf("renew: %v", err)
+	}
+	if err := l.Release(ctx, nil); err != nil {
+		t.Errorf("release: %v", err)
+	}
+
+	// The plugin now fails: its stderr is in the message.
+	cfg.Exec.Args = []string{"wrong"}
+	b2, err := New(Config{API: cfg, Lock: "exec"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	_, err = b2.Campaign(ctx, backends.CampaignOptions{Identity: "exec", LeaseDuration: 5 * time.Second})
+	if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "unexpected arguments: wrong") {
+		t.Errorf("campaign with a failing plugin: %v, want ErrUnavailable with the plugin's message", err)
+	}
+	if err != nil && strings.Contains(err.Error(), k.Token(testenv.KubeLimited)) {
+		t.Errorf("error shows the token: %v", err)
+	}
+}
+
+// TestInCluster: in a pod (KUBERNETES_SERVICE_HOST set, no kubeconfig),
+// the service account's token, CA and namespace are used; the token file is
+// read again when the kubelet rotates it (a new file swapped in).
+func TestInCluster(t *testing.T) {
+	k := testenv.SharedKube(t)
+	ns := k.Namespace(t)
+	k.Grant(t, ns, "system:serviceaccount:"+ns+":runner", "get", "create", "update", "watch")
+	sa := t.TempDir()
+	write(t, filepath.Join(sa, "ca.crt"), string(must(os.ReadFile(k.CAFile))))
+	write(t, filepath.Join(sa, "namespace"), ns)
+	write(t, filepath.Join(sa, "token"), k.ServiceAccountToken(t, ns, "runner"))
+	host, port, _ := strings.Cut(k.Addr(), ":")
+	vars := map[string]string{"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}
+	cfg, err := LoadAPIConfig(LoadOptions{Getenv: env(t, vars), ServiceAccountDir: sa})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Namespace != ns {
+		t.Errorf("namespace %q, want the service account's %q", cfg.Namespace, ns)
+	}
+	b, err := New(Config{API: cfg, Lock: "in-cluster"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if b.Namespace() != ns {
+		t.Errorf("backend namespace %q, want %q", b.Namespace(), ns)
+	}
+	if got, want := whoami(t, b.client), "system:serviceaccount:"+ns+":runner"; got != want {
+		t.Fatalf("authenticated as %q, want %q", got, want)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := b.Campaign(ctx, backends.CampaignOptions{Identity: "pod-0", LeaseDuration: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("campaign as the service account: %v", err)
+	}
+	defer l.Release(ctx, nil)
+
+	// Rotation, as the kubelet does it: a new file renamed over the old.
+	next := filepath.Join(sa, "token.new")
+	write(t, next, k.ServiceAccountToken(t, ns, "rotated"))
+	if err := os.Rename(next, filepath.Join(sa, "token")); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := whoami(t, b.client), "system:serviceaccount:"+ns+":rotated"; got != want {
+		t.Errorf("after the token file was replaced, authenticated as %q, want %q", got, want)
+	}
+
+	vars["POD_NAMESPACE"] = "elsewhere"
+	if cfg, err := LoadAPIConfig(LoadOptions{Getenv: env(t, vars), ServiceAccountDir: sa}); err != nil || cfg.Namespace != "elsewhere" {
+		t.Errorf("with POD_NAMESPACE: namespace %q, %v; want elsewhere", cfg.Namespace, err)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// TestNamespaceDefault: an explicit namespace, else the configuration's,
+// else "default".
+func TestNamespaceDefault(t *testing.T) {
+	tests := []struct {
+		name, explicit, implied, want string
+	}{
+		{"explicit wins", "mine", "context-ns", "mine"},
+		{"context or service account", "", "context-ns", "context-ns"},
+		{"default", "", "", "default"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := New(Config{API: &APIConfig{Server: "https://127.0.0.1:1", Namespace: tt.implied}, Namespace: tt.explicit, Lock: "x"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.Namespace() != tt.want {
+				t.Errorf("namespace %q, want %q", b.Namespace(), tt.want)
+			}
+		})
+	}
+	if _, err := New(Config{API: &APIConfig{Server: "https://127.0.0.1:1"}, Namespace: "Not_Valid", Lock: "x"}); err == nil {
+		t.Error("an invalid namespace was accepted")
+	}
+}
+
+// TestConfigErrors: configurations that cannot work say what is wrong, and
+// never show a secret.
+func TestConfigErrors(t *testing.T) {
+	cluster := "clusters:\n- name: test\n  cluster: {server: https://127.0.0.1:1}\n"
+	ctx := "contexts:\n- name: c\n  context: {cluster: test, user: u}\ncurrent-context: c\n"
+	tests := []struct {
+		name       string
+		kubeconfig string // "" for none at all
+		explicit   bool
+		context    string
+		want       string
+	}{
+		{name: "nothing configured", want: "no configuration"},
+		{name: "explicit file missing", explicit: true, want: "no such file"},
+		{name: "no current context", kubeconfig: cluster, want: "no current-context"},
+		{name: "unknown context", kubeconfig: cluster + "users:\n- name: u\n  user: {token: s3cret}\n" + ctx, context: "nope", want: `no context "nope"`},
+		{name: "unknown cluster", kubeconfig: "users:\n- name: u\n  user: {token: s3cret}\n" + ctx, want: `names cluster "test"`},
+		{name: "unknown user", kubeconfig: cluster + ctx, want: `names user "u"`},
+		{name: "auth provider", kubeconfig: cluster + "users:\n- name: u\n  user:\n    auth-provider: {name: gcp}\n" + ctx, want: `auth-provider "gcp"`},
+		{name: "bad base64", kubeconfig: cluster + "users:\n- name: u\n  user: {client-certificate-data: '%%%'}\n" + ctx, want: "not base64"},
+		{name: "not yaml", kubeconfig: "clusters: [", want: "kubeconfig"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			opts := LoadOptions{Getenv: env(t, nil), Context: tt.context}
+			switch {
+			case tt.explicit:
+				opts.Kubeconfig = filepath.Join(dir, "missing")
+			case tt.kubeconfig != "":
+				opts.Kubeconfig = write(t, filepath.Join(dir, "kubeconfig"), tt.kubeconfig)
+			}
+			_, err := LoadAPIConfig(opts)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("load: %v, want an error saying %q", err, tt.want)
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("error shows the token: %v", err)
+			}
+		})
+	}
+
+	builds := []struct {
+		name string
+		cfg  APIConfig
+		want string
+	}{
+		{"token and password", APIConfig{Server: "https://h:1", Token: "s3cret", Username: "u", Password: "p"}, "both a token and a username"},
+		{"certificate without key", APIConfig{Server: "https://h:1", CertData: []byte("x")}, "without its key"},
+		{"exec and token", APIConfig{Server: "https://h:1", Token: "s3cret", Exec: &ExecConfig{Command: "x", APIVersion: execV1}}, "exec plugin and also"},
+		{"exec wants a terminal", APIConfig{Server: "https://h:1", Exec: &ExecConfig{Command: "x", APIVersion: execV1, InteractiveMode: "Always"}}, "wants a terminal"},
+		{"exec old version", APIConfig{Server: "https://h:1", Exec: &ExecConfig{Command: "x", APIVersion: "client.authentication.k8s.io/v1alpha1"}}, "v1alpha1"},
+		{"CA and insecure", APIConfig{Server: "https://h:1", CAData: []byte("x"), Insecure: true}, "insecure-skip-tls-verify"},
+		{"not a URL", APIConfig{Server: "ftp://h:1"}, "want https://host:port"},
+	}
+	for _, tt := range builds {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.cfg.Source = "test"
+			_, err := New(Config{API: &tt.cfg, Lock: "x"})
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("New: %v, want an error saying %q", err, tt.want)
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("error shows the token: %v", err)
+			}
+		})
+	}
+}
+
+// TestBasicAuth: a kubeconfig's username and password go out as HTTP
+// basic authentication. kube-apiserver no longer accepts it (since 1.19),
+// but authenticating proxies in front of one may: a TLS server of the test
+// stands in for such a proxy.
+func TestBasicAuth(t *testing.T) {
+	got := make(chan string, 1)
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, p, _ := r.BasicAuth()
+		select {
+		case got <- u + ":" + p:
+		default:
+		}
+		http.NotFound(w, r)
+	}))
+	defer srv.Close()
+	dir := t.TempDir()
+	kubeconfig := write(t, filepath.Join(dir, "kubeconfig"), fmt.Sprintf(`clusters:
+- name: test
+  cluster: {server: %s, insecure-skip-tls-verify: true}
+users:
+- name: u
+  user: {username: alice, password: wonder}
+contexts:
+- name: c
+  context: {cluster: test, user: u}
+current-context: c
+`, srv.URL))
+	cfg, err := LoadAPIConfig(LoadOptions{Kubeconfig: kubeconfig, Getenv: env(t, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(Config{API: cfg, Lock: "basic"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := b.Status(context.Background()); err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	if creds := <-got; creds != "alice:wonder" {
+		t.Errorf("basic auth sent %q, want alice:wonder", creds)
+	}
+}
