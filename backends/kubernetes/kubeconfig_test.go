@@ -173,12 +173,12 @@ contexts:
 current-context: b
 `, tokenAdmin, tokenLimited)}, want: testenv.KubeAdmin, wantNS: "ns-a"},
 		{name: "token file relative to the kubeconfig", files: map[string]string{
-			"kubeconfig": withCA + oneUser("    tokenFile: secrets/token"),
+			"kubeconfig":    withCA + oneUser("    tokenFile: secrets/token"),
 			"secrets/token": tokenLimited + "\n",
 		}, want: testenv.KubeLimited, wantNS: "ns-c"},
 		{name: "client certificate files relative to the kubeconfig", files: map[string]string{
 			"kubeconfig": cluster("    certificate-authority: ca.pem\n") + oneUser("    client-certificate: tls/cert.pem\n    client-key: tls/key.pem"),
-			"ca.pem":      readFile(k.CAFile), "tls/cert.pem": readFile(certA), "tls/key.pem": readFile(keyA),
+			"ca.pem":     readFile(k.CAFile), "tls/cert.pem": readFile(certA), "tls/key.pem": readFile(keyA),
 		}, want: "cert-user", wantNS: "ns-c"},
 		{name: "client certificate and CA as data", files: map[string]string{
 			"kubeconfig": cluster("    certificate-authority-data: "+b64File(t, k.CAFile)+"\n") +
