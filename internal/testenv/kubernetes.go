@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -624,4 +625,38 @@ func (p *procScope) close() {
 		_ = os.RemoveAll(p.dir)
 		p.dir = ""
 	}
+}
+
+var elector struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// K8sElector builds, once per test process, the client-go LeaderElector
+// program of internal/testenv/k8selector (a module of its own, so that
+// client-go stays out of leaderrun's go.mod) and returns its path. The
+// first build downloads and compiles client-go: minutes; later ones come
+// from Go's build cache.
+func K8sElector(t testing.TB) string {
+	t.Helper()
+	elector.once.Do(func() {
+		dir, err := os.MkdirTemp("", "leaderrun-k8selector-")
+		if err != nil {
+			elector.err = err
+			return
+		}
+		elector.path = filepath.Join(dir, "k8selector")
+		_, file, _, _ := runtime.Caller(0)
+		cmd := exec.Command("go", "build", "-o", elector.path, ".")
+		cmd.Dir = filepath.Join(filepath.Dir(file), "k8selector")
+		cmd.Env = append(os.Environ(), "GOWORK=off")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			elector.err = fmt.Errorf("build the client-go elector: %w\n%s", err, out)
+		}
+	})
+	if elector.err != nil {
+		t.Fatal(elector.err)
+	}
+	return elector.path
 }
