@@ -212,7 +212,7 @@ func (c *candidate) wait(ctx context.Context) error {
 	select {
 	case ch := <-c.w.changes:
 		switch {
-		case ch.deleted && (c.cur == nil || !c.cur.newer(ch.obj)):
+		case ch.deleted && (ch.gone || c.cur == nil || !c.cur.newer(ch.obj)):
 			c.observe(nil)
 		case !ch.deleted && ch.obj.newer(c.cur):
 			c.observe(ch.obj)

@@ -24,6 +24,12 @@ const (
 	interopLease = 3 * time.Second
 	interopRenew = 2 * time.Second
 	interopRetry = 500 * time.Millisecond
+	// leaderrunRetry is how often leaderrun renews. client-go's electors
+	// compare records with their times cut to whole seconds, so they miss
+	// a renewal in the same second as the one before and may take over up
+	// to a second early; renewals at least a second apart are all seen
+	// (see the package doc).
+	leaderrunRetry = 1200 * time.Millisecond
 )
 
 // elector is the client-go LeaderElector program (testenv.K8sElector) as
@@ -111,7 +117,7 @@ type interval struct {
 	start, end time.Time
 }
 
-// holding renews a leaderrun lease every interopRetry, as the runner
+// holding renews a leaderrun lease every leaderrunRetry, as the runner
 // would, until stopped or lost.
 type holding struct {
 	l        backends.Lease
@@ -126,7 +132,7 @@ func hold(l backends.Lease) *holding {
 	h := &holding{l: l, start: time.Now(), stop: make(chan struct{}), done: make(chan struct{}), lastSent: l.Acquired()}
 	go func() {
 		defer close(h.done)
-		tick := time.NewTicker(interopRetry)
+		tick := time.NewTicker(leaderrunRetry)
 		defer tick.Stop()
 		for {
 			select {
@@ -137,7 +143,7 @@ func hold(l backends.Lease) *holding {
 			case <-tick.C:
 			}
 			sent := time.Now()
-			ctx, cancel := context.WithTimeout(context.Background(), interopRetry)
+			ctx, cancel := context.WithTimeout(context.Background(), leaderrunRetry)
 			if l.Renew(ctx) == nil {
 				h.mu.Lock()
 				h.lastSent = sent

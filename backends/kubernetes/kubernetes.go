@@ -22,6 +22,14 @@
 // leaseDurationSeconds is whole seconds: the lease duration asked is
 // rounded up, and Lease.TTL reports what was written.
 //
+// client-go's electors compare records with their times cut to whole
+// seconds (the record's JSON form), so a renewal written in the same
+// second as the one before is no change to them: a client-go follower may
+// then count the lease from up to a second before leaderrun's last
+// renewal. Renewals at least a second apart (--retry-period of 1s or more,
+// as the default 2s is) are all seen. leaderrun's own followers compare the
+// times to the microsecond.
+//
 // An identity is no proof of ownership here: a record that names this
 // candidate's identity but was not written by this Lease is treated like
 // anyone else's (client-go would renew it at once). Identities must still

@@ -98,7 +98,7 @@ func (l *lease) apply(ch change) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if ch.deleted {
-		if l.cur.newer(ch.obj) {
+		if !ch.gone && l.cur.newer(ch.obj) {
 			return nil // a deletion before our grant: of the Lease we replaced
 		}
 		return l.lostTo(nil)

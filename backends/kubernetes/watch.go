@@ -24,6 +24,9 @@ const watchTimeoutSeconds = "300"
 type change struct {
 	deleted bool         // the Lease was deleted; obj is its last state
 	obj     *leaseObject // the new state
+	// gone: a read found no Lease. The deletion's own version is not
+	// known, so this is news whatever the consumer knows: no Lease now.
+	gone bool
 }
 
 // watcher follows one Lease with watch requests, from a known version on,
@@ -214,7 +217,7 @@ func (w *watcher) resync(ctx context.Context, last *leaseObject) (*leaseObject, 
 	obj, err := w.c.getLease(ctx, w.namespace, w.name)
 	switch {
 	case isNotFound(err):
-		if last != nil && !w.deliver(ctx, change{deleted: true, obj: last}) {
+		if last != nil && !w.deliver(ctx, change{deleted: true, obj: last, gone: true}) {
 			return last, ctx.Err()
 		}
 		return nil, nil
