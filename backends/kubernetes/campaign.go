@@ -115,6 +115,9 @@ func (c *candidate) campaign(ctx context.Context, try bool) (*lease, error) {
 			retry.Reset()
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
+		case op == "create" && isNotFound(err):
+			// The namespace does not exist: nothing to wait for.
+			return nil, c.b.unavailable(op, err)
 		case isConflict(err) || isNotFound(err):
 			// Someone wrote the Lease, or deleted it, since we read it:
 			// read it again, and go on from what it is now.

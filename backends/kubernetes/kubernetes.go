@@ -43,24 +43,25 @@
 // recorded on the Lease if that is larger. It is recorded in the
 // leaderrun/token annotation with the grant it belongs to.
 //
-// Why it cannot go backwards: kube-apiserver stores every object in etcd,
-// and a resourceVersion is the etcd revision of the object's last write.
-// etcd's revision counts every write to the whole store, so it only grows,
-// and since Kubernetes 1.35 the API itself defines the resource versions of
-// one resource as integers that compare in the order of the writes. Let
-// grant k be the conditional update W(k), made on version r(k) and
-// committed at revision w(k) > r(k); its token t(k) = r(k)+1 <= w(k). The
-// next grant's update W(k+1) can only succeed on a state written after
-// W(k), as W(k) made the Lease held and only a later write (a release, an
-// expiry's takeover, a deletion followed by a creation) frees it again; so
-// r(k+1) >= w(k) and t(k+1) = r(k+1)+1 > w(k) >= t(k). A deletion does not
-// break this: after it nothing of the object survives, but the deletion and
-// the creation of the next Lease are writes with larger revisions still,
-// and a candidate that finds no Lease creates a free one first and acquires
-// it with an update on that creation's version. The maximum with the
-// recorded token only adds safety should the revisions ever restart while
-// the object survives (the store migrated by copying objects). What does
-// make tokens go backwards is restoring etcd from an old backup: the
+// Why it cannot go backwards: kube-apiserver stores every object in etcd
+// under a key of its own, and an object's resourceVersion is the etcd
+// revision of the last write to that key. etcd's revision counts the
+// writes to the whole store, so it only grows, and since Kubernetes 1.35
+// the API itself defines the resource versions of one resource as decimal
+// integers that compare in the order of the writes. Let grant k be the
+// update W(k), conditional on version r(k) and committed at revision
+// w(k) > r(k), so that its token t(k) = r(k)+1 <= w(k). The next grant's
+// update W(k+1) succeeds only if r(k+1) is the revision of the last write
+// to the key before it, and W(k) is one of those writes: r(k+1) >= w(k),
+// so t(k+1) > w(k) >= t(k). Deleting the Lease does not break this: nothing
+// of the object survives, but the deletion and the creation of the next
+// Lease are writes to the same key with larger revisions still. That is
+// why a candidate that finds no Lease creates a free one and then takes it
+// with an update conditional on the creation's version, like every other
+// grant: a create has no version to be conditional on. The maximum with
+// the recorded token adds safety only should the revisions ever restart
+// while the object survives (the objects copied into a new etcd).
+// Restoring etcd from an old backup does make tokens go backwards: the
 // revisions and the object both go back in time.
 //
 // leaseTransitions is not the token: it restarts at 0 when the Lease is

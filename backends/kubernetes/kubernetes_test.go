@@ -581,6 +581,24 @@ func TestRefusedVerbs(t *testing.T) {
 	}
 }
 
+// TestMissingNamespace: a namespace that does not exist is a final error
+// that names it, not a wait.
+func TestMissingNamespace(t *testing.T) {
+	k := testenv.SharedKube(t)
+	c := &cluster{k: k, ns: "no-such-namespace"}
+	b := c.backend(t, testenv.KubeAdmin, "lock")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := b.Campaign(ctx, options("a", 5*time.Second))
+	if err == nil {
+		backendtest.Release(t, l)
+		t.Fatal("campaign in a namespace that does not exist succeeded")
+	}
+	if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), `namespaces "no-such-namespace" not found`) {
+		t.Errorf("campaign in a missing namespace: %v, want ErrUnavailable naming it", err)
+	}
+}
+
 // TestLockNames: lock names must be Lease names.
 func TestLockNames(t *testing.T) {
 	api := &kubernetes.APIConfig{Server: "https://127.0.0.1:1"}
@@ -615,5 +633,48 @@ func TestLockNames(t *testing.T) {
 				t.Errorf("lock %q: %v, want an error naming the rule", tt.lock, err)
 			}
 		})
+	}
+}
+
+// TestRoleByName: a Role that names the Lease (resourceNames) for get,
+// update and watch, and grants create, suffices: the watch selects the
+// Lease by name, which RBAC authorizes as that name.
+func TestRoleByName(t *testing.T) {
+	k := testenv.SharedKube(t)
+	c := &cluster{k: k, ns: k.Namespace(t)}
+	rbac := "/apis/rbac.authorization.k8s.io/v1/namespaces/" + c.ns
+	k.Admin(t, http.MethodPost, rbac+"/roles", map[string]any{
+		"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+		"metadata": map[string]any{"name": "one-lease"},
+		"rules": []any{
+			map[string]any{"apiGroups": []string{"coordination.k8s.io"}, "resources": []string{"leases"},
+				"resourceNames": []string{"named"}, "verbs": []string{"get", "update", "watch"}},
+			map[string]any{"apiGroups": []string{"coordination.k8s.io"}, "resources": []string{"leases"},
+				"verbs": []string{"create"}},
+		},
+	})
+	k.Admin(t, http.MethodPost, rbac+"/rolebindings", map[string]any{
+		"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+		"metadata": map[string]any{"name": "one-lease"},
+		"roleRef":  map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "one-lease"},
+		"subjects": []any{map[string]any{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": testenv.KubeLimited}},
+	})
+	a, b := c.backend(t, testenv.KubeLimited, "named"), c.backend(t, testenv.KubeLimited, "named")
+	la := campaign(t, a, "a", 5*time.Second)
+	// A waiter watches: were the watch refused, this would be
+	// ErrUnavailable, not the end of its wait.
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if lb, err := b.Campaign(ctx, options("b", 5*time.Second)); !errors.Is(err, context.DeadlineExceeded) {
+		if lb != nil {
+			backendtest.Release(t, lb)
+		}
+		t.Fatalf("waiter restricted to the Lease's name: %v, want to wait", err)
+	}
+	backendtest.Release(t, la)
+	backendtest.Release(t, campaign(t, b, "b", 5*time.Second))
+	// Another lock's Lease is out of reach.
+	if _, err := c.backend(t, testenv.KubeLimited, "other").Campaign(context.Background(), options("a", 5*time.Second)); !errors.Is(err, backends.ErrUnavailable) {
+		t.Errorf("campaign for a Lease the Role does not name: %v, want ErrUnavailable", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"time"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
@@ -109,9 +110,18 @@ func (w *watcher) run(ctx context.Context, last *leaseObject) {
 		case codeOf(err) == http.StatusGone:
 			last, err = w.resync(ctx, last)
 		case err == nil:
-			retry.Reset()
+			opened := time.Now()
 			last, err = w.follow(ctx, body, last)
 			body.Close()
+			// A watch that ran its course is followed by the next one at
+			// once; one that something cut short at once (a proxy that
+			// closes streams) by the backoff, so as not to spin.
+			switch {
+			case time.Since(opened) >= time.Second:
+				retry.Reset()
+			case err == nil:
+				err = errShortWatch
+			}
 		}
 		if errors.Is(err, errExpired) {
 			last, err = w.resync(ctx, last)
@@ -127,6 +137,9 @@ func (w *watcher) run(ctx context.Context, last *leaseObject) {
 // errExpired: the version a watch started from is older than the
 // apiserver's window of past events.
 var errExpired = errors.New("kubernetes: watch expired")
+
+// errShortWatch: a watch ended within a second of its start.
+var errShortWatch = errors.New("kubernetes: watch ended at once")
 
 // open sends a watch request for the Lease from version rv ("" from its
 // current state, which the apiserver sends first as ADDED).
