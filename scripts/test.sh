@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite, as CI does. On first use it builds the test
-# servers (etcd v3.6.16 and Consul v1.14.8) into $LEADERRUN_CACHE (default
-# ~/.cache/leaderrun, outside the repo; a few minutes cold, seconds after)
-# and, as root, installs Debian's zookeeper, postgresql and pgbouncer
+# servers (etcd v3.6.16, Consul v1.14.8 and kube-apiserver v1.37.2) into
+# $LEADERRUN_CACHE (default ~/.cache/leaderrun, outside the repo; minutes
+# cold, seconds after) and, as root, installs Debian's zookeeper, postgresql and pgbouncer
 # packages if they are missing; each test then starts its own servers on
 # free loopback ports.
 #
@@ -42,9 +42,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 etcd_dir=$(scripts/install-etcd.sh)
 consul_dir=$(scripts/install-consul.sh)
+kube_dir=$(scripts/install-kube-apiserver.sh)
 export LEADERRUN_ETCD_BIN="$etcd_dir/etcd"
 export LEADERRUN_ETCDCTL_BIN="$etcd_dir/etcdctl"
 export LEADERRUN_CONSUL_BIN="$consul_dir/consul"
+export LEADERRUN_KUBE_APISERVER_BIN="$kube_dir/kube-apiserver"
 LEADERRUN_ZOOKEEPER_CLASSPATH=$(scripts/install-zookeeper.sh)
 export LEADERRUN_ZOOKEEPER_CLASSPATH
 # Installing PostgreSQL needs root and apt-get; without them its tests are
@@ -57,6 +59,9 @@ fi
 
 echo "== go vet"
 go vet ./...
+# The client-go elector that the Kubernetes interop tests run is a module
+# of its own, outside ./...
+(cd internal/testenv/k8selector && GOWORK=off go vet ./...)
 echo "== gofmt"
 unformatted=$(gofmt -l .)
 if [ -n "$unformatted" ]; then
