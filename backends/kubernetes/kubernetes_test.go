@@ -274,25 +274,6 @@ func TestLossSeenAtOnce(t *testing.T) {
 	}
 }
 
-// TestRenewFindsLoss: without the watch's help (the loss happens between
-// two renewals and Renew is asked first), a renewal whose conditional
-// update conflicts with another holder's record reports the loss.
-func TestRenewFindsLoss(t *testing.T) {
-	c := newCluster(t)
-	b := c.backend(t, testenv.KubeLimited, "renew-loss")
-	l := campaign(t, b, "leader", 15*time.Second)
-	defer backendtest.Release(t, l)
-	c.setHolder(t, "renew-loss", "intruder")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := l.Renew(ctx); !errors.Is(err, backends.ErrLeaseLost) {
-		t.Errorf("Renew after the holder was changed: %v, want ErrLeaseLost", err)
-	}
-	if got := c.spec(t, "renew-loss")["holderIdentity"]; got != "intruder" {
-		t.Errorf("holderIdentity is %v after the failed renewal, want the intruder's record untouched", got)
-	}
-}
-
 // TestRenewKeepsOthersWrites: a label or annotation written by someone
 // else between two renewals costs a conflict and a read, not the lease,
 // and survives the renewal.

@@ -130,18 +130,31 @@ func (l *lease) advance(obj *leaseObject) {
 	}
 }
 
-// errNotOurs: the Lease is no longer this grant's.
-var errNotOurs = errors.New("kubernetes: lease not held by this grant")
+// notOurs says that the Lease is no longer this grant's, and why (an
+// error wrapping backends.ErrLeaseLost).
+type notOurs struct{ reason error }
+
+func (e *notOurs) Error() string { return e.reason.Error() }
+func (e *notOurs) Unwrap() error { return e.reason }
+
+// lossOf is the reason of a notOurs in err's chain, nil if there is none.
+func lossOf(err error) error {
+	var no *notOurs
+	if errors.As(err, &no) {
+		return no.reason
+	}
+	return nil
+}
 
 // update writes edit(state) conditional on the latest state, and on a
 // conflict reads the Lease again and retries if it is still ours. It
-// returns errNotOurs, wrapped with the reason, if the Lease is deleted or
-// no longer ours, without writing.
+// returns a notOurs if the Lease is deleted or no longer ours, without
+// writing.
 func (l *lease) update(ctx context.Context, edit func(*leaseObject)) error {
 	obj := l.snapshot()
 	for attempt := 1; ; attempt++ {
 		if !l.ours(obj) {
-			return fmt.Errorf("%w: %w", errNotOurs, l.lostTo(obj))
+			return &notOurs{l.lostTo(obj)}
 		}
 		edit(obj)
 		got, err := l.b.client.updateLease(ctx, l.b.namespace, obj)
@@ -150,7 +163,7 @@ func (l *lease) update(ctx context.Context, edit func(*leaseObject)) error {
 			l.advance(got)
 			return nil
 		case isNotFound(err):
-			return fmt.Errorf("%w: %w", errNotOurs, l.lostTo(nil))
+			return &notOurs{l.lostTo(nil)}
 		case !isConflict(err) || attempt == maxAttempts:
 			return err
 		}
@@ -159,7 +172,7 @@ func (l *lease) update(ctx context.Context, edit func(*leaseObject)) error {
 		case err != nil:
 			return err
 		case fresh == nil:
-			return fmt.Errorf("%w: %w", errNotOurs, l.lostTo(nil))
+			return &notOurs{l.lostTo(nil)}
 		}
 		l.advance(fresh)
 		obj = fresh.clone()
@@ -169,11 +182,9 @@ func (l *lease) update(ctx context.Context, edit func(*leaseObject)) error {
 // failed turns an error of update into what the caller returns: a loss
 // closes Lost and wraps ErrLeaseLost; anything else names the server.
 func (l *lease) failed(op string, err error) error {
-	if errors.Is(err, errNotOurs) {
-		l.Set(errors.Unwrap(err))
-		if lost := l.Err(); lost != nil {
-			return lost
-		}
+	if reason := lossOf(err); reason != nil {
+		l.Set(reason)
+		return l.Err()
 	}
 	return fmt.Errorf("kubernetes at %s: %s lease %s: %w", l.b.client.host, op, l.b.Key(), err)
 }
@@ -248,7 +259,7 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 
 	if l.Err() == nil {
 		err := l.free(ctx, term)
-		if err == nil || !errors.Is(err, errNotOurs) {
+		if err == nil || lossOf(err) == nil {
 			return err
 		}
 	}
@@ -276,7 +287,7 @@ func (l *lease) free(ctx context.Context, term *backends.Term) error {
 			return fmt.Errorf("kubernetes at %s: lease %s released, but its history was refused: %w", l.b.client.host, l.b.Key(), refused)
 		}
 	}
-	if err != nil && !errors.Is(err, errNotOurs) {
+	if err != nil && lossOf(err) == nil {
 		return fmt.Errorf("kubernetes at %s: release lease %s: %w", l.b.client.host, l.b.Key(), err)
 	}
 	return err

@@ -1,0 +1,159 @@
+package kubernetes
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/internal/testenv"
+)
+
+// countingTransport counts the requests a backend sends.
+type countingTransport struct {
+	base http.RoundTripper
+	mu   sync.Mutex
+	reqs []string
+}
+
+func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.mu.Lock()
+	c.reqs = append(c.reqs, r.Method+" "+r.URL.RequestURI())
+	c.mu.Unlock()
+	return c.base.RoundTrip(r)
+}
+
+func (c *countingTransport) requests() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.reqs...)
+}
+
+// TestIdleFollowerOnlyWatches: a follower reads the Lease once and then
+// only holds a watch open while the holder renews: no polling.
+func TestIdleFollowerOnlyWatches(t *testing.T) {
+	k := testenv.SharedKube(t)
+	ns := k.Namespace(t)
+	k.Grant(t, ns, testenv.KubeLimited, "get", "create", "update", "watch")
+	newB := func() *Backend {
+		cfg, err := LoadAPIConfig(LoadOptions{Kubeconfig: k.Kubeconfig(t, testenv.KubeLimited, ns)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := New(Config{API: cfg, Lock: "idle"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		return b
+	}
+	holder, follower := newB(), newB()
+	counter := &countingTransport{base: follower.client.http.Transport}
+	follower.client.http.Transport = counter
+	ctx := context.Background()
+	lh, err := holder.Campaign(ctx, backends.CampaignOptions{Identity: "holder", LeaseDuration: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lh.Release(ctx, nil)
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := follower.Campaign(wctx, backends.CampaignOptions{Identity: "follower", LeaseDuration: 2 * time.Second})
+		done <- err
+	}()
+	renewals := 0
+	for wctx.Err() == nil {
+		time.Sleep(200 * time.Millisecond)
+		if err := lh.Renew(ctx); err != nil {
+			t.Fatalf("renew: %v", err)
+		}
+		renewals++
+	}
+	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("follower: %v, want to have waited until its deadline", err)
+	}
+	reqs := counter.requests()
+	t.Logf("follower sent %d requests while the holder renewed %d times: %q", len(reqs), renewals, reqs)
+	if len(reqs) != 2 {
+		t.Errorf("follower sent %d requests, want one read and one watch", len(reqs))
+	}
+}
+
+// TestWriteFindsLoss: with the watch stopped, so that only the write can
+// tell, a renewal or a completion marker sent after someone else took the
+// Lease conflicts with that holder's record: the write reports the loss,
+// Lost closes with the reason, and the other holder's record is left
+// alone.
+func TestWriteFindsLoss(t *testing.T) {
+	k := testenv.SharedKube(t)
+	ns := k.Namespace(t)
+	k.Grant(t, ns, testenv.KubeLimited, "get", "create", "update", "watch")
+	tests := []struct {
+		name  string
+		write func(ctx context.Context, l *lease) error
+	}{
+		{"renew", func(ctx context.Context, l *lease) error { return l.Renew(ctx) }},
+		{"complete", func(ctx context.Context, l *lease) error {
+			return l.Complete(ctx, backends.Marker{Key: "k", Identity: "leader", Token: l.Token(), At: time.Now(), Expires: time.Now().Add(time.Hour)})
+		}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			lock := fmt.Sprintf("write-loss-%d", i)
+			cfg, err := LoadAPIConfig(LoadOptions{Kubeconfig: k.Kubeconfig(t, testenv.KubeLimited, ns)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := New(Config{API: cfg, Lock: lock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			bl, err := b.Campaign(ctx, backends.CampaignOptions{Identity: "leader", LeaseDuration: 15 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := bl.(*lease)
+			defer l.Release(ctx, nil)
+			l.w.stop() // the watch can no longer tell
+			path := "/apis/coordination.k8s.io/v1/namespaces/" + ns + "/leases/" + lock
+			k.Admin(t, http.MethodPatch, path, map[string]any{"spec": map[string]any{"holderIdentity": "intruder"}})
+			if err := tt.write(ctx, l); !errors.Is(err, backends.ErrLeaseLost) {
+				t.Errorf("%s after the holder was changed: %v, want ErrLeaseLost", tt.name, err)
+			}
+			select {
+			case <-l.Lost():
+			default:
+				t.Fatal("Lost not closed")
+			}
+			if err := l.Err(); !errors.Is(err, backends.ErrLeaseLost) || !strings.Contains(err.Error(), `taken by "intruder"`) {
+				t.Errorf("Err() = %v, want the takeover", err)
+			}
+			var obj struct {
+				Spec struct {
+					HolderIdentity string `json:"holderIdentity"`
+				} `json:"spec"`
+				Metadata struct {
+					Annotations map[string]string `json:"annotations"`
+				} `json:"metadata"`
+			}
+			if err := json.Unmarshal(k.Admin(t, http.MethodGet, path, nil), &obj); err != nil {
+				t.Fatal(err)
+			}
+			if obj.Spec.HolderIdentity != "intruder" || obj.Metadata.Annotations[annotationMarkers] != "" {
+				t.Errorf("after the failed %s: holder %q, markers %q; want the intruder's record untouched",
+					tt.name, obj.Spec.HolderIdentity, obj.Metadata.Annotations[annotationMarkers])
+			}
+		})
+	}
+}
