@@ -635,25 +635,30 @@ var elector struct {
 
 // K8sElector builds, once per test process, the client-go LeaderElector
 // program of internal/testenv/k8selector (a module of its own, so that
-// client-go stays out of leaderrun's go.mod) and returns its path. The
-// first build downloads and compiles client-go: minutes; later ones come
-// from Go's build cache.
+// client-go stays out of leaderrun's go.mod) into the cache the install
+// scripts use, and returns its path. The first build downloads and
+// compiles client-go: minutes; later ones come from Go's build cache.
 func K8sElector(t testing.TB) string {
 	t.Helper()
 	elector.once.Do(func() {
-		dir, err := os.MkdirTemp("", "leaderrun-k8selector-")
-		if err != nil {
+		dir := filepath.Join(cacheDir(), "k8selector")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			elector.err = err
 			return
 		}
-		elector.path = filepath.Join(dir, "k8selector")
+		// Built beside and renamed into place: another test process may be
+		// running the previous build.
+		tmp := filepath.Join(dir, fmt.Sprintf("k8selector.%d", os.Getpid()))
 		_, file, _, _ := runtime.Caller(0)
-		cmd := exec.Command("go", "build", "-o", elector.path, ".")
+		cmd := exec.Command("go", "build", "-o", tmp, ".")
 		cmd.Dir = filepath.Join(filepath.Dir(file), "k8selector")
 		cmd.Env = append(os.Environ(), "GOWORK=off")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			elector.err = fmt.Errorf("build the client-go elector: %w\n%s", err, out)
+			return
 		}
+		elector.path = filepath.Join(dir, "k8selector")
+		elector.err = os.Rename(tmp, elector.path)
 	})
 	if elector.err != nil {
 		t.Fatal(elector.err)

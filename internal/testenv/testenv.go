@@ -25,16 +25,7 @@ func Binary(t testing.TB, envVar, cacheRel, name string) string {
 	if p := os.Getenv(envVar); p != "" {
 		return p
 	}
-	cache := os.Getenv("LEADERRUN_CACHE")
-	if cache == "" {
-		base := os.Getenv("XDG_CACHE_HOME")
-		if base == "" {
-			home, _ := os.UserHomeDir()
-			base = filepath.Join(home, ".cache")
-		}
-		cache = filepath.Join(base, "leaderrun")
-	}
-	if p := filepath.Join(cache, cacheRel); isExecutable(p) {
+	if p := filepath.Join(cacheDir(), cacheRel); isExecutable(p) {
 		return p
 	}
 	if p, err := exec.LookPath(name); err == nil {
@@ -42,6 +33,20 @@ func Binary(t testing.TB, envVar, cacheRel, name string) string {
 	}
 	Missing(t, name+" not found: set "+envVar+" or run scripts/test.sh, which installs it")
 	return ""
+}
+
+// cacheDir is where the install scripts put the servers they build:
+// $LEADERRUN_CACHE, default ~/.cache/leaderrun.
+func cacheDir() string {
+	if cache := os.Getenv("LEADERRUN_CACHE"); cache != "" {
+		return cache
+	}
+	base := os.Getenv("XDG_CACHE_HOME")
+	if base == "" {
+		home, _ := os.UserHomeDir()
+		base = filepath.Join(home, ".cache")
+	}
+	return filepath.Join(base, "leaderrun")
 }
 
 // Missing skips the test, or fails it when CI=true.
