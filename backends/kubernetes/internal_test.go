@@ -157,3 +157,56 @@ func TestWriteFindsLoss(t *testing.T) {
 		})
 	}
 }
+
+// TestGuaranteedTTL: what the runner may count on after its last
+// renewal's send time, given the seconds written and the retry period.
+func TestGuaranteedTTL(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		seconds int32
+		retry   time.Duration
+		want    time.Duration
+	}{
+		{"default retry", 15, 2 * time.Second, 15 * time.Second},
+		{"one second retry", 3, time.Second, 3 * time.Second},
+		{"just under a second", 3, 999 * time.Millisecond, 2 * time.Second},
+		{"fast", 10, 200 * time.Millisecond, 9 * time.Second},
+		{"retry unknown", 10, 0, 9 * time.Second},
+		{"one second lease, slow renewals", 1, time.Second, time.Second},
+		{"one second lease, fast renewals: never zero", 1, 500 * time.Millisecond, time.Nanosecond},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := guaranteedTTL(tt.seconds, tt.retry); got != tt.want {
+				t.Errorf("guaranteedTTL(%d, %v) = %v, want %v", tt.seconds, tt.retry, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestSameSecondWait: a renewal in the whole second of the one before
+// waits for the next second; one in a later (or, the clock stepped back,
+// an earlier) second does not.
+func TestSameSecondWait(t *testing.T) {
+	base := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return base.Add(d) }
+	for _, tt := range []struct {
+		name      string
+		prev, now time.Time
+		want      time.Duration
+	}{
+		{"no renewal before", time.Time{}, at(300 * time.Millisecond), 0},
+		{"same second", at(100 * time.Millisecond), at(900 * time.Millisecond), 100 * time.Millisecond},
+		{"same second, microseconds apart", at(999_990 * time.Microsecond), at(999_995 * time.Microsecond), 5 * time.Microsecond},
+		{"on the boundary", at(999 * time.Millisecond), at(time.Second), 0},
+		{"next second", at(900 * time.Millisecond), at(1100 * time.Millisecond), 0},
+		{"clock stepped back a second", at(1500 * time.Millisecond), at(400 * time.Millisecond), 0},
+		{"clock stepped back within the second", at(800 * time.Millisecond), at(200 * time.Millisecond), 800 * time.Millisecond},
+		{"other time zone", at(100 * time.Millisecond).In(time.FixedZone("X", 5400)), at(600 * time.Millisecond), 400 * time.Millisecond},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := sameSecondWait(tt.prev, tt.now); got != tt.want {
+				t.Errorf("sameSecondWait(%v, %v) = %v, want %v", tt.prev, tt.now, got, tt.want)
+			}
+		})
+	}
+}

@@ -20,15 +20,28 @@
 // at once that its Lease was deleted or given to someone else (S3).
 //
 // leaseDurationSeconds is whole seconds: the lease duration asked is
-// rounded up, and Lease.TTL reports what was written.
+// rounded up.
+//
+// # What a client-go follower sees, and Lease.TTL
 //
 // client-go's electors compare records with their times cut to whole
 // seconds (the record's JSON form), so a renewal written in the same
-// second as the one before is no change to them: a client-go follower may
-// then count the lease from up to a second before leaderrun's last
-// renewal. Renewals at least a second apart (--retry-period of 1s or more,
-// as the default 2s is) are all seen. leaderrun's own followers compare the
-// times to the microsecond.
+// second as the one before is no change to them: their clock keeps
+// running from the first renewal of that second. A client-go follower may
+// then take over up to a second before "send time of our last renewal +
+// leaseDurationSeconds", which is what the runner's deadline relies on.
+// Renewals at least a second apart are all seen: the runner sends each one
+// at least --retry-period after the one before, each writes the time it
+// was sent, and a renewal that would still fall in the second of the one
+// before (the microseconds between the runner's send time and the write,
+// with a period of exactly 1s) waits for the next second before it is
+// written. So Lease.TTL reports what the store lets the runner count on:
+// leaseDurationSeconds when Config.RetryPeriod is 1s or more (the default
+// 2s is), one second less when it is under 1s (or not given), so that the
+// runner's check TTL > --renew-deadline + --kill-grace refuses timings
+// that could let a client-go elector in while the child still runs.
+// leaderrun's own followers compare the times to the microsecond; only
+// client-go electors on the same Lease need the second.
 //
 // An identity is no proof of ownership here: a record that names this
 // candidate's identity but was not written by this Lease is treated like
@@ -106,6 +119,12 @@ type Config struct {
 
 	// Lock is the Lease's name; see ValidateLockName.
 	Lock string
+
+	// RetryPeriod is how often the holder renews (the runner's
+	// --retry-period). Under 1s, or zero (not known), a client-go elector
+	// may miss renewals, and Lease.TTL reports one second less than the
+	// leaseDurationSeconds written (see the package doc).
+	RetryPeriod time.Duration
 }
 
 // Backend campaigns for one Lease. Its methods are safe for concurrent
@@ -115,6 +134,7 @@ type Backend struct {
 	namespace string
 	lock      string
 	source    string
+	retry     time.Duration
 }
 
 // New returns a backend for cfg.Lock. It validates cfg and builds the
@@ -141,7 +161,7 @@ func New(cfg Config) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Backend{client: c, namespace: ns, lock: cfg.Lock, source: cfg.API.Source}, nil
+	return &Backend{client: c, namespace: ns, lock: cfg.Lock, source: cfg.API.Source, retry: cfg.RetryPeriod}, nil
 }
 
 // ValidateLockName returns an error unless name can name both a leaderrun
@@ -263,11 +283,37 @@ func leaseSeconds(d time.Duration) int32 {
 	return int32(min(max(s, 1), 1<<31-1))
 }
 
+// missedRenewal is how much sooner than leaseDurationSeconds after the
+// last renewal's send time a client-go elector may take over when
+// renewals come less than a second apart: it sees the record change only
+// once per second (see the package doc).
+const missedRenewal = time.Second
+
+// guaranteedTTL is how long after the send time of its last acknowledged
+// renewal a holder that writes leaseDurationSeconds = seconds and renews
+// every retry keeps every elector out, client-go's included. It is never
+// zero, which would mean a lease that never expires: a lease of one second
+// renewed faster than once a second guarantees nearly nothing
+// (CheckLeaseDuration refuses it).
+func guaranteedTTL(seconds int32, retry time.Duration) time.Duration {
+	ttl := time.Duration(seconds) * time.Second
+	if retry < time.Second {
+		ttl -= missedRenewal
+	}
+	return max(ttl, time.Nanosecond)
+}
+
 // CheckLeaseDuration implements backends.LeaseDurationChecker:
-// leaseDurationSeconds is an int32 of seconds.
+// leaseDurationSeconds is an int32 of seconds, and with renewals under a
+// second apart a client-go elector may count it a second short, so it must
+// be more than a second then.
 func (b *Backend) CheckLeaseDuration(d time.Duration) error {
 	if d <= 0 || d > (1<<31-1)*time.Second {
 		return fmt.Errorf("kubernetes: lease duration %v out of range: want 1s to %v", d, (1<<31-1)*time.Second)
+	}
+	if b.retry < time.Second && leaseSeconds(d) <= 1 {
+		return fmt.Errorf("kubernetes: lease duration %v is written as %ds, and with renewals less than 1s apart "+
+			"a client-go elector may see the lease expire a second early: want more than 1s, or --retry-period 1s or more", d, leaseSeconds(d))
 	}
 	return nil
 }

@@ -34,13 +34,21 @@ func newCluster(t *testing.T) *cluster {
 }
 
 // backend returns a backend for lock as user, closed when the test ends.
+// Its retry period is not given, as a library user might leave it: TTL
+// then counts with renewals that client-go electors may miss.
 func (c *cluster) backend(t *testing.T, user, lock string) *kubernetes.Backend {
+	t.Helper()
+	return c.backendRenewing(t, user, lock, 0)
+}
+
+// backendRenewing is backend with Config.RetryPeriod retry.
+func (c *cluster) backendRenewing(t *testing.T, user, lock string, retry time.Duration) *kubernetes.Backend {
 	t.Helper()
 	api, err := kubernetes.LoadAPIConfig(kubernetes.LoadOptions{Kubeconfig: c.k.Kubeconfig(t, user, c.ns)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := kubernetes.New(kubernetes.Config{API: api, Lock: lock})
+	b, err := kubernetes.New(kubernetes.Config{API: api, Lock: lock, RetryPeriod: retry})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,8 +368,9 @@ func TestFollowerTimesTheRecord(t *testing.T) {
 		if at.Sub(lastAck) > d+time.Second {
 			t.Errorf("follower took over %v after the last renewal, want within 1s of the lease duration %v", at.Sub(lastAck), d)
 		}
-		if l.TTL() != d {
-			t.Errorf("TTL %v, want %v", l.TTL(), d)
+		// No retry period given: a client-go elector could miss renewals.
+		if want := d - time.Second; l.TTL() != want {
+			t.Errorf("TTL %v, want %v", l.TTL(), want)
 		}
 		select {
 		case <-lh.Lost():
@@ -374,29 +383,110 @@ func TestFollowerTimesTheRecord(t *testing.T) {
 	}
 }
 
-// TestLeaseSecondsRoundUp: leaseDurationSeconds is whole seconds, rounded
-// up, and TTL reports what was written.
+// TestLeaseSecondsRoundUp: leaseDurationSeconds is whole seconds,
+// rounded up; TTL reports what was written when renewals are a second or
+// more apart, a second less when they may not be, and a lease that would
+// leave nothing is refused.
 func TestLeaseSecondsRoundUp(t *testing.T) {
 	c := newCluster(t)
 	tests := []struct {
-		name  string
-		asked time.Duration
-		want  time.Duration
+		name    string
+		asked   time.Duration
+		retry   time.Duration
+		written int32
+		ttl     time.Duration // 0: refused
 	}{
-		{"whole", 3 * time.Second, 3 * time.Second},
-		{"fraction", 2500 * time.Millisecond, 3 * time.Second},
-		{"below one second", 100 * time.Millisecond, time.Second},
+		{"whole", 3 * time.Second, time.Second, 3, 3 * time.Second},
+		{"fraction", 2500 * time.Millisecond, 2 * time.Second, 3, 3 * time.Second},
+		{"below one second", 100 * time.Millisecond, time.Second, 1, time.Second},
+		{"fast renewals", 3 * time.Second, 999 * time.Millisecond, 3, 2 * time.Second},
+		{"fast renewals, fraction", 2100 * time.Millisecond, 500 * time.Millisecond, 3, 2 * time.Second},
+		{"retry period unknown", 3 * time.Second, 0, 3, 2 * time.Second},
+		{"fast renewals of one second", time.Second, 500 * time.Millisecond, 0, 0},
+		{"fast renewals below one second", 300 * time.Millisecond, 100 * time.Millisecond, 0, 0},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			lock := fmt.Sprintf("seconds-%d", i)
-			l := campaign(t, c.backend(t, testenv.KubeLimited, lock), "a", tt.asked)
-			defer backendtest.Release(t, l)
-			if l.TTL() != tt.want {
-				t.Errorf("TTL %v for %v asked, want %v", l.TTL(), tt.asked, tt.want)
+			b := c.backendRenewing(t, testenv.KubeLimited, lock, tt.retry)
+			if tt.ttl == 0 {
+				if err := b.CheckLeaseDuration(tt.asked); err == nil || !strings.Contains(err.Error(), "--retry-period") {
+					t.Errorf("CheckLeaseDuration(%v) with retry %v: %v, want a refusal naming --retry-period", tt.asked, tt.retry, err)
+				}
+				if l, err := b.Campaign(context.Background(), options("a", tt.asked)); err == nil {
+					backendtest.Release(t, l)
+					t.Errorf("campaign with lease %v, retry %v: granted, want refused", tt.asked, tt.retry)
+				}
+				return
 			}
-			if got := c.spec(t, lock)["leaseDurationSeconds"]; got != tt.want.Seconds() {
-				t.Errorf("leaseDurationSeconds %v written, want %v", got, tt.want.Seconds())
+			if err := b.CheckLeaseDuration(tt.asked); err != nil {
+				t.Fatalf("CheckLeaseDuration(%v): %v", tt.asked, err)
+			}
+			l := campaign(t, b, "a", tt.asked)
+			defer backendtest.Release(t, l)
+			if l.TTL() != tt.ttl {
+				t.Errorf("TTL %v for %v asked with retry %v, want %v", l.TTL(), tt.asked, tt.retry, tt.ttl)
+			}
+			if got := c.spec(t, lock)["leaseDurationSeconds"]; got != float64(tt.written) {
+				t.Errorf("leaseDurationSeconds %v written, want %v", got, tt.written)
+			}
+		})
+	}
+}
+
+// TestRenewalsInDistinctSeconds: with a retry period of 1s or more, every
+// renewal writes a renewTime in a later whole second than the one before,
+// which is what a client-go elector compares; one sent within the second
+// of the one before waits for the next second. With a shorter period
+// renewals are written at once.
+func TestRenewalsInDistinctSeconds(t *testing.T) {
+	c := newCluster(t)
+	renewTime := func(lock string) time.Time {
+		at, err := time.Parse(time.RFC3339Nano, c.spec(t, lock)["renewTime"].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	for _, tt := range []struct {
+		name      string
+		retry     time.Duration
+		distinct  bool
+		renewals  int
+		maxWaited time.Duration
+	}{
+		{"one second", time.Second, true, 4, 1500 * time.Millisecond},
+		{"half a second", 500 * time.Millisecond, false, 4, 300 * time.Millisecond},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			lock := "distinct-" + strings.ReplaceAll(tt.name, " ", "-")
+			l := campaign(t, c.backendRenewing(t, testenv.KubeLimited, lock, tt.retry), "a", 5*time.Second)
+			defer backendtest.Release(t, l)
+			prev := renewTime(lock)
+			same := 0
+			// Back to back, far faster than the retry period: the worst
+			// case of renewals sent within one second.
+			for i := range tt.renewals {
+				began := time.Now()
+				if err := l.Renew(context.Background()); err != nil {
+					t.Fatalf("renewal %d: %v", i, err)
+				}
+				took := time.Since(began)
+				at := renewTime(lock)
+				if at.Unix() == prev.Unix() {
+					same++
+				}
+				if took > tt.maxWaited {
+					t.Errorf("renewal %d took %v, want under %v", i, took, tt.maxWaited)
+				}
+				t.Logf("renewal %d: renewTime %s, took %v", i, at.Format("15:04:05.000000"), took.Round(time.Millisecond))
+				prev = at
+			}
+			if tt.distinct && same > 0 {
+				t.Errorf("%d renewals wrote a renewTime in the second of the one before", same)
+			}
+			if !tt.distinct && same == 0 {
+				t.Errorf("no renewal shared its second with the one before: the fast case waited")
 			}
 		})
 	}

@@ -23,7 +23,8 @@ type lease struct {
 	b        *Backend
 	identity string
 	token    uint64
-	seconds  int32
+	seconds  int32         // the leaseDurationSeconds written
+	ttl      time.Duration // what the runner may count on (guaranteedTTL)
 	acquired time.Time
 
 	*backends.Loss // Lost and Err
@@ -40,7 +41,7 @@ type lease struct {
 // the answer to the acquiring update.
 func newLease(b *Backend, identity string, token uint64, seconds int32, acquired time.Time, cur *leaseObject, w *watcher) *lease {
 	l := &lease{
-		b: b, identity: identity, token: token, seconds: seconds, acquired: acquired,
+		b: b, identity: identity, token: token, seconds: seconds, ttl: guaranteedTTL(seconds, b.retry), acquired: acquired,
 		Loss: backends.NewLoss(), w: w, cur: cur,
 		stopLoop: make(chan struct{}), loopDone: make(chan struct{}),
 	}
@@ -49,7 +50,7 @@ func newLease(b *Backend, identity string, token uint64, seconds int32, acquired
 }
 
 func (l *lease) Token() uint64       { return l.token }
-func (l *lease) TTL() time.Duration  { return time.Duration(l.seconds) * time.Second }
+func (l *lease) TTL() time.Duration  { return l.ttl }
 func (l *lease) Acquired() time.Time { return l.acquired }
 
 // ours reports whether obj is a state of this grant: our holder, and our
@@ -196,9 +197,13 @@ func (l *lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
-	err := l.update(ctx, func(obj *leaseObject) {
+	at, err := l.renewStamp(ctx)
+	if err != nil {
+		return err
+	}
+	err = l.update(ctx, func(obj *leaseObject) {
 		rec := obj.record
-		rec.RenewTime = formatTime(time.Now())
+		rec.RenewTime = formatTime(at)
 		rec.LeaseDurationSeconds = l.seconds
 		obj.setRecord(rec)
 	})
@@ -206,6 +211,47 @@ func (l *lease) Renew(ctx context.Context) error {
 		return l.failed("renew", err)
 	}
 	return nil
+}
+
+// renewStamp is the renewTime of the next renewal: now, unless renewals
+// are meant to be a second or more apart and now is still in the whole
+// second of the renewTime last written, which a client-go elector could
+// not tell from it. Then it waits for the next second (with a retry period
+// of 1s or more, no longer than the moment between the runner's send time
+// and this call; a wall clock stepped back may make it longer, never a
+// second) and returns that. The runner's send time is earlier still, so
+// its deadline only gets earlier than the store's view (S2).
+func (l *lease) renewStamp(ctx context.Context) (time.Time, error) {
+	now := time.Now()
+	if l.b.retry < time.Second {
+		return now, nil // Lease.TTL accounts for the renewals client-go misses
+	}
+	l.mu.Lock()
+	prev := parseTime(l.cur.record.RenewTime)
+	l.mu.Unlock()
+	wait := sameSecondWait(prev, now)
+	if wait <= 0 {
+		return now, nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return time.Now(), nil
+	case <-ctx.Done():
+		return time.Time{}, ctx.Err()
+	}
+}
+
+// sameSecondWait is how long from now until the whole second after prev's
+// begins, if now is in the same whole second as prev; otherwise 0. Whole
+// seconds are those of the record's RFC 3339 form, which cuts the
+// fraction off.
+func sameSecondWait(prev, now time.Time) time.Duration {
+	if prev.IsZero() || now.Unix() != prev.Unix() {
+		return 0
+	}
+	return time.Unix(prev.Unix()+1, 0).Sub(now)
 }
 
 // Completed implements backends.Lease from a fresh read of the Lease.
