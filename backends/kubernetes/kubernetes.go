@@ -154,8 +154,8 @@ func New(cfg Config) (*Backend, error) {
 	if ns == "" {
 		ns = "default"
 	}
-	if !isDNSLabel(ns) {
-		return nil, fmt.Errorf("kubernetes: namespace %q is not a valid namespace name: want 1-63 characters from [a-z0-9-], starting and ending with a letter or digit", ns)
+	if err := ValidateNamespace(ns); err != nil {
+		return nil, err
 	}
 	c, err := newClient(cfg.API)
 	if err != nil {
@@ -172,6 +172,16 @@ func ValidateLockName(name string) error {
 	if err := backends.ValidateLockName(name); err != nil || !isDNSSubdomain(name) {
 		return fmt.Errorf("kubernetes: lock name %q is not a valid Lease name: want a lowercase RFC 1123 subdomain, "+
 			"1-128 characters from [a-z0-9.-], each dot-separated part starting and ending with a letter or digit", name)
+	}
+	return nil
+}
+
+// ValidateNamespace returns an error unless ns can name a namespace: a
+// lowercase RFC 1123 label.
+func ValidateNamespace(ns string) error {
+	if !isDNSLabel(ns) {
+		return fmt.Errorf("kubernetes: namespace %q is not a valid namespace name: want a lowercase RFC 1123 label, "+
+			"1-63 characters from [a-z0-9-], starting and ending with a letter or digit", ns)
 	}
 	return nil
 }
@@ -301,6 +311,14 @@ func guaranteedTTL(seconds int32, retry time.Duration) time.Duration {
 		ttl -= missedRenewal
 	}
 	return max(ttl, time.Nanosecond)
+}
+
+// GuaranteedTTL is what Lease.TTL will report for a campaign with lease
+// duration d by a holder that renews every retry: the seconds written,
+// less the second a client-go elector may miss when retry is under 1s. A
+// caller can check its timings with it before campaigning.
+func GuaranteedTTL(d, retry time.Duration) time.Duration {
+	return guaranteedTTL(leaseSeconds(d), retry)
 }
 
 // CheckLeaseDuration implements backends.LeaseDurationChecker:

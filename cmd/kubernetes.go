@@ -1,0 +1,89 @@
+package cmd
+
+import (
+	"errors"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/backends/kubernetes"
+)
+
+// kubernetesFlags are the flags of the Kubernetes backend. KUBECONFIG is
+// read as kubectl reads it (a list of files), but only once the backend is
+// chosen: jobs commonly have it set for their own work, so it never
+// selects the store by itself, and --kubeconfig has no variable.
+func kubernetesFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "kubeconfig", Category: categoryStore,
+			Usage: "kubeconfig `FILE` of the Kubernetes API (selects the backend); with --backend kubernetes and no --kubeconfig: " +
+				"the files in KUBECONFIG, else ~/.kube/config, else the pod's service account (KUBERNETES_SERVICE_HOST)"},
+		&cli.StringFlag{Name: "namespace", Category: categoryStore, EnvVars: []string{"LEADERRUN_NAMESPACE"},
+			Usage: "`NS` of the lock's Lease (default: the pod's service account's, else the kubeconfig context's, else default)"},
+	}
+}
+
+var kubernetesStore = store{
+	name:     "kubernetes",
+	flags:    kubernetesFlags,
+	selected: func(c *cli.Context) bool { return c.String("kubeconfig") != "" },
+	open:     newKubernetesBackend,
+	address:  "--kubeconfig (or --backend kubernetes with KUBECONFIG, or in a pod)",
+	// A kubeconfig or a service account token is usually the job's own
+	// access to the cluster too: nothing is removed.
+}
+
+// newKubernetesBackend validates the Kubernetes flags, loads the API
+// configuration as kubectl would and builds the backend. Nothing is sent
+// to the apiserver: a refusal (RBAC) shows in the first request, as exit
+// 69 naming the verb.
+func newKubernetesBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
+	if err := kubernetes.ValidateLockName(cfg.Lock); err != nil {
+		return nil, usageErrorf("--lock: %v", err)
+	}
+	ns := c.String("namespace")
+	if c.IsSet("namespace") {
+		if err := kubernetes.ValidateNamespace(ns); err != nil {
+			return nil, usageErrorf("--namespace (LEADERRUN_NAMESPACE): %v", err)
+		}
+	}
+	// status and history have no timings; run's were checked already,
+	// and here they are checked against what a client-go elector grants.
+	retry := c.Duration("retry-period")
+	if retry > 0 {
+		if err := checkKubernetesTimings(c.Duration("lease-duration"), c.Duration("renew-deadline"), retry, c.Duration("kill-grace")); err != nil {
+			return nil, err
+		}
+	}
+	api, err := kubernetes.LoadAPIConfig(kubernetes.LoadOptions{Kubeconfig: c.String("kubeconfig")})
+	if err != nil {
+		switch {
+		case errors.Is(err, kubernetes.ErrNoConfig):
+			return nil, usageErrorf("--backend kubernetes: %v", err)
+		case c.String("kubeconfig") != "":
+			return nil, usageErrorf("--kubeconfig: %v", err)
+		}
+		return nil, usageErrorf("%v", err)
+	}
+	b, err := kubernetes.New(kubernetes.Config{API: api, Namespace: ns, Lock: cfg.Lock, RetryPeriod: retry})
+	if err != nil {
+		return nil, usageErrorf("%v", err)
+	}
+	return b, nil
+}
+
+// checkKubernetesTimings refuses, before anything is taken, timings that
+// the runner would refuse once the Lease is granted: with renewals under a
+// second apart a client-go elector may take over a second early (see
+// kubernetes.GuaranteedTTL). With --retry-period 1s or more the Lease
+// grants at least --lease-duration, which runConfig checked already.
+func checkKubernetesTimings(lease, deadline, retry, grace time.Duration) error {
+	ttl := kubernetes.GuaranteedTTL(lease, retry)
+	if ttl > deadline+grace {
+		return nil
+	}
+	return usageErrorf("--lease-duration %v with --retry-period %v: renewals under a second apart may go unseen by a client-go elector "+
+		"on the same Lease, which may then take over up to 1s early, leaving %v, not more than --renew-deadline (%v) + --kill-grace (%v): "+
+		"raise --lease-duration or set --retry-period to 1s or more", lease, retry, ttl.Round(time.Millisecond), deadline, grace)
+}
