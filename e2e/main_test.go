@@ -19,5 +19,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	// The Kubernetes tests share one apiserver (testenv.SharedKube).
+	testenv.StopSharedKube()
+	os.Exit(code)
 }

@@ -62,7 +62,14 @@ func childArgv(t testing.TB) []string {
 // start runs leaderrun with args, with env added to the test's environment.
 func start(t testing.TB, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(testenv.Leaderrun(t), args...)
+	return startProgram(t, env, testenv.Leaderrun(t), args...)
+}
+
+// startProgram is start for another program, such as a wrapper that
+// execs leaderrun in the end (the process is the same).
+func startProgram(t testing.TB, env []string, program string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(program, args...)
 	cmd.Env = append(os.Environ(), env...)
 	p := &proc{t: t, cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = p.stderr

@@ -204,6 +204,7 @@ func (k *Kube) writeFiles(t scope) {
 		fmt.Fprintf(&csv, "%s,%s,%s%s\n", k.tokens[user], user, user, groups)
 	}
 	writeFile(t, filepath.Join(k.dir, "tokens.csv"), []byte(csv.String()))
+	writeFile(t, filepath.Join(k.dir, "audit-policy.yaml"), []byte(auditPolicy))
 
 	pool := x509.NewCertPool()
 	pool.AddCert(k.ca.cert)
@@ -236,7 +237,94 @@ func (k *Kube) argv(bin string) []string {
 		// which no test runs.
 		"--disable-admission-plugins=ServiceAccount",
 		"--profiling=false",
+		// Every request on leases, one line each (see Audit).
+		"--audit-policy-file=" + f("audit-policy.yaml"),
+		"--audit-log-path=" + f("audit.log"),
+		"--audit-log-format=json",
+		"--audit-log-mode=blocking",
 	}
+}
+
+// auditPolicy logs each request on leases once, when its answer is
+// complete (a watch: when it ends), without bodies; nothing else.
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+- level: Metadata
+  resources:
+  - group: coordination.k8s.io
+    resources: ["leases"]
+- level: None
+`
+
+// KubeRequest is one request on leases as the apiserver's audit log
+// records it.
+type KubeRequest struct {
+	User      string    // who sent it
+	Verb      string    // get, create, update, watch, delete, ...
+	Namespace string    // of the Lease
+	Name      string    // of the Lease ("" for a list or a watch by field selector)
+	Code      int       // the answer's HTTP status
+	At        time.Time // when the apiserver received it
+}
+
+// LeaseRequests reads the apiserver's audit log: every request on leases
+// that has been answered (watches that are still open are not there yet),
+// in the order they completed.
+func (k *Kube) LeaseRequests(t testing.TB) []KubeRequest {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(k.dir, "audit.log"))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatalf("audit log: %v", err)
+	}
+	var reqs []KubeRequest
+	for _, line := range strings.Split(string(data), "\n") {
+		if line == "" {
+			continue
+		}
+		var ev struct {
+			Verb string `json:"verb"`
+			User struct {
+				Username string `json:"username"`
+			} `json:"user"`
+			ObjectRef struct {
+				Namespace string `json:"namespace"`
+				Name      string `json:"name"`
+			} `json:"objectRef"`
+			ResponseStatus struct {
+				Code int `json:"code"`
+			} `json:"responseStatus"`
+			RequestReceivedTimestamp time.Time `json:"requestReceivedTimestamp"`
+		}
+		if json.Unmarshal([]byte(line), &ev) != nil {
+			continue // a line being written
+		}
+		reqs = append(reqs, KubeRequest{User: ev.User.Username, Verb: ev.Verb, Namespace: ev.ObjectRef.Namespace,
+			Name: ev.ObjectRef.Name, Code: ev.ResponseStatus.Code, At: ev.RequestReceivedTimestamp})
+	}
+	return reqs
+}
+
+// LeaseWatches is how many watches of leases the apiserver is serving now,
+// from its own metrics: a candidate that waits holds one open. The
+// apiserver itself may hold some; compare with a count taken before.
+func (k *Kube) LeaseWatches(t testing.TB) int {
+	t.Helper()
+	data := k.Admin(t, http.MethodGet, "/metrics", nil)
+	n := 0
+	for _, line := range strings.Split(string(data), "\n") {
+		if !strings.HasPrefix(line, "apiserver_longrunning_requests{") ||
+			!strings.Contains(line, `resource="leases"`) || !strings.Contains(line, `verb="WATCH"`) {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err == nil {
+			n += int(v)
+		}
+	}
+	return n
 }
 
 func (k *Kube) spawn() error {
@@ -519,6 +607,26 @@ func (k *Kube) ClientCert(t testing.TB, user string, groups ...string) (certFile
 // returns its path.
 func (k *Kube) Kubeconfig(t testing.TB, user, namespace string) string {
 	t.Helper()
+	return k.kubeconfig(t, k.URL, user, k.Token(user), namespace)
+}
+
+// KubeconfigVia is Kubeconfig with the apiserver reached at server
+// instead, such as a Proxy in front of it: https://127.0.0.1:PORT, which
+// the serving certificate covers.
+func (k *Kube) KubeconfigVia(t testing.TB, server, user, namespace string) string {
+	t.Helper()
+	return k.kubeconfig(t, server, user, k.Token(user), namespace)
+}
+
+// KubeconfigToken is Kubeconfig for any bearer token (a service
+// account's, from ServiceAccountToken); the context is named name.
+func (k *Kube) KubeconfigToken(t testing.TB, name, token, namespace string) string {
+	t.Helper()
+	return k.kubeconfig(t, k.URL, name, token, namespace)
+}
+
+func (k *Kube) kubeconfig(t testing.TB, server, user, token, namespace string) string {
+	t.Helper()
 	ns := ""
 	if namespace != "" {
 		ns = "\n    namespace: " + namespace
@@ -540,7 +648,7 @@ contexts:
     cluster: test
     user: %s%s
 current-context: %s
-`, k.URL, k.CAFile, user, k.Token(user), user, user, ns, user)
+`, server, k.CAFile, user, token, user, user, ns, user)
 	path := filepath.Join(t.TempDir(), "kubeconfig")
 	writeFile(t, path, []byte(cfg))
 	return path
@@ -633,13 +741,17 @@ var elector struct {
 	err  error
 }
 
-// K8sElector builds, once per test process, the client-go LeaderElector
-// program of internal/testenv/k8selector (a module of its own, so that
-// client-go stays out of leaderrun's go.mod) into the cache the install
-// scripts use, and returns its path. The first build downloads and
-// compiles client-go: minutes; later ones come from Go's build cache.
+// K8sElector returns the client-go LeaderElector program of
+// internal/testenv/k8selector (a module of its own, so that client-go
+// stays out of leaderrun's go.mod): $LEADERRUN_K8SELECTOR_BIN if set (what
+// scripts/test.sh builds before the tests), else built once per test
+// process into the cache the install scripts use. A cold build downloads
+// and compiles client-go: minutes; later ones come from Go's build cache.
 func K8sElector(t testing.TB) string {
 	t.Helper()
+	if p := os.Getenv("LEADERRUN_K8SELECTOR_BIN"); p != "" {
+		return p
+	}
 	elector.once.Do(func() {
 		dir := filepath.Join(cacheDir(), "k8selector")
 		if err := os.MkdirAll(dir, 0o755); err != nil {
