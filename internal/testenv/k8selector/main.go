@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -54,6 +55,8 @@ func main() {
 	defer stop()
 
 	var mu sync.Mutex
+	var started atomic.Bool
+	stopped := make(chan struct{})
 	emit := func(event string, extra ...string) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -76,12 +79,21 @@ func main() {
 		Name:            *lock,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context) {
+				started.Store(true)
+				defer close(stopped)
 				emit("started")
 				<-ctx.Done()
 				emit("stopped")
 			},
-			OnStoppedLeading: func() {},
-			OnNewLeader:      func(id string) { emit("leader", id) },
+			// client-go calls it once the leading context is cancelled;
+			// waiting for the callback keeps the process from exiting
+			// before "stopped" is printed.
+			OnStoppedLeading: func() {
+				if started.Load() {
+					<-stopped
+				}
+			},
+			OnNewLeader: func(id string) { emit("leader", id) },
 		},
 	})
 }
