@@ -1,9 +1,10 @@
 // Package faults is leaderrun's fault-injection suite. It drives real
 // leaderrun binaries against a real 3-member etcd cluster, a real 3-server
-// Consul cluster, a real PostgreSQL server and a real 3-server ZooKeeper
-// ensemble, with every candidate's store traffic passing through a TCP
-// proxy that the suite stalls and resets, and checks the safety contract on
-// every trial against a fencing ledger.
+// Consul cluster, a real PostgreSQL server, a real 3-server ZooKeeper
+// ensemble and two real kube-apiservers on one etcd, with every
+// candidate's store traffic passing through a TCP proxy that the suite
+// stalls and resets, and checks the safety contract on every trial against
+// a fencing ledger.
 //
 // The ledger is a small HTTP service that accepts a write only if its token
 // is at least the highest it has accepted, and records every write. Each

@@ -32,6 +32,8 @@ func newStore(t testing.TB, name string) store {
 		return newPostgresStore(t)
 	case "zookeeper":
 		return newZooKeeperStore(t)
+	case "kubernetes":
+		return newKubeStore(t)
 	}
 	t.Fatalf("unknown store %q", name)
 	return nil
@@ -45,7 +47,7 @@ func TestFaults(t *testing.T) {
 	if trials <= 0 {
 		t.Skip("the fault suite runs through scripts/faults.sh (FAULTS_TRIALS not set)")
 	}
-	backends := []string{"etcd", "consul", "postgres", "zookeeper"}
+	backends := []string{"etcd", "consul", "postgres", "zookeeper", "kubernetes"}
 	backendFlag := "all"
 	if b := os.Getenv("FAULTS_BACKEND"); b != "" && b != "all" {
 		backends, backendFlag = strings.Split(b, ","), b

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Fault-injection suite: real leaderrun binaries against a real 3-member
-# etcd cluster, a real 3-server Consul cluster, a real PostgreSQL server and
-# a real 3-server ZooKeeper ensemble, each candidate's store traffic through
-# a TCP proxy that the suite stalls and resets, checked against a fencing
-# ledger. Prints a table per store and scenario and writes it, with one SVG
+# etcd cluster, a real 3-server Consul cluster, a real PostgreSQL server, a
+# real 3-server ZooKeeper ensemble and two real kube-apiservers on one
+# etcd, each candidate's store traffic through a TCP proxy that the suite
+# stalls and resets, checked against a fencing ledger. Prints a table per store and scenario and writes it, with one SVG
 # timeline per scenario, to --out. Exits non-zero on any violation.
 #
 #   scripts/faults.sh [--trials N] [--backend STORE[,STORE...]|all] [--parallel P] [--out DIR]
 #
-# STORE is one of: etcd consul postgres zookeeper.
+# STORE is one of: etcd consul postgres zookeeper kubernetes.
 #
 # --trials 3 is the short mode that CI runs; the published table in
 # docs/faults/ comes from --trials 20 --out docs/faults.
@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
 	*) echo "usage: $0 [--trials N] [--backend STORE[,STORE...]|all] [--parallel P] [--out DIR]" >&2; exit 64 ;;
 	esac
 done
-stores="etcd consul postgres zookeeper"
+stores="etcd consul postgres zookeeper kubernetes"
 case "$trials" in '' | *[!0-9]* | 0) echo "--trials $trials: want a positive number" >&2; exit 64 ;; esac
 case "$parallel" in '' | *[!0-9]* | 0) echo "--parallel $parallel: want a positive number" >&2; exit 64 ;; esac
 if [ "$backend" != all ]; then
@@ -44,6 +44,10 @@ out=$(cd "$out" && pwd)
 etcd_dir=$(scripts/install-etcd.sh)
 consul_dir=$(scripts/install-consul.sh)
 export LEADERRUN_ETCD_BIN="$etcd_dir/etcd" LEADERRUN_ETCDCTL_BIN="$etcd_dir/etcdctl" LEADERRUN_CONSUL_BIN="$consul_dir/consul"
+if wants kubernetes; then
+	kube_dir=$(scripts/install-kube-apiserver.sh)
+	export LEADERRUN_KUBE_APISERVER_BIN="$kube_dir/kube-apiserver"
+fi
 if wants zookeeper; then
 	LEADERRUN_ZOOKEEPER_CLASSPATH=$(scripts/install-zookeeper.sh)
 	export LEADERRUN_ZOOKEEPER_CLASSPATH

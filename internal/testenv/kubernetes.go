@@ -68,6 +68,7 @@ type Kube struct {
 	CAFile string
 
 	dir    string
+	name   string // "" for the first server, "-2", "-3", ... for its peers
 	ca     *testCert
 	tokens map[string]string
 	etcd   *Etcd
@@ -75,6 +76,7 @@ type Kube struct {
 	log    string
 	shared bool
 	http   *http.Client
+	peers  *atomic.Int64 // servers started on the same etcd, this one included
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -139,9 +141,29 @@ func StopSharedKube() {
 func startKube(t scope, apiserver, etcdBin string) *Kube {
 	t.Helper()
 	_, shared := t.(*procScope)
-	k := &Kube{dir: t.TempDir(), shared: shared, tokens: map[string]string{}}
+	k := &Kube{dir: t.TempDir(), shared: shared, tokens: map[string]string{}, peers: new(atomic.Int64)}
+	k.peers.Add(1)
 	k.etcd = startEtcd(t, etcdBin, 1, nil)
 	k.writeFiles(t)
+	k.listen(t, apiserver)
+	return k
+}
+
+// StartPeer starts another apiserver on the same etcd, with the same CA,
+// users and service-account keys: a second server of a highly available
+// control plane, which clients reach through a load balancer (see
+// testenv.NewBalancer and Ready). It stops when t ends.
+func (k *Kube) StartPeer(t testing.TB) *Kube {
+	t.Helper()
+	p := &Kube{CAFile: k.CAFile, dir: k.dir, ca: k.ca, tokens: k.tokens, etcd: k.etcd, http: k.http, peers: k.peers,
+		name: fmt.Sprintf("-%d", k.peers.Add(1))}
+	p.listen(t, KubeAPIServerBinary(t))
+	return p
+}
+
+// listen starts the apiserver on a free port and waits until it is ready.
+func (k *Kube) listen(t scope, apiserver string) {
+	t.Helper()
 	var lastErr error
 	for try := 0; try < 3; try++ {
 		k.URL = fmt.Sprintf("https://127.0.0.1:%d", freePort(t, "127.0.0.1"))
@@ -149,7 +171,7 @@ func startKube(t scope, apiserver, etcdBin string) *Kube {
 		if lastErr = k.spawn(); lastErr == nil {
 			if lastErr = k.waitReady(kubeStartTimeout); lastErr == nil {
 				t.Cleanup(k.stop)
-				return k
+				return
 			}
 		}
 		k.stop()
@@ -158,7 +180,6 @@ func startKube(t scope, apiserver, etcdBin string) *Kube {
 		}
 	}
 	t.Fatalf("start kube-apiserver: %v", lastErr)
-	return nil
 }
 
 // writeFiles makes the CA, the serving certificate, the service-account
@@ -239,7 +260,7 @@ func (k *Kube) argv(bin string) []string {
 		"--profiling=false",
 		// Every request on leases, one line each (see Audit).
 		"--audit-policy-file=" + f("audit-policy.yaml"),
-		"--audit-log-path=" + f("audit.log"),
+		"--audit-log-path=" + f("audit"+k.name+".log"),
 		"--audit-log-format=json",
 		"--audit-log-mode=blocking",
 	}
@@ -269,14 +290,19 @@ type KubeRequest struct {
 	At        time.Time // when the apiserver received it
 }
 
-// LeaseRequests reads the apiserver's audit log: every request on leases
-// that has been answered (watches that are still open are not there yet),
-// in the order they completed.
+// LeaseRequests reads the audit logs of the apiserver and its peers:
+// every request on leases that has been answered (watches that are still
+// open are not there yet), in the order each server completed them.
 func (k *Kube) LeaseRequests(t testing.TB) []KubeRequest {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(k.dir, "audit.log"))
-	if err != nil && !os.IsNotExist(err) {
-		t.Fatalf("audit log: %v", err)
+	files, _ := filepath.Glob(filepath.Join(k.dir, "audit*.log"))
+	var data []byte
+	for _, f := range files {
+		d, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatalf("audit log: %v", err)
+		}
+		data = append(data, d...)
 	}
 	var reqs []KubeRequest
 	for _, line := range strings.Split(string(data), "\n") {
@@ -333,7 +359,7 @@ func (k *Kube) spawn() error {
 	if k.cmd != nil {
 		return fmt.Errorf("kube-apiserver is already running")
 	}
-	k.log = filepath.Join(k.dir, "kube-apiserver.log")
+	k.log = filepath.Join(k.dir, "kube-apiserver"+k.name+".log")
 	logf, err := os.OpenFile(k.log, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
@@ -401,6 +427,24 @@ func (k *Kube) Pid() int {
 		return 0
 	}
 	return k.cmd.Process.Pid
+}
+
+// Ready reports whether the apiserver answers its /readyz check with ok
+// within a second: what a load balancer in front of it asks before it
+// sends it a connection.
+func (k *Kube) Ready() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.URL+"/readyz", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := k.http.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // Addr is the apiserver's host:port.

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -12,8 +13,10 @@ import (
 // directions without closing anything (a partition as TCP sees it), Resume
 // lets them flow again, Reset closes every connection (a short outage).
 type Proxy struct {
-	ln     net.Listener
-	target string
+	ln      net.Listener
+	targets []string
+	ready   func(target string) bool
+	next    int // the target the next connection tries first
 
 	mu      sync.Mutex
 	stalled bool
@@ -25,11 +28,21 @@ type Proxy struct {
 // NewProxy listens on 127.0.0.1 and forwards to target until the test ends.
 func NewProxy(t testing.TB, target string) *Proxy {
 	t.Helper()
+	return NewBalancer(t, nil, target)
+}
+
+// NewBalancer is a Proxy in front of several targets, as a load balancer
+// in front of the servers of a highly available service: each new
+// connection goes to the next target in turn that ready reports ready (its
+// health check; nil: any target that accepts the connection). Open
+// connections stay with their target until it closes them.
+func NewBalancer(t testing.TB, ready func(target string) bool, targets ...string) *Proxy {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("proxy listen: %v", err)
 	}
-	p := &Proxy{ln: ln, target: target, resume: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, targets: targets, ready: ready, resume: make(chan struct{}), conns: map[net.Conn]struct{}{}}
 	close(p.resume)
 	p.wg.Add(1)
 	go p.accept()
@@ -100,7 +113,7 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
-		out, err := net.Dial("tcp", p.target)
+		out, err := p.dial()
 		if err != nil {
 			in.Close()
 			continue
@@ -111,6 +124,28 @@ func (p *Proxy) accept() {
 		go p.pipe(in, out)
 		go p.pipe(out, in)
 	}
+}
+
+// dial connects to the first target, from p.next on, that is ready and
+// accepts the connection.
+func (p *Proxy) dial() (net.Conn, error) {
+	var last error
+	for i := range p.targets {
+		n := (p.next + i) % len(p.targets)
+		target := p.targets[n]
+		if p.ready != nil && !p.ready(target) {
+			last = fmt.Errorf("proxy: %s is not ready", target)
+			continue
+		}
+		c, err := net.Dial("tcp", target)
+		if err != nil {
+			last = err
+			continue
+		}
+		p.next = n + 1
+		return c, nil
+	}
+	return nil, last
 }
 
 // pipe copies src to dst, waiting at the gate before every write.
