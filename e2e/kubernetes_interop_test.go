@@ -53,8 +53,14 @@ type electorEvent struct {
 
 func startElector(t *testing.T, kubeconfig, namespace, lock, id string, release bool) *electorProc {
 	t.Helper()
+	return startElectorTimed(t, kubeconfig, namespace, lock, id, release, electorLease, electorRenew, electorRetry)
+}
+
+// startElectorTimed is startElector with client-go's three timings.
+func startElectorTimed(t *testing.T, kubeconfig, namespace, lock, id string, release bool, lease, renew, retry time.Duration) *electorProc {
+	t.Helper()
 	cmd := exec.Command(testenv.K8sElector(t), "-kubeconfig", kubeconfig, "-namespace", namespace, "-lock", lock, "-identity", id,
-		"-lease-duration", electorLease.String(), "-renew-deadline", electorRenew.String(), "-retry-period", electorRetry.String(),
+		"-lease-duration", lease.String(), "-renew-deadline", renew.String(), "-retry-period", retry.String(),
 		"-release-on-cancel="+strconv.FormatBool(release))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
