@@ -2,9 +2,9 @@
 # Runs the whole test suite, as CI does. On first use it builds the test
 # servers (etcd v3.6.16, Consul v1.14.8 and kube-apiserver v1.37.2) into
 # $LEADERRUN_CACHE (default ~/.cache/leaderrun, outside the repo; minutes
-# cold, seconds after) and, as root, installs Debian's zookeeper, postgresql and pgbouncer
-# packages if they are missing; each test then starts its own servers on
-# free loopback ports.
+# cold, seconds after) and, as root, installs Debian's zookeeper,
+# postgresql and pgbouncer packages if they are missing; each test then
+# starts its own servers on free loopback ports.
 #
 #   scripts/test.sh [go test flags, e.g. -run Local -v]
 set -euo pipefail
@@ -13,14 +13,16 @@ cd "$(dirname "$0")/.."
 # Debian packages some tests run for real: sqlite3 (the SQLite fencing
 # example), systemd-analyze from systemd (the example units are verified
 # and rated), strace (leaderrun's system calls checked against the units'
-# filter) and cron (the crontab recipe, run by cron itself in a private
-# mount namespace). As root, install what is missing; otherwise those
-# tests are skipped (failed under CI).
+# filter), cron (the crontab recipe, run by cron itself in a private
+# mount namespace) and curl (an operator's edit of a Kubernetes Lease). As
+# root, install what is missing; otherwise those tests are skipped (failed
+# under CI).
 missing=()
 command -v sqlite3 >/dev/null || missing+=(sqlite3)
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 command -v strace >/dev/null || missing+=(strace)
 [ -x /usr/sbin/cron ] || missing+=(cron)
+command -v curl >/dev/null || missing+=(curl)
 if [ ${#missing[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 		# Install, never start: policy-rc.d 101 forbids maintainer scripts
@@ -47,6 +49,14 @@ export LEADERRUN_ETCD_BIN="$etcd_dir/etcd"
 export LEADERRUN_ETCDCTL_BIN="$etcd_dir/etcdctl"
 export LEADERRUN_CONSUL_BIN="$consul_dir/consul"
 export LEADERRUN_KUBE_APISERVER_BIN="$kube_dir/kube-apiserver"
+# The client-go elector that the Kubernetes interop tests run is a module
+# of its own, outside ./...: built here, once, into the cache (minutes
+# cold: it compiles client-go), not inside a test's timeout.
+elector_dir="${LEADERRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/leaderrun}/k8selector"
+mkdir -p "$elector_dir"
+echo "== building the client-go elector (internal/testenv/k8selector)"
+(cd internal/testenv/k8selector && GOWORK=off go build -o "$elector_dir/k8selector.new" . && mv "$elector_dir/k8selector.new" "$elector_dir/k8selector")
+export LEADERRUN_K8SELECTOR_BIN="$elector_dir/k8selector"
 LEADERRUN_ZOOKEEPER_CLASSPATH=$(scripts/install-zookeeper.sh)
 export LEADERRUN_ZOOKEEPER_CLASSPATH
 # Installing PostgreSQL needs root and apt-get; without them its tests are
@@ -59,8 +69,6 @@ fi
 
 echo "== go vet"
 go vet ./...
-# The client-go elector that the Kubernetes interop tests run is a module
-# of its own, outside ./...
 (cd internal/testenv/k8selector && GOWORK=off go vet ./...)
 echo "== gofmt"
 unformatted=$(gofmt -l .)
@@ -69,4 +77,4 @@ if [ -n "$unformatted" ]; then
 	exit 1
 fi
 echo "== go test -race"
-go test -race -count=1 -timeout 20m ./... "$@"
+go test -race -count=1 -timeout 30m ./... "$@"
