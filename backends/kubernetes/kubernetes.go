@@ -90,6 +90,16 @@
 // backends.ErrUnavailable with the apiserver's message, which names the
 // verb, resource and user.
 //
+// # Client
+//
+// The backend speaks the REST API itself, over net/http and encoding/json,
+// with a Lease model of its own that keeps every field it does not write;
+// kubeconfigs are read with a YAML package. client-go's typed clients
+// register the scheme of every API group at start-up: linked into
+// leaderrun they cost every run, whatever its backend, some 13 ms of init
+// and 16 MiB of memory, against 0.1 ms and under 0.5 MiB for this client
+// (docs/backends/kubernetes.md has the measurements).
+//
 // # History and completion markers
 //
 // They live in annotations of the Lease (leaderrun/history, about the last
