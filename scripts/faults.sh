@@ -3,8 +3,9 @@
 # etcd cluster, a real 3-server Consul cluster, a real PostgreSQL server, a
 # real 3-server ZooKeeper ensemble and two real kube-apiservers on one
 # etcd, each candidate's store traffic through a TCP proxy that the suite
-# stalls and resets, checked against a fencing ledger. Prints a table per store and scenario and writes it, with one SVG
-# timeline per scenario, to --out. Exits non-zero on any violation.
+# stalls and resets, checked against a fencing ledger. Prints a table per
+# store and scenario and writes it, with one SVG timeline per scenario, to
+# --out. Exits non-zero on any violation.
 #
 #   scripts/faults.sh [--trials N] [--backend STORE[,STORE...]|all] [--parallel P] [--out DIR]
 #
