@@ -1,5 +1,6 @@
 // Command leaderrun runs a command only while this host holds leadership of
-// a lock in etcd, Consul or a local lock file, and hands it a fencing token.
+// a lock in etcd, Consul, PostgreSQL, Kubernetes, ZooKeeper or a local lock
+// file, and hands it a fencing token.
 package main
 
 import (
