@@ -1,5 +1,9 @@
 // Package metrics exposes the runner's events as Prometheus metrics, and
 // /healthz, on --metrics-addr.
+//
+// The metrics are kept with VictoriaMetrics' small metrics package rather
+// than the Prometheus client: its package init costs next to nothing, which
+// every run of leaderrun pays whether --metrics-addr is set or not.
 package metrics
 
 import (
@@ -11,65 +15,59 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	vm "github.com/VictoriaMetrics/metrics"
 
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/runner"
 )
 
+// renewBuckets are the upper bounds of leaderrun_renewal_duration_seconds.
+var renewBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}
+
 // Metrics is a runner.Observer that keeps the counters.
 type Metrics struct {
-	reg *prometheus.Registry
+	set    *vm.Set
+	labels string // lock="...",backend="..."
 
-	isLeader      prometheus.Gauge
-	masterStatus  prometheus.Gauge
-	acquisitions  prometheus.Counter
-	losses        *prometheus.CounterVec
-	renewLatency  prometheus.Histogram
-	renewFailures prometheus.Counter
-	childStarts   prometheus.Counter
-	childExits    *prometheus.CounterVec
+	leader        float64 // 1 while leading; read by the two gauges
+	mu            sync.Mutex
+	acquisitions  *vm.Counter
+	renewLatency  *vm.PrometheusHistogram
+	renewFailures *vm.Counter
+	childStarts   *vm.Counter
 }
 
-// New returns metrics for lock, in a registry of their own with the Go and
-// process collectors.
+// New returns metrics for lock, in a set of their own; the handler adds
+// the Go runtime's and the process's own metrics.
 func New(lock, backend string) *Metrics {
-	reg := prometheus.NewRegistry()
-	labels := prometheus.Labels{"lock": lock, "backend": backend}
-	m := &Metrics{
-		reg: reg,
-		isLeader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "leaderrun_is_leader", ConstLabels: labels,
-			Help: "1 while this process holds the lock, else 0."}),
-		// The name and label that Kubernetes' leader election exports, so
-		// that dashboards built for it work unchanged.
-		masterStatus: prometheus.NewGauge(prometheus.GaugeOpts{Name: "leader_election_master_status",
-			ConstLabels: prometheus.Labels{"name": lock},
-			Help:        "1 while this process is the leader of the named lock, else 0 (Kubernetes-compatible)."}),
-		acquisitions: prometheus.NewCounter(prometheus.CounterOpts{Name: "leaderrun_acquisitions_total", ConstLabels: labels,
-			Help: "Times leadership was acquired."}),
-		losses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "leaderrun_losses_total", ConstLabels: labels,
-			Help: "Times leadership was lost while the command ran, by reason (lease_lost: the store said so; renew_deadline: no acknowledged renewal in time)."},
-			[]string{"reason"}),
-		renewLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "leaderrun_renewal_duration_seconds", ConstLabels: labels,
-			Help:    "Time from sending a renewal to its acknowledgement.",
-			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}}),
-		renewFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "leaderrun_renewal_failures_total", ConstLabels: labels,
-			Help: "Renewals that failed or timed out."}),
-		childStarts: prometheus.NewCounter(prometheus.CounterOpts{Name: "leaderrun_child_starts_total", ConstLabels: labels,
-			Help: "Times the command was started."}),
-		childExits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "leaderrun_child_exits_total", ConstLabels: labels,
-			Help: "Command exits by exit code (128+N for signal N)."}, []string{"code"}),
-	}
-	reg.MustRegister(m.isLeader, m.masterStatus, m.acquisitions, m.losses, m.renewLatency, m.renewFailures,
-		m.childStarts, m.childExits,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// # TYPE lines, so that scrapers know counters from gauges.
+	vm.ExposeMetadata(true)
+	m := &Metrics{set: vm.NewSet(), labels: "lock=" + quote(lock) + ",backend=" + quote(backend)}
+	m.set.NewGauge("leaderrun_is_leader{"+m.labels+"}", m.leading)
+	// The name and label that Kubernetes' leader election exports, so
+	// that dashboards built for it work unchanged.
+	m.set.NewGauge("leader_election_master_status{name="+quote(lock)+"}", m.leading)
+	m.acquisitions = m.set.NewCounter("leaderrun_acquisitions_total{" + m.labels + "}")
+	m.renewLatency = m.set.NewPrometheusHistogramExt("leaderrun_renewal_duration_seconds{"+m.labels+"}", renewBuckets)
+	m.renewFailures = m.set.NewCounter("leaderrun_renewal_failures_total{" + m.labels + "}")
+	m.childStarts = m.set.NewCounter("leaderrun_child_starts_total{" + m.labels + "}")
 	return m
+}
+
+// quote is a label value in the exposition format's quotes.
+func quote(v string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(v) + `"`
+}
+
+func (m *Metrics) leading() float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.leader
 }
 
 // Observe implements runner.Observer.
@@ -81,7 +79,7 @@ func (m *Metrics) Observe(e runner.Event) {
 	case runner.ChildStarted:
 		m.childStarts.Inc()
 	case runner.Renewed:
-		m.renewLatency.Observe(e.Latency.Seconds())
+		m.renewLatency.Update(e.Latency.Seconds())
 	case runner.RenewFailed:
 		m.renewFailures.Inc()
 	case runner.Lost:
@@ -89,18 +87,28 @@ func (m *Metrics) Observe(e runner.Event) {
 		if errors.Is(e.Err, backends.ErrLeaseLost) {
 			reason = "lease_lost"
 		}
-		m.losses.WithLabelValues(reason).Inc()
+		m.set.GetOrCreateCounter("leaderrun_losses_total{" + m.labels + ",reason=" + quote(reason) + "}").Inc()
 		m.setLeader(0)
 	case runner.ChildExited:
-		m.childExits.WithLabelValues(strconv.Itoa(e.Status.ExitCode())).Inc()
+		code := strconv.Itoa(e.Status.ExitCode())
+		m.set.GetOrCreateCounter("leaderrun_child_exits_total{" + m.labels + ",code=" + quote(code) + "}").Inc()
 	case runner.Released:
 		m.setLeader(0)
 	}
 }
 
 func (m *Metrics) setLeader(v float64) {
-	m.isLeader.Set(v)
-	m.masterStatus.Set(v)
+	m.mu.Lock()
+	m.leader = v
+	m.mu.Unlock()
+}
+
+// ServeHTTP writes the exposition: leaderrun's metrics, then the Go
+// runtime's (go_*) and the process's (process_*).
+func (m *Metrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	m.set.WritePrometheus(w)
+	vm.WriteProcessMetrics(w)
 }
 
 // Server serves /metrics and /healthz.
@@ -172,7 +180,7 @@ func Serve(addr string, m *Metrics, lim Limits) (*Server, error) {
 		return nil, fmt.Errorf("metrics: listen on %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", m)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})

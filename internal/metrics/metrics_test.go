@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +18,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/internal/testenv"
+	"github.com/leaderrun/leaderrun/runner"
+	"github.com/leaderrun/leaderrun/signals"
 )
 
 // TestMain doubles the test binary as a metrics server of its own process
@@ -332,4 +336,101 @@ func TestListenAsGiven(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestExposition: every metric the README lists is served under its name
+// and labels, with the values the runner's events gave it, beside the Go
+// runtime's and the process's own metrics.
+func TestExposition(t *testing.T) {
+	m := New("nightly", "etcd")
+	for _, e := range []runner.Event{
+		{Kind: runner.Acquired},
+		{Kind: runner.ChildStarted},
+		{Kind: runner.Renewed, Latency: 3 * time.Millisecond},
+		{Kind: runner.RenewFailed},
+		{Kind: runner.Lost, Err: fmt.Errorf("gone: %w", backends.ErrLeaseLost)},
+		{Kind: runner.ChildExited, Status: signals.Status{Code: 3}},
+	} {
+		m.Observe(e)
+	}
+	srv := httptest.NewServer(m)
+	defer srv.Close()
+	body := get(t, srv.URL)
+	const l = `lock="nightly",backend="etcd"`
+	for _, want := range []string{
+		`leaderrun_is_leader{` + l + `} 0`,
+		`leader_election_master_status{name="nightly"} 0`,
+		`leaderrun_acquisitions_total{` + l + `} 1`,
+		`leaderrun_losses_total{` + l + `,reason="lease_lost"} 1`,
+		`leaderrun_renewal_duration_seconds_bucket{` + l + `,le="0.005"} 1`,
+		`leaderrun_renewal_duration_seconds_count{` + l + `} 1`,
+		`leaderrun_renewal_failures_total{` + l + `} 1`,
+		`leaderrun_child_starts_total{` + l + `} 1`,
+		`leaderrun_child_exits_total{` + l + `,code="3"} 1`,
+		`# TYPE leaderrun_acquisitions_total counter`,
+		"\ngo_goroutines ",
+		"\nprocess_resident_memory_bytes ",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("exposition lacks %q:\n%s", want, body)
+		}
+	}
+}
+
+// TestLeaderGauges: both leadership gauges follow acquisition and release.
+func TestLeaderGauges(t *testing.T) {
+	tests := []struct {
+		name   string
+		events []runner.EventKind
+		want   string
+	}{
+		{"acquired", []runner.EventKind{runner.Acquired}, "1"},
+		{"released", []runner.EventKind{runner.Acquired, runner.Released}, "0"},
+		{"never led", nil, "0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := New("g", "local")
+			for _, k := range tt.events {
+				m.Observe(runner.Event{Kind: k})
+			}
+			srv := httptest.NewServer(m)
+			defer srv.Close()
+			body := get(t, srv.URL)
+			for _, name := range []string{`leaderrun_is_leader{lock="g",backend="local"}`, `leader_election_master_status{name="g"}`} {
+				if !strings.Contains(body, "\n"+name+" "+tt.want+"\n") {
+					t.Errorf("want %s %s in:\n%s", name, tt.want, body)
+				}
+			}
+		})
+	}
+}
+
+// TestHealthz: the server answers /healthz and /metrics.
+func TestHealthz(t *testing.T) {
+	s, err := Serve("127.0.0.1:0", New("h", "local"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if body := get(t, "http://"+s.Addr()+"/healthz"); body != "\nok\n" {
+		t.Errorf("/healthz: %q", body)
+	}
+	if body := get(t, "http://"+s.Addr()+"/metrics"); !strings.Contains(body, "leaderrun_is_leader") {
+		t.Errorf("/metrics: %q", body)
+	}
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %s", url, resp.Status)
+	}
+	return "\n" + string(data)
 }
