@@ -10,6 +10,11 @@ import (
 	"testing"
 )
 
+// ReleaseFlags are the go build flags of a release (.goreleaser.yaml): no
+// file paths or symbol tables in the binary, and none of urfave/cli's
+// documentation generators. Keep the two in step.
+var ReleaseFlags = []string{"-trimpath", "-ldflags=-s -w", "-tags=urfave_cli_no_docs"}
+
 var build struct {
 	once sync.Once
 	path string
@@ -18,9 +23,10 @@ var build struct {
 
 // Leaderrun builds the leaderrun binary once per test process and returns
 // its path. Tests run it as users do: as a separate process, with real
-// signals. It is built as users build it, without the race detector, so that
-// the latencies the tests assert are the ones users get; the runner's own
-// tests cover races in-process.
+// signals. It is built as releases are built (ReleaseFlags), without the
+// race detector, so that the latencies and memory the tests and the
+// benchmark measure are the ones users get; the runner's own tests cover
+// races in-process.
 func Leaderrun(t testing.TB) string {
 	t.Helper()
 	path, err := BuildLeaderrun()
@@ -42,7 +48,7 @@ func BuildLeaderrun() (string, error) {
 		build.path = filepath.Join(dir, "leaderrun")
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(file), "..", "..")
-		cmd := exec.Command("go", "build", "-o", build.path, ".")
+		cmd := exec.Command("go", append(append([]string{"build"}, ReleaseFlags...), "-o", build.path, ".")...)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			build.err = fmt.Errorf("build leaderrun: %w\n%s", err, out)
