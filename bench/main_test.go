@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,6 +41,10 @@ type bench struct {
 	sock   string
 	logDir string
 
+	// compare are the columns of BENCH_COMPARE's leaderrun binaries, in
+	// the start-up, start-to-child and memory phases.
+	compare []*tool
+
 	mu    sync.Mutex
 	procs []*proc
 
@@ -56,7 +61,9 @@ func envInt(name string, def int) int {
 // TestBench is the benchmark. scripts/bench.sh runs it with BENCH=1,
 // BENCH_RUNS (runs per latency figure, default 30), BENCH_OUT (where
 // benchmarks.md and benchmarks.svg go) and BENCH_CMD (the command line to
-// print in the report).
+// print in the report). scripts/startup.sh runs some phases only
+// (BENCH_PHASES, a comma-separated list of phase names), and may add
+// other leaderrun binaries side by side (BENCH_COMPARE=label=path,...).
 func TestBench(t *testing.T) {
 	if os.Getenv("BENCH") != "1" {
 		t.Skip("the benchmark runs through scripts/bench.sh (BENCH=1 not set)")
@@ -85,6 +92,20 @@ func TestBench(t *testing.T) {
 	b.child = self
 	b.res.versions = versions(b)
 	b.res.bins = map[string]string{"leaderrun": b.lr, "etcdctl": b.etcdctl, "consul": b.consul, "child": b.child}
+	for _, kv := range strings.Split(os.Getenv("BENCH_COMPARE"), ",") {
+		label, path, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok {
+			continue
+		}
+		if _, err := os.Stat(path); err != nil {
+			t.Fatalf("BENCH_COMPARE: %v", err)
+		}
+		b.res.bins["leaderrun@"+label] = path
+		b.res.compared = append(b.res.compared, "leaderrun@"+label)
+		for _, col := range storeColumns {
+			b.compare = append(b.compare, col.lr.comparison(label, path))
+		}
+	}
 
 	b.etcd = testenv.StartEtcd(t, 1)
 	b.etcdURL = b.etcd.Endpoints()[0]
@@ -112,6 +133,8 @@ func TestBench(t *testing.T) {
 		run  func()
 	}{
 		{"start-up of each binary", b.measureStartup},
+		{"package init", b.measureInit},
+		{"binary size", b.measureSize},
 		{"start-to-child", b.measureStartToChild},
 		{"RSS while leading", b.measureRSS},
 		{"loss reaction", b.measureLoss},
@@ -120,7 +143,11 @@ func TestBench(t *testing.T) {
 		{"store cost", b.measureCost},
 		{"herd of followers", b.measureHerd},
 	}
+	only := os.Getenv("BENCH_PHASES")
 	for _, ph := range phases {
+		if only != "" && !slices.Contains(strings.Split(only, ","), ph.name) {
+			continue
+		}
 		at := time.Now()
 		b.res.loads = append(b.res.loads, fmt.Sprintf("%s: %s", ph.name, loadavg()))
 		ph.run()

@@ -34,6 +34,9 @@ func (b *bench) measureStartup() {
 		{"leaderrun", b.lr, "version"}, {"etcdctl", b.etcdctl, "version"}, {"consul", b.consul, "version"},
 		{"child", b.child, "-test.run=^$"},
 	}
+	for _, x := range b.leaderruns()[1:] {
+		bins = append(bins, struct{ id, bin, arg string }{x.id, x.bin, "version"})
+	}
 	for i := range min(b.runs, 20) {
 		for _, x := range rotate(bins, i) {
 			cmd := exec.Command(x.bin, x.arg)
@@ -48,15 +51,17 @@ func (b *bench) measureStartup() {
 				b.res.mu.Lock()
 				b.res.startupRSS[x.id] = max(b.res.startupRSS[x.id], int(ru.Maxrss))
 				b.res.mu.Unlock()
+				b.res.sample(b.res.faults, x.id).add(time.Duration(ru.Minflt))
 			}
 		}
 	}
 }
 
 // measureStartToChild: a free lock, each tool started and timed from the
-// fork to its child's first instruction of main; the child exits at once.
+// fork to its child's first instruction of main, and to its own exit
+// (exec-to-exit: what a cron line waits for); the child exits at once.
 func (b *bench) measureStartToChild() {
-	tools := append([]*tool{direct}, wrappers...)
+	tools := slices.Concat([]*tool{direct}, wrappers, b.compare)
 	for i := range b.runs {
 		for _, tl := range rotate(tools, i) {
 			tag := fmt.Sprintf("%s-s2c-%d", tl.id, i)
@@ -75,6 +80,11 @@ func (b *bench) measureStartToChild() {
 			if !p.waitExit(15 * time.Second) {
 				b.t.Errorf("%s: still running 15 s after its child exited:\n%s", tl.name, p.tail())
 				p.kill()
+				continue
+			}
+			b.res.sample(b.res.exit, tl.id).add(p.exit - p.t0)
+			if ru, ok := p.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok && tl.store != "" {
+				b.res.sample(b.res.faults, tl.id).add(time.Duration(ru.Minflt))
 			}
 			if tl == lrEtcd || tl == lrConsul {
 				b.breakdown(tl, p, k)
@@ -113,12 +123,14 @@ func (b *bench) breakdown(tl *tool, p *proc, k kid) {
 // measureRSS runs every wrapper as leader at once, each on its own lock,
 // for leadFor, then reads VmHWM: the wrapper's own, and its helper
 // processes' (every descendant except the child and what the child
-// started). Three rounds; the largest counts.
+// started); and, from smaps, their anonymous and file-backed pages and
+// what the resident set is made of, mapping by mapping. Three rounds;
+// the largest counts.
 func (b *bench) measureRSS() {
 	const leadFor = 3 * time.Second
 	for r := range 3 {
 		procs := map[string]*proc{}
-		for _, tl := range wrappers {
+		for _, tl := range slices.Concat(wrappers, b.compare) {
 			tag := fmt.Sprintf("%s-rss-%d", tl.id, r)
 			p, err := b.start(tl, tag, tag, b.addr(tl), true)
 			if err != nil {
@@ -149,8 +161,12 @@ func (b *bench) measureRSS() {
 				continue
 			}
 			rec.wrapper = max(rec.wrapper, hwm)
+			sm, err := readSmaps(p.pid())
+			if err == nil && sm.anon >= rec.wrapperSmaps.anon {
+				rec.wrapperSmaps = sm
+			}
 			skip := append([]int{k.pid}, descendants(k.pid)...)
-			helpers, names := 0, []string{}
+			helpers, helperAnon, names := 0, 0, []string{}
 			for _, d := range descendants(p.pid()) {
 				if slices.Contains(skip, d) {
 					continue
@@ -160,8 +176,13 @@ func (b *bench) measureRSS() {
 					helpers += h
 					names = append(names, argv0(d))
 				}
+				if sm, err := readSmaps(d); err == nil {
+					helperAnon += sm.anon
+					rec.helperSmaps = sm
+				}
 			}
 			rec.helpers = max(rec.helpers, helpers)
+			rec.helperAnon = max(rec.helperAnon, helperAnon)
 			rec.helperNames = names
 			b.res.rss[id] = rec
 		}

@@ -50,30 +50,57 @@ type tool struct {
 	// session reports whether a Consul session name is one of this tool's
 	// candidates for lock.
 	session func(name, lock string) bool
+	// bin is the leaderrun binary of a comparison column (BENCH_COMPARE);
+	// empty: the one under test.
+	bin string
+}
+
+// leaderrunOn is leaderrun on one store: its store flags for the address,
+// and its timings.
+func leaderrunOn(id, name, store string, storeArgs func(addr string) []string, timings []string) *tool {
+	tl := &tool{id: id, name: name, store: store}
+	tl.argv = func(b *bench, lock, addr string) []string {
+		bin := b.lr
+		if tl.bin != "" {
+			bin = tl.bin
+		}
+		return slices.Concat([]string{bin}, storeArgs(addr), []string{"--lock", lock, "--identity", lock, "--log-format", "json"},
+			timings, []string{"--", b.child})
+	}
+	return tl
+}
+
+// comparison is tl with another leaderrun binary, for BENCH_COMPARE.
+func (tl *tool) comparison(label, bin string) *tool {
+	c := *tl
+	c.id, c.name, c.bin = tl.id+"-"+label, strings.Replace(tl.name, "leaderrun", "leaderrun@"+label, 1), bin
+	argv := tl.argv
+	c.argv = func(b *bench, lock, addr string) []string {
+		a := argv(b, lock, addr)
+		a[0] = bin
+		return a
+	}
+	return &c
 }
 
 var (
-	lrEtcd = &tool{id: "lre", name: "leaderrun (etcd)", store: "etcd",
-		argv: func(b *bench, lock, addr string) []string {
-			return slices.Concat([]string{b.lr, "--etcd-endpoints", addr, "--lock", lock, "--identity", lock, "--log-format", "json"},
-				lrEtcdTimings, []string{"--", b.child})
-		},
-		prefix: func(lock string) string { return "leaderrun/" + lock + "/" },
-	}
+	lrEtcd = func() *tool {
+		tl := leaderrunOn("lre", "leaderrun (etcd)", "etcd", func(addr string) []string { return []string{"--etcd-endpoints", addr} }, lrEtcdTimings)
+		tl.prefix = func(lock string) string { return "leaderrun/" + lock + "/" }
+		return tl
+	}()
 	etcdctlLock = &tool{id: "ecl", name: "etcdctl lock", store: "etcd",
 		argv: func(b *bench, lock, addr string) []string {
 			return []string{b.etcdctl, "--endpoints", addr, "lock", "--ttl", etcdctlTTL, lock, b.child}
 		},
 		prefix: func(lock string) string { return lock + "/" },
 	}
-	lrConsul = &tool{id: "lrc", name: "leaderrun (Consul)", store: "consul",
-		argv: func(b *bench, lock, addr string) []string {
-			return slices.Concat([]string{b.lr, "--consul-addr", addr, "--lock", lock, "--identity", lock, "--log-format", "json"},
-				lrConsulTimings, []string{"--", b.child})
-		},
-		key:     func(lock string) string { return "leaderrun/" + lock },
-		session: func(name, lock string) bool { return name == "leaderrun leaderrun/"+lock },
-	}
+	lrConsul = func() *tool {
+		tl := leaderrunOn("lrc", "leaderrun (Consul)", "consul", func(addr string) []string { return []string{"--consul-addr", addr} }, lrConsulTimings)
+		tl.key = func(lock string) string { return "leaderrun/" + lock }
+		tl.session = func(name, lock string) bool { return name == "leaderrun leaderrun/"+lock }
+		return tl
+	}()
 	// consulLock runs the child directly (-shell=false), like the other
 	// tools. With its default, -shell, it runs `$SHELL -c COMMAND`, and a
 	// shell that does not exec the command (dash here) gets the SIGTERM
@@ -98,6 +125,30 @@ var (
 		argv: func(b *bench, lock, addr string) []string { return []string{b.child} },
 	}
 	wrappers = []*tool{lrEtcd, etcdctlLock, lrConsul, consulLock}
+)
+
+// storeColumn is one store leaderrun is benchmarked on, beside that
+// store's own CLI lock if it has one, with the start-up goals that hold
+// it to that CLI. Adding a backend to the start-up, exec-to-exit and
+// memory figures is one entry here (and its server in TestBench).
+type storeColumn struct {
+	lr *tool
+	// ref is the store's own CLI lock; nil if it has none.
+	ref *tool
+	// s2cRatio and exitRatio bound leaderrun's start-to-child and
+	// exec-to-exit p50 as a multiple of ref's; 0: no goal.
+	s2cRatio, exitRatio float64
+}
+
+var storeColumns = []storeColumn{
+	{lr: lrEtcd, ref: etcdctlLock, s2cRatio: 0.8, exitRatio: 1.0},
+	{lr: lrConsul, ref: consulLock, s2cRatio: 0.3},
+}
+
+// Memory goals while leading, for every store column.
+const (
+	rssGoalKiB  = 12 * 1024 // leaderrun and its watchdog, VmHWM
+	anonGoalKiB = 3 * 1024  // leaderrun and its watchdog, anonymous pages
 )
 
 // addr is the tool's store address for the latency runs.

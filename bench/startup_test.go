@@ -1,0 +1,371 @@
+package bench
+
+import (
+	"bufio"
+	"debug/elf"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// leaderruns are the leaderrun binaries measured: the one under test, then
+// BENCH_COMPARE's, by the name the report gives them.
+func (b *bench) leaderruns() []struct{ id, bin string } {
+	out := []struct{ id, bin string }{{"leaderrun", b.lr}}
+	for _, id := range b.res.compared {
+		out = append(out, struct{ id, bin string }{id, b.res.bins[id]})
+	}
+	return out
+}
+
+// measureInit runs `BINARY version` with GODEBUG=inittrace=1, the binaries
+// alternated run by run, and keeps each run's total package init time and
+// each package's: what every start of leaderrun pays before main, whether
+// or not it uses the package.
+func (b *bench) measureInit() {
+	bins := b.leaderruns()
+	for i := range max(b.runs, 20) {
+		for _, x := range rotate(bins, i) {
+			cmd := exec.Command(x.bin, "version")
+			cmd.Env = append(b.baseEnv(), "GODEBUG=inittrace=1")
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				b.t.Errorf("%s version: %v\n%s", x.bin, err, out)
+				continue
+			}
+			total, pkgs := parseInitTrace(string(out))
+			b.res.sample(b.res.initTotal, x.id).add(total)
+			for pkg, d := range pkgs {
+				b.res.sample(b.res.initPkg, x.id+" "+pkg).add(d)
+			}
+		}
+	}
+}
+
+// parseInitTrace reads the lines of GODEBUG=inittrace=1:
+// "init PKG @0.10 ms, 0.17 ms clock, 0 bytes, 0 allocs".
+func parseInitTrace(out string) (time.Duration, map[string]time.Duration) {
+	pkgs := map[string]time.Duration{}
+	var total time.Duration
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 7 || f[0] != "init" || f[6] != "clock," {
+			continue
+		}
+		ms, err := strconv.ParseFloat(f[4], 64)
+		if err != nil {
+			continue
+		}
+		d := time.Duration(ms * float64(time.Millisecond))
+		pkgs[f[1]] += d
+		total += d
+	}
+	return total, pkgs
+}
+
+// slowInits are the packages of binary id whose init takes over 0.2 ms
+// at the median, slowest first.
+func (r *results) slowInits(id string) []string {
+	type pi struct {
+		pkg string
+		d   time.Duration
+	}
+	var all []pi
+	for k, s := range r.initPkg {
+		if pkg, ok := strings.CutPrefix(k, id+" "); ok {
+			// Runs where a package's init took no time print no line:
+			// count them as zero.
+			vals := slices.Clone(s.vals)
+			for len(vals) < len(r.initTotal[id].vals) {
+				vals = append(vals, 0)
+			}
+			if d := percentile(vals, .5); d > 200*time.Microsecond {
+				all = append(all, pi{pkg, d})
+			}
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].d > all[j].d })
+	out := make([]string, len(all))
+	for i, p := range all {
+		out[i] = fmt.Sprintf("`%s` %s", p.pkg, fmtDur(p.d))
+	}
+	return out
+}
+
+// measureSize records each leaderrun binary's size, and what the code and
+// data of the one under test are made of, by package: it builds the same
+// source with the release's tags but with its symbol table (a release is
+// stripped), and sums `go tool nm -size` by package.
+func (b *bench) measureSize() {
+	dir := b.t.TempDir()
+	bin := filepath.Join(dir, "leaderrun-syms")
+	_, file, _, _ := runtime.Caller(0)
+	cmd := exec.Command("go", "build", "-trimpath", "-tags=urfave_cli_no_docs", "-o", bin, ".")
+	cmd.Dir = filepath.Join(filepath.Dir(file), "..")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.t.Errorf("build with symbols: %v\n%s", err, out)
+		return
+	}
+	out, err := exec.Command("go", "tool", "nm", "-size", bin).Output()
+	if err != nil {
+		b.t.Errorf("go tool nm: %v", err)
+		return
+	}
+	inFile, err := fileSections(bin)
+	if err != nil {
+		b.t.Errorf("read %s: %v", bin, err)
+		return
+	}
+	b.res.pkgSize = sizeByPackage(string(out), inFile)
+}
+
+// fileSections reports, for an address, whether it lies in a section that
+// takes room in the ELF file (not .bss or .noptrbss, which nm marks D all
+// the same for some symbols).
+func fileSections(bin string) (func(addr uint64) bool, error) {
+	f, err := elf.Open(bin)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	type span struct{ from, to uint64 }
+	var spans []span
+	for _, s := range f.Sections {
+		if s.Type != elf.SHT_NOBITS && s.Flags&elf.SHF_ALLOC != 0 {
+			spans = append(spans, span{s.Addr, s.Addr + s.Size})
+		}
+	}
+	return func(addr uint64) bool {
+		for _, s := range spans {
+			if addr >= s.from && addr < s.to {
+				return true
+			}
+		}
+		return false
+	}, nil
+}
+
+// sizeByPackage sums the sizes of the symbols in nm's output by package,
+// counting only what takes room in the file.
+func sizeByPackage(nm string, inFile func(uint64) bool) map[string]int {
+	by := map[string]int{}
+	sc := bufio.NewScanner(strings.NewReader(nm))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 4 || f[2] == "U" {
+			continue
+		}
+		addr, err1 := strconv.ParseUint(f[0], 16, 64)
+		size, err2 := strconv.Atoi(f[1])
+		if err1 != nil || err2 != nil || !inFile(addr) {
+			continue
+		}
+		by[symbolPackage(strings.Join(f[3:], " "))] += size
+	}
+	return by
+}
+
+// symbolPackage is the import path of the package a symbol belongs to:
+// "github.com/a/b.(*T).M" → "github.com/a/b"; "type:*net/http.Client" →
+// "net/http"; "go:itab.*os.File,io.Reader" → "os".
+func symbolPackage(sym string) string {
+	if strings.HasPrefix(sym, "go:func.") {
+		return "(function metadata)"
+	}
+	for _, p := range []string{"type:", "go:itab.", "go:", "*", "[]", "map.", "gclocals·", "runtime.gcbits."} {
+		sym = strings.TrimPrefix(sym, p)
+	}
+	sym = strings.TrimLeft(sym, "*[]")
+	slash := strings.LastIndexByte(sym, '/')
+	dot := strings.IndexByte(sym[slash+1:], '.')
+	if dot < 0 {
+		if slash < 0 {
+			return "(runtime data)"
+		}
+		return sym
+	}
+	return sym[:slash+1+dot]
+}
+
+// module groups a package under the module it most likely comes from:
+// the first three elements of a github.com path, the first two of
+// golang.org/x/..., google.golang.org/..., go.etcd.io/..., go.uber.org/...;
+// the standard library by its top directory.
+func module(pkg string) string {
+	parts := strings.Split(pkg, "/")
+	switch {
+	case strings.HasPrefix(pkg, "github.com/") && len(parts) >= 3:
+		return strings.Join(parts[:3], "/")
+	case strings.HasPrefix(pkg, "golang.org/x/") && len(parts) >= 3:
+		return strings.Join(parts[:3], "/")
+	case strings.Contains(parts[0], ".") && len(parts) >= 2:
+		return strings.Join(parts[:2], "/")
+	case strings.Contains(parts[0], "."), strings.HasPrefix(pkg, "("):
+		return parts[0]
+	}
+	return "std: " + parts[0]
+}
+
+// sizeTable is the binary's code and data by module, largest first.
+func (r *results) sizeTable() string {
+	if len(r.pkgSize) == 0 {
+		return ""
+	}
+	by := map[string]int{}
+	total := 0
+	for pkg, n := range r.pkgSize {
+		by[module(pkg)] += n
+		total += n
+	}
+	keys := make([]string, 0, len(by))
+	for k := range by {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return by[keys[i]] > by[keys[j]] })
+	var b strings.Builder
+	fmt.Fprintf(&b, "Code and data of the binary under test by module (`go tool nm -size` of the same build with its symbol table; %s in all; the 15 largest):\n\n| module | size |\n|---|---|\n", kib(total))
+	for _, k := range keys[:min(15, len(keys))] {
+		fmt.Fprintf(&b, "| %s | %s |\n", k, kib(by[k]))
+	}
+	return b.String()
+}
+
+func kib(n int) string { return fmt.Sprintf("%.0f KiB", float64(n)/1024) }
+
+// smaps is what /proc/PID/smaps_rollup says of a process's resident set,
+// in KiB, and /proc/PID/smaps by mapping.
+type smaps struct {
+	rss, anon, file int
+	// byMapping is Rss by mapped file (base name), "[heap]", "[stack]",
+	// "[anon]" for nameless anonymous mappings.
+	byMapping map[string]int
+}
+
+func readSmaps(pid int) (smaps, error) {
+	s := smaps{byMapping: map[string]int{}}
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "smaps_rollup"))
+	if err != nil {
+		return s, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		n, _ := strconv.Atoi(f[1])
+		switch f[0] {
+		case "Rss:":
+			s.rss = n
+		case "Anonymous:":
+			s.anon = n
+		}
+	}
+	s.file = s.rss - s.anon
+	data, err = os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "smaps"))
+	if err != nil {
+		return s, err
+	}
+	name := ""
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 5 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":"):
+			name = "[anon]"
+			if len(f) >= 6 {
+				name = filepath.Base(f[5])
+			}
+		case len(f) >= 2 && f[0] == "Rss:":
+			n, _ := strconv.Atoi(f[1])
+			s.byMapping[name] += n
+		}
+	}
+	return s, nil
+}
+
+// mappings prints byMapping, largest first, leaving out what is under
+// 64 KiB.
+func (s smaps) mappings() string {
+	keys := make([]string, 0, len(s.byMapping))
+	for k, v := range s.byMapping {
+		if v >= 64 {
+			keys = append(keys, k)
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return s.byMapping[keys[i]] > s.byMapping[keys[j]] })
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %s", k, mib(s.byMapping[k]))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// startupDetails is the report's section on start-up, memory and size.
+func (r *results) startupDetails() string {
+	var b strings.Builder
+	b.WriteString("\n### Start-up, memory and size\n\n")
+	ids := append([]string{"leaderrun"}, r.compared...)
+	for _, id := range ids {
+		if r.initTotal[id] == nil {
+			continue
+		}
+		slow := r.slowInits(id)
+		if len(slow) == 0 {
+			slow = []string{"none"}
+		}
+		fmt.Fprintf(&b, "- `%s version` with `GODEBUG=inittrace=1` (%d runs, alternated): package init %s in all (p50; p90 %s); packages over 0.2 ms at the median: %s. Minor page faults of `version`: %s (p50).\n",
+			id, len(r.initTotal[id].vals), fmtDur(r.p50(r.initTotal, id)), fmtDur(percentile(r.initTotal[id].vals, .9)),
+			strings.Join(slow, ", "), faults(r.faults[id]))
+	}
+	for _, col := range storeColumns {
+		if s := r.faults[col.lr.id]; s != nil {
+			fmt.Fprintf(&b, "- %s, one whole run on a free lock: %s minor page faults (p50).\n", col.lr.name, faults(s))
+		}
+	}
+	b.WriteString("\n")
+	for _, col := range storeColumns {
+		rec := r.rss[col.lr.id]
+		if rec.wrapperSmaps.rss == 0 {
+			continue
+		}
+		w, h := rec.wrapperSmaps, rec.helperSmaps
+		fmt.Fprintf(&b, "- %s while leading: resident %s, of which anonymous %s and file-backed %s; by mapping: %s.", col.lr.name, mib(w.rss), mib(w.anon), mib(w.file), w.mappings())
+		if h.rss > 0 {
+			fmt.Fprintf(&b, " Its watchdog (%s): resident %s, anonymous %s; by mapping: %s.", strings.Join(rec.helperNames, ", "), mib(h.rss), mib(h.anon), h.mappings())
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\n")
+	b.WriteString(r.sizeTable())
+	if len(r.compared) > 0 {
+		b.WriteString("\nOther leaderrun builds, side by side with the one under test in the same run (BENCH_COMPARE; runs alternated):\n\n| column | start-to-child p50 / p90 | exec-to-exit p50 / p90 | peak RSS + watchdog | anonymous | binary | package init p50 |\n|---|---|---|---|---|---|---|\n")
+		for _, col := range storeColumns {
+			tools := []*tool{col.lr}
+			for _, c := range r.compared {
+				label := strings.TrimPrefix(c, "leaderrun@")
+				tools = append(tools, &tool{id: col.lr.id + "-" + label, name: strings.Replace(col.lr.name, "leaderrun", c, 1)})
+			}
+			for i, tl := range tools {
+				bin := ids[i]
+				rec := r.rss[tl.id]
+				fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", tl.name, r.s2c[tl.id].pair(.9), r.exit[tl.id].pair(.9),
+					mib(rec.wrapper+rec.helpers), mib(rec.anon()), r.sizes()[bin], fmtDur(r.p50(r.initTotal, bin)))
+			}
+		}
+	}
+	return b.String()
+}
+
+func faults(s *sample) string {
+	if s == nil || len(s.vals) == 0 {
+		return "not measured"
+	}
+	return strconv.Itoa(int(percentile(s.vals, .5)))
+}
