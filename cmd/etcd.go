@@ -2,14 +2,12 @@ package cmd
 
 import (
 	"crypto/tls"
-	"io"
 	"net"
 	"net/url"
 	"os"
 	"strings"
 
 	"github.com/urfave/cli/v2"
-	"google.golang.org/grpc/grpclog"
 
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/etcd"
@@ -80,9 +78,6 @@ func newEtcdBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	// gRPC logs connection trouble on its own; leaderrun reports it once,
-	// where the error is handled.
-	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, io.Discard))
 	return etcd.New(etcd.Config{
 		Endpoints:   endpoints,
 		TLS:         tlsCfg,

@@ -15,13 +15,13 @@ import (
 // *signals.Child is the real one. Stop starts the one stop sequence (kill
 // signal now, SIGKILL to the whole tree by --kill-grace later; a later Stop
 // only forwards its signal); Done closes once the command and everything it
-// started are gone.
+// started are gone; Status is then how the command ended.
 type child interface {
 	Pid() int
 	Stop(sig syscall.Signal)
 	Signal(sig syscall.Signal) error
 	Done() <-chan struct{}
-	Wait() signals.Status
+	Status() signals.Status
 }
 
 // phase is where a leadership stands.

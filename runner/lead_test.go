@@ -49,8 +49,8 @@ func (c *fakeChild) Signal(sig syscall.Signal) error {
 	c.signalled <- sig
 	return nil
 }
-func (c *fakeChild) Done() <-chan struct{} { return c.done }
-func (c *fakeChild) Wait() signals.Status  { <-c.done; return c.status }
+func (c *fakeChild) Done() <-chan struct{}  { return c.done }
+func (c *fakeChild) Status() signals.Status { <-c.done; return c.status }
 
 func (c *fakeChild) stopped() []syscall.Signal {
 	c.mu.Lock()

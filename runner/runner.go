@@ -199,6 +199,9 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 		r.release(lease, notStarted(err))
 		return signals.Status{}, err
 	}
+	// The watchdog is reaped while the lease is released, and waited for
+	// after: the release is what the next leader waits for.
+	defer c.Wait()
 	started := time.Now()
 	log = log.With("pid", c.Pid())
 	log.Info("child started", "command", cfg.Args)
@@ -287,7 +290,7 @@ func (l *leadership) run(ctx context.Context, lease backends.Lease) {
 			l.leaseLost(time.Now(), lease.Err())
 		case <-childDone:
 			childDone = nil
-			l.childExited(time.Now(), l.child.Wait())
+			l.childExited(time.Now(), l.child.Status())
 		case <-hold:
 			l.holdOver(time.Now())
 		case <-late:

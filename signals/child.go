@@ -109,17 +109,32 @@ func (s *Supervisor) Abort() { s.dismiss() }
 // dismiss tells the watchdog that it is no longer needed, and reaps it. A
 // watchdog that is already dead is simply reaped.
 func (s *Supervisor) dismiss() {
+	s.standDown()
+	s.reap()
+}
+
+// standDown tells the watchdog that it is no longer needed: from the
+// moment it reads the word, leaderrun's death no longer makes it kill the
+// group. It does not wait for the watchdog to go (see reap).
+func (s *Supervisor) standDown() {
 	<-s.started
 	_, _ = s.conn.Write([]byte("done\n"))
 	s.conn.Close()
+	if s.err == nil {
+		// A stopped watchdog (SIGSTOP of its group) would never read
+		// the word.
+		_ = syscall.Kill(s.dog.Process.Pid, syscall.SIGCONT)
+	}
+}
+
+// reap waits for a watchdog that was told to stand down to exit, and
+// reaps it; one that does not go at once is killed: it is not reaped yet,
+// so the pid is still its own.
+func (s *Supervisor) reap() {
 	if s.err != nil {
 		return
 	}
 	pid := s.dog.Process.Pid
-	// A stopped watchdog (SIGSTOP of its group) would never read the word;
-	// one that does not go at once is killed: it is not reaped yet, so the
-	// pid is still its own.
-	_ = syscall.Kill(pid, syscall.SIGCONT)
 	exited := make(chan struct{})
 	go func() {
 		_ = s.dog.Wait()
@@ -154,7 +169,7 @@ func (s *Supervisor) Start(env []string) (*Child, error) {
 		return nil, fmt.Errorf("the watchdog (pid %d) is not ready to guard the command: %q: %v", s.dog.Process.Pid, line, err)
 	}
 	c := &Child{s: s, log: s.spec.Log, exited: make(chan struct{}), stopping: make(chan struct{}),
-		signalled: map[int]bool{}, done: make(chan struct{})}
+		signalled: map[int]bool{}, done: make(chan struct{}), reaped: make(chan struct{})}
 	started := make(chan error, 1)
 	go c.run(env, started)
 	if err := <-started; err != nil {
@@ -203,7 +218,9 @@ type Child struct {
 	killed bool
 	timer  *time.Timer
 
-	done chan struct{}
+	// done is closed once the tree is gone and the watchdog was told to
+	// stand down; reaped, once the watchdog is reaped too.
+	done, reaped chan struct{}
 }
 
 // run forks the command, reports the fork's outcome on started, and waits
@@ -259,17 +276,22 @@ func (c *Child) run(env []string, started chan<- error) {
 }
 
 // supervise waits for the command to exit or for a Stop, then runs the stop
-// sequence until the whole tree is gone, dismisses the watchdog and closes
-// done.
+// sequence until the whole tree is gone, tells the watchdog to stand down
+// and closes done; then it reaps the watchdog and closes reaped. The
+// watchdog's exit is not waited for before done: the caller's next step
+// (releasing the lease) is what the next leader waits for, and the
+// watchdog, once told, can no longer act.
 func (c *Child) supervise() {
+	defer close(c.reaped)
 	select {
 	case <-c.exited:
 	case <-c.stopping:
 	}
 	c.clear()
 	<-c.exited
-	c.s.dismiss()
+	c.s.standDown()
 	close(c.done)
+	c.s.reap()
 }
 
 // survivalBound is how long the stop sequence waits for processes that
@@ -450,13 +472,22 @@ func orDefault(f, def *os.File) *os.File {
 // Pid is the command's pid, which is also its process group id.
 func (c *Child) Pid() int { return c.pid }
 
-// Done is closed once the command and its process group are gone and the
-// watchdog has been reaped.
+// Done is closed once the command and everything it started are gone (S8)
+// and the watchdog has been told to stand down; the watchdog may still be
+// exiting (see Wait).
 func (c *Child) Done() <-chan struct{} { return c.done }
 
-// Wait blocks until Done and returns how the command ended.
-func (c *Child) Wait() Status {
+// Status is how the command ended; call it after Done.
+func (c *Child) Status() Status {
 	<-c.done
+	return c.status
+}
+
+// Wait blocks until Done and the watchdog has exited and been reaped, and
+// returns how the command ended. Call it before returning, so that no
+// process or goroutine of this package outlives the caller.
+func (c *Child) Wait() Status {
+	<-c.reaped
 	return c.status
 }
 

@@ -1,10 +1,14 @@
-// Package etcd is the etcd backend. Candidates campaign with the client's
-// concurrency package: one Session (a lease that the client keeps alive) per
-// candidacy, and an Election on <prefix><lock>, whose candidates are the keys
-// <prefix><lock>/<lease ID in hex> with the identity as value. The candidate
-// whose key has the lowest create revision leads; the others wait for the
-// deletion of the keys created before theirs. The lock is therefore the one
-// `etcdctl elect <prefix><lock>` observes.
+// Package etcd is the etcd backend. Candidates campaign as etcd's
+// concurrency package does (etcdctl elect and etcdctl lock use it): one
+// lease per candidacy, kept alive while it lasts, and an election on
+// <prefix><lock>, whose candidates are the keys <prefix><lock>/<lease ID in
+// hex> with the identity as value. The candidate whose key has the lowest
+// create revision leads; each of the others waits for the deletion of the
+// key created just before its own, so that a change wakes one waiter. The
+// lock is therefore the one `etcdctl elect <prefix><lock>` observes.
+//
+// It speaks to etcd through etcd's JSON gateway (client.go), not the gRPC
+// client.
 //
 // The fencing token is the create revision of the leader's key. etcd's
 // revision grows with every write to the store, and a candidate leads only
@@ -27,12 +31,6 @@ import (
 	"strings"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	"go.etcd.io/etcd/client/pkg/v3/transport"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
-
 	"github.com/leaderrun/leaderrun/backends"
 )
 
@@ -40,10 +38,8 @@ import (
 const DefaultDialTimeout = 5 * time.Second
 
 const (
-	// keepaliveTime is how long a gRPC connection may be silent before the
-	// client pings etcd to find out whether it is still there; gRPC raises
-	// anything shorter to 10 s. A black-holed connection is then dropped and
-	// the client dials again, possibly another endpoint.
+	// keepaliveTime is the TCP keep-alive period of the connections to
+	// etcd, and how long an idle one is kept (nine periods).
 	keepaliveTime = 10 * time.Second
 
 	// withdrawTimeout bounds the clean-up of a candidacy that did not win
@@ -84,7 +80,7 @@ type Config struct {
 
 // Backend campaigns for one lock in one etcd cluster.
 type Backend struct {
-	cli         *clientv3.Client
+	cli         *client
 	endpoints   string // for messages
 	lock        string
 	pfx         string // the election's prefix, <prefix><lock>
@@ -94,10 +90,10 @@ type Backend struct {
 
 var _ backends.Backend = (*Backend)(nil)
 
-// New returns a backend for cfg.Lock. It does not wait for a connection
-// unless cfg.Username is set (authentication is a round trip); a store that
-// cannot be reached shows in the first Campaign or Status, as an error
-// wrapping backends.ErrUnavailable.
+// New returns a backend for cfg.Lock. It contacts no member (with a user
+// name, it authenticates before its first request); a store that cannot be
+// reached shows in the first Campaign or Status, as an error wrapping
+// backends.ErrUnavailable.
 func New(cfg Config) (*Backend, error) {
 	if len(cfg.Endpoints) == 0 {
 		return nil, errors.New("etcd: no endpoints")
@@ -118,44 +114,22 @@ func New(cfg Config) (*Backend, error) {
 		dialTimeout: cfg.DialTimeout,
 		log:         cfg.Log.With("backend", "etcd", "lock", cfg.Lock),
 	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:            cfg.Endpoints,
-		TLS:                  cfg.TLS,
-		Username:             cfg.Username,
-		Password:             cfg.Password,
-		DialTimeout:          cfg.DialTimeout,
-		DialKeepAliveTime:    keepaliveTime,
-		DialKeepAliveTimeout: cfg.DialTimeout,
-		// The client logs every retry; leaderrun logs once, where an
-		// error is handled.
-		Logger: zap.NewNop(),
-	})
+	cli, err := newClient(cfg.Endpoints, cfg.TLS, cfg.Username, cfg.Password, cfg.DialTimeout)
 	if err != nil {
-		return nil, b.unavailable("connect", err)
+		return nil, err
 	}
 	b.cli = cli
-	// The client connects on its first request; start now, so that the
-	// handshake overlaps with what the caller does before campaigning.
-	cli.ActiveConnection().Connect()
 	return b, nil
-}
-
-// LoadTLS builds the client's TLS configuration from PEM files, as etcdctl
-// does with --cacert, --cert and --key. Any may be empty; cert and key go
-// together.
-func LoadTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
-	if (certFile == "") != (keyFile == "") {
-		return nil, errors.New("a client certificate needs both a certificate and a key file")
-	}
-	info := transport.TLSInfo{TrustedCAFile: caFile, CertFile: certFile, KeyFile: keyFile}
-	return info.ClientConfig()
 }
 
 // Name implements backends.Backend.
 func (b *Backend) Name() string { return "etcd" }
 
 // Close implements backends.Backend.
-func (b *Backend) Close() error { return b.cli.Close() }
+func (b *Backend) Close() error {
+	b.cli.close()
+	return nil
+}
 
 // prefix is what every candidate's key starts with.
 func (b *Backend) prefix() string { return b.pfx + "/" }
@@ -164,18 +138,15 @@ func (b *Backend) prefix() string { return b.pfx + "/" }
 // snapshot, then asks for the time left on the leader's lease.
 func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	st := backends.Status{Lock: b.lock, Backend: b.Name(), Key: b.prefix(), Remaining: -1, Waiting: -1}
-	var resp *clientv3.TxnResponse
+	var resp *txnResponse
 	err := b.reach(ctx, "read "+b.prefix(), func(ctx context.Context) (err error) {
-		resp, err = b.cli.Txn(ctx).Then(
-			clientv3.OpGet(b.prefix(), clientv3.WithFirstCreate()...),
-			clientv3.OpGet(b.prefix(), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-		).Commit()
+		resp, err = b.cli.txn(ctx, txnRequest{Success: []requestOp{{Range: firstCreated(b.prefix())}, {Range: countUnder(b.prefix())}}})
 		return err
 	})
 	if err != nil {
 		return st, err
 	}
-	leader := resp.Responses[0].GetResponseRange().Kvs
+	leader := resp.rangeAt(0).Kvs
 	st.Waiting = 0
 	if len(leader) == 0 {
 		return st, nil
@@ -185,19 +156,19 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	st.Key = string(kv.Key)
 	st.Identity = string(kv.Value)
 	st.Token = uint64(kv.CreateRevision)
-	st.Waiting = int(resp.Responses[1].GetResponseRange().Count) - 1
+	st.Waiting = int(resp.rangeAt(1).Count) - 1
 	if kv.Lease == 0 {
 		return st, nil
 	}
 	// The lease is the leader's business; if it cannot be read, the rest
 	// of the answer still stands and the time left stays unknown.
-	var ttl *clientv3.LeaseTimeToLiveResponse
+	var ttl, granted int64
 	if b.reach(ctx, "read lease", func(ctx context.Context) (err error) {
-		ttl, err = b.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
+		ttl, granted, err = b.cli.timeToLive(ctx, kv.Lease)
 		return err
-	}) == nil && ttl.TTL >= 0 {
-		st.TTL = time.Duration(ttl.GrantedTTL) * time.Second
-		st.Remaining = time.Duration(ttl.TTL) * time.Second
+	}) == nil && ttl >= 0 {
+		st.TTL = time.Duration(granted) * time.Second
+		st.Remaining = time.Duration(ttl) * time.Second
 	}
 	return st, nil
 }
@@ -234,12 +205,8 @@ func (b *Backend) unavailable(op string, err error) error {
 // refused reports whether etcd turned a request down for a reason that
 // trying again cannot fix: bad credentials or missing permissions.
 func refused(err error) bool {
-	var ee rpctypes.EtcdError
-	if !errors.As(err, &ee) {
-		return false
-	}
-	return ee.Code() == codes.PermissionDenied ||
-		errors.Is(err, rpctypes.ErrAuthFailed) || errors.Is(err, rpctypes.ErrUserEmpty)
+	return isAPIError(err, codePermissionDenied, "") ||
+		isAPIError(err, 0, msgAuthFailed) || isAPIError(err, 0, msgUserEmpty)
 }
 
 // refusal is the error for a request that etcd refused: final, naming what
@@ -264,10 +231,10 @@ func (b *Backend) History(ctx context.Context, limit int) ([]backends.Term, erro
 	if limit <= 0 || limit > backends.HistoryLimit {
 		limit = backends.HistoryLimit
 	}
-	var resp *clientv3.GetResponse
+	var resp *rangeResponse
 	err := b.reach(ctx, "read "+b.historyPrefix(), func(ctx context.Context) (err error) {
-		resp, err = b.cli.Get(ctx, b.historyPrefix(), clientv3.WithPrefix(),
-			clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(limit)))
+		resp, err = b.cli.rangeKeys(ctx, &rangeRequest{Key: []byte(b.historyPrefix()), RangeEnd: prefixEnd(b.historyPrefix()),
+			SortOrder: sortDescend, SortTarget: sortByKey, Limit: int64(limit)})
 		return err
 	})
 	if err != nil {
@@ -290,24 +257,23 @@ func (b *Backend) record(ctx context.Context, t backends.Term) error {
 	if err != nil {
 		return err
 	}
-	resp, err := b.cli.Txn(ctx).Then(
-		clientv3.OpPut(b.historyKey(t.Token), string(data)),
-		clientv3.OpGet(b.historyPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-	).Commit()
+	resp, err := b.cli.txn(ctx, txnRequest{Success: []requestOp{
+		{Put: &putRequest{Key: []byte(b.historyKey(t.Token)), Value: data}},
+		{Range: countUnder(b.historyPrefix())},
+	}})
 	if err != nil {
 		return fmt.Errorf("etcd %s: record term %d in %s: %w", b.endpoints, t.Token, b.historyPrefix(), err)
 	}
-	n := resp.Responses[1].GetResponseRange().Count
+	n := resp.rangeAt(1).Count
 	if n <= backends.HistoryLimit+backends.HistoryLimit/10 {
 		return nil
 	}
 	// The oldest n - HistoryLimit keys sort first; delete them as a range.
-	old, err := b.cli.Get(ctx, b.historyPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-		clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend), clientv3.WithLimit(n-backends.HistoryLimit))
+	old, err := b.cli.rangeKeys(ctx, &rangeRequest{Key: []byte(b.historyPrefix()), RangeEnd: prefixEnd(b.historyPrefix()),
+		KeysOnly: true, SortOrder: sortAscend, SortTarget: sortByKey, Limit: n - backends.HistoryLimit})
 	if err != nil || len(old.Kvs) == 0 {
 		return err
 	}
 	last := string(old.Kvs[len(old.Kvs)-1].Key)
-	_, err = b.cli.Delete(ctx, b.historyPrefix(), clientv3.WithRange(last+"\x00"))
-	return err
+	return b.cli.deleteRange(ctx, deleteRequest{Key: []byte(b.historyPrefix()), RangeEnd: []byte(last + "\x00")})
 }

@@ -22,7 +22,7 @@ import (
 type etcdLease interface {
 	backends.Lease
 	Key() string
-	ID() clientv3.LeaseID
+	ID() int64
 }
 
 // TestEtcd runs every test of the backend against one real etcd: starting
@@ -94,7 +94,7 @@ func testConformance(t *testing.T, env *env) {
 		},
 		LeaseDuration: 5 * time.Second,
 		Drop: func(t *testing.T, l backends.Lease) {
-			if _, err := env.cli.Revoke(context.Background(), l.(etcdLease).ID()); err != nil {
+			if _, err := env.cli.Revoke(context.Background(), clientv3.LeaseID(l.(etcdLease).ID())); err != nil {
 				t.Fatal(err)
 			}
 		},

@@ -8,11 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
-
 	"github.com/leaderrun/leaderrun/backends"
 )
 
@@ -20,11 +15,11 @@ import (
 //
 // Two goroutines watch for its loss. One watches the key: etcd deletes it
 // when the lease is revoked or expires, or someone deletes or overwrites
-// it, and the watch reports that within a round trip. The other waits for the session's
-// keep-alive to stop; that happens when etcd says the lease is gone, but also
-// when etcd did not answer for a whole TTL, so it asks etcd before it calls
-// the lease lost. A store that cannot be asked is the runner's business: its
-// renew deadline expires first.
+// it, and the watch reports that within a round trip. The other waits for the
+// candidacy's keep-alive to stop; that happens when etcd says the lease is
+// gone, but also when etcd did not answer for a whole TTL, so it asks etcd
+// before it calls the lease lost. A store that cannot be asked is the
+// runner's business: its renew deadline expires first.
 type lease struct {
 	c        *candidacy
 	key      string
@@ -73,7 +68,7 @@ func (l *lease) Acquired() time.Time { return l.acquired }
 func (l *lease) Key() string { return l.key }
 
 // ID is the etcd lease that the key is attached to.
-func (l *lease) ID() clientv3.LeaseID { return l.c.id() }
+func (l *lease) ID() int64 { return l.c.id }
 
 func (l *lease) String() string { return fmt.Sprintf("%s (lease %x)", l.key, l.ID()) }
 
@@ -88,9 +83,9 @@ func (l *lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
-	_, err := l.c.b.cli.KeepAliveOnce(ctx, l.ID())
+	_, err := l.c.b.cli.keepAlive(ctx, l.ID())
 	switch {
-	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+	case leaseNotFound(err):
 		l.Set(l.lostErr("lease %x of %s expired or was revoked", l.ID(), l.key))
 		return l.Err()
 	case err != nil:
@@ -101,9 +96,9 @@ func (l *lease) Renew(ctx context.Context) error {
 
 // Release implements backends.Lease: revoking the lease deletes the key in
 // the same step, so the next candidate wakes after a single round trip.
-// The term goes to the history at the same time, in a request of its own
-// (a revoke cannot be part of a transaction), so that the next leader does
-// not wait for it.
+// That revoke is what the next leader waits for, so it goes first; the term
+// goes to the history at the same time, in a request of its own (a revoke
+// cannot be part of a transaction), and the watchers are waited for after.
 func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 	l.mu.Lock()
 	if l.released {
@@ -113,27 +108,34 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 	l.released = true
 	l.mu.Unlock()
 	l.stop()
-	l.wg.Wait()
 	recorded := make(chan error, 1)
 	if term != nil {
 		go func() { recorded <- l.c.b.record(ctx, *term) }()
 	} else {
 		recorded <- nil
 	}
+	var resigned error
 	if l.Err() != nil {
 		// A key overwritten without our lease would outlive it and
 		// block the election: delete it if it is still the one we
-		// created (Resign compares the create revision).
-		e := concurrency.ResumeElection(l.c.session, l.c.b.prefix(), l.key, int64(l.token))
-		_ = e.Resign(ctx)
+		// created (as Election.Resign: compare the create revision).
+		_, resigned = l.c.b.cli.txn(ctx, txnRequest{
+			Compare: []compare{createdIs(l.key, int64(l.token))},
+			Success: []requestOp{{Delete: &deleteRequest{Key: []byte(l.key)}}},
+		})
+		if resigned != nil {
+			resigned = fmt.Errorf("etcd %s: delete %s: %w", l.c.b.endpoints, l.key, resigned)
+		}
 	}
-	return errors.Join(l.c.close(ctx), <-recorded)
+	err := l.c.close(ctx)
+	l.wg.Wait()
+	return errors.Join(err, resigned, <-recorded)
 }
 
 // Completed implements backends.Lease.
 func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, error) {
 	b := l.c.b
-	resp, err := b.cli.Get(ctx, b.markerKey(key))
+	resp, err := b.cli.rangeKeys(ctx, &rangeRequest{Key: []byte(b.markerKey(key))})
 	if err != nil {
 		return nil, fmt.Errorf("etcd %s: read %s: %w", b.endpoints, b.markerKey(key), err)
 	}
@@ -161,20 +163,20 @@ func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
 		return err
 	}
 	keep := ttlSeconds(time.Until(m.Expires))
-	grant, err := b.cli.Grant(ctx, keep)
+	grant, _, err := b.cli.grant(ctx, keep)
 	if err != nil {
 		return fmt.Errorf("etcd %s: grant a lease for marker %s: %w", b.endpoints, b.markerKey(m.Key), err)
 	}
-	resp, err := b.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", int64(l.token))).
-		Then(clientv3.OpPut(b.markerKey(m.Key), string(data), clientv3.WithLease(grant.ID))).
-		Commit()
+	resp, err := b.cli.txn(ctx, txnRequest{
+		Compare: []compare{createdIs(l.key, int64(l.token))},
+		Success: []requestOp{{Put: &putRequest{Key: []byte(b.markerKey(m.Key)), Value: data, Lease: grant}}},
+	})
 	if err == nil && resp.Succeeded {
 		return nil
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), withdrawTimeout)
 	defer cancel()
-	_, _ = b.cli.Revoke(rctx, grant.ID)
+	_ = b.cli.revoke(rctx, grant)
 	if err != nil {
 		return fmt.Errorf("etcd %s: write marker %s: %w", b.endpoints, b.markerKey(m.Key), err)
 	}
@@ -182,37 +184,44 @@ func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
 }
 
 // watchKey closes Lost when the key is deleted, or overwritten without our
-// lease. A watch that ends without either (its history was compacted, etcd
-// cancelled it) is replaced after a look at the key.
+// lease. A watch that ends without either (a broken connection, its
+// history was compacted, etcd cancelled it) is replaced after a look at
+// the key.
 func (l *lease) watchKey(ctx context.Context, from int64) {
 	cli := l.c.b.cli
 	retry := backends.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for {
-		for wr := range cli.Watch(ctx, l.key, clientv3.WithRev(from)) {
-			for _, ev := range wr.Events {
+		lost := false
+		_ = cli.watch(ctx, l.key, from, func(evs []watchEvent, at int64) bool {
+			for _, ev := range evs {
 				switch {
-				case ev.Type == mvccpb.Event_DELETE:
+				case ev.Type == eventDelete:
 					l.Set(l.lostErr("key %s was deleted at revision %d (lease %x revoked or expired, or the key removed)",
 						l.key, ev.Kv.ModRevision, l.ID()))
-					return
-				case clientv3.LeaseID(ev.Kv.Lease) != l.ID():
+					lost = true
+					return false
+				case ev.Kv.Lease != l.ID():
 					// Overwritten without our lease: the key no
 					// longer ends with it, so it no longer proves
 					// anything about us.
 					l.Set(l.lostErr("key %s was overwritten at revision %d and detached from lease %x",
 						l.key, ev.Kv.ModRevision, l.ID()))
-					return
+					lost = true
+					return false
 				}
 			}
-			if wr.Header.Revision >= from {
-				from = wr.Header.Revision + 1
+			if at >= from {
+				from = at + 1
 			}
-		}
-		if ctx.Err() != nil {
+			return true
+		})
+		if lost || ctx.Err() != nil {
 			return
 		}
-		resp, err := cli.Get(ctx, l.key)
+		resp, err := cli.rangeKeys(ctx, &rangeRequest{Key: []byte(l.key)})
 		switch {
+		case ctx.Err() != nil:
+			return
 		case err != nil:
 			// Look again in a moment; meanwhile renewals and the
 			// runner's deadline stand guard.
@@ -229,28 +238,29 @@ func (l *lease) watchKey(ctx context.Context, from int64) {
 	}
 }
 
-// watchSession asks etcd about the lease once the session's keep-alive has
-// stopped, and closes Lost if etcd says that the lease is gone.
+// watchSession asks etcd about the lease once the candidacy's keep-alive
+// has stopped on its own, and closes Lost if etcd says that the lease is
+// gone.
 func (l *lease) watchSession(ctx context.Context) {
 	select {
 	case <-ctx.Done():
 		return
-	case <-l.c.session.Done():
+	case <-l.c.ended:
 	}
 	retry := backends.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for {
-		resp, err := l.c.b.cli.TimeToLive(ctx, l.ID())
+		ttl, _, err := l.c.b.cli.timeToLive(ctx, l.ID())
 		switch {
-		case err == nil && resp.TTL >= 0:
+		case err == nil && ttl >= 0:
 			// Alive: the keep-alive stopped on a silence. Renew keeps
 			// the lease from here on, or its deadline stops the child.
 			return
-		case err == nil, errors.Is(err, rpctypes.ErrLeaseNotFound):
+		case err == nil, leaseNotFound(err):
 			// TTL -1: etcd no longer knows the lease.
 			l.Set(l.lostErr("lease %x of %s expired or was revoked", l.ID(), l.key))
 			return
 		}
-		if retry.Sleep(ctx) != nil {
+		if ctx.Err() != nil || retry.Sleep(ctx) != nil {
 			return
 		}
 	}
