@@ -110,6 +110,7 @@ func (b *bench) measureSize() {
 	_, file, _, _ := runtime.Caller(0)
 	cmd := exec.Command("go", "build", "-trimpath", "-tags=urfave_cli_no_docs", "-o", bin, ".")
 	cmd.Dir = filepath.Join(filepath.Dir(file), "..")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		b.t.Errorf("build with symbols: %v\n%s", err, out)
 		return
