@@ -137,6 +137,7 @@ func TestBench(t *testing.T) {
 		{"binary size", b.measureSize},
 		{"start-to-child", b.measureStartToChild},
 		{"RSS while leading", b.measureRSS},
+		{"RSS after a long leadership", b.measureRSSLong},
 		{"loss reaction", b.measureLoss},
 		{"graceful handover", b.measureHandover},
 		{"crash failover", b.measureCrash},

@@ -12,7 +12,10 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
+
+	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
 // leaderruns are the leaderrun binaries measured: the one under test, then
@@ -343,6 +346,12 @@ func (r *results) startupDetails() string {
 		}
 		b.WriteString("\n")
 	}
+	for _, col := range storeColumns {
+		if rec, ok := r.rssLong[col.lr.id]; ok {
+			fmt.Fprintf(&b, "- %s after %v of leadership renewing every %s (%d renewals, as many as %v at the default --retry-period): peak %s with its watchdog (%s alone), anonymous %s with its watchdog.\n",
+				col.lr.name, longLeadFor, longRetry, int(longLeadFor/(100*time.Millisecond)), 20*longLeadFor, mib(rec.wrapper+rec.helpers), mib(rec.wrapper), mib(rec.anon()))
+		}
+	}
 	b.WriteString("\n")
 	b.WriteString(r.sizeTable())
 	if len(r.compared) > 0 {
@@ -369,4 +378,66 @@ func faults(s *sample) string {
 		return "not measured"
 	}
 	return strconv.Itoa(int(percentile(s.vals, .5)))
+}
+
+// longLeadFor and longRetry make the long-leadership phase: 300 renewals,
+// as many as ten minutes of leadership at the default --retry-period.
+const (
+	longLeadFor = 30 * time.Second
+	longRetry   = "100ms"
+)
+
+// measureRSSLong leads with each leaderrun column for longLeadFor,
+// renewing every longRetry, and reads the resident set of leaderrun and
+// its watchdog at the end: what a long leadership costs, which the 3 s of
+// measureRSS does not show (the Go runtime collects for the first time
+// once its heap reaches 4 MiB).
+func (b *bench) measureRSSLong() {
+	procs := map[string]*proc{}
+	for _, col := range storeColumns {
+		tl := col.lr
+		tag := tl.id + "-long"
+		argv := tl.argv(b, tag, b.addr(tl))
+		dash := slices.Index(argv, "--")
+		argv = slices.Concat(argv[:dash], []string{"--retry-period", longRetry}, argv[dash:])
+		p, err := b.spawn(argv, tag, true)
+		if err != nil {
+			b.t.Error(err)
+			continue
+		}
+		procs[tl.id] = p
+	}
+	kids := map[string]kid{}
+	for id, p := range procs {
+		if k, ok := b.hub.started(p.tag, 15*time.Second); ok {
+			kids[id] = k
+		} else {
+			b.t.Errorf("%s: no child within 15 s:\n%s", id, p.tail())
+		}
+	}
+	time.Sleep(longLeadFor) // leading: renewals every longRetry
+	for id, p := range procs {
+		k, ok := kids[id]
+		if !ok {
+			continue
+		}
+		var rec rssRec
+		rec.wrapper, _, _ = testenv.Memory(p.pid())
+		rec.wrapperSmaps, _ = readSmaps(p.pid())
+		for _, d := range descendants(p.pid()) {
+			if d == k.pid || slices.Contains(descendants(k.pid), d) {
+				continue
+			}
+			h, _, err := testenv.Memory(d)
+			if err == nil {
+				rec.helpers += h
+				rec.helperNames = append(rec.helperNames, argv0(d))
+			}
+			if sm, err := readSmaps(d); err == nil {
+				rec.helperAnon += sm.anon
+			}
+		}
+		b.res.rssLong[id] = rec
+		p.stop(syscall.SIGTERM, 5*time.Second)
+	}
 }

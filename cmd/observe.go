@@ -13,8 +13,9 @@ import (
 	"github.com/leaderrun/leaderrun/runner"
 )
 
-// observers builds what watches a run: the check socket, sd_notify when
-// under systemd, and metrics when --metrics-addr is set. cleanup stops them
+// observers builds what watches a run: the check socket, the memory
+// keeper, sd_notify when under systemd, and metrics when --metrics-addr is
+// set. cleanup stops them
 // all; call it after runner.Run returns.
 func observers(c *cli.Context, cfg *runner.Config, backend backends.Backend, log *slog.Logger) (runner.Observer, func(), error) {
 	var (
@@ -35,6 +36,10 @@ func observers(c *cli.Context, cfg *runner.Config, backend backends.Backend, log
 	closers = append(closers, func() { srv.Close() })
 	obs = append(obs, state)
 	cfg.Socket = srv.Path()
+
+	mem := &memoryKeeper{}
+	closers = append(closers, mem.close)
+	obs = append(obs, mem)
 
 	if addr := c.String("metrics-addr"); addr != "" {
 		m := metrics.New(cfg.Lock, backend.Name())
