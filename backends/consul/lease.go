@@ -210,8 +210,10 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 	lost := l.Err() != nil
 	l.mu.Unlock()
 
+	// The watch is told to stop and waited for at the end: the release
+	// is what the next holder waits for.
 	l.stopWatch()
-	<-l.watchDone
+	defer func() { <-l.watchDone }()
 	wo := (&api.WriteOptions{}).WithContext(ctx)
 	var ops api.TxnOps
 	if !lost {
