@@ -31,6 +31,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	st := &state{stdout: stdout, stderr: stderr, codes: defaultCodes}
 	app := newApp(st)
+	if !wantsHelp(args) {
+		uncategorize(app)
+	}
 	err := app.Run(withDefaultCommand(app, args))
 	code := exitCode(err, st.codes)
 	if err != nil && !silent(err) {
@@ -59,6 +62,42 @@ func (st *state) report(err error, code int) {
 	fmt.Fprintf(st.stderr, "leaderrun: %v\n", err)
 	if code == ExitUsage {
 		fmt.Fprintf(st.stderr, "Run 'leaderrun %s--help' for usage.\n", st.command)
+	}
+}
+
+// wantsHelp reports whether args may print a command's flags: --help, -h
+// or a completion request before "--".
+func wantsHelp(args []string) bool {
+	for _, a := range args[1:] {
+		switch a {
+		case "--":
+			return false
+		case "-h", "--help", "-help", "help", "--generate-bash-completion":
+			return true
+		}
+	}
+	return false
+}
+
+// uncategorize drops the help categories of every command's flags when
+// no help will be printed: urfave/cli formats the usage text of every flag
+// of every command to sort them into categories before it parses
+// anything, a third of the time the command line takes (about 0.3 ms of
+// each start). Flags of other types keep their category.
+func uncategorize(app *cli.App) {
+	for _, c := range app.Commands {
+		for _, f := range c.Flags {
+			switch f := f.(type) {
+			case *cli.StringFlag:
+				f.Category = ""
+			case *cli.BoolFlag:
+				f.Category = ""
+			case *cli.DurationFlag:
+				f.Category = ""
+			case *cli.IntFlag:
+				f.Category = ""
+			}
+		}
 	}
 }
 
