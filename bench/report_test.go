@@ -49,7 +49,7 @@ type results struct {
 	segments                            map[string]*sample // "tool id/segment": leaderrun's start-to-child in parts
 	rss                                 map[string]rssRec
 	rssLong                             map[string]rssRec // after measureRSSLong
-	startupRSS                          map[string]int // peak RSS of `BINARY version`, KiB
+	startupRSS                          map[string]int    // peak RSS of `BINARY version`, KiB
 	crashOld                            map[string]crashOld
 	cost                                map[string]*costRes
 	herd                                map[string]*herdRes // by store
