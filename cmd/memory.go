@@ -11,7 +11,7 @@ import (
 // the OS after every freeEvery acknowledged renewals. Without it
 // the Go runtime lets the heap grow to its 4 MiB minimum target before it
 // collects at all, and keeps the pages it freed: a leader that had renewed
-// a thousand times held 6.4 MiB of anonymous memory where it started with
+// 900 times held 6.4 MiB of anonymous memory where it started with
 // 1.6 MiB; with it, 2.9 MiB (docs/performance.md). A collection of
 // leaderrun's small heap costs well under a millisecond of CPU, and runs
 // beside the leadership loop, never in it. (Collecting once right after
