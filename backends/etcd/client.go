@@ -267,9 +267,14 @@ func (c *client) authToken(ctx context.Context) (string, error) {
 
 // roundTrip is send without authentication, to the members in turn: a
 // member that cannot be dialled is skipped at once; when none can, it
-// tries again with a short backoff until ctx ends. Any other failure (no
-// answer, a broken connection, an error from etcd) is returned, and a
-// member that did not answer, or could not serve, is asked last next time.
+// tries again with a short backoff until ctx ends. With several members
+// and a deadline, a member that does not answer within half the time left
+// is left for the next one, as etcd's client leaves a member whose
+// connection never becomes ready (every request the backend sends may be
+// sent twice: a second grant leaves a lease to expire, a second creation
+// of the candidate's key finds it there). Any other failure (a broken
+// connection, an error from etcd) is returned, and a member that did not
+// answer, or could not serve, is asked last next time.
 func (c *client) roundTrip(ctx context.Context, method string, req []byte, token string) (*http.Response, error) {
 	retry := backends.Backoff{Min: 25 * time.Millisecond, Max: 500 * time.Millisecond}
 	body := frame(req)
@@ -280,29 +285,39 @@ func (c *client) roundTrip(ctx context.Context, method string, req []byte, token
 		var lastErr error
 		for k := range c.eps {
 			i := (first + k) % len(c.eps)
-			resp, err := c.once(ctx, c.eps[i], method, body, token)
+			actx, cancel := ctx, context.CancelFunc(func() {})
+			if dl, ok := ctx.Deadline(); ok && k < len(c.eps)-1 {
+				actx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(dl)/2))
+			}
+			resp, err := c.once(actx, c.eps[i], method, body, token)
 			switch {
 			case err == nil:
 				c.mu.Lock()
 				c.cur = i
 				c.mu.Unlock()
+				resp.Body = cancelOnClose{resp.Body, cancel}
 				return resp, nil
 			case ctx.Err() != nil:
+				cancel()
 				return nil, err
+			case actx.Err() != nil:
+				// No answer in its share of the time: the next member.
+				cancel()
+				c.skip(i)
+				lastErr = err
+				continue
 			case !dialFailed(err):
+				cancel()
 				var ae *apiError
 				if !errors.As(err, &ae) || ae.Code == codeUnavailable {
 					// No answer, or a member that cannot serve
 					// (no leader, stopping): ask another first
 					// next time.
-					c.mu.Lock()
-					if c.cur == i {
-						c.cur = (i + 1) % len(c.eps)
-					}
-					c.mu.Unlock()
+					c.skip(i)
 				}
 				return nil, err
 			}
+			cancel()
 			lastErr = err
 		}
 		// No member could be dialled: etcd is down or restarting.
@@ -310,6 +325,27 @@ func (c *client) roundTrip(ctx context.Context, method string, req []byte, token
 			return nil, lastErr
 		}
 	}
+}
+
+// skip makes the member after i the one asked first, if i was.
+func (c *client) skip(i int) {
+	c.mu.Lock()
+	if c.cur == i {
+		c.cur = (i + 1) % len(c.eps)
+	}
+	c.mu.Unlock()
+}
+
+// cancelOnClose ends a call's own context once its answer has been read.
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
 }
 
 // once starts one call on one member. An error status that comes with the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -49,6 +50,7 @@ func TestEtcd(t *testing.T) {
 		{"AcquiredAfterWaiting", testAcquiredAfterWaiting},
 		{"CancelWhileStoreStalled", testCancelWhileStoreStalled},
 		{"Unreachable", testUnreachable},
+		{"Failover", testFailover},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, store) })
 	}
@@ -400,5 +402,46 @@ func testUnreachable(t *testing.T, env *env) {
 			t.Errorf("status: %v, want ErrUnavailable", err)
 		}
 		b.Close()
+	}
+}
+
+// testFailover: with several endpoints, a member that refuses connections
+// or accepts them and says nothing does not keep a candidate from the
+// lock: the request goes to the next member, within the dial timeout.
+func testFailover(t *testing.T, env *env) {
+	refused := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	for _, tc := range []struct {
+		name  string
+		first string
+	}{
+		{"refused", refused},
+		{"silent", "http://" + silent.Addr().String()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, try := range []bool{false, true} {
+				b := newBackend(t, append([]string{tc.first}, env.eps...), "failover-"+tc.name, 5*time.Second)
+				start := time.Now()
+				l, err := b.Campaign(context.Background(), backends.CampaignOptions{Identity: "a", Try: try})
+				took := time.Since(start)
+				if err != nil {
+					t.Fatalf("try=%v: campaign with %s first: %v", try, tc.name, err)
+				}
+				t.Logf("try=%v: led after %v with a %s member first", try, took.Round(time.Millisecond), tc.name)
+				if took > 2*time.Second {
+					t.Errorf("try=%v: took %v, want within the 2 s dial timeout", try, took)
+				}
+				if err := l.Renew(context.Background()); err != nil {
+					t.Errorf("try=%v: renew: %v", try, err)
+				}
+				if err := l.Release(context.Background(), nil); err != nil {
+					t.Errorf("try=%v: release: %v", try, err)
+				}
+			}
+		})
 	}
 }
