@@ -9,9 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/consul/api"
-
 	"github.com/leaderrun/leaderrun/backends"
+	api "github.com/leaderrun/leaderrun/internal/consulapi"
 )
 
 // Campaign implements backends.Backend. It creates a session and tries to

@@ -70,9 +70,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hashicorp/consul/api"
-
 	"github.com/leaderrun/leaderrun/backends"
+	api "github.com/leaderrun/leaderrun/internal/consulapi"
 )
 
 // Limits Consul puts on sessions.
@@ -98,8 +97,9 @@ const (
 
 // Config describes one lock in one Consul datacenter.
 type Config struct {
-	// API says how to reach the agent: address, ACL token, TLS. It is
-	// copied, not kept. Nil means api.DefaultConfig(), which reads
+	// API says how to reach the agent: address, ACL token, TLS (see
+	// internal/consulapi, the part of Consul's HTTP API the backend uses).
+	// It is copied, not kept. Nil means api.DefaultConfig(), which reads
 	// CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, CONSUL_HTTP_TOKEN_FILE,
 	// CONSUL_CACERT, CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY and the rest as
 	// the consul CLI does.

@@ -15,6 +15,7 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/backendtest"
 	"github.com/leaderrun/leaderrun/backends/consul"
+	"github.com/leaderrun/leaderrun/internal/consulapi"
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
@@ -24,7 +25,7 @@ const ttl = 10 * time.Second
 // the tests below close it.
 func newBackend(t *testing.T, addr, lock string, lockDelay time.Duration) *consul.Backend {
 	t.Helper()
-	cfg := api.DefaultConfig()
+	cfg := consulapi.DefaultConfig()
 	cfg.Address = addr
 	b, err := consul.New(consul.Config{API: cfg, Lock: lock, Prefix: "leaderrun-test/", LockDelay: lockDelay})
 	if err != nil {
@@ -325,7 +326,7 @@ func TestConsulUnavailable(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := api.DefaultConfig()
+			cfg := consulapi.DefaultConfig()
 			cfg.Address, cfg.Token = tc.addr, secret
 			b, err := consul.New(consul.Config{API: cfg, Lock: "x"})
 			if err != nil {
@@ -363,7 +364,7 @@ func TestConsulNewValidates(t *testing.T) {
 		{name: "negative lock-delay", cfg: consul.Config{Lock: "x", LockDelay: -time.Second}, want: "lock-delay -1s"},
 		{name: "lock-delay too long", cfg: consul.Config{Lock: "x", LockDelay: 61 * time.Second}, want: "lock-delay 1m1s"},
 		{name: "bad lock", cfg: consul.Config{Lock: "a/b"}, want: "lock name"},
-		{name: "bad scheme", cfg: consul.Config{Lock: "x", API: &api.Config{Address: "ftp://u:pw@h:1"}}, want: "ftp://h:1"},
+		{name: "bad scheme", cfg: consul.Config{Lock: "x", API: &consulapi.Config{Address: "ftp://u:pw@h:1"}}, want: "ftp://h:1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -514,7 +515,7 @@ func TestConsulACLPolicies(t *testing.T) {
 		return tok.SecretID
 	}
 	withToken := func(secret string) *consul.Backend {
-		cfg := api.DefaultConfig()
+		cfg := consulapi.DefaultConfig()
 		cfg.Address, cfg.Token = agent.Addr(), secret
 		b, err := consul.New(consul.Config{API: cfg, Lock: "acl", Prefix: "leaderrun-test/", LockDelay: time.Second})
 		if err != nil {

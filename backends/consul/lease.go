@@ -9,9 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/consul/api"
-
 	"github.com/leaderrun/leaderrun/backends"
+	api "github.com/leaderrun/leaderrun/internal/consulapi"
 )
 
 // watchWait is how long one blocking query of the lease's watch lasts.
