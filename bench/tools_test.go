@@ -124,13 +124,28 @@ var (
 	direct = &tool{id: "dir", name: "child alone (no lock)",
 		argv: func(b *bench, lock, addr string) []string { return []string{b.child} },
 	}
-	wrappers = []*tool{lrEtcd, etcdctlLock, lrConsul, consulLock}
 )
+
+// wrappers are the tools under a lock, store by store: leaderrun, then
+// the store's own CLI lock.
+var wrappers = func() []*tool {
+	var w []*tool
+	for _, col := range storeColumns {
+		w = append(w, col.lr)
+		if col.ref != nil {
+			w = append(w, col.ref)
+		}
+	}
+	return w
+}()
 
 // storeColumn is one store leaderrun is benchmarked on, beside that
 // store's own CLI lock if it has one, with the start-up goals that hold
 // it to that CLI. Adding a backend to the start-up, exec-to-exit and
-// memory figures is one entry here (and its server in TestBench).
+// memory figures (and their goals) is one entry here, its leaderrunOn
+// tool above, its server in TestBench and its address in bench.addr; the
+// loss, handover, crash, cost and herd phases name their stores
+// themselves.
 type storeColumn struct {
 	lr *tool
 	// ref is the store's own CLI lock; nil if it has none.
