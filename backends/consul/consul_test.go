@@ -610,7 +610,7 @@ session "` + agent.Node() + `" { policy = "write" }`}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fcfg := api.DefaultConfig()
+	fcfg := consulapi.DefaultConfig()
 	fcfg.Address, fcfg.Token = agent.Addr(), tok.SecretID
 	b, err := consul.New(consul.Config{API: fcfg, Lock: "acl-other", Prefix: "leaderrun-test/"})
 	if err != nil {

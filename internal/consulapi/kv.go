@@ -88,6 +88,14 @@ func (k *KV) lockOp(p *KVPair, op string, w *WriteOptions) (bool, *WriteMeta, er
 	return strings.Contains(out, "true"), &WriteMeta{}, nil
 }
 
+// Delete deletes key, whatever its index.
+func (k *KV) Delete(key string, w *WriteOptions) (*WriteMeta, error) {
+	if _, err := k.c.put("DELETE", kvPath(key), nil, nil, nil, w, nil); err != nil {
+		return nil, err
+	}
+	return &WriteMeta{}, nil
+}
+
 // DeleteCAS deletes p.Key if its ModifyIndex is still p.ModifyIndex.
 func (k *KV) DeleteCAS(p *KVPair, w *WriteOptions) (bool, *WriteMeta, error) {
 	params := url.Values{"cas": {strconv.FormatUint(p.ModifyIndex, 10)}}

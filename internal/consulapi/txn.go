@@ -15,6 +15,7 @@ type KVOp string
 const (
 	KVSet          KVOp = "set"
 	KVDelete       KVOp = "delete"
+	KVLock         KVOp = "lock"
 	KVUnlock       KVOp = "unlock"
 	KVCheckSession KVOp = "check-session"
 )
@@ -43,9 +44,15 @@ type TxnError struct {
 	What    string
 }
 
+// TxnResult is the result of one operation of a transaction: the key as
+// the operation left it (values are base64 on the wire, as KVPair's).
+type TxnResult struct {
+	KV *KVPair
+}
+
 // TxnResponse is a transaction's answer.
 type TxnResponse struct {
-	Results []json.RawMessage
+	Results []*TxnResult
 	Errors  []*TxnError
 }
 

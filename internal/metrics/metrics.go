@@ -40,6 +40,7 @@ type Metrics struct {
 	renewLatency  *vm.PrometheusHistogram
 	renewFailures *vm.Counter
 	childStarts   *vm.Counter
+	onceSkipped   *vm.Counter
 }
 
 // New returns metrics for lock, in a set of their own; the handler adds
@@ -56,6 +57,8 @@ func New(lock, backend string) *Metrics {
 	m.renewLatency = m.set.NewPrometheusHistogramExt("leaderrun_renewal_duration_seconds{"+m.labels+"}", renewBuckets)
 	m.renewFailures = m.set.NewCounter("leaderrun_renewal_failures_total{" + m.labels + "}")
 	m.childStarts = m.set.NewCounter("leaderrun_child_starts_total{" + m.labels + "}")
+	// Runs not started because --once-per or --once-key found them done.
+	m.onceSkipped = m.set.NewCounter("leaderrun_once_skipped_total{" + m.labels + "}")
 	return m
 }
 
@@ -92,6 +95,8 @@ func (m *Metrics) Observe(e runner.Event) {
 	case runner.ChildExited:
 		code := strconv.Itoa(e.Status.ExitCode())
 		m.set.GetOrCreateCounter("leaderrun_child_exits_total{" + m.labels + ",code=" + quote(code) + "}").Inc()
+	case runner.Skipped:
+		m.onceSkipped.Inc()
 	case runner.Released:
 		m.setLeader(0)
 	}

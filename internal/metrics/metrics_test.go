@@ -350,6 +350,8 @@ func TestExposition(t *testing.T) {
 		{Kind: runner.RenewFailed},
 		{Kind: runner.Lost, Err: fmt.Errorf("gone: %w", backends.ErrLeaseLost)},
 		{Kind: runner.ChildExited, Status: signals.Status{Code: 3}},
+		{Kind: runner.Skipped},
+		{Kind: runner.Skipped},
 	} {
 		m.Observe(e)
 	}
@@ -367,6 +369,7 @@ func TestExposition(t *testing.T) {
 		`leaderrun_renewal_failures_total{` + l + `} 1`,
 		`leaderrun_child_starts_total{` + l + `} 1`,
 		`leaderrun_child_exits_total{` + l + `,code="3"} 1`,
+		`leaderrun_once_skipped_total{` + l + `} 2`,
 		`# TYPE leaderrun_acquisitions_total counter`,
 		"\ngo_goroutines ",
 		"\nprocess_resident_memory_bytes ",
@@ -408,7 +411,7 @@ func TestLeaderGauges(t *testing.T) {
 
 // TestHealthz: the server answers /healthz and /metrics.
 func TestHealthz(t *testing.T) {
-	s, err := Serve("127.0.0.1:0", New("h", "local"))
+	s, err := Serve("127.0.0.1:0", New("h", "local"), Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
