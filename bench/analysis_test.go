@@ -6,92 +6,113 @@ import (
 	"time"
 )
 
-// analysis explains each goal that was missed, with the run's numbers, and
-// what the other tools did where they did not do the job at all.
+// analysis explains each goal that was missed, with the run's numbers;
+// then, store by store, what the figures that depend on each store's
+// design come from; then what the other tools did where they did not do
+// the job at all.
 func (r *results) analysis() string {
 	var b strings.Builder
 	b.WriteString("## Analysis\n\n")
-	missed := map[string]goalMet{}
-	var met []string
-	for _, g := range r.goals() {
+	goals := r.goals()
+	met := 0
+	for _, g := range goals {
 		if g.met {
-			met = append(met, fmt.Sprintf("%s (%s)", g.name, g.measured))
-		} else {
-			missed[g.name] = g
+			met++
 		}
 	}
-	if len(missed) == 0 {
-		b.WriteString("Every goal was met in this run.\n\n")
+	if met == len(goals) {
+		fmt.Fprintf(&b, "Every goal was met in this run (%d of %d).\n\n", met, len(goals))
 	} else {
-		fmt.Fprintf(&b, "Met: %s.\n\nMissed:\n\n", strings.Join(met, "; "))
+		fmt.Fprintf(&b, "%d of %d goals were met in this run. Missed:\n\n", met, len(goals))
 	}
 	up := func(id string) time.Duration { return r.p50(r.startup, id) }
-	for _, g := range r.goals() {
+	for _, g := range goals {
 		if g.met {
 			continue
 		}
+		col := columnTitled(g.store)
 		fmt.Fprintf(&b, "- **%s** — target %s, measured %s. ", g.name, g.goal, g.measured)
-		switch {
-		case strings.HasPrefix(g.name, "start-to-child"):
-			own, other, otherBin := lrEtcd, etcdctlLock, "etcdctl"
-			if strings.Contains(g.name, "Consul") {
-				own, other, otherBin = lrConsul, consulLock, "consul"
-			}
+		switch g.kind {
+		case goalS2C, goalExit:
+			own, other := col.lr, col.ref
+			otherBin := map[string]string{"etcd": "etcdctl", "consul": "consul"}[col.name]
 			child := r.p50(r.s2c, direct.id)
 			segP50 := func(s string) time.Duration { return r.p50(r.segments, own.id+"/"+s) }
-			fmt.Fprintf(&b, "The gap is %s at the median. Where leaderrun's time goes (p50 of each part, from its own log): %s from the fork to logging \"campaigning\" (process start, flags, store client), %s campaigning until \"leadership acquired\", and %s from there to the child's `main`. ",
-				fmtDur(r.p50(r.s2c, own.id)-r.p50(r.s2c, other.id)), fmtDur(segP50(segStart)), fmtDur(segP50(segCampaign)), fmtDur(segP50(segChild)))
-			fmt.Fprintf(&b, "That last part is %s more than the child alone takes to start (%s): leaderrun forks the child from a locked OS thread (for its parent-death signal) into the process group of its watchdog, which it started while campaigning; %s forks the child with os/exec. ",
-				fmtDur(segP50(segChild)-child), fmtDur(child), other.name)
-			otherLock := r.p50(r.s2c, other.id) - up(otherBin) - child
-			fmt.Fprintf(&b, "The rest is spread over the other two parts. Start: `leaderrun version` starts and exits in %s (`%s version` in %s), and leaderrun logs \"campaigning\" %s after a bare start (flags, validation, the store client). Campaign: %s's start-to-child less its binary's start and the child's leaves about %s for connecting and locking, against leaderrun's %s (%s). ",
-				fmtDur(up("leaderrun")), otherBin, fmtDur(up(otherBin)), signed(segP50(segStart)-up("leaderrun")),
-				other.name, fmtDur(otherLock), fmtDur(segP50(segCampaign)), signed(segP50(segCampaign)-otherLock))
+			fmt.Fprintf(&b, "The gap is %s at the median (exec-to-exit: %s). Where leaderrun's time goes (p50 of each part, from its own log): %s from the fork to logging \"campaigning\" (process start, flags, store client), %s campaigning until \"leadership acquired\", and %s from there to the child's `main` (the child alone takes %s to start). ",
+				fmtDur(r.p50(r.s2c, own.id)-r.p50(r.s2c, other.id)), signed(r.p50(r.exit, own.id)-r.p50(r.exit, other.id)),
+				fmtDur(segP50(segStart)), fmtDur(segP50(segCampaign)), fmtDur(segP50(segChild)), fmtDur(child))
+			if otherBin != "" {
+				otherLock := r.p50(r.s2c, other.id) - up(otherBin) - child
+				fmt.Fprintf(&b, "`leaderrun version` starts and exits in %s (`%s version` in %s); %s's start-to-child less its binary's start and the child's leaves about %s for connecting and locking, against leaderrun's %s campaign. ",
+					fmtDur(up("leaderrun")), otherBin, fmtDur(up(otherBin)), other.name, fmtDur(otherLock), fmtDur(segP50(segCampaign)))
+			}
 			if c, o := r.cost[own.id], r.cost[other.id]; c != nil && o != nil {
 				fmt.Fprintf(&b, "Store requests for one whole run: leaderrun %s; %s %s. ", fmtCounts(c.oneRun), other.name, fmtCounts(o.oneRun))
 			}
-		case strings.HasPrefix(g.name, "leading RSS") && strings.Contains(g.name, "watchdog"):
-			own := lrEtcd
-			if strings.Contains(g.name, "Consul") {
-				own = lrConsul
-			}
-			rec := r.rss[own.id]
-			fmt.Fprintf(&b, "leaderrun itself peaks at %s and its watchdog at %s (%s). The watchdog is /bin/sh running a short script; it is what kills the child's process group if leaderrun dies (S4). For comparison, etcdctl lock peaks at %s and consul lock at %s; both leave their child running when they are killed (see crash failover).",
-				mib(rec.wrapper), mib(rec.helpers), strings.Join(rec.helperNames, ", "), mib(r.rss[etcdctlLock.id].wrapper), mib(r.rss[consulLock.id].wrapper))
-		case strings.HasPrefix(g.name, "leading RSS"):
-			fmt.Fprintf(&b, "The etcd and Consul client libraries, gRPC and the Go runtime are most of it; etcdctl lock, with the same etcd client, peaks at %s.", mib(r.rss[etcdctlLock.id].wrapper))
-		case strings.HasPrefix(g.name, "followers woken") && strings.Contains(g.name, "Consul"):
-			h := r.herd["consul"]
-			var wakes, reqs []string
-			for _, c := range h.changes {
-				wakes = append(wakes, fmt.Sprintf("%d", c.wakes))
-				n := 0.0
-				for _, v := range c.requests {
-					n += v
+		case goalRSS, goalAnon, goalRSSLong:
+			rec := r.rss[col.lr.id]
+			fmt.Fprintf(&b, "leaderrun itself peaks at %s (anonymous %s) and its watchdog at %s (%s). The watchdog is /bin/sh running a short script; it is what kills the child's process group if leaderrun dies (S4). Every backend is linked into every run: the file-backed part follows the binary's size (%s).",
+				mib(rec.wrapper), mib(rec.wrapperSmaps.anon), mib(rec.helpers), strings.Join(rec.helperNames, ", "), r.sizes()["leaderrun"])
+		case goalHerd, goalHerdHO:
+			if h := r.herd[col.name]; h != nil {
+				var w, n []string
+				for _, c := range h.changes {
+					w = append(w, fmt.Sprint(c.woken))
+					n = append(n, fmt.Sprintf("%.0f", c.requests.total()))
 				}
-				reqs = append(reqs, fmt.Sprintf("%.0f", n))
+				fmt.Fprintf(&b, "Followers woken per change: %s; followers' requests in each window (not keep-alives): %s; handover p50 %s with %d followers against %s with one. %s",
+					strings.Join(w, ", "), strings.Join(n, ", "), fmtDur(percentile(h.handover.vals, .5)), h.followers, fmtDur(r.p50(r.handover, col.lr.id)), herdHow[col.name])
 			}
-			fmt.Fprintf(&b, "A herd effect. Every waiting leaderrun sleeps in a blocking query on the one lock key, and Consul answers every blocking query on a key when its index moves: when the leader releases the key and again when the winner acquires it. Blocking queries answered by the changes: %s; requests from the followers in each window (not keep-alives): %s, for one winner. In the first change: %s. The session lookups are the followers asking for the new holder's lock-delay (leaderrun reads it whenever the holder changes); the `?acquire`s come from followers that saw the key free before the winner took it. Handover took %s (p50) with %d followers, against %s with one: the winner's requests most likely queue behind the herd's, at the agent and at the counting proxies, which run in the benchmark's process on the same 2 cores. Queuing the followers, each waiting on the key of the one ahead of it as etcd's election does, would wake one. `consul lock` waits the same way as leaderrun (from its source: `api.Lock` sleeps in a blocking query on the key; not measured here).",
-				strings.Join(wakes, ", "), strings.Join(reqs, ", "), fmtCounts(h.changes[0].requests), fmtDur(percentile(h.handover.vals, .5)), h.followers, fmtDur(r.p50(r.handover, lrConsul.id)))
-		case strings.HasPrefix(g.name, "followers woken"):
-			b.WriteString("See the per-change counts in the details below.")
-		case strings.HasPrefix(g.name, "idle follower"):
-			b.WriteString("See the per-method rates in the details below.")
-		case strings.HasPrefix(g.name, "loss reaction"), strings.HasPrefix(g.name, "graceful handover"), strings.HasPrefix(g.name, "crash failover"):
+		case goalIdle, goalSecond:
+			b.WriteString("See the per-kind rates in the store-cost details below.")
+		case goalCrash:
+			b.WriteString(crashWhy[col.name])
+		case goalCrashOld:
+			b.WriteString("leaderrun's watchdog kills the child's process group when leaderrun dies (S4); a survivor means it did not.")
+		default:
 			b.WriteString("See the distribution in the plot; on 2 shared cores a run that lands on a busy moment waits for a CPU.")
 		}
 		b.WriteString("\n")
 	}
-	if c, o := r.cost[lrConsul.id], r.cost[consulLock.id]; c != nil && o != nil && len(c.followerBlocking) > 0 {
-		by, ob := c.follower.byClass("consul"), o.follower.byClass("consul")
-		fmt.Fprintf(&b, "\nNot a goal, but worth knowing: leaderrun's idle follower on Consul sends %.2f blocking queries/s and %.2f renewals/s; `consul lock`'s sends %.2f and %.2f. leaderrun ends each blocking query in time to renew its session (every TTL/2) and asks Consul for 16/17 of the time left, to allow for Consul's jitter; a query that comes back a little early is followed by ever shorter ones until the renewal is due: %d of its %d blocking queries in the windows lasted under 1 s.\n",
-			by[classBlocking], by[classKeepalive], ob[classBlocking], ob[classKeepalive], c.shortBlocking(), len(c.followerBlocking))
+
+	b.WriteString("\n### What each store's figures come from\n\n")
+	for _, col := range storeColumns {
+		if !col.latency {
+			continue
+		}
+		fmt.Fprintf(&b, "**%s.** Loss: %s Crash failover: %s (measured p50 %s, max %s", col.title, lossWhy[col.name], crashWhy[col.name],
+			fmtDur(r.p50(r.crash, col.lr.id)), fmtDur(r.pmax(r.crash, col.lr.id)))
+		if col.ref != nil && r.crash[col.ref.id] != nil {
+			fmt.Fprintf(&b, "; %s p50 %s, max %s", col.ref.name, fmtDur(r.p50(r.crash, col.ref.id)), fmtDur(r.pmax(r.crash, col.ref.id)))
+		}
+		b.WriteString(").")
+		if h := r.herd[col.name]; h != nil && len(h.changes) > 0 {
+			fmt.Fprintf(&b, " With %d followers: median %d woken per change, handover p50 %s (%s with one follower). %s",
+				h.followers, h.medianWoken(), fmtDur(percentile(h.handover.vals, .5)), fmtDur(r.p50(r.handover, col.lr.id)), herdWhy[col.name])
+		}
+		if c := r.cost[col.lr.id]; c != nil {
+			fmt.Fprintf(&b, " An idle follower sends %.2f requests/s (%s)", c.first.total(), fmtRates(c.first))
+			if c.perProcess {
+				fmt.Fprintf(&b, ", a second waiter %.2f (%s)", c.second.total(), fmtRates(c.second))
+			}
+			fmt.Fprintf(&b, "; the leader %.2f (%s). %s", c.leader.total(), fmtRates(c.leader), idleWhy[col.name])
+		}
+		b.WriteString("\n\n")
 	}
-	if lc, cl := r.p50(r.crash, lrConsul.id), r.p50(r.crash, consulLock.id); lc > 0 && cl > 0 {
-		fmt.Fprintf(&b, "\nCrash failover on Consul (no goal) took %s for leaderrun and %s for `consul lock`, with the same settings: Consul invalidates a session between TTL and 2×TTL after its last renewal (15–30 s), and the 15 s lock-delay comes on top. leaderrun's `--lease-duration` and `--consul-lock-delay` shorten it; `consul lock` has no flag for either.\n",
-			fmtDur(lc), fmtDur(cl))
+	if l, c := r.cost[lrConsul.id], r.cost[consulLock.id]; l != nil && c != nil {
+		lb, cb := l.first.byClass(), c.first.byClass()
+		fmt.Fprintf(&b, "Beside `consul lock`: its idle follower sends %.2f blocking queries/s and %.2f renewals/s, against leaderrun's first in line %.2f and %.2f and its second waiter %.2f and %.2f. `consul lock`'s waiters all sleep in a blocking query on the lock key (its `api.Lock`), so every change of the key wakes every one of them; its leader renews every TTL/2 and writes nothing else, so its waiters are not woken while nothing changes.\n\n",
+			cb[classBlocking], cb[classKeepalive], lb[classBlocking], lb[classKeepalive], l.second.byClass()[classBlocking], l.second.byClass()[classKeepalive])
 	}
-	b.WriteString("\nWhat the other tools did where they did not do the job (behaviour, not speed):\n\n")
+	if lk, cg := r.cost[lrKube.id], r.cost[clientGo.id]; lk != nil && cg != nil {
+		fmt.Fprintf(&b, "Beside client-go's elector on the same Lease timings: its leader sends %.2f requests/s (%s) and an idle follower %.2f (%s): client-go polls (a get every retry period, and an update whenever it may take over) where leaderrun watches. Loss reaction p50 %s against leaderrun's %s: client-go sees another holder at its next renewal and stops leading only when its renew deadline has passed; leaderrun's watch sees the change at once. Handover p50 %s against %s (client-go's follower finds the released Lease at its next poll, within a retry period); crash failover p50 %s against %s.\n\n",
+			cg.leader.total(), fmtRates(cg.leader), cg.first.total(), fmtRates(cg.first),
+			fmtDur(r.p50(r.loss, clientGo.id)), fmtDur(r.p50(r.loss, lrKube.id)),
+			fmtDur(r.p50(r.handover, clientGo.id)), fmtDur(r.p50(r.handover, lrKube.id)),
+			fmtDur(r.p50(r.crash, clientGo.id)), fmtDur(r.p50(r.crash, lrKube.id)))
+	}
+
+	b.WriteString("What the other tools did where they did not do the job (behaviour, not speed):\n\n")
 	if s := r.loss[etcdctlLock.id]; s != nil && len(s.vals) == 0 {
 		b.WriteString("- `etcdctl lock NAME -- COMMAND` never stops its command when its lease is revoked: while the command runs it does not watch the lease. The command runs on without the lock.\n")
 	}
@@ -108,7 +129,54 @@ func (r *results) analysis() string {
 		fmt.Fprintf(&b, "- `consul lock` does stop its command when the session is destroyed (p50 %s), when it runs the command directly (`-shell=false`). With its default `-shell` it runs `$SHELL -c COMMAND`; see the notes below for what reached the command then.\n",
 			fmtDur(percentile(s.vals, .5)))
 	}
+	b.WriteString("- client-go's elector leads in process: it runs no command to stop, and hands its callbacks no fencing token; its own package doc says it does not guarantee that only one client acts as leader. What a paused or partitioned client-go leader does until its renew deadline passes is up to the code in its callbacks.\n")
 	return b.String()
+}
+
+// lossWhy says how each store tells leaderrun's leader that it lost.
+var lossWhy = map[string]string{
+	"etcd":       "the leader watches its own key; the revocation deletes it and the watch reports the delete at once.",
+	"consul":     "the leader holds a blocking query on its key; destroying the session releases the key, which answers the query at once.",
+	"postgres":   "a trigger on the lease table sends a notification when a row is deleted or changes holder, and the leader's listening connection receives it at once; the row is then read to confirm.",
+	"kubernetes": "the leader watches its Lease; the apiserver sends the change of holder at once.",
+	"zookeeper":  "the leader's client watches its own znode; the server sends the deletion at once.",
+}
+
+// crashWhy says what decides the crash failover on each store.
+var crashWhy = map[string]string{
+	"etcd": "the follower takes over once etcd expires the dead leader's lease (5 s after its last keep-alive, which came at most a retry period before the kill) and deletes its key, which the follower watches.",
+	"consul": fmt.Sprintf("the first waiter in line times the holder as client-go's followers do: it sees the key change at every renewal (every %v), and when it has seen none for the lease (%v) on its own monotonic clock it confirms with a consistent read, destroys the holder's session, and acquires the key once the lock-delay has passed (%v, --kill-grace + 1 s): about lease + lock-delay after the last renewal, at most %v. `consul lock` waits for Consul to invalidate the session (between TTL and 2×TTL after its last renewal: %v–%v) and then for Consul's default lock-delay (%v)",
+		consulTimings.retry, consulTimings.lease, consulLockDelay, consulTimings.lease+consulLockDelay+time.Second, consulLockTTL, 2*consulLockTTL, consulLockLockDelay),
+	"postgres":   "the database's clock decides: the row expires a lease duration after the leader's last renewal (at most a retry period before the kill), and the follower, which read the remaining time from the database, sleeps until then and takes the row in one statement.",
+	"kubernetes": "the follower times the record as client-go does, on its own monotonic clock from the moment it saw it change (every renewal, every retry period), and takes the Lease with a conditional update once leaseDurationSeconds passed without a change. The client-go elector follows the same rule but polls the Lease every retry period, so it notices up to a retry period (with client-go's jitter, 1.2×) later.",
+	"zookeeper":  "the server expires the dead leader's session once it has not heard from it for the negotiated session timeout (the lease asked, 6 s), deleting its ephemeral znode; the next candidate watches that znode and takes over at once.",
+}
+
+// herdWhy says why each store wakes as many followers as it does.
+var herdWhy = map[string]string{
+	"etcd":       "Each candidate watches only the key just ahead of its own, so a change wakes the next one only.",
+	"consul":     "Waiters queue under the lock's prefix; only the first in line watches the lock key, every other waiter the queue entry ahead of it, so a change of leader wakes the first in line (who takes over) and the next, who becomes first.",
+	"postgres":   "PostgreSQL sends a notification to every listening connection: every waiter wakes and tries the row once (one statement each), and one wins. That is the cost of waiting on notifications without a queue; each waiter's cost while idle stays one statement per lease duration.",
+	"kubernetes": "Every follower watches the one Lease, and the apiserver sends every change of it to every watcher: the release, the new holder's grant and each renewal. The followers that see the Lease free try a conditional update; all but one get 409 Conflict.",
+	"zookeeper":  "Each candidate watches only the znode just below its own (the recipe's answer to the herd), so a change wakes the next one only.",
+}
+
+// idleWhy says what an idle follower sends on each store, and why.
+var idleWhy = map[string]string{
+	"etcd":       "A follower keeps its own lease alive (a keep-alive every third of the TTL) and watches the key ahead of it.",
+	"consul":     "A follower renews its own session (every TTL/2) and sleeps in blocking queries; the first in line watches the lock key, whose record the leader rewrites at every renewal (that is how the follower times the holder), so its query is answered once per retry period; the second watches the first's queue entry, which changes only when the first's session does.",
+	"postgres":   "A follower listens for notifications and otherwise sleeps until the holder's expiry by the database's clock; the leader's renewals send no notification but keep moving the expiry, so the follower tries once per lease duration, and its listening connection is pinged every 30 s.",
+	"kubernetes": "A follower sends nothing but its watch of the Lease; it receives every renewal as a watch event.",
+	"zookeeper":  "A follower's client sends pings (every third of the session timeout) and holds a watch on the znode below its own.",
+}
+
+func columnTitled(title string) *storeColumn {
+	for _, col := range storeColumns {
+		if col.title == title {
+			return col
+		}
+	}
+	return storeColumns[0]
 }
 
 // signed prints a difference with its sign, "+1.90 ms" or "−0.40 ms".

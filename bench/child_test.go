@@ -78,6 +78,7 @@ type kid struct {
 	sig     time.Duration
 	sigName string
 	exit    time.Duration // when its connection closed: it died
+	leader  time.Duration // an elector: when it first knew the leader
 }
 
 // hub collects the children's reports. Waiting on it wakes on every
@@ -160,6 +161,37 @@ func (h *hub) serve(c net.Conn) {
 		delete(h.conns, c)
 		if k := h.kids[tag]; k != nil && k.exit == 0 {
 			k.exit = gone
+		}
+	})
+}
+
+// report records an event of an elector, which has no child to report
+// for it (see bench.electorEvents): "start", "sig", "exit", "leader".
+func (h *hub) report(tag string, pid int, event string, at time.Duration, sigName string) {
+	h.update(func() {
+		k := h.kids[tag]
+		if k == nil {
+			k = &kid{tag: tag}
+			h.kids[tag] = k
+		}
+		k.pid = pid
+		switch event {
+		case "start":
+			if k.start == 0 {
+				k.start = at
+			}
+		case "sig":
+			if k.sig == 0 {
+				k.sig, k.sigName = at, sigName
+			}
+		case "exit":
+			if k.exit == 0 {
+				k.exit = at
+			}
+		case "leader":
+			if k.leader == 0 {
+				k.leader = at
+			}
 		}
 	})
 }

@@ -31,11 +31,9 @@ type bench struct {
 	window time.Duration // store-cost window
 	herdN  int           // followers in the herd test
 
-	lr, etcdctl, consul, child string
-	etcd                       *testenv.Etcd
-	etcdURL                    string
-	agent                      *testenv.ConsulAgent
-	consulAddr                 string
+	lr, etcdctl, consul, elector, child string
+	// stores are the servers of every store column, by name.
+	stores map[string]store
 
 	hub    *hub
 	sock   string
@@ -82,16 +80,17 @@ func TestBench(t *testing.T) {
 	b.res = newResults(b.runs)
 
 	// Everything is built or found before anything is timed.
+	benchT = t
 	b.lr = testenv.Leaderrun(t)
 	b.etcdctl = testenv.EtcdctlBinary(t)
 	b.consul = testenv.ConsulBinary(t)
+	b.elector = testenv.K8sElector(t)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	b.child = self
-	b.res.versions = versions(b)
-	b.res.bins = map[string]string{"leaderrun": b.lr, "etcdctl": b.etcdctl, "consul": b.consul, "child": b.child}
+	b.res.bins = map[string]string{"leaderrun": b.lr, "etcdctl": b.etcdctl, "consul": b.consul, "k8selector": b.elector, "child": b.child}
 	for _, kv := range strings.Split(os.Getenv("BENCH_COMPARE"), ",") {
 		label, path, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		if !ok {
@@ -107,10 +106,15 @@ func TestBench(t *testing.T) {
 		}
 	}
 
-	b.etcd = testenv.StartEtcd(t, 1)
-	b.etcdURL = b.etcd.Endpoints()[0]
-	b.agent = testenv.StartConsul(t, testenv.ConsulOptions{})
-	b.consulAddr = b.agent.Addr()
+	b.stores = map[string]store{}
+	for _, col := range storeColumns {
+		at := time.Now()
+		st := col.newStore()
+		st.start(b)
+		b.stores[col.name] = st
+		t.Logf("%s started in %v", col.title, time.Since(at).Round(10*time.Millisecond))
+	}
+	b.res.versions = versions(b)
 	// A short path: unix socket paths are limited to 108 bytes.
 	sockDir, err := os.MkdirTemp("", "lrbench")
 	if err != nil {
@@ -221,11 +225,25 @@ func versions(b *bench) map[string]string {
 		return line
 	}
 	return map[string]string{
-		"leaderrun": first(b.lr, "version"),
-		"etcdctl":   first(b.etcdctl, "version"),
-		"etcd":      first(testenv.EtcdBinary(b.t), "--version"),
-		"consul":    first(b.consul, "version"),
+		"leaderrun":      first(b.lr, "version"),
+		"etcdctl":        first(b.etcdctl, "version"),
+		"etcd":           first(testenv.EtcdBinary(b.t), "--version"),
+		"consul":         first(b.consul, "version"),
+		"postgres":       first(filepath.Join(testenv.PostgresBinDir(b.t), "postgres"), "--version"),
+		"zookeeper":      zookeeperVersion(b),
+		"kube-apiserver": first(testenv.KubeAPIServerBinary(b.t), "--version"),
 	}
+}
+
+// zookeeperVersion asks the running server (srvr: "Zookeeper version: ...").
+func zookeeperVersion(b *bench) string {
+	zs, ok := b.stores["zookeeper"].(*zkStore)
+	if !ok || zs.zk == nil {
+		return ""
+	}
+	out, _ := zs.zk.Members[0].FourLetter("srvr")
+	line, _, _ := strings.Cut(out, "\n")
+	return strings.TrimSpace(line)
 }
 
 func loadavg() string {

@@ -32,7 +32,7 @@ const settle = 300 * time.Millisecond
 func (b *bench) measureStartup() {
 	bins := []struct{ id, bin, arg string }{
 		{"leaderrun", b.lr, "version"}, {"etcdctl", b.etcdctl, "version"}, {"consul", b.consul, "version"},
-		{"child", b.child, "-test.run=^$"},
+		{"k8selector", b.elector, "-h"}, {"child", b.child, "-test.run=^$"},
 	}
 	for _, x := range b.leaderruns()[1:] {
 		bins = append(bins, struct{ id, bin, arg string }{x.id, x.bin, "version"})
@@ -42,7 +42,7 @@ func (b *bench) measureStartup() {
 			cmd := exec.Command(x.bin, x.arg)
 			cmd.Env = b.baseEnv()
 			t0 := mono()
-			if err := cmd.Run(); err != nil {
+			if err := cmd.Run(); err != nil && x.id != "k8selector" { // flag's -h exits 0 or 2 by Go version
 				b.t.Errorf("%s %s: %v", x.bin, x.arg, err)
 				continue
 			}
@@ -60,6 +60,8 @@ func (b *bench) measureStartup() {
 // measureStartToChild: a free lock, each tool started and timed from the
 // fork to its child's first instruction of main, and to its own exit
 // (exec-to-exit: what a cron line waits for); the child exits at once.
+// The client-go elector has no child: its figure is to OnStartedLeading,
+// and it is told to stop then (no exec-to-exit).
 func (b *bench) measureStartToChild() {
 	tools := slices.Concat([]*tool{direct}, wrappers, b.compare)
 	for i := range b.runs {
@@ -82,11 +84,14 @@ func (b *bench) measureStartToChild() {
 				p.kill()
 				continue
 			}
+			if tl.elector {
+				continue
+			}
 			b.res.sample(b.res.exit, tl.id).add(p.exit - p.t0)
 			if ru, ok := p.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok && tl.store != "" {
 				b.res.sample(b.res.faults, tl.id).add(time.Duration(ru.Minflt))
 			}
-			if tl == lrEtcd || tl == lrConsul {
+			if tl.leaderrun() && tl.bin == "" {
 				b.breakdown(tl, p, k)
 			}
 		}
@@ -190,24 +195,28 @@ func (b *bench) measureRSS() {
 		// at once, briefly.
 		var wg sync.WaitGroup
 		for _, p := range procs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				p.stop(syscall.SIGTERM, 2*time.Second)
-			}()
+			wg.Go(func() { p.stop(syscall.SIGTERM, 2*time.Second) })
 		}
 		wg.Wait()
 	}
 }
 
-// measureLoss: the store ends the leader's lease (etcd revokes it, Consul
-// destroys the session); the figure is the time from just before that
-// request to the child's receipt of SIGTERM or SIGINT. "never" if none
-// comes within 5 s.
+// lossBound is how long a loss trial waits for tl to react.
+func lossBound(tl *tool) time.Duration {
+	if tl.lossBound > 0 {
+		return tl.lossBound
+	}
+	return 5 * time.Second
+}
+
+// measureLoss: the store ends the leader's lease from outside (see
+// store.drop); the figure is the time from just before that request to
+// the child's receipt of SIGTERM or SIGINT (client-go: the end of its
+// leading context). "never" if none comes within the tool's bound.
 func (b *bench) measureLoss() {
 	runs := max(5, b.runs/3)
 	for i := range runs {
-		for _, tl := range rotate(wrappers, i) {
+		for _, tl := range rotate(latencyTools, i) {
 			s := b.res.sample(b.res.loss, tl.id)
 			if len(s.vals) == 0 && s.never >= neverGiveUp {
 				continue
@@ -226,7 +235,7 @@ func (b *bench) measureLoss() {
 				b.res.note(tl.id, "loss reaction", "the child was killed without SIGTERM first")
 			default:
 				s.never++
-				b.res.note(tl.id, "loss reaction", fmt.Sprintf("the child was not signalled and still ran 5 s after the loss; the wrapper %s", r.wrapper))
+				b.res.note(tl.id, "loss reaction", fmt.Sprintf("the child was not signalled and still ran %v after the loss; the wrapper %s", lossBound(tl), r.wrapper))
 			}
 		}
 	}
@@ -244,7 +253,8 @@ func (b *bench) measureLoss() {
 }
 
 // lossResult is one loss trial: times from the loss to the child's
-// signal or death (0: did not happen within 5 s), and what the wrapper did.
+// signal or death (0: did not happen within the bound), and what the
+// wrapper did.
 type lossResult struct {
 	sig, exit time.Duration
 	sigName   string
@@ -253,7 +263,10 @@ type lossResult struct {
 
 func (b *bench) lossTrial(tl *tool, tag string) (lossResult, error) {
 	var r lossResult
-	p, err := b.start(tl, tag, tag, b.addr(tl), true)
+	st := b.storeOf(tl)
+	st.prepare(tag)
+	addr := b.addr(tl)
+	p, err := b.start(tl, tag, tag, addr, true)
 	if err != nil {
 		return r, err
 	}
@@ -263,16 +276,17 @@ func (b *bench) lossTrial(tl *tool, tag string) (lossResult, error) {
 		return r, fmt.Errorf("%s: no child within 15 s:\n%s", tl.name, p.tail())
 	}
 	defer func() {
-		if alive(k.pid) {
+		if !tl.elector && alive(k.pid) {
 			_ = syscall.Kill(k.pid, syscall.SIGKILL)
 		}
 	}()
 	time.Sleep(settle)
-	t0, err := b.dropHolder(tl, tag)
+	t0, err := st.drop(tl, tag, addr)
 	if err != nil {
 		return r, fmt.Errorf("%s: %w", tl.name, err)
 	}
-	b.hub.wait(5*time.Second, func() bool { k := b.hub.kids[tag]; return k.sig != 0 || k.exit != 0 })
+	bound := lossBound(tl)
+	b.hub.wait(bound, func() bool { k := b.hub.kids[tag]; return k.sig != 0 || k.exit != 0 })
 	k, _ = b.hub.get(tag)
 	if k.sig != 0 {
 		r.sig, r.sigName = k.sig-t0, k.sigName
@@ -284,7 +298,7 @@ func (b *bench) lossTrial(tl *tool, tag string) (lossResult, error) {
 	if p.waitExit(3 * time.Second) {
 		r.wrapper = fmt.Sprintf("exited %s after the loss (status %d)", fmtDur(p.exit-t0), p.cmd.ProcessState.ExitCode())
 	} else {
-		r.wrapper = "was still running 8 s after the loss"
+		r.wrapper = fmt.Sprintf("was still running %v after the loss", bound+3*time.Second)
 	}
 	return r, nil
 }
@@ -295,7 +309,7 @@ func (b *bench) lossTrial(tl *tool, tag string) (lossResult, error) {
 func (b *bench) measureHandover() {
 	runs := max(5, b.runs/3)
 	for i := range runs {
-		for _, tl := range rotate(wrappers, i) {
+		for _, tl := range rotate(latencyTools, i) {
 			s := b.res.sample(b.res.handover, tl.id)
 			if len(s.vals) == 0 && s.never >= neverGiveUp {
 				continue
@@ -328,6 +342,7 @@ func (b *bench) measureHandover() {
 // leaderAndFollower starts a leader of lock and, once its child runs, a
 // follower, and returns when the store shows the follower waiting.
 func (b *bench) leaderAndFollower(tl *tool, lock, addr string) (leader, follower *proc, err error) {
+	b.storeOf(tl).prepare(lock)
 	leader, err = b.start(tl, lock, lock+"-a", addr, true)
 	if err != nil {
 		return nil, nil, err
@@ -339,7 +354,7 @@ func (b *bench) leaderAndFollower(tl *tool, lock, addr string) (leader, follower
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := b.waitCandidates(tl, lock, 2, 15*time.Second); err != nil {
+	if err := b.waitCandidates(tl, lock, []*proc{leader, follower}, 2, 15*time.Second); err != nil {
 		return nil, nil, fmt.Errorf("%w:\n%s", err, follower.tail())
 	}
 	time.Sleep(settle)
@@ -365,18 +380,20 @@ func (b *bench) crashTrial(tl *tool, lock string, bound time.Duration) (crashRes
 	ka, _ := b.hub.get(a.tag)
 	t0 := mono()
 	a.signal(syscall.SIGKILL)
-	if b.hub.wait(time.Second, func() bool { return b.hub.kids[a.tag].exit != 0 }) {
-		ka, _ = b.hub.get(a.tag)
-		res.oldDied = ka.exit - t0
-	} else {
-		res.survived = alive(ka.pid)
+	if !tl.elector {
+		if b.hub.wait(time.Second, func() bool { return b.hub.kids[a.tag].exit != 0 }) {
+			ka, _ = b.hub.get(a.tag)
+			res.oldDied = ka.exit - t0
+		} else {
+			res.survived = alive(ka.pid)
+		}
 	}
 	if kf, ok := b.hub.started(f.tag, bound); ok {
 		res.failover = kf.start - t0
 		ka, _ = b.hub.get(a.tag)
-		res.bothAtOne = ka.exit == 0 || ka.exit > kf.start
+		res.bothAtOne = !tl.elector && (ka.exit == 0 || ka.exit > kf.start)
 	}
-	if alive(ka.pid) {
+	if !tl.elector && alive(ka.pid) {
 		_ = syscall.Kill(-ka.pid, syscall.SIGKILL)
 		_ = syscall.Kill(ka.pid, syscall.SIGKILL)
 	}
@@ -385,63 +402,79 @@ func (b *bench) crashTrial(tl *tool, lock string, bound time.Duration) (crashRes
 	return res, nil
 }
 
-// measureCrash runs the etcd tools' trials side by side (5 rounds; each
-// waits out a 5 s lease), then every Consul trial at once (2 per tool;
-// each waits out a session invalidation, up to 2×TTL, and the lock-delay).
+// measureCrash runs every store's trials at once, each store's on locks
+// of its own: a store's rounds one after the other (each waits out a
+// lease: the machine's noise does not matter there), leaderrun's and the
+// reference's trial of a round side by side. Consul's trials all run at
+// once: each waits out a lease and the lock-delay (consul lock's, a
+// session invalidation up to 2×TTL and 15 s).
 func (b *bench) measureCrash() {
 	type job struct {
-		tl    *tool
-		lock  string
-		bound time.Duration
+		tl   *tool
+		lock string
 	}
-	run := func(jobs []job) {
-		results := make([]crashResult, len(jobs))
-		errs := make([]error, len(jobs))
+	record := func(j job, r crashResult, err error) {
+		if err != nil {
+			b.t.Error(err)
+			return
+		}
+		s := b.res.sample(b.res.crash, j.tl.id)
+		if r.failover < 0 {
+			s.never++
+		} else {
+			s.add(r.failover)
+		}
+		if j.tl.elector {
+			return
+		}
+		b.res.mu.Lock()
+		defer b.res.mu.Unlock()
+		c := b.res.crashOld[j.tl.id]
+		c.trials++
+		if r.survived {
+			c.survived++
+		} else if r.oldDied >= 0 {
+			c.died = append(c.died, r.oldDied)
+		}
+		if r.bothAtOne {
+			c.overlap++
+		}
+		b.res.crashOld[j.tl.id] = c
+	}
+	run := func(jobs []job, bound time.Duration) {
 		var wg sync.WaitGroup
-		for i, j := range jobs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				results[i], errs[i] = b.crashTrial(j.tl, j.lock, j.bound)
-			}()
+		for _, j := range jobs {
+			wg.Go(func() {
+				r, err := b.crashTrial(j.tl, j.lock, bound)
+				record(j, r, err)
+			})
 		}
 		wg.Wait()
-		for i, j := range jobs {
-			if errs[i] != nil {
-				b.t.Error(errs[i])
-				continue
-			}
-			r := results[i]
-			s := b.res.sample(b.res.crash, j.tl.id)
-			if r.failover < 0 {
-				s.never++
-			} else {
-				s.add(r.failover)
-			}
-			c := b.res.crashOld[j.tl.id]
-			c.trials++
-			if r.survived {
-				c.survived++
-			} else if r.oldDied >= 0 {
-				c.died = append(c.died, r.oldDied)
-			}
-			if r.bothAtOne {
-				c.overlap++
-			}
-			b.res.crashOld[j.tl.id] = c
+	}
+	var wg sync.WaitGroup
+	for _, col := range storeColumns {
+		if !col.latency {
+			continue
 		}
-		b.killAll()
-	}
-	etcdBound := etcdLease + 10*time.Second
-	for i := range 5 {
-		run([]job{{lrEtcd, fmt.Sprintf("lre-crash-%d", i), etcdBound}, {etcdctlLock, fmt.Sprintf("ecl-crash-%d", i), etcdBound}})
-	}
-	consulBound := 2*consulTTL + consulLockDelay + 20*time.Second
-	var jobs []job
-	for i := range 2 {
-		for _, tl := range []*tool{lrConsul, consulLock} {
-			jobs = append(jobs, job{tl, fmt.Sprintf("%s-crash-%d", tl.id, i), consulBound})
+		tools := []*tool{col.lr}
+		if col.ref != nil {
+			tools = append(tools, col.ref)
 		}
+		wg.Go(func() {
+			var all []job
+			for i := range col.crashTrials {
+				for _, tl := range tools {
+					all = append(all, job{tl, fmt.Sprintf("%s-crash-%d", tl.id, i)})
+				}
+			}
+			if col.crashTrials <= 2 {
+				run(all, col.crashBound)
+				return
+			}
+			for i := 0; i < len(all); i += len(tools) {
+				run(all[i:i+len(tools)], col.crashBound)
+			}
+		})
 	}
-	run(jobs)
+	wg.Wait()
 }

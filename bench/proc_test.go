@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,11 +26,14 @@ type proc struct {
 	wall time.Time     // the wall clock at t0, for leaderrun's log timestamps
 	done chan struct{} // closed once reaped
 	exit time.Duration // mono() when reaped
+	addr string        // the store address it was given
 }
 
-// spawn starts argv with the child's environment for tag. hold: the child
-// runs until signalled; otherwise it exits as soon as it has reported.
-func (b *bench) spawn(argv []string, tag string, hold bool, extraEnv ...string) (*proc, error) {
+// spawn starts tl's argv as the process tagged tag, with the child's
+// environment for tag. hold: the child runs until signalled; otherwise
+// it exits as soon as it has reported. An elector's events on its
+// standard output are reported to the hub as its child's would be.
+func (b *bench) spawn(tl *tool, argv []string, tag string, hold bool) (*proc, error) {
 	p := &proc{tag: tag, log: filepath.Join(b.logDir, tag+".log"), done: make(chan struct{})}
 	logf, err := os.Create(p.log)
 	if err != nil {
@@ -40,20 +45,73 @@ func (b *bench) spawn(argv []string, tag string, hold bool, extraEnv ...string) 
 		env = append(env, envHold+"=1")
 	}
 	p.cmd = exec.Command(argv[0], argv[1:]...)
-	p.cmd.Env = append(env, extraEnv...)
-	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	p.cmd.Env = append(env, tl.env...)
+	p.cmd.Stderr = logf
+	var events io.ReadCloser
+	if tl.elector {
+		if events, err = p.cmd.StdoutPipe(); err != nil {
+			return nil, err
+		}
+	} else {
+		p.cmd.Stdout = logf
+	}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	p.t0, p.wall = mono(), time.Now()
 	if err := p.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", argv[0], err)
 	}
 	b.track(p)
+	read := make(chan struct{})
+	if events != nil {
+		go func() {
+			defer close(read)
+			b.electorEvents(p, events, hold)
+		}()
+	} else {
+		close(read)
+	}
 	go func() {
+		<-read // Wait closes the pipe: read it to its end first
 		_ = p.cmd.Wait()
 		p.exit = mono()
+		if tl.elector {
+			b.hub.report(tag, p.pid(), "exit", p.exit, "")
+		}
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// electorEvents turns the client-go elector's lines ("started NS",
+// "stopped NS", "leader NS ID", with the wall clock in Unix nanoseconds)
+// into the events of a child on the hub, on the monotonic clock: started
+// is its child's start, stopped its signal. Without hold, an elector
+// that started leading is told to stop (SIGTERM), as a child that exits
+// at once would end a run.
+func (b *bench) electorEvents(p *proc, r io.Reader, hold bool) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 2 {
+			continue
+		}
+		ns, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			continue
+		}
+		at := p.t0 + time.Unix(0, ns).Sub(p.wall)
+		switch f[0] {
+		case "started":
+			b.hub.report(p.tag, p.pid(), "start", at, "")
+			if !hold {
+				p.signal(syscall.SIGTERM)
+			}
+		case "stopped":
+			b.hub.report(p.tag, p.pid(), "sig", at, "(leading context ended)")
+		case "leader":
+			b.hub.report(p.tag, p.pid(), "leader", at, "")
+		}
+	}
 }
 
 // baseEnv is the benchmark's environment without anything that would
@@ -130,6 +188,12 @@ func (p *proc) tail() string {
 		data = data[len(data)-2000:]
 	}
 	return string(data)
+}
+
+// logged reports whether p's output has a line containing msg.
+func (p *proc) logged(msg string) bool {
+	data, _ := os.ReadFile(p.log)
+	return strings.Contains(string(data), msg)
 }
 
 // logTimes reads the time of the first JSON log line with each message

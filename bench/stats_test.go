@@ -1,12 +1,16 @@
 package bench
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
 // sample is one tool's measurements of one quantity: the values measured,
@@ -143,33 +147,67 @@ func TestStats(t *testing.T) {
 	}
 }
 
-// TestClassify checks how Consul requests are named and sorted into
-// classes, which decides whether an idle follower counts as polling.
+// TestClassify checks how each store's requests are named and sorted
+// into classes, which decides whether an idle follower counts as
+// polling.
 func TestClassify(t *testing.T) {
-	cases := []struct {
+	consul := []struct {
 		name, method, url, key, class string
 	}{
 		{"blocking query", "GET", "/v1/kv/leaderrun/x?index=42&wait=7s", "GET /v1/kv/KEY?index", classBlocking},
 		{"plain read", "GET", "/v1/kv/leaderrun/x?consistent=", "GET /v1/kv/KEY", classOther},
 		{"index 0 does not block", "GET", "/v1/kv/x?index=0", "GET /v1/kv/KEY", classOther},
 		{"acquire", "PUT", "/v1/kv/x/.lock?acquire=abc", "PUT /v1/kv/KEY?acquire", classOther},
+		{"queue listing", "GET", "/v1/kv/leaderrun/x:queue/?recurse=", "GET /v1/kv/KEY?recurse", classOther},
+		{"queue blocking", "GET", "/v1/kv/leaderrun/x:queue/abc?index=7", "GET /v1/kv/KEY?index", classBlocking},
 		{"renew", "PUT", "/v1/session/renew/abc-123", "PUT /v1/session/renew/ID", classKeepalive},
 		{"destroy", "PUT", "/v1/session/destroy/abc", "PUT /v1/session/destroy/ID", classOther},
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
+	for _, c := range consul {
+		t.Run("consul "+c.name, func(t *testing.T) {
 			u, err := url.Parse(c.url)
 			if err != nil {
 				t.Fatal(err)
 			}
-			key, class := classify(c.method, u)
-			if key != c.key || class != c.class {
-				t.Errorf("classify(%s %s) = %q, %q; want %q, %q", c.method, c.url, key, class, c.key, c.class)
-			}
-			if _, back := classifyKey(key); back != class {
-				t.Errorf("classifyKey(%q) = %q, want %q", key, back, class)
+			if got := classify(c.method, u); got != (reqKey{c.key, c.class}) {
+				t.Errorf("classify(%s %s) = %+v; want %q, %q", c.method, c.url, got, c.key, c.class)
 			}
 		})
+	}
+	postgres := []struct {
+		name, line, role, key, class string
+	}{
+		{"renew", `2026-12-01 10:00:00.123 UTC [4242] cost-lrp-a@postgres LOG:  execute <unnamed>: WITH r AS (`, "cost-lrp-a", "renew", classKeepalive},
+		{"acquire", `2026-12-01 10:00:00.123 UTC [4242] herd-lrp-007@postgres LOG:  execute <unnamed>: WITH cur AS (`, "herd-lrp-007", "acquire", classOther},
+		{"listen", `2026-12-01 10:00:00.123 UTC [99] x@postgres LOG:  statement: LISTEN "leaderrun_leases"`, "x", "LISTEN", classBlocking},
+		{"ping", `2026-12-01 10:00:00.123 UTC [99] x@postgres LOG:  statement: -- ping`, "x", "ping", classBlocking},
+		{"parameters are not statements", `2026-12-01 10:00:00.123 UTC [99] x@postgres DETAIL:  parameters: $1 = 'a'`, "", "", ""},
+	}
+	for _, c := range postgres {
+		t.Run("postgres "+c.name, func(t *testing.T) {
+			m := postgresLine.FindStringSubmatch(c.line)
+			if c.role == "" {
+				if m != nil {
+					t.Errorf("%q read as a statement of %q", c.line, m[1])
+				}
+				return
+			}
+			if m == nil || m[1] != c.role {
+				t.Fatalf("%q: matched %q, want the role %q", c.line, m, c.role)
+			}
+			if got := postgresStatement(m[2]); got != (reqKey{c.key, c.class}) {
+				t.Errorf("postgresStatement(%q) = %+v, want %q, %q", m[2], got, c.key, c.class)
+			}
+		})
+	}
+	for _, c := range []struct {
+		verb      string
+		code      int
+		key, kind string
+	}{{"watch", 200, "watch", classBlocking}, {"update", 200, "update", classKeepalive}, {"update", 409, "update (409 Conflict)", classKeepalive}, {"get", 200, "get", classOther}} {
+		if got := kubeKey(testenv.KubeRequest{Verb: c.verb, Code: c.code}); got != (reqKey{c.key, c.kind}) {
+			t.Errorf("kubeKey(%s %d) = %+v, want %q, %q", c.verb, c.code, got, c.key, c.kind)
+		}
 	}
 	if got := etcdRequests(map[string]float64{"Range": 3, "LeaseKeepAlive": 10}, map[string]float64{"LeaseKeepAlive": 5, "Watch": 9}); got["Range"] != 3 || got["LeaseKeepAlive"] != 5 || got["Watch"] != 0 {
 		t.Errorf("etcdRequests = %v", got)
@@ -177,5 +215,121 @@ func TestClassify(t *testing.T) {
 	lo, hi := panelRange([]plotRow{{s: &sample{vals: []time.Duration{3 * time.Millisecond, 40 * time.Millisecond}}}})
 	if lo != 2*time.Millisecond || hi != 50*time.Millisecond {
 		t.Errorf("panelRange = %v, %v; want 2ms, 50ms", lo, hi)
+	}
+}
+
+// TestZKInspector feeds the proxy's reader ZooKeeper's framing split at
+// every byte: the connect frames are skipped, requests are named by
+// operation (a read that sets a watch as such), and only xid −1 from the
+// server is a watch event.
+func TestZKInspector(t *testing.T) {
+	i32 := func(v int32) []byte { return binary.BigEndian.AppendUint32(nil, uint32(v)) }
+	i64 := func(v int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(v)) }
+	str := func(s string) []byte { return append(i32(int32(len(s))), s...) }
+	full := func(parts ...[]byte) []byte { // the length, then the frame
+		body := slices.Concat(parts...)
+		return append(i32(int32(len(body))), body...)
+	}
+	up := slices.Concat(
+		full(i32(0), i64(0), i32(6000), i64(0), str("0123456789abcdef")),           // connect request
+		full(i32(1), i32(3), str("/leaderrun/x/_c_a-latch-0000000001"), []byte{1}), // exists, watch
+		full(i32(2), i32(4), str("/leaderrun/x/_c_a-latch-0000000001"), []byte{0}), // getData
+		full(i32(-2), i32(11)),                    // ping
+		full(i32(3), i32(9), str("/leaderrun/x")), // sync
+	)
+	down := slices.Concat(
+		full(i32(0), i32(6000), i64(42), str("0123456789abcdef")),                                 // connect response
+		full(i32(1), i64(7), i32(0), []byte{1}),                                                   // exists answered
+		full(i32(-1), i64(-1), i32(0), i32(2), i32(3), str("/leaderrun/x/_c_a-latch-0000000001")), // watch event
+		full(i32(-2), i64(7), i32(0)),                                                             // ping answered
+	)
+	p := &tcpProxy{}
+	ins := newZKInspector()
+	for i := range up {
+		ins.client(up[i:i+1], time.Duration(i), p)
+	}
+	for i := range down {
+		ins.server(down[i:i+1], time.Duration(i), p)
+	}
+	var got []reqKey
+	for _, r := range p.reqs {
+		got = append(got, r.key)
+	}
+	want := []reqKey{{"exists (watch)", classBlocking}, {"getData", classOther}, {"ping", classKeepalive}, {"sync", classOther}}
+	if !slices.Equal(got, want) {
+		t.Errorf("requests %+v, want %+v", got, want)
+	}
+	if len(p.events) != 1 {
+		t.Errorf("%d watch events, want 1", len(p.events))
+	}
+}
+
+// TestGoals renders the report of a run in which every store met its
+// goals but Consul's herd, and checks the verdicts and that every store
+// is a column of the table.
+func TestGoals(t *testing.T) {
+	r := newResults(3)
+	ms := func(v ...int) *sample {
+		s := &sample{}
+		for _, x := range v {
+			s.add(time.Duration(x) * time.Millisecond)
+		}
+		return s
+	}
+	for _, tl := range append([]*tool{direct}, wrappers...) {
+		r.s2c[tl.id], r.exit[tl.id] = ms(10, 11, 12), ms(15, 16, 17)
+		r.rss[tl.id] = rssRec{wrapper: 10 * 1024, helpers: 1024, wrapperSmaps: smaps{rss: 10 * 1024, anon: 1024}}
+		r.loss[tl.id], r.handover[tl.id] = ms(2, 3, 4), ms(12, 13, 14)
+		r.crash[tl.id] = ms(4000, 4100, 4200)
+		r.crashOld[tl.id] = crashOld{trials: 3, died: []time.Duration{time.Millisecond, time.Millisecond, time.Millisecond}}
+		r.cost[tl.id] = &costRes{leader: rates{{"ping", classKeepalive}: 2}, first: rates{{"ping", classKeepalive}: 0.5},
+			second: rates{}, perProcess: true, followersOver: 30 * time.Second}
+	}
+	r.s2c[etcdctlLock.id], r.exit[etcdctlLock.id], r.s2c[consulLock.id] = ms(20, 21, 22), ms(20, 21, 22), ms(100, 110, 120)
+	// Followers without a session of their own: a PostgreSQL follower
+	// tries once per lease, a Kubernetes one only watches.
+	r.cost[lrPostgres.id].first = rates{{"acquire", classOther}: 0.2}
+	r.cost[lrKube.id].first = rates{{"watch", classBlocking}: 0.03}
+	for _, col := range storeColumns {
+		if col.latency {
+			r.herd[col.name] = &herdRes{followers: 200, changes: []herdChange{{woken: 1}, {woken: 1}, {woken: 1}}, handover: *ms(10, 20, 30)}
+		}
+	}
+	r.herd["consul"].changes = []herdChange{{woken: 3}, {woken: 3}, {woken: 1}}
+	var missed []string
+	for _, g := range r.goals() {
+		if !g.met {
+			missed = append(missed, g.store+" "+g.kind)
+		}
+	}
+	if !slices.Equal(missed, []string{"Consul followers woken"}) {
+		t.Errorf("missed %v, want only Consul's herd", missed)
+	}
+	tbl := r.table()
+	for _, tl := range wrappers {
+		if !strings.Contains(strings.SplitN(tbl, "\n", 2)[0], " "+tl.name+" |") {
+			t.Errorf("%s is not a column of the table", tl.name)
+		}
+	}
+	md := r.markdown()
+	for _, want := range []string{"## Goals", "## Analysis", "**Consul.**", "**ZooKeeper.**", "client-go"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	if svg := r.plot(); !strings.Contains(svg, "client-go elector") || !strings.Contains(svg, "leaderrun (ZooKeeper)") {
+		t.Error("the plot lacks a tool")
+	}
+}
+
+// TestSourceIPs: every proxy connects from an address of its own.
+func TestSourceIPs(t *testing.T) {
+	seen := map[string]bool{}
+	for range 600 {
+		ip := nextSourceIP()
+		if seen[ip.String()] || !ip.IsLoopback() || ip.To4()[3] == 0 {
+			t.Fatalf("source address %v: repeated, not loopback or a network address", ip)
+		}
+		seen[ip.String()] = true
 	}
 }

@@ -23,6 +23,7 @@ type plotPanel struct {
 
 var toolColor = map[string]string{
 	direct.id: "#8c8c8c", lrEtcd.id: "#2f6ea6", etcdctlLock.id: "#e8871e", lrConsul.id: "#3c9a3c", consulLock.id: "#c8413c",
+	lrPostgres.id: "#7b4fa6", lrKube.id: "#1f9eb0", clientGo.id: "#b08a1f", lrZK.id: "#a6507b", lrLocal.id: "#555555",
 }
 
 // plot draws docs/benchmarks.svg: per figure, every run as a dot, the
@@ -36,17 +37,18 @@ func (r *results) plot() string {
 		}
 		return out
 	}
-	handover := rowsOf(r.handover, wrappers)
-	for _, tl := range []*tool{lrEtcd, lrConsul} {
-		if h := r.herd[tl.store]; h != nil && len(h.handover.vals) > 0 {
-			handover = append(handover, plotRow{fmt.Sprintf("%s, %d followers", tl.name, h.followers), toolColor[tl.id], &h.handover})
+	handover := rowsOf(r.handover, latencyTools)
+	for _, col := range storeColumns {
+		if h := r.herd[col.name]; h != nil && len(h.handover.vals) > 0 {
+			handover = append(handover, plotRow{fmt.Sprintf("%s, %d followers", col.lr.name, h.followers), toolColor[col.lr.id], &h.handover})
 		}
 	}
 	panels := []plotPanel{
-		{"Start-to-child on a free lock (wrapper fork → child's main)", rowsOf(r.s2c, append([]*tool{direct}, wrappers...))},
+		{"Start-to-child on a free lock (wrapper fork → child's main; client-go: → OnStartedLeading)", rowsOf(r.s2c, append([]*tool{direct}, wrappers...))},
+		{"Exec-to-exit on a free lock (wrapper fork → its exit; the child exits at once)", rowsOf(r.exit, append([]*tool{direct}, nonElectors(wrappers)...))},
 		{"Graceful handover (SIGTERM to the leader → follower's child starts)", handover},
-		{"Loss reaction (lease revoked / session destroyed → child gets SIGTERM)", rowsOf(r.loss, wrappers)},
-		{"Crash failover (kill -9 of the leading wrapper → follower's child starts)", rowsOf(r.crash, wrappers)},
+		{"Loss reaction (the store drops the holder → child gets SIGTERM)", rowsOf(r.loss, latencyTools)},
+		{"Crash failover (kill -9 of the leading wrapper → follower's child starts)", rowsOf(r.crash, latencyTools)},
 	}
 	const (
 		width, left, right  = 1000.0, 250.0, 170.0
@@ -60,7 +62,7 @@ func (r *results) plot() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="sans-serif" font-size="12">`+"\n", width, height)
 	b.WriteString(`<rect width="100%" height="100%" fill="white"/>` + "\n")
-	fmt.Fprintf(&b, `<text x="10" y="22" font-size="15" font-weight="bold">leaderrun vs etcdctl lock vs consul lock: latency distributions (log scale)</text>`+"\n")
+	fmt.Fprintf(&b, `<text x="10" y="22" font-size="15" font-weight="bold">leaderrun on every store vs etcdctl lock, consul lock and client-go's elector: latency distributions (log scale)</text>`+"\n")
 	fmt.Fprintf(&b, `<text x="10" y="40" fill="#555">dots: runs; box: p25–p75; bar: median (value at right); red: runs in which it never happened within the bound</text>`+"\n")
 	y := 50.0
 	for _, p := range panels {
@@ -117,6 +119,16 @@ func (r *results) plot() string {
 	}
 	b.WriteString("</svg>\n")
 	return b.String()
+}
+
+func nonElectors(tools []*tool) []*tool {
+	var out []*tool
+	for _, tl := range tools {
+		if !tl.elector {
+			out = append(out, tl)
+		}
+	}
+	return out
 }
 
 // panelRange is a log axis's ends: around every value, snapped out to a

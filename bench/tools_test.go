@@ -1,71 +1,99 @@
 package bench
 
 import (
-	"bytes"
-	"context"
-	"encoding/base64"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
-	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 )
 
-// Timings every tool uses, as close to each other as the tools allow.
-//
-// etcd: a 5 s lease for both (etcdctl lock --ttl 5); leaderrun renews every
-// 500 ms, stops its child 3 s after the last acknowledged renewal and
-// SIGKILLs it 1 s later, the fault suite's settings.
-//
-// Consul: `consul lock` has no flag for its session: it always asks for a
-// 15 s TTL and gets Consul's default 15 s lock-delay, and renews every
-// TTL/2. leaderrun runs with its defaults, which are the same TTL and
-// lock-delay (renewing every 2 s).
+// timings are one store's leaderrun timings, as the rest of the project
+// (e2e, faults) runs that store.
+type timings struct {
+	lease, deadline, retry, grace time.Duration
+	// defaults: leaderrun runs with no timing flags (the values above are
+	// its defaults, for the report and the bounds).
+	defaults bool
+}
+
+func (tm timings) args() []string {
+	if tm.defaults {
+		return nil
+	}
+	return []string{"--lease-duration", tm.lease.String(), "--renew-deadline", tm.deadline.String(),
+		"--retry-period", tm.retry.String(), "--kill-grace", tm.grace.String()}
+}
+
+func (tm timings) String() string {
+	s := fmt.Sprintf("lease %v, renew deadline %v, retry period %v, kill grace %v", tm.lease, tm.deadline, tm.retry, tm.grace)
+	if tm.defaults {
+		s += " (leaderrun's defaults: no timing flags)"
+	}
+	return s
+}
+
+// Timings of every store, as e2e/ and faults/ run it.
 var (
-	lrEtcdTimings   = []string{"--lease-duration", "5s", "--renew-deadline", "3s", "--retry-period", "500ms", "--kill-grace", "1s"}
-	lrConsulTimings = []string{"--lease-duration", "15s", "--renew-deadline", "10s", "--retry-period", "2s", "--kill-grace", "3s", "--consul-lock-delay", "15s"}
-	etcdctlTTL      = "5"
-	etcdLease       = 5 * time.Second
-	consulTTL       = 15 * time.Second
-	consulLockDelay = 15 * time.Second
+	// etcd grants whole seconds; the fault suite's settings.
+	etcdTimings = timings{lease: 5 * time.Second, deadline: 3 * time.Second, retry: 500 * time.Millisecond, grace: time.Second}
+	// Consul: leaderrun's defaults, and with them the derived lock-delay
+	// (--kill-grace + 1 s), as a user runs it; `consul lock` with its
+	// own (15 s TTL, 15 s lock-delay, no flags for either).
+	consulTimings   = timings{lease: 15 * time.Second, deadline: 10 * time.Second, retry: 2 * time.Second, grace: 3 * time.Second, defaults: true}
+	consulLockDelay = consulTimings.grace + time.Second
+	// consul lock's session: TTL 15 s, Consul's default lock-delay 15 s.
+	consulLockTTL, consulLockLockDelay = 15 * time.Second, 15 * time.Second
+	postgresTimings                    = timings{lease: 5 * time.Second, deadline: 3 * time.Second, retry: 500 * time.Millisecond, grace: time.Second}
+	// Kubernetes writes whole seconds; renewals a second apart, so that a
+	// client-go elector sees every one (faults/kubernetes_test.go).
+	kubeTimings = timings{lease: 8 * time.Second, deadline: 5 * time.Second, retry: time.Second, grace: 2 * time.Second}
+	// ZooKeeper on a tickTime-200 server (faults/zookeeper_test.go).
+	zkTimings    = timings{lease: 6 * time.Second, deadline: 4 * time.Second, retry: 500 * time.Millisecond, grace: time.Second}
+	localTimings = timings{lease: 15 * time.Second, deadline: 10 * time.Second, retry: 2 * time.Second, grace: 3 * time.Second, defaults: true}
+	etcdctlTTL   = "5"
 )
 
 // tool is one way of running a command under a lock.
 type tool struct {
-	id    string // short, used in tags and lock names
+	id    string // short, used in tags and lock names (lowercase: Kubernetes names)
 	name  string // for tables
-	store string // "etcd", "consul"; "" for the baseline
-	// argv runs the child under lock, talking to the store at addr (an
-	// etcd client URL or a Consul host:port).
-	argv func(b *bench, lock, addr string) []string
+	store string // a storeColumn's name; "" for the baseline
+	// argv runs the child under lock as the candidate tag, talking to the
+	// store at addr (see store.addr).
+	argv func(b *bench, lock, tag, addr string) []string
 	env  []string
 	// prefix is where the candidates' keys live (etcd); key is the key
-	// the holder's session acquires (Consul).
-	prefix func(lock string) string
-	key    func(lock string) string
-	// session reports whether a Consul session name is one of this tool's
-	// candidates for lock.
+	// the holder's session acquires (Consul); session reports whether a
+	// Consul session name is one of this tool's candidates for lock.
+	prefix  func(lock string) string
+	key     func(lock string) string
 	session func(name, lock string) bool
+	// elector: the tool runs no child; it is a program that leads in
+	// process and prints its events on standard output (the client-go
+	// elector: "started", "stopped", "leader"), which the benchmark turns
+	// into the events of a child (see bench.spawn).
+	elector bool
+	// lossBound is how long a loss trial waits for the tool to react;
+	// zero: 5 s.
+	lossBound time.Duration
 	// bin is the leaderrun binary of a comparison column (BENCH_COMPARE);
 	// empty: the one under test.
 	bin string
 }
 
+func (tl *tool) leaderrun() bool { return strings.HasPrefix(tl.name, "leaderrun") }
+
 // leaderrunOn is leaderrun on one store: its store flags for the address,
 // and its timings.
-func leaderrunOn(id, name, store string, storeArgs func(addr string) []string, timings []string) *tool {
+func leaderrunOn(id, name, store string, storeArgs func(addr string) []string, tm timings) *tool {
 	tl := &tool{id: id, name: name, store: store}
-	tl.argv = func(b *bench, lock, addr string) []string {
+	tl.argv = func(b *bench, lock, tag, addr string) []string {
 		bin := b.lr
 		if tl.bin != "" {
 			bin = tl.bin
 		}
-		return slices.Concat([]string{bin}, storeArgs(addr), []string{"--lock", lock, "--identity", lock, "--log-format", "json"},
-			timings, []string{"--", b.child})
+		return slices.Concat([]string{bin}, storeArgs(addr), []string{"--lock", lock, "--identity", tag, "--log-format", "json"},
+			tm.args(), []string{"--", b.child})
 	}
 	return tl
 }
@@ -75,8 +103,8 @@ func (tl *tool) comparison(label, bin string) *tool {
 	c := *tl
 	c.id, c.name, c.bin = tl.id+"-"+label, strings.Replace(tl.name, "leaderrun", "leaderrun@"+label, 1), bin
 	argv := tl.argv
-	c.argv = func(b *bench, lock, addr string) []string {
-		a := argv(b, lock, addr)
+	c.argv = func(b *bench, lock, tag, addr string) []string {
+		a := argv(b, lock, tag, addr)
 		a[0] = bin
 		return a
 	}
@@ -85,18 +113,18 @@ func (tl *tool) comparison(label, bin string) *tool {
 
 var (
 	lrEtcd = func() *tool {
-		tl := leaderrunOn("lre", "leaderrun (etcd)", "etcd", func(addr string) []string { return []string{"--etcd-endpoints", addr} }, lrEtcdTimings)
+		tl := leaderrunOn("lre", "leaderrun (etcd)", "etcd", func(addr string) []string { return []string{"--etcd-endpoints", addr} }, etcdTimings)
 		tl.prefix = func(lock string) string { return "leaderrun/" + lock + "/" }
 		return tl
 	}()
 	etcdctlLock = &tool{id: "ecl", name: "etcdctl lock", store: "etcd",
-		argv: func(b *bench, lock, addr string) []string {
+		argv: func(b *bench, lock, tag, addr string) []string {
 			return []string{b.etcdctl, "--endpoints", addr, "lock", "--ttl", etcdctlTTL, lock, b.child}
 		},
 		prefix: func(lock string) string { return lock + "/" },
 	}
 	lrConsul = func() *tool {
-		tl := leaderrunOn("lrc", "leaderrun (Consul)", "consul", func(addr string) []string { return []string{"--consul-addr", addr} }, lrConsulTimings)
+		tl := leaderrunOn("lrc", "leaderrun (Consul)", "consul", func(addr string) []string { return []string{"--consul-addr", addr} }, consulTimings)
 		tl.key = func(lock string) string { return "leaderrun/" + lock }
 		tl.session = func(name, lock string) bool { return name == "leaderrun leaderrun/"+lock }
 		return tl
@@ -106,28 +134,123 @@ var (
 	// shell that does not exec the command (dash here) gets the SIGTERM
 	// meant for the command: consulLockShell checks that once.
 	consulLock = &tool{id: "cnl", name: "consul lock", store: "consul",
-		argv: func(b *bench, lock, addr string) []string {
+		argv: func(b *bench, lock, tag, addr string) []string {
 			return []string{b.consul, "lock", "-shell=false", "-http-addr", "http://" + addr, lock, b.child}
 		},
 		key:     func(lock string) string { return lock + "/.lock" },
 		session: func(name, lock string) bool { return strings.HasSuffix(name, " at '"+lock+"'") },
 	}
 	consulLockShell = &tool{id: "cns", name: "consul lock (default -shell, SHELL=/bin/sh)", store: "consul",
-		argv: func(b *bench, lock, addr string) []string {
+		argv: func(b *bench, lock, tag, addr string) []string {
 			return []string{b.consul, "lock", "-http-addr", "http://" + addr, lock, b.child}
 		},
 		env:     []string{"SHELL=/bin/sh"},
 		key:     func(lock string) string { return lock + "/.lock" },
 		session: func(name, lock string) bool { return strings.HasSuffix(name, " at '"+lock+"'") },
 	}
+	lrPostgres = leaderrunOn("lrp", "leaderrun (PostgreSQL)", "postgres", func(addr string) []string { return []string{"--postgres-url", addr} }, postgresTimings)
+	lrKube     = leaderrunOn("lrk", "leaderrun (Kubernetes)", "kubernetes", func(addr string) []string { return []string{"--kubeconfig", addr} }, kubeTimings)
+	// clientGo is client-go's LeaderElector (internal/testenv/k8selector)
+	// on a Lease of the same name, with leaderrun's Kubernetes timings:
+	// what a Kubernetes controller runs. It has no child: "child started"
+	// is its OnStartedLeading, "signalled" the end of its leading context.
+	clientGo = &tool{id: "cgo", name: "client-go elector", store: "kubernetes", elector: true,
+		argv: func(b *bench, lock, tag, addr string) []string {
+			return []string{b.elector, "-kubeconfig", addr, "-namespace", b.kube().ns, "-lock", lock, "-identity", tag,
+				"-lease-duration", kubeTimings.lease.String(), "-renew-deadline", kubeTimings.deadline.String(),
+				"-retry-period", kubeTimings.retry.String()}
+		},
+		// client-go sees another holder at its next renewal and gives up
+		// leading once its renew deadline has passed.
+		lossBound: kubeTimings.lease + 5*time.Second,
+	}
+	lrZK    = leaderrunOn("lrz", "leaderrun (ZooKeeper)", "zookeeper", func(addr string) []string { return []string{"--zk-servers", addr} }, zkTimings)
+	lrLocal = leaderrunOn("lrl", "leaderrun (local)", "local", func(addr string) []string { return []string{"--backend", "local", "--state-dir", addr} }, localTimings)
 	// direct is no wrapper at all: the cost of starting the child itself.
 	direct = &tool{id: "dir", name: "child alone (no lock)",
-		argv: func(b *bench, lock, addr string) []string { return []string{b.child} },
+		argv: func(b *bench, lock, tag, addr string) []string { return []string{b.child} },
 	}
 )
 
+// storeColumn is one store leaderrun is benchmarked on, beside the
+// store's own CLI lock or the program its users would otherwise run: its
+// tools, timings, goals and server. Adding a store to every phase is one
+// entry here, its leaderrunOn tool above and its store (stores_test.go).
+type storeColumn struct {
+	name  string // the store's name, as --backend takes it
+	title string // for the report
+	lr    *tool
+	// ref is the store's own CLI lock, or the program its users would
+	// otherwise run; nil if none.
+	ref *tool
+	// s2cRatio and exitRatio bound leaderrun's start-to-child and
+	// exec-to-exit p50 as a multiple of ref's; 0: no goal.
+	s2cRatio, exitRatio float64
+	tm                  timings
+	// latency: the loss, handover, crash, store-cost and herd phases
+	// apply (not to the local backend: one host, no store to measure).
+	latency bool
+	// crashGoal bounds leaderrun's crash failover (max), as its issue
+	// words it (crashGoalText); crashBound is how long a trial waits for
+	// the follower, for leaderrun and ref alike.
+	crashGoal     time.Duration
+	crashGoalText string
+	crashBound    time.Duration
+	crashTrials   int
+	// herdWoken bounds the median followers woken per change of leader
+	// with the herd, herdHandover its handover p50; 0: no goal.
+	herdWoken    int
+	herdHandover time.Duration
+	// sessions: a candidate keeps a session or lease of its own alive
+	// (keep-alives are expected of an idle follower); otherwise a
+	// follower has nothing to renew.
+	sessions bool
+	// newStore makes the store's servers and probes for one run.
+	newStore func() store
+}
+
+var storeColumns = []*storeColumn{
+	{name: "etcd", title: "etcd", lr: lrEtcd, ref: etcdctlLock, s2cRatio: 0.8, exitRatio: 1.0, tm: etcdTimings, latency: true,
+		crashGoal: etcdTimings.lease + 500*time.Millisecond, crashGoalText: "lease + 0.5 s",
+		crashBound: etcdTimings.lease + 10*time.Second, crashTrials: 5, herdWoken: 1, sessions: true,
+		newStore: func() store { return &etcdStore{} }},
+	{name: "consul", title: "Consul", lr: lrConsul, ref: consulLock, s2cRatio: 0.3, tm: consulTimings, latency: true,
+		crashGoal: consulTimings.lease + consulLockDelay + time.Second, crashGoalText: "lease + lock-delay + 1 s",
+		// consul lock: Consul invalidates its session between TTL and
+		// 2×TTL after the last renewal, then the lock-delay.
+		crashBound: 2*consulLockTTL + consulLockLockDelay + 15*time.Second, crashTrials: 2,
+		herdWoken: 2, herdHandover: 50 * time.Millisecond, sessions: true,
+		newStore: func() store { return &consulStore{} }},
+	{name: "postgres", title: "PostgreSQL", lr: lrPostgres, tm: postgresTimings, latency: true,
+		crashGoal: postgresTimings.lease + postgresTimings.retry + 500*time.Millisecond, crashGoalText: "lease + retry period + 0.5 s",
+		crashBound: postgresTimings.lease + 10*time.Second, crashTrials: 5,
+		newStore: func() store { return &postgresStore{} }},
+	{name: "kubernetes", title: "Kubernetes", lr: lrKube, ref: clientGo, tm: kubeTimings, latency: true,
+		crashGoal: kubeTimings.lease + kubeTimings.retry + 500*time.Millisecond, crashGoalText: "lease + retry period + 0.5 s",
+		crashBound: kubeTimings.lease + 10*time.Second, crashTrials: 5,
+		newStore: func() store { return &kubeStore{} }},
+	{name: "zookeeper", title: "ZooKeeper", lr: lrZK, tm: zkTimings, latency: true,
+		// The negotiated session timeout is the lease asked (tick 200 ms:
+		// 0.4 s to 60 s).
+		crashGoal: zkTimings.lease + time.Second, crashGoalText: "session timeout + 1 s",
+		crashBound: zkTimings.lease + 10*time.Second, crashTrials: 5, herdWoken: 1, sessions: true,
+		newStore: func() store { return &zkStore{} }},
+	{name: "local", title: "local", lr: lrLocal, tm: localTimings,
+		newStore: func() store { return &localStore{} }},
+}
+
+// column is the store column of tl (nil for the baseline).
+func column(tl *tool) *storeColumn {
+	for _, col := range storeColumns {
+		if col.name == tl.store {
+			return col
+		}
+	}
+	return nil
+}
+
 // wrappers are the tools under a lock, store by store: leaderrun, then
-// the store's own CLI lock.
+// the store's reference.
 var wrappers = func() []*tool {
 	var w []*tool
 	for _, col := range storeColumns {
@@ -139,26 +262,17 @@ var wrappers = func() []*tool {
 	return w
 }()
 
-// storeColumn is one store leaderrun is benchmarked on, beside that
-// store's own CLI lock if it has one, with the start-up goals that hold
-// it to that CLI. Adding a backend to the start-up, exec-to-exit and
-// memory figures (and their goals) is one entry here, its leaderrunOn
-// tool above, its server in TestBench and its address in bench.addr; the
-// loss, handover, crash, cost and herd phases name their stores
-// themselves.
-type storeColumn struct {
-	lr *tool
-	// ref is the store's own CLI lock; nil if it has none.
-	ref *tool
-	// s2cRatio and exitRatio bound leaderrun's start-to-child and
-	// exec-to-exit p50 as a multiple of ref's; 0: no goal.
-	s2cRatio, exitRatio float64
-}
-
-var storeColumns = []storeColumn{
-	{lr: lrEtcd, ref: etcdctlLock, s2cRatio: 0.8, exitRatio: 1.0},
-	{lr: lrConsul, ref: consulLock, s2cRatio: 0.3},
-}
+// latencyTools are the wrappers of the stores the loss, handover, crash
+// and cost phases measure.
+var latencyTools = func() []*tool {
+	var w []*tool
+	for _, tl := range wrappers {
+		if column(tl).latency {
+			w = append(w, tl)
+		}
+	}
+	return w
+}()
 
 // Memory goals while leading, for every store column.
 const (
@@ -166,58 +280,34 @@ const (
 	anonGoalKiB = 3 * 1024  // leaderrun and its watchdog, anonymous pages
 )
 
-// addr is the tool's store address for the latency runs.
-func (b *bench) addr(tl *tool) string {
-	switch tl.store {
-	case "etcd":
-		return b.etcdURL
-	case "consul":
-		return b.consulAddr
-	}
-	return ""
-}
-
-// start runs tl on lock with the child tagged tag.
+// start runs tl on lock as the candidate tag with addr.
 func (b *bench) start(tl *tool, lock, tag, addr string, hold bool) (*proc, error) {
-	return b.spawn(tl.argv(b, lock, addr), tag, hold, tl.env...)
-}
-
-// candidates counts tl's candidates for lock in the store at addr (an
-// etcd client URL, a Consul host:port): keys under its prefix in etcd,
-// sessions named for it in Consul.
-func candidates(tl *tool, lock, addr string) (int, error) {
-	switch tl.store {
-	case "etcd":
-		kvs, err := etcdRange(addr, tl.prefix(lock))
-		return len(kvs), err
-	case "consul":
-		var sessions []struct{ Name string }
-		if err := consulGet(addr, "/v1/session/list", &sessions); err != nil {
-			return 0, err
-		}
-		n := 0
-		for _, s := range sessions {
-			if tl.session(s.Name, lock) {
-				n++
-			}
-		}
-		return n, nil
+	p, err := b.spawn(tl, tl.argv(b, lock, tag, addr), tag, hold)
+	if p != nil {
+		p.addr = addr
 	}
-	return 0, fmt.Errorf("%s has no store", tl.name)
+	return p, err
 }
 
-// waitCandidates waits until the store shows n candidates of tl for lock.
-func (b *bench) waitCandidates(tl *tool, lock string, n int, timeout time.Duration) error {
-	return b.waitCandidatesAt(tl, lock, n, timeout, b.addr(tl))
-}
-
-// waitCandidatesAt is waitCandidates for the store at addr. A server in
-// another process offers nothing to wait on but its API, so this polls,
-// every 20 ms, outside every timed window.
-func (b *bench) waitCandidatesAt(tl *tool, lock string, n int, timeout time.Duration, addr string) error {
+// waitCandidates waits until the store shows n candidates of tl for lock
+// (procs are the candidates' processes). A server in another process
+// offers nothing to wait on but its API, so this polls, every 20 ms,
+// outside every timed window.
+func (b *bench) waitCandidates(tl *tool, lock string, procs []*proc, n int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
+	st := b.storeOf(tl)
+	addr := ""
+	if len(procs) > 0 {
+		addr = procs[0].addr
+	}
 	for {
-		got, err := candidates(tl, lock, addr)
+		var got int
+		var err error
+		if tl.elector {
+			got = electorsFollowing(b, procs)
+		} else {
+			got, err = st.candidates(tl, lock, addr, procs)
+		}
 		if err == nil && got >= n {
 			return nil
 		}
@@ -228,175 +318,14 @@ func (b *bench) waitCandidatesAt(tl *tool, lock string, n int, timeout time.Dura
 	}
 }
 
-// dropHolder makes the store end the lock holder's lease: etcd revokes
-// the lease of the oldest key under the tool's prefix, Consul destroys the
-// session that holds the key. It returns mono() just before the request
-// that did it was sent.
-func (b *bench) dropHolder(tl *tool, lock string) (time.Duration, error) {
-	switch tl.store {
-	case "etcd":
-		kvs, err := etcdRange(b.etcdURL, tl.prefix(lock))
-		if err != nil {
-			return 0, err
-		}
-		if len(kvs) == 0 {
-			return 0, fmt.Errorf("no key under %s", tl.prefix(lock))
-		}
-		holder := kvs[0]
-		for _, kv := range kvs {
-			if kv.CreateRevision < holder.CreateRevision {
-				holder = kv
-			}
-		}
-		at := mono()
-		return at, etcdPost(b.etcdURL, "/v3/lease/revoke", map[string]string{"ID": holder.Lease}, nil)
-	case "consul":
-		var pairs []struct{ Session string }
-		if err := consulGet(b.consulAddr, "/v1/kv/"+tl.key(lock), &pairs); err != nil {
-			return 0, err
-		}
-		if len(pairs) == 0 || pairs[0].Session == "" {
-			return 0, fmt.Errorf("%s is not held", tl.key(lock))
-		}
-		at := mono()
-		return at, consulPut(b.consulAddr, "/v1/session/destroy/"+pairs[0].Session)
-	}
-	return 0, fmt.Errorf("%s has no store", tl.name)
-}
-
-var httpc = &http.Client{Timeout: 10 * time.Second}
-
-// etcdKV is a key as etcd's JSON gateway returns it.
-type etcdKV struct {
-	Key            []byte
-	Lease          string
-	CreateRevision int64 `json:"create_revision,string"`
-}
-
-// etcdRange lists the keys under prefix through etcd's JSON gateway, so
-// that the benchmark needs no etcd client of its own.
-func etcdRange(base, prefix string) ([]etcdKV, error) {
-	end := []byte(prefix)
-	end[len(end)-1]++
-	var out struct{ Kvs []etcdKV }
-	err := etcdPost(base, "/v3/kv/range", map[string]any{
-		"key":       base64.StdEncoding.EncodeToString([]byte(prefix)),
-		"range_end": base64.StdEncoding.EncodeToString(end),
-		"keys_only": true,
-	}, &out)
-	return out.Kvs, err
-}
-
-func etcdPost(base, path string, body, out any) error {
-	data, _ := json.Marshal(body)
-	resp, err := httpc.Post(base+path, "application/json", bytes.NewReader(data))
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("etcd %s: %s: %s", path, resp.Status, raw)
-	}
-	if out == nil {
-		return nil
-	}
-	return json.Unmarshal(raw, out)
-}
-
-func consulGet(addr, path string, out any) error {
-	resp, err := httpc.Get("http://" + addr + path)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusNotFound {
-		return nil
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("consul %s: %s", path, resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(out)
-}
-
-func consulPut(addr, path string) error {
-	req, _ := http.NewRequest(http.MethodPut, "http://"+addr+path, nil)
-	resp, err := httpc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("consul %s: %s", path, resp.Status)
-	}
-	return nil
-}
-
-// etcdMetrics reads etcd's gRPC server counters: requests received (see
-// etcdRequests) and messages sent, by method.
-func etcdMetrics(base string) (reqs, sent map[string]float64, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
-	resp, err := httpc.Do(req)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, nil, err
-	}
-	recv := map[string]float64{}
-	sent = map[string]float64{}
-	for _, line := range strings.Split(string(body), "\n") {
-		var m map[string]float64
-		switch {
-		case strings.HasPrefix(line, "grpc_server_msg_received_total{"):
-			m = recv
-		case strings.HasPrefix(line, "grpc_server_msg_sent_total{"):
-			m = sent
-		default:
-			continue
-		}
-		_, rest, _ := strings.Cut(line, `grpc_method="`)
-		method, rest, _ := strings.Cut(rest, `"`)
-		_, val, _ := strings.Cut(rest, "} ")
-		v, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
-		if err == nil {
-			m[method] += v
+// electorsFollowing counts the electors among procs that know the
+// leader (OnNewLeader) or lead: they read the Lease and wait.
+func electorsFollowing(b *bench, procs []*proc) int {
+	n := 0
+	for _, p := range procs {
+		if k, ok := b.hub.get(p.tag); ok && (k.leader != 0 || k.start != 0) {
+			n++
 		}
 	}
-	return etcdRequests(recv, sent), sent, nil
-}
-
-// etcdRequests turns etcd's counters into requests by method: messages
-// received, except for LeaseKeepAlive, where it is responses sent. etcd
-// counts two received messages for every one-shot keep-alive stream
-// (clientv3's KeepAliveOnce: checked against grpc_server_started_total),
-// and one response answers each keep-alive request.
-func etcdRequests(recv, sent map[string]float64) map[string]float64 {
-	out := map[string]float64{}
-	for k, v := range recv {
-		out[k] = v
-	}
-	out["LeaseKeepAlive"] = sent["LeaseKeepAlive"]
-	return out
-}
-
-// delta is after − before, by key, leaving out zeros.
-func delta(before, after map[string]float64) map[string]float64 {
-	d := map[string]float64{}
-	for k, v := range after {
-		if x := v - before[k]; x != 0 {
-			d[k] = x
-		}
-	}
-	return d
-}
-
-// consulIndexOf is the index= parameter of a blocking query, 0 if none.
-func consulIndexOf(u *url.URL) uint64 {
-	n, _ := strconv.ParseUint(u.Query().Get("index"), 10, 64)
 	return n
 }

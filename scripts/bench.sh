@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Benchmarks: leaderrun side by side with `etcdctl lock` and `consul lock`
-# on the same local etcd and Consul, in one run, with the same child for
-# every tool and the tools alternated run by run. Prints the table and
-# writes it, with the machine's description and an analysis, to
-# OUT/benchmarks.md, and the latency plot to OUT/benchmarks.svg.
+# Benchmarks: leaderrun on every store (etcd, Consul, PostgreSQL,
+# Kubernetes, ZooKeeper, local) side by side with `etcdctl lock`, `consul
+# lock` and client-go's elector, on local servers started for the run,
+# with the same child for every tool and the tools alternated run by run.
+# Prints the table and writes it, with the machine's description and an
+# analysis, to OUT/benchmarks.md, and the latency plot to
+# OUT/benchmarks.svg.
 #
 #   scripts/bench.sh [--runs N] [--out DIR]
 #
 # --runs: runs per start-to-child figure (default 30; loss reaction and
 # handover get a third of that, at least 5). --out defaults to docs/, where
-# the published figures live. The whole run takes about 5 minutes on 2 cores.
-# BENCH_COST_SECONDS (default 30) and BENCH_FOLLOWERS (default 200) tune the
-# store-cost windows and the many-followers test.
+# the published figures live. The whole run takes about 12 minutes on 2
+# cores. BENCH_COST_SECONDS (default 30) and BENCH_FOLLOWERS (default 200)
+# tune the store-cost windows and the many-followers phase (200 followers
+# per store). The servers are built or installed as scripts/test.sh does
+# (PostgreSQL and ZooKeeper from Debian's packages: as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,9 +33,21 @@ case "$runs" in '' | *[!0-9]* | 0) echo "--runs $runs: want a positive number" >
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
+# The servers every store column runs on, built or installed as
+# scripts/test.sh does (kube-apiserver and the client-go elector built into
+# the cache, minutes cold; PostgreSQL and ZooKeeper from Debian's packages,
+# as root).
 etcd_dir=$(scripts/install-etcd.sh)
 consul_dir=$(scripts/install-consul.sh)
-export LEADERRUN_ETCD_BIN="$etcd_dir/etcd" LEADERRUN_ETCDCTL_BIN="$etcd_dir/etcdctl" LEADERRUN_CONSUL_BIN="$consul_dir/consul"
+kube_dir=$(scripts/install-kube-apiserver.sh)
+pg_dir=$(scripts/install-postgres.sh)
+LEADERRUN_ZOOKEEPER_CLASSPATH=$(scripts/install-zookeeper.sh)
+elector_dir="${LEADERRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/leaderrun}/k8selector"
+mkdir -p "$elector_dir"
+(cd internal/testenv/k8selector && GOWORK=off go build -o "$elector_dir/k8selector.new" . && mv "$elector_dir/k8selector.new" "$elector_dir/k8selector")
+export LEADERRUN_ETCD_BIN="$etcd_dir/etcd" LEADERRUN_ETCDCTL_BIN="$etcd_dir/etcdctl" LEADERRUN_CONSUL_BIN="$consul_dir/consul" \
+	LEADERRUN_KUBE_APISERVER_BIN="$kube_dir/kube-apiserver" LEADERRUN_POSTGRES_BIN="$pg_dir" \
+	LEADERRUN_ZOOKEEPER_CLASSPATH LEADERRUN_K8SELECTOR_BIN="$elector_dir/k8selector"
 export BENCH=1 BENCH_RUNS=$runs BENCH_OUT=$out BENCH_CMD="scripts/bench.sh${args[*]:+ ${args[*]}}"
 
 log=$(mktemp -t leaderrun-bench.XXXXXX.log)

@@ -3,7 +3,8 @@
 # measures them (the same code, bench/), but only those phases: `version`
 # exec to exit and page faults, package init per package
 # (GODEBUG=inittrace=1), the binary's size by module, start-to-child and
-# exec-to-exit beside `etcdctl lock` and `consul lock`, and the resident
+# exec-to-exit of leaderrun on every store beside `etcdctl lock`, `consul
+# lock` and client-go's elector, and the resident
 # set while leading (VmHWM, anonymous and file-backed pages, by mapping),
 # of leaderrun and its watchdog, after 3 s of leadership and after 300
 # renewals. Takes two minutes or so.
@@ -36,9 +37,21 @@ for c in "${compare[@]}"; do
 	[ -x "$bin" ] || { echo "$c: $bin is not an executable" >&2; exit 64; }
 done
 
+# The servers every store column runs on, built or installed as
+# scripts/test.sh does (kube-apiserver and the client-go elector built into
+# the cache, minutes cold; PostgreSQL and ZooKeeper from Debian's packages,
+# as root).
 etcd_dir=$(scripts/install-etcd.sh)
 consul_dir=$(scripts/install-consul.sh)
-export LEADERRUN_ETCD_BIN="$etcd_dir/etcd" LEADERRUN_ETCDCTL_BIN="$etcd_dir/etcdctl" LEADERRUN_CONSUL_BIN="$consul_dir/consul"
+kube_dir=$(scripts/install-kube-apiserver.sh)
+pg_dir=$(scripts/install-postgres.sh)
+LEADERRUN_ZOOKEEPER_CLASSPATH=$(scripts/install-zookeeper.sh)
+elector_dir="${LEADERRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/leaderrun}/k8selector"
+mkdir -p "$elector_dir"
+(cd internal/testenv/k8selector && GOWORK=off go build -o "$elector_dir/k8selector.new" . && mv "$elector_dir/k8selector.new" "$elector_dir/k8selector")
+export LEADERRUN_ETCD_BIN="$etcd_dir/etcd" LEADERRUN_ETCDCTL_BIN="$etcd_dir/etcdctl" LEADERRUN_CONSUL_BIN="$consul_dir/consul" \
+	LEADERRUN_KUBE_APISERVER_BIN="$kube_dir/kube-apiserver" LEADERRUN_POSTGRES_BIN="$pg_dir" \
+	LEADERRUN_ZOOKEEPER_CLASSPATH LEADERRUN_K8SELECTOR_BIN="$elector_dir/k8selector"
 export BENCH=1 BENCH_RUNS=$runs BENCH_OUT=$out BENCH_CMD="scripts/startup.sh${argv[*]:+ ${argv[*]}}"
 export BENCH_PHASES="start-up of each binary,package init,binary size,start-to-child,RSS while leading,RSS after a long leadership"
 BENCH_COMPARE=$(IFS=,; echo "${compare[*]}")

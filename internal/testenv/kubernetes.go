@@ -288,6 +288,10 @@ type KubeRequest struct {
 	Name      string    // of the Lease ("" for a list or a watch by field selector)
 	Code      int       // the answer's HTTP status
 	At        time.Time // when the apiserver received it
+	// SourceIPs are the client's addresses as the apiserver saw them
+	// (X-Forwarded-For, X-Real-Ip, then the connection's peer), so that a
+	// test can tell the clients apart by the address they connect from.
+	SourceIPs []string
 }
 
 // LeaseRequests reads the audit logs of the apiserver and its peers:
@@ -322,12 +326,13 @@ func (k *Kube) LeaseRequests(t testing.TB) []KubeRequest {
 				Code int `json:"code"`
 			} `json:"responseStatus"`
 			RequestReceivedTimestamp time.Time `json:"requestReceivedTimestamp"`
+			SourceIPs                []string  `json:"sourceIPs"`
 		}
 		if json.Unmarshal([]byte(line), &ev) != nil {
 			continue // a line being written
 		}
 		reqs = append(reqs, KubeRequest{User: ev.User.Username, Verb: ev.Verb, Namespace: ev.ObjectRef.Namespace,
-			Name: ev.ObjectRef.Name, Code: ev.ResponseStatus.Code, At: ev.RequestReceivedTimestamp})
+			Name: ev.ObjectRef.Name, Code: ev.ResponseStatus.Code, At: ev.RequestReceivedTimestamp, SourceIPs: ev.SourceIPs})
 	}
 	return reqs
 }

@@ -102,17 +102,37 @@ type Postgres struct {
 	port int
 	cred *syscall.Credential // nil unless the tests run as root
 
+	maxConns int
+
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has been reaped
+}
+
+// PostgresOptions are the settings of a cluster started by
+// StartPostgresWith. The zero value of each field is noted.
+type PostgresOptions struct {
+	// MaxConnections is the server's max_connections, for a test that
+	// runs hundreds of clients at once (each leaderrun holds up to three
+	// connections). Zero value: 200.
+	MaxConnections int
 }
 
 // StartPostgres creates a cluster with initdb, starts it and waits until it
 // accepts connections.
 func StartPostgres(t testing.TB) *Postgres {
 	t.Helper()
+	return StartPostgresWith(t, PostgresOptions{})
+}
+
+// StartPostgresWith is StartPostgres with opts.
+func StartPostgresWith(t testing.TB, opts PostgresOptions) *Postgres {
+	t.Helper()
 	bin := PostgresBinDir(t)
-	p := &Postgres{t: t, bin: bin, Password: randomHex(12)}
+	p := &Postgres{t: t, bin: bin, Password: randomHex(12), maxConns: opts.MaxConnections}
+	if p.maxConns <= 0 {
+		p.maxConns = 200
+	}
 	p.dir, p.cred = serverDir(t, "leaderrun-pg-")
 	p.data = filepath.Join(p.dir, "data")
 	p.log = filepath.Join(p.dir, "postgres.log")
@@ -253,7 +273,7 @@ func (p *Postgres) startServer() error {
 		"-c", "unix_socket_directories="+p.dir,
 		// Throwaway data: durability buys nothing and costs time.
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-		"-c", "shared_buffers=16MB", "-c", "max_connections=200",
+		"-c", "shared_buffers=16MB", "-c", "max_connections="+strconv.Itoa(p.maxConns),
 		"-c", "logging_collector=off", "-c", "log_min_messages=warning",
 		// The role in every line, so that a test can count a role's
 		// statements (ALTER ROLE ... SET log_statement = 'all').
