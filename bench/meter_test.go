@@ -247,44 +247,45 @@ func etcdClass(method string) string {
 	return classOther
 }
 
-// ---- Consul
+// ---- Per-process proxies
 
-// consulMeter puts an HTTP proxy that counts every request in front of
-// the agent for each process.
-type consulMeter struct {
-	agent   string
-	mu      sync.Mutex
-	proxies map[string]*countingProxy
+// meteredProxy is a proxy in front of a store for one process, which
+// records the requests it passes and the wake-ups it delivers.
+type meteredProxy interface {
+	started(from, to time.Duration) []request
+	woken(from, to time.Duration) int
+	close()
 }
 
-func (m *consulMeter) addr(_ *tool, tag string) string {
-	p, err := newCountingProxy(m.agent, nextSourceIP())
-	if err != nil {
-		benchT.Fatal(err)
+// proxySet is a meter's proxies, one per process, by tag.
+type proxySet[P meteredProxy] struct {
+	mu sync.Mutex
+	by map[string]P
+}
+
+func (s *proxySet[P]) add(tag string, p P) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.by == nil {
+		s.by = map[string]P{}
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.proxies[tag] = p
-	return p.addr()
+	s.by[tag] = p
 }
 
-func (m *consulMeter) perProcess() bool { return true }
-func (m *consulMeter) mark() mark       { return mark{at: mono(), wall: time.Now()} }
-
-func (m *consulMeter) how() string {
-	return "an HTTP reverse proxy in front of the agent for each process, which records every request; `?index` marks a blocking query"
+func (s *proxySet[P]) proxy(tag string) (P, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.by[tag]
+	return p, ok
 }
 
-func (m *consulMeter) proxy(tag string) *countingProxy {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.proxies[tag]
-}
+func (s *proxySet[P]) perProcess() bool { return true }
 
-func (m *consulMeter) requests(tags []string, a, b mark) rates {
+// requests counts tags' requests that started between a and b, by kind.
+func (s *proxySet[P]) requests(tags []string, a, b mark) rates {
 	r := rates{}
 	for _, tag := range tags {
-		if p := m.proxy(tag); p != nil {
+		if p, ok := s.proxy(tag); ok {
 			for _, q := range p.started(a.at, b.at) {
 				r[q.key]++
 			}
@@ -293,9 +294,11 @@ func (m *consulMeter) requests(tags []string, a, b mark) rates {
 	return r
 }
 
-func (m *consulMeter) woken(tags []string, a, b mark) (n, wakes int) {
+// woken is how many of tags were woken between a and b, and how many
+// wake-ups they had in all.
+func (s *proxySet[P]) woken(tags []string, a, b mark) (n, wakes int) {
 	for _, tag := range tags {
-		if p := m.proxy(tag); p != nil {
+		if p, ok := s.proxy(tag); ok {
 			if w := p.woken(a.at, b.at); w > 0 {
 				n++
 				wakes += w
@@ -305,11 +308,43 @@ func (m *consulMeter) woken(tags []string, a, b mark) (n, wakes int) {
 	return n, wakes
 }
 
+func (s *proxySet[P]) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.by {
+		p.close()
+	}
+}
+
+// ---- Consul
+
+// consulMeter puts an HTTP proxy that counts every request in front of
+// the agent for each process.
+type consulMeter struct {
+	agent string
+	proxySet[*countingProxy]
+}
+
+func (m *consulMeter) addr(_ *tool, tag string) string {
+	p, err := newCountingProxy(m.agent, nextSourceIP())
+	if err != nil {
+		benchT.Fatal(err)
+	}
+	m.add(tag, p)
+	return p.addr()
+}
+
+func (m *consulMeter) mark() mark { return mark{at: mono(), wall: time.Now()} }
+
+func (m *consulMeter) how() string {
+	return "an HTTP reverse proxy in front of the agent for each process, which records every request; `?index` marks a blocking query"
+}
+
 // blocking is how long tag's blocking queries that ended between a and
 // b lasted.
 func (m *consulMeter) blocking(tag string, a, b mark) []time.Duration {
 	var out []time.Duration
-	if p := m.proxy(tag); p != nil {
+	if p, ok := m.proxy(tag); ok {
 		for _, q := range p.ended(a.at, b.at) {
 			if q.key.class == classBlocking {
 				out = append(out, q.end-q.start)
@@ -317,14 +352,6 @@ func (m *consulMeter) blocking(tag string, a, b mark) []time.Duration {
 		}
 	}
 	return out
-}
-
-func (m *consulMeter) close() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, p := range m.proxies {
-		p.close()
-	}
 }
 
 // classify names a Consul request by method and path, with key names and
@@ -561,12 +588,10 @@ func postgresStatement(sql string) reqKey {
 // address of its own, and counts the requests on leases in the
 // apiserver's audit log by that address.
 type kubeMeter struct {
-	s    *kubeStore
-	b    *bench
-	user string
-
-	mu      sync.Mutex
-	proxies map[string]*tcpProxy // by tag
+	s       *kubeStore
+	b       *bench
+	user    string
+	proxies proxySet[*tcpProxy]
 }
 
 func (m *kubeMeter) addr(_ *tool, tag string) string {
@@ -574,9 +599,7 @@ func (m *kubeMeter) addr(_ *tool, tag string) string {
 	if err != nil {
 		benchT.Fatal(err)
 	}
-	m.mu.Lock()
-	m.proxies[tag] = p
-	m.mu.Unlock()
+	m.proxies.add(tag, p)
 	return m.s.k.KubeconfigVia(benchT, "https://"+p.addr(), m.user, m.s.ns)
 }
 
@@ -607,11 +630,9 @@ func kubeWatchEvents(k *testenv.Kube) float64 {
 }
 
 func (m *kubeMeter) ipsOf(tags []string) map[string]string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	ips := map[string]string{}
 	for _, tag := range tags {
-		if p := m.proxies[tag]; p != nil {
+		if p, ok := m.proxies.proxy(tag); ok {
 			ips[p.source.String()] = tag
 		}
 	}
@@ -673,13 +694,7 @@ func (m *kubeMeter) woken(tags []string, a, b mark) (n, wakes int) {
 	return len(acted), int(b.watchEvents - a.watchEvents)
 }
 
-func (m *kubeMeter) close() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, p := range m.proxies {
-		p.close()
-	}
-}
+func (m *kubeMeter) close() { m.proxies.close() }
 
 // ---- ZooKeeper
 
@@ -688,9 +703,8 @@ func (m *kubeMeter) close() {
 // whether they set a watch) from the client, watch events (xid −1) from
 // the server.
 type zkMeter struct {
-	target  string
-	mu      sync.Mutex
-	proxies map[string]*tcpProxy
+	target string
+	proxySet[*tcpProxy]
 }
 
 func (m *zkMeter) addr(_ *tool, tag string) string {
@@ -698,55 +712,14 @@ func (m *zkMeter) addr(_ *tool, tag string) string {
 	if err != nil {
 		benchT.Fatal(err)
 	}
-	m.mu.Lock()
-	m.proxies[tag] = p
-	m.mu.Unlock()
+	m.add(tag, p)
 	return p.addr()
 }
 
-func (m *zkMeter) perProcess() bool { return true }
-func (m *zkMeter) mark() mark       { return mark{at: mono(), wall: time.Now()} }
+func (m *zkMeter) mark() mark { return mark{at: mono(), wall: time.Now()} }
 
 func (m *zkMeter) how() string {
 	return "a TCP proxy in front of the server for each process, which reads ZooKeeper's framing: requests by operation from the client, watch events from the server"
-}
-
-func (m *zkMeter) proxy(tag string) *tcpProxy {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.proxies[tag]
-}
-
-func (m *zkMeter) requests(tags []string, a, b mark) rates {
-	r := rates{}
-	for _, tag := range tags {
-		if p := m.proxy(tag); p != nil {
-			for _, q := range p.started(a.at, b.at) {
-				r[q.key]++
-			}
-		}
-	}
-	return r
-}
-
-func (m *zkMeter) woken(tags []string, a, b mark) (n, wakes int) {
-	for _, tag := range tags {
-		if p := m.proxy(tag); p != nil {
-			if w := p.eventsIn(a.at, b.at); w > 0 {
-				n++
-				wakes += w
-			}
-		}
-	}
-	return n, wakes
-}
-
-func (m *zkMeter) close() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, p := range m.proxies {
-		p.close()
-	}
 }
 
 // zkOps names ZooKeeper's operation codes.
@@ -953,7 +926,9 @@ func (p *tcpProxy) started(from, to time.Duration) []request {
 	return out
 }
 
-func (p *tcpProxy) eventsIn(from, to time.Duration) int {
+// woken is how many watch events the proxy passed to its client between
+// from and to.
+func (p *tcpProxy) woken(from, to time.Duration) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := 0

@@ -158,7 +158,7 @@ func (s *consulStore) dropText() string {
 }
 
 func (s *consulStore) meter(*bench, *tool) meter {
-	return &consulMeter{agent: s.agent.Addr(), proxies: map[string]*countingProxy{}}
+	return &consulMeter{agent: s.agent.Addr()}
 }
 
 // postgresStore is one PostgreSQL cluster; the tools connect as its
@@ -307,7 +307,7 @@ func (s *kubeStore) dropText() string {
 }
 
 func (s *kubeStore) meter(b *bench, tl *tool) meter {
-	return &kubeMeter{s: s, b: b, user: s.user(tl), proxies: map[string]*tcpProxy{}}
+	return &kubeMeter{s: s, b: b, user: s.user(tl)}
 }
 
 // zkStore is a standalone ZooKeeper with a tick of 200 ms.
@@ -374,7 +374,7 @@ func (s *zkStore) dropText() string {
 }
 
 func (s *zkStore) meter(*bench, *tool) meter {
-	return &zkMeter{target: s.zk.Servers()[0], proxies: map[string]*tcpProxy{}}
+	return &zkMeter{target: s.zk.Servers()[0]}
 }
 
 // localStore is a state directory on this host.
