@@ -48,7 +48,7 @@ const (
 // campaigns; Start forks the command from this process once it leads.
 type Supervisor struct {
 	spec Spec
-	dog  *exec.Cmd // its pid is the process group id of the command
+	dog  *exec.Cmd // the watchdog, started (see Prepare)
 	conn *os.File  // our end of the watchdog's socket
 	r    *bufio.Reader
 
@@ -68,7 +68,7 @@ func Prepare(spec Spec) (*Supervisor, error) {
 	if spec.Log == nil {
 		spec.Log = slog.Default()
 	}
-	dog, err := watchdogCommand(spec.KillSignal)
+	dogs, err := watchdogCommands(spec.KillSignal)
 	if err != nil {
 		return nil, err
 	}
@@ -88,16 +88,22 @@ func Prepare(spec Spec) (*Supervisor, error) {
 	// The socket is its fd 3; standard input, output and error are
 	// /dev/null. In a group of its own, so that nothing meant for
 	// leaderrun's group or the command's reaches it.
-	dog.ExtraFiles = []*os.File{theirs}
-	dog.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	s := &Supervisor{spec: spec, dog: dog, conn: ours, r: bufio.NewReader(ours), started: make(chan struct{})}
+	s := &Supervisor{spec: spec, conn: ours, r: bufio.NewReader(ours), started: make(chan struct{})}
 	// A fork and exec take a good half millisecond: let them overlap with
-	// the caller's work. Start and Abort wait for them.
+	// the caller's work. Start and Abort wait for them. A watchdog that
+	// cannot be started (the built-in one where memfds may not be
+	// executed) gives way to the next.
 	go func() {
 		defer close(s.started)
 		defer theirs.Close()
-		if err := startTracked(dog); err != nil {
-			s.err = fmt.Errorf("start watchdog %s: %w", dog.Path, err)
+		for _, dog := range dogs {
+			dog.ExtraFiles = []*os.File{theirs}
+			dog.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			s.dog = dog
+			if s.err = startTracked(dog); s.err == nil {
+				return
+			}
+			s.err = fmt.Errorf("start watchdog %s: %w", dog.Path, s.err)
 		}
 	}()
 	return s, nil

@@ -1,10 +1,12 @@
 package signals
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -61,17 +63,26 @@ func startTree(t *testing.T) (*Child, int) {
 // socket closes without a word, as at its death, the watchdog kills the
 // command's whole group, grandchildren included. Before that, it ignores
 // the signals that could reach it by mistake: the forwarded ones, SIGPIPE
-// and the kill signal. With the shell, with bash as the shell (which must
-// act as sh and read no start-up files), and with the Go fallback.
+// and the kill signal. With the built-in watchdog, with the shell, with
+// bash as the shell (which must act as sh and read no start-up files), and
+// with the Go fallback.
 func TestWatchdogKillsGroupWhenLeaderrunGoes(t *testing.T) {
-	for _, sh := range []string{"/bin/sh", "/bin/bash", "/nonexistent/sh"} {
+	for _, sh := range []string{"built-in", "/bin/sh", "/bin/bash", "/nonexistent/sh"} {
 		t.Run(sh, func(t *testing.T) {
 			if _, err := os.Stat(sh); err != nil && sh == "/bin/bash" {
 				testenv.Missing(t, "bash is not installed")
 			}
-			defer func(old string) { shell = old }(shell)
-			shell = sh
+			if _, err := machineWatchdog(); err != nil && sh == "built-in" {
+				t.Skipf("no built-in watchdog on %s/%s: %v", runtime.GOOS, runtime.GOARCH, err)
+			}
+			defer func(old string, b bool) { shell, builtin = old, b }(shell, builtin)
+			if sh != "built-in" {
+				shell, builtin = sh, false
+			}
 			c, grandchild := startTree(t)
+			if sh == "built-in" && !strings.HasPrefix(c.s.dog.Path, "/proc/self/fd/") {
+				t.Fatalf("the watchdog is %s, want the built-in one", c.s.dog.Path)
+			}
 			status, err := os.ReadFile("/proc/" + strconv.Itoa(c.s.dog.Process.Pid) + "/status")
 			if err != nil {
 				t.Fatal(err)
@@ -189,5 +200,72 @@ func waitUntil(t *testing.T, what string, ok func() bool) {
 		if time.Now().After(end) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
+	}
+}
+
+// TestBuiltinWatchdogIsSmall: on Linux x86-64 the watchdog is the built-in
+// executable, which keeps a few pages resident instead of a shell's 1.7
+// MiB; and where it cannot be executed, the shell takes its place.
+func TestBuiltinWatchdogIsSmall(t *testing.T) {
+	if runtime.GOOS != "linux" || runtime.GOARCH != "amd64" {
+		t.Skipf("no built-in watchdog on %s/%s", runtime.GOOS, runtime.GOARCH)
+	}
+	c, _ := startTree(t)
+	pid := strconv.Itoa(c.s.dog.Process.Pid)
+	exe, err := os.Readlink("/proc/" + pid + "/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(exe, "/memfd:leaderrun-watchdog") {
+		t.Errorf("the watchdog runs %s, want the built-in /memfd:leaderrun-watchdog", exe)
+	}
+	if comm, _ := os.ReadFile("/proc/" + pid + "/comm"); strings.TrimSpace(string(comm)) != "leaderrun-dog" {
+		t.Errorf("the watchdog is called %q in ps, want leaderrun-dog", comm)
+	}
+	hwm, _, err := testenv.Memory(c.s.dog.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hwm > 64 {
+		t.Errorf("the built-in watchdog's peak RSS is %d KiB, want at most 64", hwm)
+	}
+	t.Logf("built-in watchdog: peak RSS %d KiB", hwm)
+
+	// A path that cannot be executed in place of the memfd: the shell serves.
+	defer func(p string) { machine.path = p }(machine.path)
+	machine.path = t.TempDir()
+	c, grandchild := startTree(t)
+	if c.s.dog.Path != shell {
+		t.Errorf("with the built-in watchdog failing to start, the watchdog is %s, want %s", c.s.dog.Path, shell)
+	}
+	c.s.conn.Close()
+	if st := waitChild(t, c); st.Signal != syscall.SIGKILL {
+		t.Errorf("command ended with %v, want SIGKILL", st)
+	}
+	waitUntil(t, "the grandchild to die", func() bool { return gone(grandchild) })
+}
+
+// TestBuiltinWatchdogIsBuilt: the committed executable is what
+// watchdog/build.sh makes of watchdog/watchdog_amd64.asm.
+func TestBuiltinWatchdogIsBuilt(t *testing.T) {
+	for _, tool := range []string{"as", "ld"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			testenv.Missing(t, tool+" from GNU binutils is not installed")
+		}
+	}
+	out := filepath.Join(t.TempDir(), "dog")
+	if b, err := exec.Command("watchdog/build.sh", out).CombinedOutput(); err != nil {
+		t.Fatalf("watchdog/build.sh: %v\n%s", err, b)
+	}
+	built, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	committed, err := os.ReadFile("watchdog_linux_amd64.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(built, committed) {
+		t.Errorf("watchdog_linux_amd64.bin (%d bytes) is not what watchdog/build.sh makes of the source (%d bytes): run it", len(committed), len(built))
 	}
 }

@@ -1,0 +1,10 @@
+//go:build !linux
+
+package signals
+
+import "errors"
+
+// machineWatchdog: there is no built-in watchdog here; the shell serves.
+func machineWatchdog() (string, error) {
+	return "", errors.New("no built-in watchdog for this platform")
+}
