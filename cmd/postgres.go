@@ -41,8 +41,9 @@ var postgresStore = store{
 // newPostgresBackend validates the PostgreSQL flags and builds the
 // backend. Waiters without notifications poll every --retry-period (zero,
 // for status and history, which have no such flag: the backend's
-// default). No message of ours shows the URL, which may carry a password;
-// the driver's own parse errors show it with the password masked.
+// default). No message shows the URL, which may carry a password: the
+// parse errors of internal/pgwire name the keyword or the byte, never a
+// value that may be one.
 func newPostgresBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
 	url, source := c.String("postgres-url"), "--postgres-url"
 	if url == "" {

@@ -6,8 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/leaderrun/leaderrun/internal/pgwire"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
@@ -157,16 +156,15 @@ func (c *candidate) acquire(ctx context.Context) (attempt, error) {
 	defer cancel()
 	var a attempt
 	c.maybeHeld = true
-	err := c.b.do(ctx, func(conn *pgxpool.Conn) error {
+	err := c.b.do(ctx, func(conn *pgwire.Conn) error {
 		var token, left int64
 		a.sent = time.Now()
-		err := conn.QueryRow(ctx, c.b.sql.acquire, c.b.key, c.identity, c.owner, micros(c.ttl)).
-			Scan(&a.won, &token, &a.holder, &left)
+		err := queryRow(ctx, conn, c.b.sql.acquire, []any{c.b.key, c.identity, c.owner, micros(c.ttl)}, &a.won, &token, &a.holder, &left)
 		a.exists = err == nil
 		a.token, a.left = uint64(token), time.Duration(left)*time.Microsecond
 		return err
 	})
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(err, errNoRows) {
 		c.maybeHeld = false
 		return attempt{sent: a.sent}, nil
 	}
@@ -182,8 +180,8 @@ func (c *candidate) acquire(ctx context.Context) (attempt, error) {
 func (c *candidate) ensureRow(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	err := c.b.do(ctx, func(conn *pgxpool.Conn) error {
-		_, err := conn.Exec(ctx, c.b.sql.ensureRow, c.b.key)
+	err := c.b.do(ctx, func(conn *pgwire.Conn) error {
+		_, err := conn.Query(ctx, c.b.sql.ensureRow, c.b.key)
 		return err
 	})
 	if err != nil {
@@ -219,8 +217,8 @@ func (c *candidate) sleep(ctx context.Context, left time.Duration) error {
 func (c *candidate) withdraw() {
 	ctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
 	defer cancel()
-	_ = c.b.do(ctx, func(conn *pgxpool.Conn) error {
-		_, err := conn.Exec(ctx, c.b.sql.withdraw, c.b.key, c.owner)
+	_ = c.b.do(ctx, func(conn *pgwire.Conn) error {
+		_, err := conn.Query(ctx, c.b.sql.withdraw, c.b.key, c.owner)
 		return err
 	})
 }

@@ -7,9 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/leaderrun/leaderrun/internal/pgwire"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
@@ -97,11 +95,11 @@ func (l *lease) verify(ctx context.Context) error {
 		token  int64
 		alive  bool
 	)
-	err := l.b.do(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, l.b.sql.verify, l.b.key).Scan(&holder, &token, &alive)
+	err := l.b.do(ctx, func(c *pgwire.Conn) error {
+		return queryRow(ctx, c, l.b.sql.verify, []any{l.b.key}, &holder, &token, &alive)
 	})
 	switch {
-	case errors.Is(err, pgx.ErrNoRows) || pgCode(err) == "42P01":
+	case errors.Is(err, errNoRows) || pgCode(err) == "42P01":
 		return l.lostErr(true, "", 0, false)
 	case err != nil:
 		if ctx.Err() == nil {
@@ -144,9 +142,8 @@ func (l *lease) Renew(ctx context.Context) error {
 		holder                 string
 		token                  int64
 	)
-	err := l.b.do(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, l.b.sql.renew, l.b.key, l.identity, int64(l.token)).
-			Scan(&renewed, &exists, &holder, &token, &alive)
+	err := l.b.do(ctx, func(c *pgwire.Conn) error {
+		return queryRow(ctx, c, l.b.sql.renew, []any{l.b.key, l.identity, int64(l.token)}, &renewed, &exists, &holder, &token, &alive)
 	})
 	switch {
 	case pgCode(err) == "42P01":
@@ -173,11 +170,11 @@ func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, er
 		token   int64
 		at, exp time.Time
 	)
-	err := l.b.do(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, l.b.sql.completed, l.b.key, key).Scan(&m.Identity, &token, &at, &exp)
+	err := l.b.do(ctx, func(c *pgwire.Conn) error {
+		return queryRow(ctx, c, l.b.sql.completed, []any{l.b.key, key}, &m.Identity, &token, &at, &exp)
 	})
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(err, errNoRows):
 		return nil, nil
 	case err != nil:
 		return nil, l.b.redact(fmt.Errorf("postgres at %s: read the marker %q of %q in table %s_markers: %w",
@@ -194,9 +191,9 @@ func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, er
 // would make a retry report ErrLeaseLost for a marker that was written.
 func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
 	var written bool
-	err := l.b.pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, l.b.sql.complete, l.b.key, l.identity, int64(l.token),
-			m.Key, m.Identity, int64(m.Token), m.At, m.Expires).Scan(&written)
+	err := l.b.pool.with(ctx, func(c *pgwire.Conn) error {
+		return queryRow(ctx, c, l.b.sql.complete, []any{l.b.key, l.identity, int64(l.token),
+			m.Key, m.Identity, int64(m.Token), m.At, m.Expires}, &written)
 	})
 	switch {
 	case err != nil:
@@ -236,13 +233,13 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 		int64(t.Token), t.Identity, timestamptz(t.Acquired), timestamptz(t.Started), timestamptz(t.Ended),
 		t.End, t.ExitCode, t.Signal, t.Reason, t.OnceKey, term != nil}
 	var freed bool
-	err := l.b.do(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, l.b.sql.release, args...).Scan(&freed)
+	err := l.b.do(ctx, func(c *pgwire.Conn) error {
+		return queryRow(ctx, c, l.b.sql.release, args, &freed)
 	})
 	if pgCode(err) != "" {
 		histErr := err
-		err = l.b.do(ctx, func(c *pgxpool.Conn) error {
-			_, err := c.Exec(ctx, l.b.sql.freeOnly, l.b.key, l.identity, int64(l.token))
+		err = l.b.do(ctx, func(c *pgwire.Conn) error {
+			_, err := c.Query(ctx, l.b.sql.freeOnly, l.b.key, l.identity, int64(l.token))
 			return err
 		})
 		if err == nil {
@@ -258,6 +255,6 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 }
 
 // timestamptz is t for a nullable column: NULL when t is zero.
-func timestamptz(t time.Time) pgtype.Timestamptz {
-	return pgtype.Timestamptz{Time: t, Valid: !t.IsZero()}
+func timestamptz(t time.Time) pgwire.NullTime {
+	return pgwire.NullTime{Time: t, Valid: !t.IsZero()}
 }

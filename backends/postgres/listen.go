@@ -7,9 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/leaderrun/leaderrun/internal/pgwire"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
@@ -187,22 +185,17 @@ func (l *listener) run(ctx context.Context) {
 // waits for them until the connection fails or ctx ends.
 func (l *listener) listen(ctx context.Context, retry *backends.Backoff) error {
 	b := l.b
-	cfg := b.connCfg.Config.Copy()
-	cfg.OnNotification = l.handle
 	cctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	conn, err := pgconn.ConnectConfig(cctx, cfg)
+	conn, err := pgwire.Connect(cctx, b.connCfg)
 	cancel()
 	if err != nil {
 		return err
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
-		defer cancel()
-		conn.Close(cctx)
-	}()
-	channel := pgx.Identifier{b.sql.ids.channel}.Sanitize()
+	conn.OnNotification = l.handle
+	defer conn.Close()
+	channel := quoteIdent(b.sql.ids.channel)
 	cctx, cancel = context.WithTimeout(ctx, requestTimeout)
-	_, err = conn.Exec(cctx, "LISTEN "+channel).ReadAll()
+	_, err = conn.Exec(cctx, "LISTEN "+channel)
 	cancel()
 	if err != nil {
 		return err
@@ -212,7 +205,7 @@ func (l *listener) listen(ctx context.Context, retry *backends.Backoff) error {
 			// Through a pooler, that LISTEN may linger on some server
 			// connection; take it back where we can.
 			cctx, cancel := context.WithTimeout(ctx, withdrawTimeout)
-			_, _ = conn.Exec(cctx, "UNLISTEN "+channel).ReadAll()
+			_, _ = conn.Exec(cctx, "UNLISTEN "+channel)
 			cancel()
 		}
 		return err
@@ -244,7 +237,7 @@ func (l *listener) listen(ctx context.Context, retry *backends.Backoff) error {
 
 // probeDelivery sends a notification from a pooled connection and waits
 // for it to arrive on conn.
-func (l *listener) probeDelivery(ctx context.Context, conn *pgconn.PgConn) error {
+func (l *listener) probeDelivery(ctx context.Context, conn *pgwire.Conn) error {
 	id := randomID()
 	arrived := make(chan struct{})
 	l.mu.Lock()
@@ -257,8 +250,8 @@ func (l *listener) probeDelivery(ctx context.Context, conn *pgconn.PgConn) error
 	}()
 	payload, _ := json.Marshal(note{Op: "probe", ID: id})
 	pctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	err := l.b.do(pctx, func(c *pgxpool.Conn) error {
-		_, err := c.Exec(pctx, "SELECT pg_notify($1, $2)", l.b.sql.ids.channel, string(payload))
+	err := l.b.do(pctx, func(c *pgwire.Conn) error {
+		_, err := c.Query(pctx, "SELECT pg_notify($1, $2)", l.b.sql.ids.channel, string(payload))
 		return err
 	})
 	cancel()
@@ -297,9 +290,9 @@ type note struct {
 	ID   string `json:"id,omitempty"` // of a probe
 }
 
-// handle is called by pgconn, on the listening connection's goroutine, for
+// handle is called by the connection, on the listening connection's goroutine, for
 // each notification.
-func (l *listener) handle(_ *pgconn.PgConn, n *pgconn.Notification) {
+func (l *listener) handle(n *pgwire.Notification) {
 	var p note
 	if json.Unmarshal([]byte(n.Payload), &p) != nil {
 		return

@@ -115,8 +115,8 @@
 // # PgBouncer in transaction mode
 //
 // The backend needs no session state: no prepared statements (it runs its
-// statements in pgx's "exec" mode, unnamed statements in one round trip,
-// unless the connection string chooses default_query_exec_mode), no SET,
+// statements as unnamed statements, Parse, Bind and Execute in one round
+// trip, with internal/pgwire), no SET,
 // no session advisory locks, no temporary tables. Through PgBouncer in
 // transaction mode it works, in polling mode; what that costs: a loss is
 // seen at the next renewal (within --retry-period, not within
@@ -154,17 +154,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgtype"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/leaderrun/leaderrun/internal/pgwire"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
@@ -239,10 +235,10 @@ type Config struct {
 // are safe for concurrent use, but Campaign is meant for one campaign at a
 // time.
 type Backend struct {
-	pool     *pgxpool.Pool
-	connCfg  *pgx.ConnConfig // for the listener's connection
-	addr     string          // host:port of the server(s), for messages
-	password string          // to redact, should a message ever carry it
+	pool     *pool
+	connCfg  *pgwire.Config // for the listener's connection
+	addr     string         // host:port of the server(s), for messages
+	password string         // to redact, should a message ever carry it
 	lock     string
 	key      string // the row's name
 	sql      statements
@@ -284,46 +280,42 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	poolCfg, err := pgxpool.ParseConfig(cfg.URL)
+	cc, err := pgwire.ParseConfig(cfg.URL, nil)
 	if err != nil {
-		// pgconn's parse errors redact the password.
+		// Its messages never show the password.
 		return nil, fmt.Errorf("postgres: connection string: %w", err)
 	}
-	cc := poolCfg.ConnConfig
-	if !strings.Contains(cfg.URL, "default_query_exec_mode") {
-		// No server-side prepared statements: they do not survive a
-		// pooler in transaction mode, and these few statements gain
-		// nothing from them.
-		cc.DefaultQueryExecMode = pgx.QueryExecModeExec
+	maxConns := maxPoolConns
+	if v, ok := cc.Extra["pool_max_conns"]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("postgres: connection string: pool_max_conns %q: want a positive number", v)
+		}
+		maxConns = n
+		delete(cc.Extra, "pool_max_conns")
+	}
+	for k := range cc.Extra {
+		return nil, fmt.Errorf("postgres: connection string: unknown keyword %q", k)
 	}
 	if cc.ConnectTimeout <= 0 {
 		cc.ConnectTimeout = cfg.ConnectTimeout
 	}
-	if _, ok := cc.RuntimeParams["application_name"]; !ok {
-		cc.RuntimeParams["application_name"] = "leaderrun"
+	if _, ok := cc.Params["application_name"]; !ok {
+		cc.Params["application_name"] = "leaderrun"
 	}
-	// Pooled connections never LISTEN, but through a pooler in transaction
-	// mode they may run on a server connection where another client did:
-	// drop what arrives instead of letting pgx keep it for ever.
-	cc.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) {}
-	// A connection that broke while idle fails its next statement, which
-	// is then retried once on a new one (Backend.do): no ping before every
-	// renewal.
-	poolCfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-	if !strings.Contains(cfg.URL, "pool_max_conns") {
-		// A renewal and a check after a notification may overlap; nothing
-		// else does. Every leaderrun on a host costs the server's
-		// max_connections at most this, plus the listening connection.
-		poolCfg.MaxConns = maxPoolConns
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), poolCfg)
-	if err != nil {
-		return nil, fmt.Errorf("postgres: connection pool: %w", err)
-	}
+	// Statements use unnamed statements only (the extended protocol's
+	// Parse, Bind, Execute in one round trip): nothing prepared survives
+	// on a server connection, as a pooler in transaction mode needs. A
+	// connection that broke while idle fails its next statement, which
+	// is then retried once on a new one (Backend.do): no ping before
+	// every renewal. A renewal and a check after a notification may
+	// overlap; nothing else does. Every leaderrun on a host costs the
+	// server's max_connections at most maxConns, plus the listening
+	// connection.
 	b := &Backend{
-		pool:     pool,
-		connCfg:  cc.Copy(),
-		addr:     endpoints(&cc.Config),
+		pool:     newPool(cc, maxConns),
+		connCfg:  cc,
+		addr:     endpoints(cc),
 		password: cc.Password,
 		lock:     cfg.Lock,
 		key:      cfg.Prefix + cfg.Lock,
@@ -336,21 +328,14 @@ func New(cfg Config) (*Backend, error) {
 
 // endpoints is host:port of every server the configuration may try, for
 // messages. It carries no user information.
-func endpoints(c *pgconn.Config) string {
-	addrs := []string{hostPort(c.Host, c.Port)}
-	for _, f := range c.Fallbacks {
-		if a := hostPort(f.Host, f.Port); !slices.Contains(addrs, a) {
+func endpoints(c *pgwire.Config) string {
+	var addrs []string
+	for _, h := range c.Hosts {
+		if a := h.String(); !slices.Contains(addrs, a) {
 			addrs = append(addrs, a)
 		}
 	}
 	return strings.Join(addrs, ",")
-}
-
-func hostPort(host string, port uint16) string {
-	if strings.HasPrefix(host, "/") {
-		return host + "/.s.PGSQL." + strconv.Itoa(int(port)) // a unix socket
-	}
-	return net.JoinHostPort(host, strconv.Itoa(int(port)))
 }
 
 // Name implements backends.Backend.
@@ -372,7 +357,7 @@ func (b *Backend) Close() error {
 	if l != nil {
 		l.close()
 	}
-	b.pool.Close()
+	b.pool.close()
 	return nil
 }
 
@@ -381,9 +366,9 @@ func (b *Backend) Close() error {
 // fails the first statement sent on it; that failure is retried once, on a
 // new connection. Only statements that may run twice use it: every one
 // here but Complete's (see lease.Complete).
-func (b *Backend) do(ctx context.Context, fn func(*pgxpool.Conn) error) error {
+func (b *Backend) do(ctx context.Context, fn func(*pgwire.Conn) error) error {
 	for try := 0; ; try++ {
-		err := b.pool.AcquireFunc(ctx, fn)
+		err := b.pool.with(ctx, fn)
 		if err == nil || try > 0 || ctx.Err() != nil || !brokenConn(err) {
 			return err
 		}
@@ -394,8 +379,8 @@ func (b *Backend) do(ctx context.Context, fn func(*pgxpool.Conn) error) error {
 // failed under the statement, rather than the server answering it or a
 // new connection failing.
 func brokenConn(err error) bool {
-	var pgErr *pgconn.PgError
-	var connectErr *pgconn.ConnectError
+	var pgErr *pgwire.PgError
+	var connectErr *pgwire.ConnectError
 	switch {
 	case errors.As(err, &connectErr), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return false
@@ -413,7 +398,7 @@ func brokenConn(err error) bool {
 // network, a restart, too many connections, a serialisation conflict, a
 // read-only server during a failover.
 func refused(err error) bool {
-	var pgErr *pgconn.PgError
+	var pgErr *pgwire.PgError
 	if !errors.As(err, &pgErr) {
 		return false
 	}
@@ -426,7 +411,7 @@ func refused(err error) bool {
 
 // pgCode is the SQLSTATE of err, "" if the server did not answer with one.
 func pgCode(err error) string {
-	var pgErr *pgconn.PgError
+	var pgErr *pgwire.PgError
 	if errors.As(err, &pgErr) {
 		return pgErr.Code
 	}
@@ -440,7 +425,7 @@ func (b *Backend) unavailable(op string, err error) error {
 		b.addr, op, b.key, b.sql.ids.tableName, backends.ErrUnavailable, err))
 }
 
-// redact replaces the password in err's message, should a driver message
+// redact replaces the password in err's message, should a server message
 // ever carry it; errors.Is and errors.As still see through it.
 func (b *Backend) redact(err error) error {
 	if err == nil || b.password == "" || !strings.Contains(err.Error(), b.password) {
@@ -456,6 +441,26 @@ type redacted struct {
 
 func (r *redacted) Error() string { return r.msg }
 func (r *redacted) Unwrap() error { return r.err }
+
+// errNoRows is queryRow's error for a statement that returned no row.
+var errNoRows = errors.New("postgres: no row")
+
+// queryRow runs sql and scans its first row into dest.
+func queryRow(ctx context.Context, c *pgwire.Conn, sql string, args []any, dest ...any) error {
+	rows, err := c.Query(ctx, sql, args...)
+	if err != nil {
+		return err
+	}
+	if len(rows) == 0 {
+		return errNoRows
+	}
+	return pgwire.Scan(rows[0], dest...)
+}
+
+// quoteIdent is name as a quoted SQL identifier.
+func quoteIdent(name string) string {
+	return `"` + strings.ReplaceAll(strings.ReplaceAll(name, "\x00", ""), `"`, `""`) + `"`
+}
 
 // micros is d in whole microseconds, PostgreSQL's resolution, at least 1.
 func micros(d time.Duration) int64 { return max(int64(d/time.Microsecond), 1) }
@@ -479,11 +484,11 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 		token, ttl, remains int64
 		held                bool
 	)
-	err := b.do(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, b.sql.status, b.key).Scan(&holder, &token, &ttl, &remains, &held)
+	err := b.do(ctx, func(c *pgwire.Conn) error {
+		return queryRow(ctx, c, b.sql.status, []any{b.key}, &holder, &token, &ttl, &remains, &held)
 	})
 	switch {
-	case errors.Is(err, pgx.ErrNoRows) || pgCode(err) == "42P01": // undefined_table
+	case errors.Is(err, errNoRows) || pgCode(err) == "42P01": // undefined_table
 		return st, nil
 	case err != nil:
 		return st, b.unavailable("read", err)
@@ -507,29 +512,28 @@ func (b *Backend) History(ctx context.Context, limit int) ([]backends.Term, erro
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	var terms []backends.Term
-	err := b.do(ctx, func(c *pgxpool.Conn) error {
+	err := b.do(ctx, func(c *pgwire.Conn) error {
 		terms = terms[:0]
 		rows, err := c.Query(ctx, b.sql.history, b.key, limit)
 		if err != nil {
 			return err
 		}
-		for rows.Next() {
+		for _, row := range rows {
 			var (
 				t                 backends.Term
 				token             int64
-				acquired, started pgtype.Timestamptz
-				ended             pgtype.Timestamptz
+				acquired, started pgwire.NullTime
+				ended             pgwire.NullTime
 			)
-			if err := rows.Scan(&t.Identity, &token, &acquired, &started, &ended, &t.End, &t.ExitCode,
+			if err := pgwire.Scan(row, &t.Identity, &token, &acquired, &started, &ended, &t.End, &t.ExitCode,
 				&t.Signal, &t.Reason, &t.OnceKey); err != nil {
-				rows.Close()
 				return err
 			}
 			t.Token = uint64(token)
 			t.Acquired, t.Started, t.Ended = acquired.Time, started.Time, ended.Time
 			terms = append(terms, t)
 		}
-		return rows.Err()
+		return nil
 	})
 	switch {
 	case pgCode(err) == "42P01":

@@ -7,8 +7,7 @@ import (
 	"hash/fnv"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/leaderrun/leaderrun/internal/pgwire"
 )
 
 // Names of the triggers on the lease table; trigger names are per table.
@@ -57,9 +56,9 @@ func newIdents(table string) (idents, error) {
 	}
 	quote := func(n string) string {
 		if schema != "" {
-			return pgx.Identifier{schema, n}.Sanitize()
+			return quoteIdent(schema) + "." + quoteIdent(n)
 		}
-		return pgx.Identifier{n}.Sanitize()
+		return quoteIdent(n)
 	}
 	ids := idents{
 		tableName: table,
@@ -275,8 +274,8 @@ func (b *Backend) ensureSchema(ctx context.Context) error {
 		present  [4]bool // table, markers, history, sequence
 		triggers int
 	)
-	err := b.do(ctx, func(c *pgxpool.Conn) error {
-		return c.QueryRow(ctx, b.sql.check).Scan(&schema, &present[0], &present[1], &present[2], &present[3], &triggers)
+	err := b.do(ctx, func(c *pgwire.Conn) error {
+		return queryRow(ctx, c, b.sql.check, nil, &schema, &present[0], &present[1], &present[2], &present[3], &triggers)
 	})
 	if err != nil {
 		return b.unavailable("check the tables for", err)
@@ -337,16 +336,16 @@ func (b *Backend) ensureSchema(ctx context.Context) error {
 // of its second statement, the SELECT that follows the advisory lock.
 func (b *Backend) ddl(ctx context.Context, sql string) ([]string, error) {
 	var row []string
-	err := b.do(ctx, func(c *pgxpool.Conn) error {
-		results, err := c.Conn().PgConn().Exec(ctx, sql).ReadAll()
+	err := b.do(ctx, func(c *pgwire.Conn) error {
+		results, err := c.Exec(ctx, sql)
 		if err != nil {
 			return err
 		}
-		if len(results) < 2 || len(results[1].Rows) != 1 {
+		if len(results) < 2 || len(results[1]) != 1 {
 			return fmt.Errorf("postgres: unexpected answer to the DDL of table %s", b.sql.ids.tableName)
 		}
 		row = row[:0]
-		for _, v := range results[1].Rows[0] {
+		for _, v := range results[1][0] {
 			row = append(row, string(v))
 		}
 		return nil

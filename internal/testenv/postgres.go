@@ -1,10 +1,16 @@
 package testenv
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"math/big"
 	"net"
 	"net/url"
 	"os"
@@ -80,8 +86,9 @@ const PostgresSuperuser = "postgres"
 
 // Postgres is a throwaway PostgreSQL cluster on 127.0.0.1 and a free port,
 // with its data in a temporary directory. Every role, the superuser
-// included, logs in with a password (scram-sha-256), over TCP only. It is
-// stopped and its directory removed when the test ends.
+// included, logs in with a password (scram-sha-256; md5 and cleartext for
+// LegacyAuthRoles), over TCP with or without TLS (CAFile), or its unix
+// socket. It is stopped and its directory removed when the test ends.
 //
 // PostgreSQL refuses to run as root: when the tests run as root the
 // cluster runs as the "postgres" user that Debian's package creates (or a
@@ -103,6 +110,7 @@ type Postgres struct {
 	cred *syscall.Credential // nil unless the tests run as root
 
 	maxConns int
+	caFile   string // the CA that signed the server's certificate
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -148,6 +156,8 @@ func StartPostgresWith(t testing.TB, opts PostgresOptions) *Postgres {
 		t.Fatalf("initdb: %v\n%s", err, out)
 	}
 	os.Remove(pwfile)
+	p.setUpTLS()
+	p.setUpLegacyAuth()
 	var err error
 	for try := 0; try < 3; try++ {
 		p.port = FreePort(t, "127.0.0.1")
@@ -163,6 +173,70 @@ func StartPostgresWith(t testing.TB, opts PostgresOptions) *Postgres {
 	// CreateRole cannot create tables on any version.
 	p.Psql(t, "REVOKE CREATE ON SCHEMA public FROM PUBLIC")
 	return p
+}
+
+// setUpTLS writes a CA and a certificate it signed for 127.0.0.1 (and no
+// name), so that the server accepts TLS as well as plaintext: sslmode
+// verify-full holds for host 127.0.0.1 and fails for localhost.
+func (p *Postgres) setUpTLS() {
+	p.t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	now := time.Now()
+	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "leaderrun test CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.writeFile(filepath.Join(p.dir, "server.crt"), string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leafDER})))
+	p.writeFile(filepath.Join(p.dir, "server.key"), string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})))
+	p.caFile = filepath.Join(p.dir, "ca.crt")
+	if err := os.WriteFile(p.caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o644); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// CAFile is the CA certificate that signed the server's, for sslrootcert.
+func (p *Postgres) CAFile() string { return p.caFile }
+
+// Roles that log in with the older methods: LegacyAuthRoles["md5"] with
+// md5, ["password"] with a cleartext password; CreateRole makes them.
+var LegacyAuthRoles = map[string]string{"md5": "md5_login", "password": "cleartext_login"}
+
+// setUpLegacyAuth puts lines for LegacyAuthRoles first in pg_hba.conf,
+// ahead of initdb's scram-sha-256 for all.
+func (p *Postgres) setUpLegacyAuth() {
+	p.t.Helper()
+	hba := filepath.Join(p.data, "pg_hba.conf")
+	old, err := os.ReadFile(hba)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	lines := ""
+	for method, role := range LegacyAuthRoles {
+		lines += "host all " + role + " 127.0.0.1/32 " + method + "\n"
+	}
+	p.writeFile(hba, lines+string(old))
 }
 
 // serverDir makes a directory for a server process that must not run as
@@ -275,6 +349,8 @@ func (p *Postgres) startServer() error {
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
 		"-c", "shared_buffers=16MB", "-c", "max_connections="+strconv.Itoa(p.maxConns),
 		"-c", "logging_collector=off", "-c", "log_min_messages=warning",
+		"-c", "ssl=on", "-c", "ssl_cert_file="+filepath.Join(p.dir, "server.crt"),
+		"-c", "ssl_key_file="+filepath.Join(p.dir, "server.key"),
 		// The role in every line, so that a test can count a role's
 		// statements (ALTER ROLE ... SET log_statement = 'all').
 		"-c", "log_line_prefix=%m [%p] %q%u@%d ")
@@ -391,6 +467,9 @@ func (p *Postgres) Host() string { return "127.0.0.1" }
 
 // Port is the server's TCP port.
 func (p *Postgres) Port() int { return p.port }
+
+// SocketDir is the directory of the server's unix socket.
+func (p *Postgres) SocketDir() string { return p.dir }
 
 // Addr is host:port of the server.
 func (p *Postgres) Addr() string { return net.JoinHostPort(p.Host(), strconv.Itoa(p.port)) }
