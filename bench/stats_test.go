@@ -21,7 +21,13 @@ type sample struct {
 }
 
 func (s *sample) add(d time.Duration) { s.vals = append(s.vals, d) }
-func (s *sample) runs() int           { return len(s.vals) + s.never }
+// runs is how many runs s counts; none for a phase that was not run.
+func (s *sample) runs() int {
+	if s == nil {
+		return 0
+	}
+	return len(s.vals) + s.never
+}
 
 // percentile is the nearest-rank p-quantile (0 < p ≤ 1) of ds: the
 // smallest value with at least p of the sample at or below it. With 30

@@ -1,5 +1,5 @@
 # The watchdog as a static Linux x86-64 executable: what watchdogScript
-# does, in 61 instructions and no library, so that it costs a page or two
+# does, in 88 instructions and no library, so that it costs a page or two
 # of memory instead of a shell's 1.7 MiB. build.sh assembles it into
 # ../watchdog_linux_amd64.bin, which the signals package embeds.
 #
