@@ -21,6 +21,7 @@ type sample struct {
 }
 
 func (s *sample) add(d time.Duration) { s.vals = append(s.vals, d) }
+
 // runs is how many runs s counts; none for a phase that was not run.
 func (s *sample) runs() int {
 	if s == nil {
