@@ -96,14 +96,21 @@ func Prepare(spec Spec) (*Supervisor, error) {
 	go func() {
 		defer close(s.started)
 		defer theirs.Close()
-		for _, dog := range dogs {
+		var errs []error
+		for i, dog := range dogs {
 			dog.ExtraFiles = []*os.File{theirs}
 			dog.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 			s.dog = dog
-			if s.err = startTracked(dog); s.err == nil {
+			err := startTracked(dog)
+			if err == nil {
+				s.err = nil
 				return
 			}
-			s.err = fmt.Errorf("start watchdog %s: %w", dog.Path, s.err)
+			if i == 0 && builtinDog(dog) {
+				machineFailed.Store(true) // not again: a policy forbids it
+			}
+			errs = append(errs, fmt.Errorf("start watchdog %s: %w", dog.Path, err))
+			s.err = errors.Join(errs...)
 		}
 	}()
 	return s, nil

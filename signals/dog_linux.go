@@ -3,6 +3,7 @@ package signals
 import (
 	"errors"
 	"fmt"
+	"os/exec"
 	"strconv"
 	"sync"
 
@@ -29,6 +30,11 @@ func machineWatchdog() (string, error) {
 	}
 	machine.once.Do(func() { machine.path, machine.err = memfdExecutable("leaderrun-watchdog", machineDog) })
 	return machine.path, machine.err
+}
+
+// builtinDog reports whether cmd runs the built-in watchdog.
+func builtinDog(cmd *exec.Cmd) bool {
+	return machine.path != "" && cmd.Path == machine.path
 }
 
 // memfdExecutable writes data to a new memfd, seals it against any change,

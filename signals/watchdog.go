@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -51,12 +52,16 @@ var (
 	builtin = true
 )
 
+// machineFailed is set once the built-in watchdog could not be executed,
+// so that later commands go straight to the shell.
+var machineFailed atomic.Bool
+
 // watchdogCommands are the watchdogs to try, in order: the built-in one,
 // then the shell or this binary. Each ignores at least the forwarded
 // signals, SIGPIPE and killSignal.
 func watchdogCommands(killSignal syscall.Signal) ([]*exec.Cmd, error) {
 	var cmds []*exec.Cmd
-	if builtin {
+	if builtin && !machineFailed.Load() {
 		if path, err := machineWatchdog(); err == nil {
 			cmds = append(cmds, &exec.Cmd{Path: path, Args: []string{"leaderrun-watchdog"}, Env: []string{}})
 		}

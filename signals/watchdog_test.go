@@ -231,12 +231,16 @@ func TestBuiltinWatchdogIsSmall(t *testing.T) {
 	}
 	t.Logf("built-in watchdog: peak RSS %d KiB", hwm)
 
-	// A path that cannot be executed in place of the memfd: the shell serves.
-	defer func(p string) { machine.path = p }(machine.path)
+	// A path that cannot be executed in place of the memfd: the shell
+	// serves, and is tried first from then on.
+	defer func(p string) { machine.path = p; machineFailed.Store(false) }(machine.path)
 	machine.path = t.TempDir()
 	c, grandchild := startTree(t)
 	if c.s.dog.Path != shell {
 		t.Errorf("with the built-in watchdog failing to start, the watchdog is %s, want %s", c.s.dog.Path, shell)
+	}
+	if dogs, err := watchdogCommands(syscall.SIGTERM); err != nil || dogs[0].Path != shell {
+		t.Errorf("after the built-in watchdog failed once, the first to try is %v (%v), want %s", dogs, err, shell)
 	}
 	c.s.conn.Close()
 	if st := waitChild(t, c); st.Signal != syscall.SIGKILL {

@@ -55,7 +55,8 @@ func (p *pool) with(ctx context.Context, fn func(*pgwire.Conn) error) error {
 	err := fn(c)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if c.IsClosed() || p.closed {
+	if !c.Idle() || p.closed {
+		// Closed, or left in a transaction (no statement here opens one).
 		c.Close()
 	} else {
 		p.idle = append(p.idle, c)

@@ -16,6 +16,7 @@ package pgwire
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -23,6 +24,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,12 +35,19 @@ import (
 type Host struct {
 	Host string
 	Port uint16
+	// Addr, when set (libpq's hostaddr beside host), is the address
+	// dialled; Host is then only the name the certificate is checked
+	// against and the password file matched with.
+	Addr string
 }
 
 // Network and address to dial.
 func (h Host) dial() (network, address string) {
 	if h.isSocket() {
 		return "unix", filepath.Join(h.Host, ".s.PGSQL."+strconv.Itoa(int(h.Port)))
+	}
+	if h.Addr != "" {
+		return "tcp", net.JoinHostPort(h.Addr, strconv.Itoa(int(h.Port)))
 	}
 	return "tcp", net.JoinHostPort(h.Host, strconv.Itoa(int(h.Port)))
 }
@@ -56,9 +65,12 @@ func (h Host) String() string {
 
 // Config is a parsed connection string.
 type Config struct {
-	Hosts    []Host // tried in order
-	User     string
+	Hosts []Host // tried in order
+	User  string
+	// Password is the one given by the string or PGPASSWORD; when it is
+	// empty, PassFile's line for each host is used as that host is tried.
 	Password string
+	PassFile string
 	Database string
 	// Params are sent in the startup message (application_name, options).
 	Params map[string]string
@@ -67,6 +79,10 @@ type Config struct {
 	SSLRootCert string
 	SSLCert     string
 	SSLKey      string
+	// TLSMin and TLSMax bound the TLS version (ssl_min_protocol_version,
+	// ssl_max_protocol_version): crypto/tls's VersionTLS12 and so on, 0 for
+	// no maximum.
+	TLSMin, TLSMax uint16
 
 	// ConnectTimeout bounds each host's attempt; zero: none but the
 	// caller's context.
@@ -89,12 +105,20 @@ var (
 		"sslmode": true, "sslrootcert": true, "sslcert": true, "sslkey": true, "connect_timeout": true,
 		"application_name": true, "fallback_application_name": true, "options": true,
 		"target_session_attrs": true, "passfile": true, "client_encoding": true,
+		"ssl_min_protocol_version": true, "ssl_max_protocol_version": true,
 	}
 	ignored = map[string]bool{
 		"keepalives": true, "keepalives_idle": true, "keepalives_interval": true, "keepalives_count": true,
-		"tcp_user_timeout": true, "sslcompression": true, "sslsni": true, "sslcrl": true, "sslcrldir": true,
-		"ssl_min_protocol_version": true, "ssl_max_protocol_version": true, "requirepeer": true,
+		"tcp_user_timeout": true, "sslcompression": true, "sslsni": true,
 		"krbsrvname": true, "gsslib": true, "gssdelegation": true, "load_balance_hosts": true,
+	}
+	// unsupported are libpq's keywords that ask for a check this client
+	// does not make: refused rather than ignored, since ignoring them
+	// would accept what the user meant to reject.
+	unsupported = map[string]string{
+		"sslcrl": "certificate revocation lists", "sslcrldir": "certificate revocation lists",
+		"requirepeer": "checking the server's user on a unix socket", "require_auth": "restricting the authentication method",
+		"sslpassword": "encrypted client keys", "sslcertmode": "sslcertmode",
 	}
 	// env is libpq's variable for each keyword.
 	env = map[string]string{
@@ -103,7 +127,11 @@ var (
 		"sslkey": "PGSSLKEY", "connect_timeout": "PGCONNECT_TIMEOUT", "application_name": "PGAPPNAME",
 		"options": "PGOPTIONS", "target_session_attrs": "PGTARGETSESSIONATTRS", "passfile": "PGPASSFILE",
 		"client_encoding": "PGCLIENTENCODING", "gssencmode": "PGGSSENCMODE", "channel_binding": "PGCHANNELBINDING",
+		"ssl_min_protocol_version": "PGSSLMINPROTOCOLVERSION", "ssl_max_protocol_version": "PGSSLMAXPROTOCOLVERSION",
 	}
+	// unsupportedEnv are the variables of unsupported keywords.
+	unsupportedEnv = map[string]string{"PGSSLCRL": "sslcrl", "PGSSLCRLDIR": "sslcrldir", "PGREQUIREPEER": "requirepeer",
+		"PGREQUIREAUTH": "require_auth", "PGSSLCERTMODE": "sslcertmode"}
 )
 
 // ParseError is a connection string that cannot be used. Its message never
@@ -145,6 +173,11 @@ func ParseConfig(s string, getenv func(string) string) (*Config, error) {
 			delete(settings, k)
 		case ignored[k]:
 			delete(settings, k)
+		case unsupported[k] != "":
+			if v != "" {
+				return nil, parseErrorf("%s is not supported (%s)", k, unsupported[k])
+			}
+			delete(settings, k)
 		case !keywords[k]:
 			extra[k] = v
 			delete(settings, k)
@@ -155,6 +188,11 @@ func ParseConfig(s string, getenv func(string) string) (*Config, error) {
 			if v := getenv(name); v != "" {
 				settings[k] = v
 			}
+		}
+	}
+	for name, k := range unsupportedEnv {
+		if getenv(name) != "" {
+			return nil, parseErrorf("%s is set, and %s is not supported (%s)", name, k, unsupported[k])
 		}
 	}
 	if v := getenv("PGSERVICE"); v != "" {
@@ -182,15 +220,41 @@ func ParseConfig(s string, getenv func(string) string) (*Config, error) {
 	if err := c.hosts(settings); err != nil {
 		return nil, err
 	}
+	c.SSLRootCert, c.SSLCert, c.SSLKey = settings["sslrootcert"], settings["sslcert"], settings["sslkey"]
 	c.SSLMode = settings["sslmode"]
 	switch c.SSLMode {
 	case "":
 		c.SSLMode = "prefer"
+		if c.SSLRootCert == "system" {
+			c.SSLMode = "verify-full" // as libpq: the system's roots vouch for any name
+		}
 	case "disable", "allow", "prefer", "require", "verify-ca", "verify-full":
+		if c.SSLRootCert == "system" && c.SSLMode != "verify-full" {
+			return nil, parseErrorf("sslmode %s is too weak for sslrootcert=system: use verify-full", c.SSLMode)
+		}
 	default:
 		return nil, parseErrorf("sslmode %q: want disable, allow, prefer, require, verify-ca or verify-full", c.SSLMode)
 	}
-	c.SSLRootCert, c.SSLCert, c.SSLKey = settings["sslrootcert"], settings["sslcert"], settings["sslkey"]
+	for _, v := range []struct {
+		key string
+		dst *uint16
+		def uint16
+	}{{"ssl_min_protocol_version", &c.TLSMin, tls.VersionTLS12}, {"ssl_max_protocol_version", &c.TLSMax, 0}} {
+		switch settings[v.key] {
+		case "":
+			*v.dst = v.def
+		case "TLSv1":
+			*v.dst = tls.VersionTLS10
+		case "TLSv1.1":
+			*v.dst = tls.VersionTLS11
+		case "TLSv1.2":
+			*v.dst = tls.VersionTLS12
+		case "TLSv1.3":
+			*v.dst = tls.VersionTLS13
+		default:
+			return nil, parseErrorf("%s %q: want TLSv1, TLSv1.1, TLSv1.2 or TLSv1.3", v.key, settings[v.key])
+		}
+	}
 	if v := settings["connect_timeout"]; v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
@@ -221,39 +285,53 @@ func ParseConfig(s string, getenv func(string) string) (*Config, error) {
 	}
 	c.Params["client_encoding"] = "UTF8"
 	if c.Password == "" {
-		passfile := settings["passfile"]
-		if passfile == "" {
+		c.PassFile = settings["passfile"]
+		if c.PassFile == "" {
 			if home, err := os.UserHomeDir(); err == nil {
-				passfile = filepath.Join(home, ".pgpass")
+				c.PassFile = filepath.Join(home, ".pgpass")
 			}
-		}
-		if passfile != "" {
-			c.Password = passwordFromFile(passfile, c.Hosts[0], c.Database, c.User)
 		}
 	}
 	return c, nil
 }
 
+// PasswordFor is the password to give host h: the one given, else h's
+// line in the password file, else "".
+func (c *Config) PasswordFor(h Host) string {
+	if c.Password != "" || c.PassFile == "" {
+		return c.Password
+	}
+	return passwordFromFile(c.PassFile, h, c.Database, c.User)
+}
+
 // hosts fills c.Hosts from the comma-separated host (or hostaddr) and port
 // lists: one port for all hosts, or one each.
 func (c *Config) hosts(settings map[string]string) error {
-	hosts := settings["host"]
-	if hosts == "" {
-		hosts = settings["hostaddr"]
-	}
-	if hosts == "" {
+	hosts, addrs := settings["host"], settings["hostaddr"]
+	var addrList []string
+	switch {
+	case hosts == "" && addrs != "":
+		hosts = addrs
+	case addrs != "":
+		addrList = strings.Split(addrs, ",")
+	case hosts == "":
 		hosts = defaultHost()
 	}
 	hostList := strings.Split(hosts, ",")
+	if addrList != nil && len(addrList) != len(hostList) {
+		return parseErrorf("%d addresses (hostaddr) for %d hosts: give one for each host", len(addrList), len(hostList))
+	}
 	var ports []uint16
-	for _, p := range strings.Split(settings["port"], ",") {
+	for i, p := range strings.Split(settings["port"], ",") {
 		if p == "" {
 			ports = append(ports, 5432)
 			continue
 		}
 		n, err := strconv.ParseUint(p, 10, 16)
 		if err != nil || n == 0 {
-			return parseErrorf("port %q: want a number from 1 to 65535", p)
+			// Not quoted: a URL whose password holds an unescaped / or ?
+			// is cut there, and the password may land here.
+			return parseErrorf("port %d of the list is not a number from 1 to 65535", i+1)
 		}
 		ports = append(ports, uint16(n))
 	}
@@ -268,15 +346,23 @@ func (c *Config) hosts(settings map[string]string) error {
 		if len(ports) > 1 {
 			port = ports[i]
 		}
-		c.Hosts = append(c.Hosts, Host{Host: h, Port: port})
+		host := Host{Host: h, Port: port}
+		if addrList != nil {
+			host.Addr = addrList[i]
+		}
+		c.Hosts = append(c.Hosts, host)
 	}
 	return nil
 }
 
+// socketDirs are where libpq looks for the server's socket by default,
+// as Debian's, macOS's and upstream's builds do.
+var socketDirs = []string{"/var/run/postgresql", "/private/tmp", "/tmp"}
+
 // defaultHost is libpq's: the unix socket directory where the server's
 // packages put it, else localhost.
 func defaultHost() string {
-	for _, dir := range []string{"/var/run/postgresql", "/private/tmp", "/tmp"} {
+	for _, dir := range socketDirs {
 		if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
 			return dir
 		}
@@ -341,12 +427,23 @@ func parseURL(s string, settings map[string]string) error {
 		}
 		settings["dbname"] = d
 	}
-	values, err := url.ParseQuery(query)
-	if err != nil {
-		return parseErrorf("connection URL: the query is not well formed: %v", err)
-	}
-	for k, v := range values {
-		settings[k] = v[len(v)-1]
+	// As libpq: key=value pairs split on & and =, %XX unescaped, + kept
+	// (url.ParseQuery would make it a space). No value is quoted in an
+	// error: it may be the password.
+	for i, pair := range strings.Split(query, "&") {
+		if pair == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(pair, "=")
+		key, kerr := url.PathUnescape(k)
+		val, verr := url.PathUnescape(v)
+		switch {
+		case !ok || kerr != nil:
+			return parseErrorf("connection URL: parameter %d of the query is not key=value", i+1)
+		case verr != nil:
+			return parseErrorf("connection URL: the value of %s is not well escaped", key)
+		}
+		settings[key] = val
 	}
 	return nil
 }
@@ -419,8 +516,8 @@ func passwordFromFile(path string, h Host, database, user string) string {
 	}
 	defer f.Close()
 	host := h.Host
-	if h.isSocket() {
-		host = "localhost"
+	if h.isSocket() && slices.Contains(socketDirs, h.Host) {
+		host = "localhost" // as libpq, for its default socket directory
 	}
 	want := []string{host, strconv.Itoa(int(h.Port)), database, user}
 	sc := bufio.NewScanner(f)

@@ -1,6 +1,7 @@
 package pgwire
 
 import (
+	"crypto/tls"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -24,22 +25,28 @@ func TestParseConfig(t *testing.T) {
 		want    Config
 	}{
 		{"url", "postgres://al%40ice:p%3Ass@db1.internal:6432/ops?sslmode=verify-full&application_name=x&connect_timeout=1", nil,
-			Config{Hosts: []Host{{"db1.internal", 6432}}, User: "al@ice", Password: "p:ss", Database: "ops", SSLMode: "verify-full",
+			Config{Hosts: []Host{{"db1.internal", 6432, ""}}, User: "al@ice", Password: "p:ss", Database: "ops", SSLMode: "verify-full",
 				ConnectTimeout: 2 * time.Second, Params: map[string]string{"application_name": "x"}}},
 		{"url, several hosts and IPv6", "postgresql://u@a:1,[::1]:2,b/d", nil,
-			Config{Hosts: []Host{{"a", 1}, {"::1", 2}, {"b", 5432}}, User: "u", Database: "d", SSLMode: "prefer"}},
+			Config{Hosts: []Host{{"a", 1, ""}, {"::1", 2, ""}, {"b", 5432, ""}}, User: "u", Database: "d", SSLMode: "prefer"}},
 		{"keywords, quoted", `host=h port=7 user=u password='it\'s a \\ secret' dbname = x sslmode=disable`, nil,
-			Config{Hosts: []Host{{"h", 7}}, User: "u", Password: `it's a \ secret`, Database: "x", SSLMode: "disable"}},
+			Config{Hosts: []Host{{"h", 7, ""}}, User: "u", Password: `it's a \ secret`, Database: "x", SSLMode: "disable"}},
 		{"keywords, hosts and ports", "host=a,b port=1,2 user=u", nil,
-			Config{Hosts: []Host{{"a", 1}, {"b", 2}}, User: "u", Database: "u", SSLMode: "prefer"}},
+			Config{Hosts: []Host{{"a", 1, ""}, {"b", 2, ""}}, User: "u", Database: "u", SSLMode: "prefer"}},
 		{"variables", "", map[string]string{"PGHOST": "/run/pg", "PGPORT": "5433", "PGUSER": "v", "PGPASSWORD": "pw",
 			"PGDATABASE": "db", "PGSSLMODE": "require", "PGAPPNAME": "app", "PGCONNECT_TIMEOUT": "9", "PGTARGETSESSIONATTRS": "read-write"},
-			Config{Hosts: []Host{{"/run/pg", 5433}}, User: "v", Password: "pw", Database: "db", SSLMode: "require",
+			Config{Hosts: []Host{{"/run/pg", 5433, ""}}, User: "v", Password: "pw", Database: "db", SSLMode: "require",
 				ConnectTimeout: 9 * time.Second, TargetSessionAttrs: "read-write", Params: map[string]string{"application_name": "app"}}},
 		{"the string wins over the variables", "host=h user=u", map[string]string{"PGHOST": "other", "PGUSER": "v", "PGDATABASE": "db"},
-			Config{Hosts: []Host{{"h", 5432}}, User: "u", Database: "db", SSLMode: "prefer"}},
+			Config{Hosts: []Host{{"h", 5432, ""}}, User: "u", Database: "db", SSLMode: "prefer"}},
+		{"url, + and an escaped & kept in the password", "postgres://u:a+b%26c@h/d", nil,
+			Config{Hosts: []Host{{"h", 5432, ""}}, User: "u", Password: "a+b&c", Database: "d", SSLMode: "prefer"}},
+		{"hostaddr beside host", "host=db1,db2 hostaddr=10.0.0.1,10.0.0.2 user=u", nil,
+			Config{Hosts: []Host{{"db1", 5432, "10.0.0.1"}, {"db2", 5432, "10.0.0.2"}}, User: "u", Database: "u", SSLMode: "prefer"}},
+		{"the system's roots: verify-full", "host=h user=u sslrootcert=system", nil,
+			Config{Hosts: []Host{{"h", 5432, ""}}, User: "u", Database: "u", SSLMode: "verify-full", SSLRootCert: "system"}},
 		{"keywords not libpq's are the caller's", "postgres://u@h/d?pool_max_conns=3", nil,
-			Config{Hosts: []Host{{"h", 5432}}, User: "u", Database: "d", SSLMode: "prefer", Extra: map[string]string{"pool_max_conns": "3"}}},
+			Config{Hosts: []Host{{"h", 5432, ""}}, User: "u", Database: "d", SSLMode: "prefer", Extra: map[string]string{"pool_max_conns": "3"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseConfig(tc.s, vars(tc.env))
@@ -53,6 +60,10 @@ func TestParseConfig(t *testing.T) {
 			want.Params["client_encoding"] = "UTF8"
 			if want.Extra == nil {
 				want.Extra = map[string]string{}
+			}
+			want.PassFile = got.PassFile
+			if want.TLSMin == 0 {
+				want.TLSMin = tls.VersionTLS12
 			}
 			if want.TargetSessionAttrs == "" {
 				want.TargetSessionAttrs = "any"
@@ -69,7 +80,14 @@ func TestParseConfig(t *testing.T) {
 func TestParseConfigErrors(t *testing.T) {
 	const secret = "hunter2"
 	for _, tc := range []struct{ s, want string }{
-		{"postgres://u:" + secret + "@h:notaport/db", `port "notaport"`},
+		{"postgres://u:" + secret + "@h:notaport/db", "port 1 of the list is not a number"},
+		{"postgres://u:" + secret[:3] + "/" + secret[3:] + "@h/db", "port 1 of the list is not a number"}, // an unescaped / cuts the URL
+		{"postgres://u@h/db?password=" + secret + "%zz", "the value of password is not well escaped"},
+		{"host=h sslrootcert=system sslmode=require password=" + secret, "too weak for sslrootcert=system"},
+		{"host=h sslcrl=/etc/crl.pem", "sslcrl is not supported"},
+		{"host=h requirepeer=postgres", "requirepeer is not supported"},
+		{"host=a,b hostaddr=10.0.0.1", "1 addresses (hostaddr) for 2 hosts"},
+		{"host=h ssl_min_protocol_version=SSLv3", `ssl_min_protocol_version "SSLv3"`},
 		{"host=h password=" + secret + " sslmode=sometimes", `sslmode "sometimes"`},
 		{"host=h password='" + secret, "no closing quote"},
 		{"host=a,b,c port=1,2", "2 ports for 3 hosts"},
@@ -84,7 +102,7 @@ func TestParseConfigErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("ParseConfig(%q) = %v, want an error saying %s", tc.s, err, tc.want)
 		}
-		if err != nil && strings.Contains(err.Error(), secret) && !strings.Contains(tc.want, secret) {
+		if err != nil && (strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), secret[:3])) {
 			t.Errorf("ParseConfig(%q): the error shows the password: %v", tc.s, err)
 		}
 	}
@@ -99,6 +117,7 @@ func TestParseConfigErrors(t *testing.T) {
 func TestPasswordFile(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "pgpass")
+	// Each host its own line: the password is looked up per host.
 	content := "# comment\n" +
 		"other:5432:*:u:wrong\n" +
 		`db1:5432:ops:u:p\:w\\d` + "\n" +
@@ -111,26 +130,34 @@ func TestPasswordFile(t *testing.T) {
 		{"host=db1 dbname=ops user=u", `p:w\d`},
 		{"host=db2 dbname=ops user=u", "fallback"},
 		{"host=db1 dbname=ops user=u password=given", "given"},
-		{"host=/run/postgresql user=sock", "via-socket"},
+		{"host=/var/run/postgresql user=sock", "via-socket"}, // libpq's default socket directory is localhost
+		{"host=/srv/pg user=sock", ""},
 		{"host=db1 user=nobody", ""},
 	} {
 		c, err := ParseConfig(tc.s, vars(map[string]string{"PGPASSFILE": file}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c.Password != tc.want {
-			t.Errorf("%s: password %q, want %q", tc.s, c.Password, tc.want)
+		if got := c.PasswordFor(c.Hosts[0]); got != tc.want {
+			t.Errorf("%s: password %q, want %q", tc.s, got, tc.want)
 		}
+	}
+	c, err := ParseConfig("host=db1,db2 dbname=ops user=u", vars(map[string]string{"PGPASSFILE": file}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := c.PasswordFor(c.Hosts[0]), c.PasswordFor(c.Hosts[1]); a != `p:w\d` || b != "fallback" {
+		t.Errorf("two hosts: passwords %q and %q, want each host's own line", a, b)
 	}
 	if err := os.Chmod(file, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c, err := ParseConfig("host=db1 dbname=ops user=u", vars(map[string]string{"PGPASSFILE": file}))
+	c, err = ParseConfig("host=db1 dbname=ops user=u", vars(map[string]string{"PGPASSFILE": file}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Password != "" {
-		t.Errorf("a password file readable by others was used: password %q", c.Password)
+	if got := c.PasswordFor(c.Hosts[0]); got != "" {
+		t.Errorf("a password file readable by others was used: password %q", got)
 	}
 }
 

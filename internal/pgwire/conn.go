@@ -66,10 +66,12 @@ type Notification struct {
 // Conn is one connection. Its methods must not be called concurrently,
 // except Close.
 type Conn struct {
-	nc  net.Conn
-	r   *bufio.Reader
-	w   []byte // the message being built
-	cfg *Config
+	nc       net.Conn
+	r        *bufio.Reader
+	w        []byte // the message being built
+	cfg      *Config
+	password string // for the host it is connected to
+	txStatus byte   // of the last ReadyForQuery: I (idle), T (in a transaction), E (failed one)
 
 	mu     sync.Mutex
 	closed bool
@@ -163,7 +165,7 @@ func startup(ctx context.Context, cfg *Config, h Host, useTLS bool) (*Conn, erro
 	if err != nil {
 		return nil, err
 	}
-	c := &Conn{nc: nc, cfg: cfg}
+	c := &Conn{nc: nc, cfg: cfg, password: cfg.PasswordFor(h)}
 	fired := interrupt(ctx, nc)
 	fail := func(err error) (*Conn, error) {
 		fired()
@@ -212,6 +214,9 @@ func startup(ctx context.Context, cfg *Config, h Host, useTLS bool) (*Conn, erro
 	for k, v := range cfg.Params {
 		c.w = appendCString(appendCString(c.w, k), v)
 	}
+	// Timestamps are read in ISO form. A startup parameter outranks a
+	// role's or the server's setting and -c in options.
+	c.w = appendCString(appendCString(c.w, "DateStyle"), "ISO, YMD")
 	c.w = append(c.w, 0)
 	binary.BigEndian.PutUint32(c.w, uint32(len(c.w)))
 	if err := c.flush(); err != nil {
@@ -229,6 +234,7 @@ func startup(ctx context.Context, cfg *Config, h Host, useTLS bool) (*Conn, erro
 			return fail(parseError(body))
 		}
 		if t == 'Z' {
+			c.readyStatus(body)
 			break
 		}
 	}
@@ -275,7 +281,7 @@ func interrupt(ctx context.Context, nc net.Conn) func() bool {
 // (verify-ca, and require with one), or that and the host name
 // (verify-full). sslrootcert=system is the system's roots.
 func tlsConfig(cfg *Config, h Host) (*tls.Config, error) {
-	tc := &tls.Config{ServerName: h.Host, MinVersion: tls.VersionTLS12}
+	tc := &tls.Config{ServerName: h.Host, MinVersion: cfg.TLSMin, MaxVersion: cfg.TLSMax}
 	home, _ := os.UserHomeDir()
 	rootFile := cfg.SSLRootCert
 	if rootFile == "" && home != "" {
@@ -358,6 +364,7 @@ func tlsConfig(cfg *Config, h Host) (*tls.Config, error) {
 // AuthenticationOk.
 func (c *Conn) authenticate() error {
 	var scram *scramClient
+	scramDone := false
 	for {
 		t, body, err := c.receive()
 		if err != nil {
@@ -376,25 +383,32 @@ func (c *Conn) authenticate() error {
 		kind, data := binary.BigEndian.Uint32(body), body[4:]
 		switch kind {
 		case 0: // AuthenticationOk
+			if scram != nil && !scramDone {
+				// The server never proved that it knows the password.
+				return errors.New("SCRAM: the server ended the exchange without its signature")
+			}
 			return nil
 		case 3: // cleartext
-			if err := c.password(c.cfg.Password); err != nil {
+			if err := c.sendPassword(c.password); err != nil {
 				return err
 			}
 		case 5: // md5(md5(password + user) + salt)
 			if len(data) < 4 {
 				return errors.New("short md5 salt")
 			}
-			inner := md5.Sum([]byte(c.cfg.Password + c.cfg.User))
+			inner := md5.Sum([]byte(c.password + c.cfg.User))
 			outer := md5.Sum(append([]byte(hex.EncodeToString(inner[:])), data[:4]...))
-			if err := c.password("md5" + hex.EncodeToString(outer[:])); err != nil {
+			if err := c.sendPassword("md5" + hex.EncodeToString(outer[:])); err != nil {
 				return err
 			}
 		case 10: // SASL: the mechanisms, NUL-terminated
 			if !strings.Contains("\x00"+string(data), "\x00SCRAM-SHA-256\x00") {
 				return fmt.Errorf("the server offers SASL mechanisms %q, and only SCRAM-SHA-256 is supported", strings.Trim(string(data), "\x00"))
 			}
-			scram = newScram(c.cfg.Password)
+			if scram != nil {
+				return errors.New("SCRAM: a second SASL start")
+			}
+			scram = newScram(c.password)
 			first := scram.first()
 			c.w = c.startMessage('p')
 			c.w = appendCString(c.w, "SCRAM-SHA-256")
@@ -404,8 +418,8 @@ func (c *Conn) authenticate() error {
 				return err
 			}
 		case 11: // SASLContinue
-			if scram == nil {
-				return errors.New("SASL continuation without a start")
+			if scram == nil || scram.serverSig != nil {
+				return errors.New("SASL continuation out of order")
 			}
 			final, err := scram.final(data)
 			if err != nil {
@@ -416,12 +430,13 @@ func (c *Conn) authenticate() error {
 				return err
 			}
 		case 12: // SASLFinal
-			if scram == nil {
-				return errors.New("SASL final without a start")
+			if scram == nil || scram.serverSig == nil || scramDone {
+				return errors.New("SASL final out of order")
 			}
 			if err := scram.verify(data); err != nil {
 				return err
 			}
+			scramDone = true
 		case 2, 7, 8, 9:
 			return fmt.Errorf("the server asks for Kerberos, GSSAPI or SSPI authentication (request %d), which is not supported", kind)
 		default:
@@ -430,7 +445,7 @@ func (c *Conn) authenticate() error {
 	}
 }
 
-func (c *Conn) password(p string) error {
+func (c *Conn) sendPassword(p string) error {
 	c.w = appendCString(c.startMessage('p'), p)
 	return c.send()
 }
@@ -466,7 +481,14 @@ func (s *scramClient) final(serverFirst []byte) (string, error) {
 			salt = v
 		case "i":
 			iters, _ = strconv.Atoi(v)
+		case "m":
+			return "", errors.New("SCRAM: the server asks for an extension (m=), which is not supported")
 		}
+	}
+	if iters > maxScramIterations {
+		// PostgreSQL's default is 4096; a hostile server could ask for
+		// minutes of CPU, which no deadline interrupts.
+		return "", fmt.Errorf("SCRAM: the server asks for %d iterations, more than %d", iters, maxScramIterations)
 	}
 	saltBytes, err := base64.StdEncoding.DecodeString(salt)
 	if err != nil || !strings.HasPrefix(nonce, s.nonce) || len(nonce) == len(s.nonce) || iters < 1 {
@@ -488,6 +510,10 @@ func (s *scramClient) final(serverFirst []byte) (string, error) {
 	s.serverSig = hmacSHA256(hmacSHA256(salted, "Server Key"), authMessage)
 	return withoutProof + ",p=" + base64.StdEncoding.EncodeToString(proof), nil
 }
+
+// maxScramIterations bounds the PBKDF2 work a server may ask for: about
+// a second of CPU.
+const maxScramIterations = 1 << 20
 
 func (s *scramClient) verify(serverFinal []byte) error {
 	v, ok := strings.CutPrefix(string(serverFinal), "v=")
@@ -581,6 +607,16 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
+func (c *Conn) readyStatus(body []byte) {
+	if len(body) > 0 {
+		c.txStatus = body[0]
+	}
+}
+
+// Idle reports whether the connection is open and outside any
+// transaction: fit to be lent again.
+func (c *Conn) Idle() bool { return !c.IsClosed() && c.txStatus == 'I' }
+
 // IsClosed reports whether the connection was closed.
 func (c *Conn) IsClosed() bool {
 	c.mu.Lock()
@@ -615,8 +651,12 @@ func (c *Conn) do(ctx context.Context, fn func() (Rows, error)) (Rows, error) {
 	fired := interrupt(ctx, c.nc)
 	rows, err := fn()
 	if fired() {
-		c.Close()
-		return nil, fmt.Errorf("%w (%v)", ctx.Err(), err)
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("%w (%v)", ctx.Err(), err)
+		}
+		// Done before the deadline struck: the exchange is complete.
+		_ = c.nc.SetDeadline(time.Time{})
 	}
 	// A FATAL error is the server closing the connection (a shutdown,
 	// an administrator's pg_terminate_backend).
@@ -666,6 +706,9 @@ func (c *Conn) query(sql string, args []any) (Rows, error) {
 	for {
 		t, body, err := c.receive()
 		if err != nil {
+			if pgErr != nil {
+				return nil, pgErr // a FATAL error, then the server closed
+			}
 			return nil, err
 		}
 		switch t {
@@ -678,6 +721,7 @@ func (c *Conn) query(sql string, args []any) (Rows, error) {
 		case 'E':
 			pgErr = parseError(body)
 		case 'Z':
+			c.readyStatus(body)
 			return rows, pgErr
 		}
 	}
@@ -694,6 +738,9 @@ func (c *Conn) simple(sql string) ([]Rows, error) {
 	for {
 		t, body, err := c.receive()
 		if err != nil {
+			if pgErr != nil {
+				return nil, pgErr
+			}
 			return nil, err
 		}
 		switch t {
@@ -708,6 +755,7 @@ func (c *Conn) simple(sql string) ([]Rows, error) {
 		case 'E':
 			pgErr = parseError(body)
 		case 'Z':
+			c.readyStatus(body)
 			return all, pgErr
 		}
 	}

@@ -1,15 +1,19 @@
 package pgwire
 
 import (
+	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"os"
@@ -160,7 +164,11 @@ func TestServer(t *testing.T) {
 	})
 
 	t.Run("Types", func(t *testing.T) {
-		c, err := connect(t, super+" sslmode=disable options='-c TimeZone=Asia/Kolkata'")
+		// A DateStyle other than ISO, as a role or a server may set it:
+		// timestamps are still read.
+		pg.Psql(t, "ALTER ROLE "+testenv.PostgresSuperuser+" SET DateStyle = 'SQL, DMY'")
+		defer pg.Psql(t, "ALTER ROLE "+testenv.PostgresSuperuser+" RESET DateStyle")
+		c, err := connect(t, super+" sslmode=disable options='-c TimeZone=Asia/Kolkata -c DateStyle=German'")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -192,9 +200,25 @@ func TestServer(t *testing.T) {
 		if c.IsClosed() {
 			t.Fatal("an error from the server closed the connection")
 		}
+		var now time.Time
+		if err := Scan(one(t, c, "SELECT now()"), &now); err != nil || time.Since(now).Abs() > time.Minute {
+			t.Errorf("now() = %v, %v", now, err)
+		}
 		results, err := c.Exec(context.Background(), "CREATE TEMP TABLE x (a int); INSERT INTO x VALUES (1), (2); SELECT a FROM x ORDER BY a")
 		if err != nil || len(results) != 3 || len(results[2]) != 2 || string(results[2][1][0]) != "2" {
 			t.Errorf("several statements: %v, %q", err, results)
+		}
+	})
+
+	t.Run("Terminated", func(t *testing.T) {
+		c, err := connect(t, super+" sslmode=disable")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.Query(context.Background(), "SELECT pg_terminate_backend(pg_backend_pid())")
+		var pgErr *PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "57P01" || !c.IsClosed() {
+			t.Errorf("terminated by an administrator: %v (closed %v), want FATAL 57P01 and the connection closed", err, c.IsClosed())
 		}
 	})
 
@@ -284,4 +308,82 @@ func foreignCA(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// TestScramServerMustSign: a server that ends SCRAM without proving it
+// knows the password (no server signature) is refused, as is one that
+// asks for more iterations than a connection may spend.
+func TestScramServerMustSign(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		iterations int
+		skipFinal  bool
+		want       string
+	}{
+		{"no signature", 4096, true, "without its signature"},
+		{"too many iterations", 1 << 30, false, "iterations"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			go fakeScramServer(ln, tc.iterations)
+			cfg, err := ParseConfig("postgres://u:pw@"+ln.Addr().String()+"/d?sslmode=disable", vars(nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := Connect(ctx, cfg)
+			if err == nil {
+				c.Close()
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Connect = %v, want an error about %s", err, tc.want)
+			}
+		})
+	}
+}
+
+// fakeScramServer answers one connection: SASL with SCRAM-SHA-256, a
+// server-first message, then AuthenticationOk where SASLFinal belongs.
+func fakeScramServer(ln net.Listener, iterations int) {
+	nc, err := ln.Accept()
+	if err != nil {
+		return
+	}
+	defer nc.Close()
+	r := bufio.NewReader(nc)
+	readMsg := func(typed bool) []byte {
+		if typed {
+			if _, err := r.ReadByte(); err != nil {
+				return nil
+			}
+		}
+		var l [4]byte
+		if _, err := io.ReadFull(r, l[:]); err != nil {
+			return nil
+		}
+		body := make([]byte, binary.BigEndian.Uint32(l[:])-4)
+		_, _ = io.ReadFull(r, body)
+		return body
+	}
+	auth := func(kind uint32, data []byte) {
+		msg := []byte{'R', 0, 0, 0, 0}
+		msg = binary.BigEndian.AppendUint32(msg, kind)
+		msg = append(msg, data...)
+		binary.BigEndian.PutUint32(msg[1:], uint32(len(msg)-1))
+		_, _ = nc.Write(msg)
+	}
+	readMsg(false) // startup
+	auth(10, []byte("SCRAM-SHA-256\x00\x00"))
+	first := readMsg(true) // SASLInitialResponse: mechanism, length, client-first
+	_, rest, _ := strings.Cut(string(first), "\x00")
+	nonce := rest[strings.Index(rest, "r=")+2:]
+	auth(11, fmt.Appendf(nil, "r=%sserver,s=%s,i=%d", nonce, base64.StdEncoding.EncodeToString([]byte("salt")), iterations))
+	readMsg(true) // client-final
+	auth(0, nil)
+	_, _ = nc.Write([]byte{'Z', 0, 0, 0, 5, 'I'})
 }
