@@ -51,7 +51,7 @@ func (r *results) analysis() string {
 			}
 		case goalRSS, goalAnon, goalRSSLong:
 			rec := r.rss[col.lr.id]
-			fmt.Fprintf(&b, "leaderrun itself peaks at %s (anonymous %s) and its watchdog at %s (%s). The watchdog is /bin/sh running a short script; it is what kills the child's process group if leaderrun dies (S4). Every backend is linked into every run: the file-backed part follows the binary's size (%s).",
+			fmt.Fprintf(&b, "leaderrun itself peaks at %s (anonymous %s) and its watchdog at %s (%s). The watchdog is what kills the child's process group if leaderrun dies (S4). Every backend is linked into every run: the file-backed part follows the binary's size (%s); after a long leadership more of its pages have been touched (the collector, the scavenger) and the collector's own structures have been allocated.",
 				mib(rec.wrapper), mib(rec.wrapperSmaps.anon), mib(rec.helpers), strings.Join(rec.helperNames, ", "), r.sizes()["leaderrun"])
 		case goalHerd, goalHerdHO:
 			if h := r.herd[col.name]; h != nil {

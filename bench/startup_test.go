@@ -342,7 +342,11 @@ func (r *results) startupDetails() string {
 		w, h := rec.wrapperSmaps, rec.helperSmaps
 		fmt.Fprintf(&b, "- %s while leading: resident %s, of which anonymous %s and file-backed %s; by mapping: %s.", col.lr.name, mib(w.rss), mib(w.anon), mib(w.file), w.mappings())
 		if h.rss > 0 {
-			fmt.Fprintf(&b, " Its watchdog (%s): resident %s, anonymous %s; by mapping: %s.", strings.Join(rec.helperNames, ", "), mib(h.rss), mib(h.anon), h.mappings())
+			fmt.Fprintf(&b, " Its watchdog (%s): resident %s, anonymous %s", strings.Join(rec.helperNames, ", "), mib(h.rss), mib(h.anon))
+			if m := h.mappings(); m != "" {
+				fmt.Fprintf(&b, "; by mapping: %s", m)
+			}
+			b.WriteString(".")
 		}
 		b.WriteString("\n")
 	}
