@@ -3,10 +3,12 @@ package control
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -114,6 +116,23 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
+// readToEOF asks the socket at path and reads until the server closes the
+// connection, which it does after removing the descriptor from its table.
+func readToEOF(t *testing.T, path string) {
+	t.Helper()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	b, err := io.ReadAll(c)
+	var a Answer
+	if err != nil || json.Unmarshal(b, &a) != nil || a.Token != helperToken {
+		t.Fatalf("answer read to EOF: %q, %v", b, err)
+	}
+}
+
 // checkServer is serverMain running in a process of its own.
 type checkServer struct {
 	t      *testing.T
@@ -218,6 +237,14 @@ func TestAcceptSurvivesExhaustedDescriptors(t *testing.T) {
 			if a, err := Query(context.Background(), srv.path); err != nil || !a.Leader || a.Token != helperToken {
 				t.Fatalf("before the exhaustion: %+v, %v", a, err)
 			}
+			// Query returns once the answer is decoded, which can be
+			// before the server has closed its end. A connection still
+			// open while the helper exhausts its descriptors would be
+			// closed afterwards and leave one free, and the check below
+			// would then be accepted. The server closes each connection
+			// before accepting the next, so reading a second answer to
+			// EOF proves both are closed.
+			readToEOF(t, srv.path)
 			srv.tell("exhaust")
 			t.Logf("check server: %s (RLIMIT_NOFILE 64)", srv.next("exhausted"))
 
