@@ -20,7 +20,7 @@ func kubernetesFlags() []cli.Flag {
 			Usage: "kubeconfig `FILE` of the Kubernetes API (selects the backend); with --backend kubernetes and no --kubeconfig: " +
 				"the files in KUBECONFIG, else ~/.kube/config, else the pod's service account (KUBERNETES_SERVICE_HOST)"},
 		&cli.StringFlag{Name: "namespace", Category: categoryStore, EnvVars: []string{"LEADERRUN_NAMESPACE"},
-			Usage: "`NS` of the lock's Lease (default: the pod's service account's, else the kubeconfig context's, else default)"},
+			Usage: "`NS` of the lock's Lease (default: in a pod POD_NAMESPACE, else the service account's; else the kubeconfig context's, else default)"},
 	}
 }
 

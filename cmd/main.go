@@ -125,7 +125,7 @@ func newApp(st *state) *cli.App {
 	return &cli.App{
 		Name:      "leaderrun",
 		Usage:     "run a command only while this host holds a lock in etcd, Consul, PostgreSQL, Kubernetes, ZooKeeper or a local lock file",
-		UsageText: "leaderrun [run] --lock NAME [flags] -- COMMAND [ARG...]\nleaderrun status --lock NAME [--json]\nleaderrun history --lock NAME [--json] [--limit N]\nleaderrun check [--min-remaining D] [-v]\nleaderrun version\nleaderrun completion bash|zsh|fish",
+		UsageText: "leaderrun [run] --lock NAME [flags] -- COMMAND [ARG...]\nleaderrun status --lock NAME [--json] [store flags]\nleaderrun history --lock NAME [--json] [--limit N] [store flags]\nleaderrun check [--min-remaining D] [-v]\nleaderrun version\nleaderrun completion bash|zsh|fish",
 		Description: `leaderrun campaigns for the lock NAME and runs COMMAND only while it holds
 it. The command gets $FENCE_TOKEN, a number that grows with every grant of
 the lock: send it with every write so that a resource can refuse a leader

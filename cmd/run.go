@@ -19,7 +19,7 @@ import (
 func runFlags() []cli.Flag {
 	flags := []cli.Flag{
 		&cli.StringFlag{Name: "identity", Category: categoryLock, EnvVars: []string{"LEADERRUN_IDENTITY"},
-			Usage: "`ID` stored with the lock and shown by status (default: hostname:pid)"},
+			Usage: "`ID` stored with the lock and shown by status and history (default: hostname:pid)"},
 		&cli.BoolFlag{Name: "try", Category: categoryLock,
 			Usage: "do not wait: exit with --conflict-exit-code at once if the lock is held"},
 		&cli.DurationFlag{Name: "wait", Category: categoryLock, EnvVars: []string{"LEADERRUN_WAIT"},

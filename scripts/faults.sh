@@ -12,7 +12,8 @@
 # STORE is one of: etcd consul postgres zookeeper kubernetes.
 #
 # --trials 1 --parallel 2 is the short mode that CI runs; the published
-# table in docs/faults/ comes from --trials 20 --parallel 2 --out docs/faults.
+# table in docs/faults/ comes from --trials 20 --backend all --parallel 3
+# --out docs/faults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
