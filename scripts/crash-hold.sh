@@ -17,16 +17,24 @@ cd "$(dirname "$0")/.."
 backends=(etcd consul) runs=3
 while (($#)); do
   case $1 in
-    --backend) [[ $2 == all ]] || backends=("$2"); shift 2 ;;
+    --backend)
+      case $2 in
+        all) ;;
+        etcd | consul) backends=("$2") ;;
+        *) die "--backend $2: want etcd, consul or all" ;;
+      esac
+      shift 2 ;;
     --runs) [[ $2 =~ ^[1-9][0-9]*$ ]] || die "--runs $2: want a positive number"; runs=$2; shift 2 ;;
     *) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "$0" >&2; exit 2 ;;
   esac
 done
 
 work=$(mktemp -d)
+# scripts/etcd.sh and scripts/consul.sh take the same commands.
 cleanup() {
-  [[ -d $work/etcd ]] && scripts/etcd.sh stop --kill --dir "$work/etcd" >/dev/null 2>&1 || true
-  [[ -d $work/consul ]] && scripts/consul.sh stop --kill --dir "$work/consul" >/dev/null 2>&1 || true
+  for b in "${backends[@]}"; do
+    [[ -d $work/$b ]] && scripts/"$b".sh stop --kill --dir "$work/$b" >/dev/null 2>&1 || true
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -38,11 +46,7 @@ now() { date +%s.%N; }
 
 printf '| store | run | held after the kill | `--try` runs that exited 75 |\n|---|---|---|---|\n'
 for b in "${backends[@]}"; do
-  case $b in
-    etcd) env_lines=$(scripts/etcd.sh start --dir "$work/etcd") ;;
-    consul) env_lines=$(scripts/consul.sh start --dir "$work/consul") ;;
-    *) die "--backend $b: want etcd, consul or all" ;;
-  esac
+  env_lines=$(scripts/"$b".sh start --dir "$work/$b")
   for ((run = 1; run <= runs; run++)); do (
     eval "$env_lines"
     lock=crash-hold-$b-$run
@@ -70,8 +74,5 @@ for b in "${backends[@]}"; do
     took=$(awk -v a="$killed" -v b="$(now)" 'BEGIN { printf "%.1f s", b - a }')
     printf '| %s | %d | %s | %d |\n' "$b" "$run" "$took" "$skipped"
   ); done
-  case $b in
-    etcd) scripts/etcd.sh stop --kill --dir "$work/etcd" >/dev/null ;;
-    consul) scripts/consul.sh stop --kill --dir "$work/consul" >/dev/null ;;
-  esac
+  scripts/"$b".sh stop --kill --dir "$work/$b" >/dev/null
 done
