@@ -358,7 +358,7 @@ func (m *consulMeter) blocking(tag string, a, b mark) []time.Duration {
 // session ids replaced, and sorts it into a class.
 func classify(method string, u *url.URL) reqKey {
 	path := u.Path
-	for _, pfx := range []string{"/v1/kv/", "/v1/session/renew/", "/v1/session/destroy/", "/v1/session/info/"} {
+	for _, pfx := range []string{"/v1/kv/", "/v1/session/renew/", "/v1/session/destroy/", "/v1/session/info/", "/v1/agent/check/pass/", "/v1/agent/check/deregister/"} {
 		if strings.HasPrefix(path, pfx) {
 			if pfx == "/v1/kv/" {
 				path = pfx + "KEY"
@@ -381,7 +381,8 @@ func classify(method string, u *url.URL) reqKey {
 	switch {
 	case blocking:
 		k.class = classBlocking
-	case method == http.MethodPut && strings.HasPrefix(u.Path, "/v1/session/renew/"):
+	case method == http.MethodPut && (strings.HasPrefix(u.Path, "/v1/session/renew/") || strings.HasPrefix(u.Path, "/v1/agent/check/pass/")):
+		// A session's renewal, and the pass of the TTL check it is bound to.
 		k.class = classKeepalive
 	}
 	return k

@@ -175,6 +175,7 @@ func TestClassify(t *testing.T) {
 		{"queue listing", "GET", "/v1/kv/leaderrun/x:queue/?recurse=", "GET /v1/kv/KEY?recurse", classOther},
 		{"queue blocking", "GET", "/v1/kv/leaderrun/x:queue/abc?index=7", "GET /v1/kv/KEY?index", classBlocking},
 		{"renew", "PUT", "/v1/session/renew/abc-123", "PUT /v1/session/renew/ID", classKeepalive},
+		{"check pass", "PUT", "/v1/agent/check/pass/leaderrun:0123abcd", "PUT /v1/agent/check/pass/ID", classKeepalive},
 		{"destroy", "PUT", "/v1/session/destroy/abc", "PUT /v1/session/destroy/ID", classOther},
 	}
 	for _, c := range consul {

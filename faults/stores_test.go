@@ -108,8 +108,8 @@ func newConsulStore(t testing.TB) *consulStore {
 
 func (s *consulStore) name() string { return "consul" }
 
-// Consul's session TTL is at least 10 s. Lock-delay 0: a follower takes
-// over a silent leader a lease after it saw the leader's last renewal, and
+// Consul's session TTL is at least 10 s. Lock-delay 0: a silent leader's
+// TTL check turns critical a lease after the agent last heard from it, and
 // the suite shows that safety rests on that (lease > deadline + grace),
 // not on the lock-delay.
 func (s *consulStore) timings() timing {

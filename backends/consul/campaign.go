@@ -2,6 +2,8 @@ package consul
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -67,6 +69,7 @@ type candidate struct {
 	b        *Backend
 	identity string
 	session  string
+	check    string        // the ID of its TTL check on the agent
 	ttl      time.Duration // as granted
 
 	mu      sync.Mutex
@@ -87,14 +90,7 @@ type candidate struct {
 	viewed bool
 	index  uint64 // X-Consul-Index, for the next blocking query
 	holder holder // holder.session is "" if the key is free
-	// modify and changed are the ModifyIndex of the held key as last seen
-	// and when this candidate first saw it (its monotonic clock): the
-	// holder's silence is counted from changed.
-	modify  uint64
-	changed time.Time
-	// destroyed is the session this candidate destroyed for its silence.
-	destroyed string
-	free      freeSpell
+	free   freeSpell
 }
 
 // freeSpell is an unbroken run of reads that found the key free in the same
@@ -104,10 +100,7 @@ type freeSpell struct {
 	modifyIndex uint64        // the free key's ModifyIndex, 0 if deleted
 	since       time.Time     // when it was first seen free
 	delay       time.Duration // the lock-delay of the session that held it before, -1 if unknown
-	// invalidated: the key was freed by destroying its holder's session
-	// (this candidate did), so the delay runs for certain.
-	invalidated bool
-	failures    int // acquisitions refused in this spell
+	failures    int           // acquisitions refused in this spell
 	lastFailure time.Time
 }
 
@@ -126,9 +119,7 @@ const (
 // retryAt is the earliest time an acquisition in this spell can succeed.
 func (f *freeSpell) retryAt() time.Time {
 	if f.failures == 0 {
-		if f.invalidated && f.delay > 0 {
-			return f.since.Add(f.delay + delaySlack)
-		}
+		// Released rather than invalidated: no delay. Only a refusal tells.
 		return f.since
 	}
 	if f.failures == 1 && f.delay > 0 {
@@ -140,15 +131,21 @@ func (f *freeSpell) retryAt() time.Time {
 	return f.lastFailure.Add(min(backoff, maxBackoff))
 }
 
-// newCandidate creates a session for this lock.
+// newCandidate registers a TTL check on the agent and creates a session
+// for this lock bound to that check alone.
 //
-// The session has no health checks: Consul's default would tie it to the
+// The check's TTL is the lease duration, and the agent runs its timer: a
+// candidate that stops passing it (its leaderrun died, hangs, or lost its
+// link to the agent) has its check turn critical a TTL after the agent
+// last heard from it, and Consul then invalidates the session at once. That
+// is what frees the key of a dead holder within the lease; the session's
+// own TTL (the same duration, which Consul enforces only after 2×TTL) is
+// the backstop for an agent that dies with its leaderrun.
+//
+// The session has no other check: Consul's default would tie it to the
 // agent's serfHealth check, and a host cut off from the servers would then
 // lose its session (and the key, after the lock-delay) while its leaderrun,
-// unable to hear of it, lets its command run until the renew deadline. With
-// no checks, the session ends only by its TTL (counted from a renewal the
-// holder sent, so that its command is stopped first, S2), by a destroy, or
-// with its node's registration.
+// unable to hear of it, lets its command run until the renew deadline.
 //
 // The session is created even if ctx is cancelled meanwhile (the request
 // takes a round trip), so that a cancelled campaign can always destroy it
@@ -159,26 +156,29 @@ func (b *Backend) newCandidate(ctx context.Context, identity string, ttl time.Du
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
 	defer cancel()
-	// api.Session.Create leaves out a zero LockDelay, which Consul reads
-	// as its default of 15 s, and empty check lists, which it reads as
-	// serfHealth; send the body ourselves so that 0 means 0 and none none.
-	body := map[string]any{
-		"Name":       b.sessionName(),
-		"TTL":        ttl.String(),
-		"LockDelay":  b.lockDelay.String(),
-		"Behavior":   api.SessionBehaviorRelease,
-		"Checks":     []string{},
-		"NodeChecks": []string{},
+	b.dropDeadChecks(ctx)
+	c := &candidate{b: b, identity: identity, check: newCheckID()}
+	c.lastAck = time.Now()
+	reg := &api.AgentCheckRegistration{
+		ID:     c.check,
+		Name:   checkName,
+		Notes:  "leaderrun candidate for " + b.key + " (" + identity + "); its session ends when this check turns critical",
+		TTL:    ttl.String(),
+		Status: api.HealthPassing,
 	}
-	var out struct{ ID string }
-	sent := time.Now()
-	if _, err := b.client.Raw().Write("/v1/session/create", body, &out, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
-		return nil, b.unavailable("create session for", err)
+	if err := b.client.Agent().CheckRegister(reg, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
+		return nil, b.unavailable("register the TTL check "+c.check+" of a candidate for", withACLHint(err))
 	}
-	c := &candidate{b: b, identity: identity, session: out.ID, lastAck: sent}
-	info, _, err := b.client.Session().Info(out.ID, (&api.QueryOptions{}).WithContext(ctx))
+	id, err := b.createSession(ctx, c.check, ttl)
+	if err != nil {
+		c.withdraw()
+		return nil, err
+	}
+	c.session = id
+	info, _, err := b.client.Session().Info(id, (&api.QueryOptions{}).WithContext(ctx))
 	if err == nil && info == nil {
 		// Destroyed already, by an operator.
+		c.withdraw()
 		return nil, errSessionGone
 	}
 	if err == nil {
@@ -189,6 +189,79 @@ func (b *Backend) newCandidate(ctx context.Context, identity string, ttl time.Du
 		return nil, b.unavailable("read session for", err)
 	}
 	return c, nil
+}
+
+// checkName is the name of every candidate's TTL check; dropDeadChecks
+// recognises them by it and by checkPrefix.
+const (
+	checkName   = "leaderrun"
+	checkPrefix = "leaderrun:"
+)
+
+func newCheckID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return checkPrefix + hex.EncodeToString(b[:])
+}
+
+// createSession creates the candidate's session, bound to check. The agent
+// registers a new check in the catalog a moment after it acknowledged it,
+// and Consul refuses a session on a check the catalog does not have yet:
+// that refusal is retried for the request's time.
+//
+// api.Session.Create leaves out a zero LockDelay, which Consul reads as its
+// default of 15 s; the body is sent as is so that 0 means 0. NodeChecks
+// alone names the check: Consul adds serfHealth to a session whose body
+// has no check list, and reads a "Checks" list, even an empty one, in
+// place of NodeChecks.
+func (b *Backend) createSession(ctx context.Context, check string, ttl time.Duration) (string, error) {
+	body := map[string]any{
+		"Name":       b.sessionName(),
+		"TTL":        ttl.String(),
+		"LockDelay":  b.lockDelay.String(),
+		"Behavior":   api.SessionBehaviorRelease,
+		"NodeChecks": []string{check},
+	}
+	var retry backends.Backoff
+	for {
+		var out struct{ ID string }
+		_, err := b.client.Raw().Write("/v1/session/create", body, &out, (&api.WriteOptions{}).WithContext(ctx))
+		if err == nil {
+			return out.ID, nil
+		}
+		var se api.StatusError
+		if !errors.As(err, &se) || !strings.Contains(se.Body, "Missing check") || retry.Sleep(ctx) != nil {
+			return "", b.unavailable("create session for", err)
+		}
+	}
+}
+
+// dropDeadChecks deregisters the critical checks of candidates that died
+// on this agent: nothing else would remove them. A critical check's
+// session is invalidated already (or will be when the agent next reaches
+// the servers; deregistering it has the same effect), so no live holder
+// depends on it; a candidate that finds its check gone campaigns again
+// with a new one. Errors are ignored: the next candidate tries again.
+func (b *Backend) dropDeadChecks(ctx context.Context) {
+	checks, err := b.client.Agent().Checks((&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return
+	}
+	for id, ch := range checks {
+		if ch.Name == checkName && strings.HasPrefix(id, checkPrefix) && ch.Status == api.HealthCritical {
+			_ = b.client.Agent().CheckDeregister(id, (&api.WriteOptions{}).WithContext(ctx))
+		}
+	}
+}
+
+// withACLHint adds, to a 403 from the agent's check endpoints, the rule a
+// token needs for them.
+func withACLHint(err error) error {
+	var se api.StatusError
+	if errors.As(err, &se) && se.Code == http.StatusForbidden {
+		return fmt.Errorf("%w (a candidate's TTL check needs node write on the agent's node: node_prefix \"\" { policy = \"write\" })", err)
+	}
+	return err
 }
 
 // acked is the send time of the last acknowledged create or renewal.
@@ -268,9 +341,9 @@ func (c *candidate) campaign(ctx context.Context, try bool) (*lease, error) {
 func (c *candidate) attempt(ctx context.Context) (*lease, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	// Only a renewal acknowledged before the acquisition was sent may
-	// count as its proof of life: followers see the acquisition's write,
-	// and time the holder from it.
+	// The lease's deadline counts from the send time of the last renewal
+	// of both the session and the check that was acknowledged before the
+	// acquisition was sent: neither can expire sooner than a TTL after it.
 	acked := c.acked()
 	rec := record{Identity: c.identity, TTL: c.ttl.String(), LockDelay: c.b.lockDelay.String()}
 	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVLock, Key: c.b.key, Value: rec.encode(), Flags: recordFlags, Session: c.session}}}
@@ -297,7 +370,7 @@ func (c *candidate) attempt(ctx context.Context) (*lease, error) {
 	}
 	c.maybeHeld = false // the lease owns the key from now on
 	token := resp.Results[0].KV.ModifyIndex
-	return newLease(c.b, c.session, rec, token, c.ttl, acked), nil
+	return newLease(c.b, c.session, c.check, rec, token, c.ttl, acked), nil
 }
 
 // txnError is the first error a rolled-back transaction reports, "" if none.
@@ -316,17 +389,17 @@ func isPermissionDenied(what string) bool {
 	return strings.Contains(strings.ToLower(what), "permission denied")
 }
 
-// renew renews the session once and records the send time.
+// renew renews the session and passes the check once, and records the
+// send time if both were acknowledged.
 func (c *candidate) renew(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	sent := time.Now()
-	entry, _, err := c.b.client.Session().Renew(c.session, (&api.WriteOptions{}).WithContext(ctx))
-	switch {
+	switch err := c.b.renew(ctx, c.session, c.check); {
+	case errors.Is(err, errSessionGone):
+		return err
 	case err != nil:
-		return c.b.unavailable("renew session "+c.session+" for", err)
-	case entry == nil:
-		return errSessionGone
+		return c.b.unavailable("renew", err)
 	}
 	c.mu.Lock()
 	c.lastAck = sent
@@ -334,9 +407,9 @@ func (c *candidate) renew(ctx context.Context) error {
 	return nil
 }
 
-// keepAlive renews the session of a waiting candidate every TTL/2, as the
-// api's RenewPeriodic does, leaving the other half for retries, until ctx
-// ends. If the session is gone, or cannot be renewed within its TTL, it
+// keepAlive renews the session and passes the check of a waiting
+// candidate every TTL/2, as the api's RenewPeriodic does, leaving the other
+// half for retries, until ctx ends. If the session is gone, or cannot be renewed within its TTL, it
 // cancels the wait with the reason.
 func (c *candidate) keepAlive(ctx context.Context, lose context.CancelCauseFunc) {
 	var retry backends.Backoff
@@ -466,12 +539,11 @@ func (c *candidate) waitFor(ctx context.Context, ahead *api.KVPair) error {
 // waitKey blocks, as the first in line, until an acquisition may succeed:
 // the key is free and no lock-delay is known to be pending. It sleeps in a
 // blocking query on the key, which Consul answers as soon as the key
-// changes (a holder that renews changes it every retry period), and wakes
-// up in time to retry after a lock-delay or to find the holder silent.
-//
-// A holder whose record says that it rewrites the key at every renewal is
-// timed: when this candidate has seen no change of the key for patience
-// since it saw the last one, takeOver confirms and destroys its session.
+// changes: when its holder releases it, or Consul invalidates the holder's
+// session (its TTL check turned critical, or it was destroyed). A holder
+// that renews does not write the key, so an idle first in line sends one
+// blocking query per maxWait; it wakes up early only to retry after a
+// lock-delay.
 func (c *candidate) waitKey(ctx context.Context) error {
 	var retry backends.Backoff
 	for {
@@ -489,17 +561,6 @@ func (c *candidate) waitKey(ctx context.Context) error {
 			// An earlier acquisition went through although its answer was
 			// lost; acquiring again with the same session succeeds.
 			return nil
-		case c.holder.renews:
-			at := c.changed.Add(c.patience())
-			if !now.Before(at) {
-				if err := c.takeOver(ctx); err != nil {
-					if err = c.tolerate(ctx, err, &retry); err != nil {
-						return err
-					}
-				}
-				continue
-			}
-			wake = at
 		}
 		index := c.index
 		if !c.viewed {
@@ -515,45 +576,6 @@ func (c *candidate) waitKey(ctx context.Context) error {
 		retry.Reset()
 		c.observe(ctx, pair, meta)
 	}
-}
-
-// patience is how long the holder must be silent before this candidate
-// takes over: its own lease duration, or the holder's if that is longer
-// (the holder's command is stopped within its own lease; client-go's
-// followers wait the duration in the holder's record, too).
-func (c *candidate) patience() time.Duration { return max(c.ttl, c.holder.ttl) }
-
-// takeOver deals with a holder that was silent for patience: it reads the
-// key again, consistently (a stale view cannot end a live holder's
-// lease), and if the key is still in the version last seen, destroys the
-// holder's session. Consul then releases the key and refuses it to
-// everyone for the holder's lock-delay; waitKey retries after that. See
-// docs/safety.md for why the holder's command is dead by then.
-func (c *candidate) takeOver(ctx context.Context) error {
-	pair, meta, err := c.b.get(ctx, c.b.key, 0, 0, true)
-	if err != nil {
-		return c.b.unavailable("confirm the holder of", err)
-	}
-	if pair == nil || pair.Session != c.holder.session || pair.ModifyIndex != c.modify {
-		c.observe(ctx, pair, meta)
-		return nil
-	}
-	dctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	if _, err := c.b.client.Session().Destroy(c.holder.session, (&api.WriteOptions{}).WithContext(dctx)); err != nil {
-		var se api.StatusError
-		if errors.As(err, &se) && se.Code == http.StatusForbidden {
-			err = fmt.Errorf("%w (destroying the session of a silent holder needs session write on its node: session_prefix \"\" { policy = \"write\" })", err)
-		}
-		return c.b.unavailable(fmt.Sprintf("destroy session %s of the silent holder %q (no change for %v) of", c.holder.session, c.holder.identity, c.patience()), err)
-	}
-	c.destroyed = c.holder.session
-	pair, meta, err = c.b.get(ctx, c.b.key, 0, 0, false)
-	if err != nil {
-		return c.b.unavailable("read", err)
-	}
-	c.observe(ctx, pair, meta)
-	return nil
 }
 
 // tolerate decides about a failed request while waiting: it returns nil
@@ -600,11 +622,6 @@ func (c *candidate) observe(ctx context.Context, pair *api.KVPair, meta *api.Que
 			if c.holder.lockDelay < 0 {
 				c.holder.lockDelay = c.lockDelayOf(ctx, pair.Session)
 			}
-			c.modify, c.changed = pair.ModifyIndex, now
-		case pair.ModifyIndex > c.modify:
-			// An older version than the one seen last is a stale read, and
-			// tells nothing about the holder.
-			c.modify, c.changed = pair.ModifyIndex, now
 		}
 		c.free = freeSpell{}
 		return
@@ -619,7 +636,6 @@ func (c *candidate) observe(ctx context.Context, pair *api.KVPair, meta *api.Que
 			// We saw it go free: if its holder was invalidated rather
 			// than released, its lock-delay runs from about now.
 			spell.delay = prev.lockDelay
-			spell.invalidated = prev.session == c.destroyed
 		}
 		c.free = spell
 	}
@@ -642,8 +658,10 @@ func (c *candidate) lockDelayOf(ctx context.Context, session string) time.Durati
 // may be cancelled already. It leaves the queue first, so that the waiter
 // behind moves up at once. Releasing the key matters only if we may hold
 // it: destroying a session that holds it would impose its lock-delay on
-// every other candidate. Errors are ignored: the session expires by itself
-// within 2×TTL, and its entry with it.
+// every other candidate. The check goes last: deregistering it would
+// invalidate the session. Errors are ignored: the check turns critical a
+// TTL later, which ends the session and its entry, and the next candidate
+// on this agent deregisters it.
 func (c *candidate) withdraw() {
 	ctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
 	defer cancel()
@@ -655,5 +673,8 @@ func (c *candidate) withdraw() {
 		p := &api.KVPair{Key: c.b.key, Session: c.session}
 		_, _, _ = c.b.client.KV().Release(p, wo)
 	}
-	_, _ = c.b.client.Session().Destroy(c.session, wo)
+	if c.session != "" {
+		_, _ = c.b.client.Session().Destroy(c.session, wo)
+	}
+	_ = c.b.client.Agent().CheckDeregister(c.check, wo)
 }

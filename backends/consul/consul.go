@@ -10,23 +10,24 @@
 // # The record, and failover within the lease
 //
 // The key's value is a JSON record of its holder (identity, token, session
-// TTL and lock-delay), marked by recordFlags in the entry's flags. Every
-// renewal of the holder renews its session and rewrites the record, in a
-// transaction that first checks that the key is still held by the session,
-// so that the key's ModifyIndex moves with every renewal; Renew succeeds
-// only if both were acknowledged. The first waiter in line times the holder
-// as client-go's followers do: if it sees no change of the key for a lease
-// (the longer of its own and the holder's session TTL) on its own
-// monotonic clock, counted from the moment it saw the last change, it
-// confirms with a consistent read that nothing changed, destroys the
-// holder's session and acquires the key once the holder's lock-delay has
-// passed. docs/safety.md ("Consul: a follower takes over a silent
-// leader") argues why the old holder's command is dead by then.
+// TTL and lock-delay), marked by recordFlags in the entry's flags.
 //
-// Sessions are created without Consul's default serfHealth check: a session
-// ends only by its TTL, by a destroy, or with its node's registration, so
-// that an unreachable agent alone cannot free the key while its holder's
-// command still runs.
+// Each candidate registers a TTL check of its own on the agent, of the
+// lease duration, and creates its session bound to that check alone. Every
+// renewal of the holder renews its session and passes its check; Renew
+// succeeds only if both were acknowledged. If the holder dies, hangs or
+// loses its link to the agent, the agent turns the check critical a lease
+// after the last pass it received, and Consul invalidates the session at
+// once: the key is released, and the first waiter in line, whose blocking
+// query on the key answers, acquires it once the lock-delay has passed.
+// Renewals write nothing to the KV store, so waiters sleep in blocking
+// queries of maxWait. docs/safety.md ("Consul: a session bound to a TTL
+// check of its own") argues why the old holder's command is dead by then.
+//
+// Sessions are created without Consul's default serfHealth check: a
+// session ends only by its check, its TTL, a destroy, or with its node's
+// registration, so that an agent cut off from the servers alone cannot
+// free the key while its holder's command still runs.
 //
 // # Fencing token
 //
@@ -34,9 +35,9 @@
 // (returned by the acquiring transaction). ModifyIndex is a Raft index:
 // every write in the datacenter gets a larger one, so a later grant always
 // has a larger token, even when the key was deleted and created again in
-// between. Renewals move the ModifyIndex too, so the holder's first renewal
-// writes its token into the record, where Status reads it; until then the
-// ModifyIndex still is the token. LockIndex is not used: it counts
+// between. Nothing writes the key while it is held, so its ModifyIndex
+// stays the token, where Status reads it (the release writes it into the
+// record). LockIndex is not used: it counts
 // acquisitions of one incarnation of the key and restarts at 1 when the key
 // is deleted and re-created, so it can go backwards. A Raft index goes
 // backwards only if the servers lose their state (a snapshot restore, or a
@@ -47,9 +48,10 @@
 // Consul's servers invalidate a session between TTL and 2×TTL after its last
 // renewal: they double the TTL to allow for clock skew. When a session that
 // holds a lock is invalidated or destroyed, Consul refuses every
-// acquisition of that key for the session's lock-delay. With a follower
-// timing the holder, a holder that dies is replaced within a lease of its
-// last renewal plus the lock-delay; a holder that releases the key first
+// acquisition of that key for the session's lock-delay. With its check, a
+// holder that dies is replaced within a lease of its last renewal plus the
+// lock-delay (within 2×TTL plus the lock-delay if its agent dies with it,
+// since the check's timer runs there); a holder that releases the key first
 // (leaderrun exits normally, or stops after losing leadership) hands over
 // at once: lock-delay applies only to keys freed by an invalidation.
 //
@@ -68,6 +70,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/leaderrun/leaderrun/backends"
@@ -114,8 +117,8 @@ type Config struct {
 
 	// LockDelay is how long Consul refuses to hand the key to anyone else
 	// after this session is invalidated or destroyed while holding it, so
-	// that a holder whose session was destroyed (by an operator, or by a
-	// follower that found it silent) has time to notice and stop its
+	// that a holder whose session was ended by someone else (an operator's
+	// destroy, its check deregistered) has time to notice and stop its
 	// command: at least the kill grace and a round trip. It also delays
 	// every failover from a crashed holder by as much. 0 to MaxLockDelay.
 	// Zero value: no delay (unlike the Consul API, whose default is 15 s;
@@ -237,6 +240,35 @@ func isInvalidSession(err error) bool {
 	return errors.As(err, &se) && strings.Contains(strings.ToLower(se.Body), "invalid session")
 }
 
+// renew renews session and passes check, at the same time, and returns nil
+// only if both were acknowledged. If Consul no longer has the session, or
+// the agent the check (deregistered, or the agent lost its state), the
+// error wraps errSessionGone: a check that is gone has taken its session
+// with it.
+func (b *Backend) renew(ctx context.Context, session, check string) error {
+	wo := (&api.WriteOptions{}).WithContext(ctx)
+	var checkErr error
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		checkErr = b.client.Agent().PassTTL(check, wo)
+	}()
+	entry, _, err := b.client.Session().Renew(session, wo)
+	wg.Wait()
+	switch {
+	case err == nil && entry == nil:
+		return fmt.Errorf("%w: session %s expired or was destroyed", errSessionGone, session)
+	case api.IsUnknownCheck(checkErr):
+		return fmt.Errorf("%w: the agent no longer has the TTL check %s of session %s", errSessionGone, check, session)
+	case err != nil:
+		return fmt.Errorf("renew session %s: %w", session, err)
+	case checkErr != nil:
+		return fmt.Errorf("pass the TTL check %s of session %s: %w", check, session, withACLHint(checkErr))
+	}
+	return nil
+}
+
 // get reads key. With index > 0 it is a blocking query that returns when
 // the key's index passes index, or after at most wait.
 func (b *Backend) get(ctx context.Context, key string, index uint64, wait time.Duration, consistent bool) (*api.KVPair, *api.QueryMeta, error) {
@@ -266,8 +298,8 @@ func nextIndex(prev, got uint64) uint64 {
 }
 
 // Status implements backends.Backend. The token is the one in the
-// holder's record, or the key's ModifyIndex before the holder's first
-// renewal wrote it there. Waiting counts the live entries of the queue (a
+// holder's record, or the key's ModifyIndex (which nothing moves while the
+// key is held) if the record does not hold it. Waiting counts the live entries of the queue (a
 // candidate that died while waiting is counted until Consul expires its
 // session). Remaining is -1: Consul does not tell when a session will
 // expire.
@@ -322,26 +354,30 @@ func (b *Backend) queue(ctx context.Context) (api.KVPairs, error) {
 
 // recordFlags, in the flags of the lock key, marks its value as a record
 // (see record). A value without them was written by an older leaderrun or
-// another tool: the holder's identity as plain text, from a holder that
-// does not write the key when it renews, and that no follower may time.
-const recordFlags uint64 = 0x6c72756e_00000001 // "lrun", format 1
+// another tool: the holder's identity as plain text.
+//
+// Format 2 holders do not write the key at renewals. Format 1 holders did,
+// and format 1 followers timed them by it: a new holder's record must not
+// look like one to them, or they would destroy its session a lease after
+// its grant. A format 1 record is still read (for its lock-delay).
+const (
+	recordFlags   uint64 = 0x6c72756e_00000002 // "lrun", format 2
+	recordFlagsV1 uint64 = 0x6c72756e_00000001
+)
 
 // record is the value of the lock key while leaderrun holds it, in JSON so
 // that `consul kv get` shows it.
 type record struct {
 	Identity string `json:"identity"`
-	// Token is the holder's fencing token. It is 0 until the holder's
-	// first renewal: the key's ModifyIndex then still is the token.
+	// Token is the holder's fencing token. It is 0 in the record the
+	// acquisition writes, which cannot know it: the key's ModifyIndex,
+	// which nothing moves while the key is held, is the token then. The
+	// release writes it.
 	Token uint64 `json:"token,omitempty"`
-	// TTL and LockDelay are those of the holder's session: a follower
-	// waits at least TTL without a change before it takes over, and the
-	// lock-delay before it acquires.
+	// TTL and LockDelay are those of the holder's session: the lock-delay
+	// tells the first in line how long an invalidated key stays refused.
 	TTL       string `json:"ttl"`
 	LockDelay string `json:"lock_delay"`
-	// Renewal counts the holder's renewals. Consul does not write an entry
-	// that a write would leave unchanged (its ModifyIndex would stay), so
-	// every renewal must change something.
-	Renewal uint64 `json:"renewal,omitempty"`
 }
 
 func (r record) encode() []byte {
@@ -358,16 +394,13 @@ type holder struct {
 	ttl time.Duration
 	// lockDelay is the holder's lock-delay, -1 if not known.
 	lockDelay time.Duration
-	// renews: the holder rewrites the key at every renewal, so that a
-	// follower can tell that it is silent.
-	renews bool
 }
 
 // parseHolder reads a held key's value: a record, or a plain identity.
 func parseHolder(pair *api.KVPair) holder {
 	h := holder{session: pair.Session, identity: string(pair.Value), token: pair.ModifyIndex, lockDelay: -1}
 	var r record
-	if pair.Flags != recordFlags || json.Unmarshal(pair.Value, &r) != nil {
+	if (pair.Flags != recordFlags && pair.Flags != recordFlagsV1) || json.Unmarshal(pair.Value, &r) != nil {
 		return h
 	}
 	h.identity = r.Identity
@@ -378,7 +411,7 @@ func parseHolder(pair *api.KVPair) holder {
 		h.lockDelay = d
 	}
 	if d, err := time.ParseDuration(r.TTL); err == nil && d > 0 {
-		h.ttl, h.renews = d, true
+		h.ttl = d
 	}
 	return h
 }

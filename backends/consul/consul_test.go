@@ -270,7 +270,9 @@ func TestConsulLossReasons(t *testing.T) {
 
 // TestConsulLeaseProperties: the lease reports the TTL Consul granted and the
 // send time of the session's creation; the session carries the configured
-// lock-delay, 0 included (the API's Create would send 15s for 0).
+// lock-delay, 0 included (the API's Create would send 15s for 0), and is
+// bound to one health check only: the candidate's own TTL check on the
+// agent (not serfHealth), of the lease's TTL, which the release removes.
 func TestConsulLeaseProperties(t *testing.T) {
 	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
 	op := admin(t, agent.Addr())
@@ -290,8 +292,13 @@ func TestConsulLeaseProperties(t *testing.T) {
 			t.Fatalf("session info: %v", err)
 		}
 		if info.LockDelay != delay || info.Behavior != api.SessionBehaviorRelease || info.TTL != "10s" ||
-			len(info.Checks) != 0 || len(info.NodeChecks) != 0 || len(info.ServiceChecks) != 0 {
-			t.Errorf("session %+v, want lock-delay %v, behavior release, TTL 10s, no health checks", info, delay)
+			len(info.Checks) != 0 || len(info.NodeChecks) != 1 || !strings.HasPrefix(info.NodeChecks[0], "leaderrun:") || len(info.ServiceChecks) != 0 {
+			t.Fatalf("session %+v, want lock-delay %v, behavior release, TTL 10s, one leaderrun check", info, delay)
+		}
+		check := info.NodeChecks[0]
+		checks, err := op.Agent().Checks()
+		if c := checks[check]; err != nil || c == nil || c.Status != api.HealthPassing || c.Name != "leaderrun" || c.Type != "ttl" {
+			t.Errorf("the agent's check %s: %+v, %v; want a passing TTL check", check, c, err)
 		}
 		st, err := b.Status(context.Background())
 		if err != nil {
@@ -303,6 +310,9 @@ func TestConsulLeaseProperties(t *testing.T) {
 		release(t, l)
 		if err := l.Release(context.Background(), nil); err != nil {
 			t.Errorf("second release: %v", err)
+		}
+		if checks, err := op.Agent().Checks(); err != nil || checks[check] != nil {
+			t.Errorf("after the release the agent still has check %s: %v", check, err)
 		}
 	}
 }
@@ -487,11 +497,11 @@ func TestConsulClusterLeaderChange(t *testing.T) {
 }
 
 // TestConsulACLPolicies: the least a token needs, as docs/backends/consul.md
-// gives it. To campaign, wait in the queue and take over a silent holder:
-// write on the keys under the prefix and on sessions of every node (a
-// follower destroys the session of a holder on another node). For status:
-// read on the keys; without session read it still shows the holder, token
-// and waiters.
+// gives it. To campaign, wait in the queue and take over from a silent
+// holder: write on the keys under the prefix, on the sessions of the
+// agent's node, and on the node itself (each candidate registers a TTL
+// check there). For status: read on the keys; without session read it
+// still shows the holder, token and waiters.
 func TestConsulACLPolicies(t *testing.T) {
 	t.Parallel()
 	const root = "root-token-for-tests"
@@ -526,7 +536,8 @@ func TestConsulACLPolicies(t *testing.T) {
 	}
 	// The policy of docs/backends/consul.md, for the prefix of these tests.
 	runnerPolicy := `key_prefix "leaderrun-test/" { policy = "write" }
-session_prefix "" { policy = "write" }`
+session_prefix "" { policy = "write" }
+node_prefix "" { policy = "write" }`
 	runnerToken := token("runner", runnerPolicy)
 	runner, follower := withToken(runnerToken), withToken(runnerToken)
 	reader := withToken(token("reader", `key_prefix "leaderrun-test/" { policy = "read" }`))
@@ -547,8 +558,8 @@ session_prefix "" { policy = "write" }`
 	if _, err := reader.Campaign(ctx, backends.CampaignOptions{Identity: "reader", LeaseDuration: ttl}); !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "403") {
 		t.Errorf("campaign with a read-only token: %v, want ErrUnavailable (403)", err)
 	}
-	// The holder falls silent (no renewals): the follower, with the same
-	// policy, destroys its session and takes over.
+	// The holder falls silent (no renewals): its check turns critical, its
+	// session ends, and the follower, with the same policy, takes over.
 	select {
 	case res := <-got:
 		lf := res.get(t)
@@ -569,11 +580,11 @@ session_prefix "" { policy = "write" }`
 	release(t, l)
 }
 
-// TestConsulTakeoverNeedsSessionWrite: a token with session write on its
-// own node only can wait, but destroying the session of a silent holder on
-// another node is refused: the campaign ends with ErrUnavailable naming
-// the session and the policy it needs (not a silent wait for ever).
-func TestConsulTakeoverNeedsSessionWrite(t *testing.T) {
+// TestConsulCandidateNeedsNodeWrite: a token that may write the keys and
+// its node's sessions, but not the node, cannot register the TTL check that
+// each session is bound to: the campaign ends at once with ErrUnavailable
+// naming the rule it needs (not a wait for ever), without the token.
+func TestConsulCandidateNeedsNodeWrite(t *testing.T) {
 	t.Parallel()
 	const root = "root-token-for-tests"
 	agent := testenv.StartConsul(t, testenv.ConsulOptions{ACLToken: root})
@@ -583,25 +594,7 @@ func TestConsulTakeoverNeedsSessionWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A silent leaderrun holder on another node: a session of node
-	// "other" (no health checks) holding the key with a record.
-	if _, err := op.Catalog().Register(&api.CatalogRegistration{Node: "other", Address: "127.0.0.2"}, nil); err != nil {
-		t.Fatal(err)
-	}
-	var out struct{ ID string }
-	body := map[string]any{"Node": "other", "TTL": "30s", "Checks": []string{}, "NodeChecks": []string{}, "Behavior": "release"}
-	if _, err := op.Raw().Write("/v1/session/create", body, &out, nil); err != nil {
-		t.Fatal(err)
-	}
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() { _ = op.Session().RenewPeriodic("30s", out.ID, nil, stop) }()
-	key := "leaderrun-test/acl-other"
-	record := []byte(`{"identity":"elsewhere","token":1,"ttl":"10s","lock_delay":"0s"}`)
-	if ok, _, err := op.KV().Acquire(&api.KVPair{Key: key, Value: record, Flags: 0x6c72756e_00000001, Session: out.ID}, nil); err != nil || !ok {
-		t.Fatalf("acquire %s for node other: %v %v", key, ok, err)
-	}
-	p, _, err := op.ACL().PolicyCreate(&api.ACLPolicy{Name: "own-node", Rules: `key_prefix "leaderrun-test/" { policy = "write" }
+	p, _, err := op.ACL().PolicyCreate(&api.ACLPolicy{Name: "no-node", Rules: `key_prefix "leaderrun-test/" { policy = "write" }
 session "` + agent.Node() + `" { policy = "write" }`}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -612,24 +605,22 @@ session "` + agent.Node() + `" { policy = "write" }`}, nil)
 	}
 	fcfg := consulapi.DefaultConfig()
 	fcfg.Address, fcfg.Token = agent.Addr(), tok.SecretID
-	b, err := consul.New(consul.Config{API: fcfg, Lock: "acl-other", Prefix: "leaderrun-test/"})
+	b, err := consul.New(consul.Config{API: fcfg, Lock: "acl-node", Prefix: "leaderrun-test/"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	select {
-	case res := <-campaignFor(t, b, "follower", ttl):
-		t.Logf("campaign with session write on its own node only: %v", res.err)
-		if !errors.Is(res.err, backends.ErrUnavailable) || !strings.Contains(res.err.Error(), out.ID) || !strings.Contains(res.err.Error(), `session_prefix ""`) {
-			t.Errorf("got %v, want ErrUnavailable naming session %s and the policy", res.err, out.ID)
-		}
-		if strings.Contains(res.err.Error(), tok.SecretID) {
-			t.Errorf("%v shows the token", res.err)
-		}
-	case <-time.After(ttl + 10*time.Second):
-		t.Fatal("the follower neither took over nor reported the refusal")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = b.Campaign(ctx, backends.CampaignOptions{Identity: "a", LeaseDuration: ttl})
+	t.Logf("campaign without node write: %v", err)
+	if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "403") || !strings.Contains(err.Error(), `node_prefix ""`) {
+		t.Errorf("got %v, want ErrUnavailable (403) naming the node rule", err)
 	}
-	if pair, _, err := op.KV().Get(key, nil); err != nil || pair == nil || pair.Session != out.ID {
-		t.Errorf("the key %+v, %v: want it still held by node other's session", pair, err)
+	if err != nil && strings.Contains(err.Error(), tok.SecretID) {
+		t.Errorf("%v shows the token", err)
+	}
+	if ctx.Err() != nil {
+		t.Error("the campaign waited for its context instead of failing at once")
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/leaderrun/leaderrun/backends"
@@ -25,20 +24,15 @@ const watchWait = time.Minute
 type lease struct {
 	b        *Backend
 	session  string
+	checkID  string // the ID of the session's TTL check on the agent
 	token    uint64
 	ttl      time.Duration
 	acquired time.Time
-	rec      record // as written at the grant; renewals add the token and their count
+	rec      record // as written at the grant
 
 	*backends.Loss // Lost and Err
 	stopWatch      context.CancelFunc
 	watchDone      chan struct{}
-
-	// renewals counts Renew calls, so that every renewal writes a record
-	// of its own; written is the key's ModifyIndex after the last write
-	// Consul acknowledged.
-	renewals atomic.Uint64
-	written  atomic.Uint64
 
 	mu       sync.Mutex
 	released bool
@@ -46,12 +40,13 @@ type lease struct {
 
 // newLease starts watching the key from token, the ModifyIndex the
 // acquisition gave it.
-func newLease(b *Backend, session string, rec record, token uint64, ttl time.Duration, acquired time.Time) *lease {
+func newLease(b *Backend, session, check string, rec record, token uint64, ttl time.Duration, acquired time.Time) *lease {
 	ctx, cancel := context.WithCancel(context.Background())
 	rec.Token = token
 	l := &lease{
 		b:         b,
 		session:   session,
+		checkID:   check,
 		token:     token,
 		ttl:       ttl,
 		acquired:  acquired,
@@ -60,7 +55,6 @@ func newLease(b *Backend, session string, rec record, token uint64, ttl time.Dur
 		stopWatch: cancel,
 		watchDone: make(chan struct{}),
 	}
-	l.written.Store(token)
 	go l.watch(ctx, token)
 	return l
 }
@@ -73,82 +67,28 @@ func (l *lease) Acquired() time.Time { return l.acquired }
 func (l *lease) Session() string { return l.session }
 
 // Renew implements backends.Lease. It renews the session (PUT
-// /v1/session/renew) and, at the same time, rewrites the key's record in a
-// transaction that first checks that the key is still held by the session:
-// that write moves the key's ModifyIndex, which is how the follower first
-// in line tells that this holder is alive. Renew returns nil only if both
-// were acknowledged, so that the runner's deadline counts from the send
-// time of a renewal that the follower saw, or will see, and that Consul
-// applied to the session (docs/safety.md). A session Consul no longer
-// has, or a key held by another session or deleted, is a loss.
+// /v1/session/renew, which the servers' TTL timer counts from) and passes
+// its TTL check (PUT /v1/agent/check/pass, which the agent's timer counts
+// from) at the same time, and returns nil only if both were acknowledged:
+// the runner's deadline then counts from the send time of a renewal that
+// restarted both timers, neither of which can end the session sooner than
+// a TTL later (docs/safety.md). Neither request writes anything the
+// followers watch. A session Consul no longer has, or a check the agent
+// no longer has, is a loss.
 func (l *lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
-	rec := l.rec
-	rec.Renewal = l.renewals.Add(1)
-	var sessionErr error
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		sessionErr = l.renewSession(ctx)
-	}()
-	writeErr := l.write(ctx, rec)
-	wg.Wait()
-	for _, err := range []error{sessionErr, writeErr} {
-		if errors.Is(err, backends.ErrLeaseLost) {
-			l.Set(err)
-			return err
-		}
-	}
-	return errors.Join(sessionErr, writeErr)
-}
-
-// renewSession renews the session once. Consul answers 404 for a session it
-// no longer has: the lease is lost.
-func (l *lease) renewSession(ctx context.Context) error {
-	entry, _, err := l.b.client.Session().Renew(l.session, (&api.WriteOptions{}).WithContext(ctx))
+	err := l.b.renew(ctx, l.session, l.checkID)
 	switch {
+	case errors.Is(err, errSessionGone):
+		err = fmt.Errorf("consul: lost %s: %v: %w", l.b.key, err, backends.ErrLeaseLost)
+		l.Set(err)
+		return err
 	case err != nil:
-		return fmt.Errorf("consul at %s: renew session %s holding %s: %w", l.b.addr, l.session, l.b.key, err)
-	case entry == nil:
-		return fmt.Errorf("consul: session %s holding %s is gone (expired or destroyed): %w", l.session, l.b.key, backends.ErrLeaseLost)
+		return fmt.Errorf("consul at %s: holding %s: %w", l.b.addr, l.b.key, err)
 	}
 	return nil
-}
-
-// write rewrites the record, fenced by a check of the key's session, and
-// makes sure that the write moved the key's ModifyIndex: a write that
-// changed nothing would tell the followers nothing.
-func (l *lease) write(ctx context.Context, rec record) error {
-	ops := api.TxnOps{
-		{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: l.b.key, Session: l.session}},
-		{KV: &api.KVTxnOp{Verb: api.KVSet, Key: l.b.key, Value: rec.encode(), Flags: recordFlags}},
-	}
-	ok, resp, _, err := l.b.client.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
-	switch {
-	case err != nil:
-		return fmt.Errorf("consul at %s: write the record of %s: %w", l.b.addr, l.b.key, err)
-	case !ok && isPermissionDenied(txnError(resp)):
-		return fmt.Errorf("consul at %s: write the record of %s: %w: %s", l.b.addr, l.b.key, errPermissionDenied, txnError(resp))
-	case !ok:
-		return fmt.Errorf("consul: %s is no longer held by session %s (%s): %w", l.b.key, l.session, txnError(resp), backends.ErrLeaseLost)
-	case len(resp.Results) < 2 || resp.Results[1].KV == nil:
-		return fmt.Errorf("consul at %s: write the record of %s: the answer does not show the key", l.b.addr, l.b.key)
-	}
-	got := resp.Results[1].KV.ModifyIndex
-	for {
-		prev := l.written.Load()
-		if got <= prev {
-			// Out of order with a later renewal, or not written at all:
-			// either way this one proves nothing new.
-			return fmt.Errorf("consul: the record of %s was written at index %d, not after %d", l.b.key, got, prev)
-		}
-		if l.written.CompareAndSwap(prev, got) {
-			return nil
-		}
-	}
 }
 
 // watch holds a blocking query on the key until the key is no longer held
@@ -195,10 +135,11 @@ func (l *lease) check(pair *api.KVPair) error {
 // Release implements backends.Lease: it stops the watch, releases the key
 // (a release, unlike an invalidation, imposes no lock-delay on the next
 // holder) and records the term in one transaction, then destroys the
-// session. If the release fails but the destroy succeeds, the key is freed
-// anyway, after the lock-delay. After a loss the term is written on its own.
-// The error says whether the session may outlive Release (it then expires
-// within 2×TTL) or the term was not recorded.
+// session and deregisters its check. If the release fails but the destroy
+// succeeds, the key is freed anyway, after the lock-delay. After a loss the
+// term is written on its own. The error says whether the session may
+// outlive Release (its check then turns critical within a TTL, which ends
+// it) or the term was not recorded.
 func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 	l.mu.Lock()
 	if l.released {
@@ -216,9 +157,7 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 	wo := (&api.WriteOptions{}).WithContext(ctx)
 	var ops api.TxnOps
 	if !lost {
-		rec := l.rec
-		rec.Renewal = l.renewals.Add(1)
-		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: l.b.key, Value: rec.encode(), Flags: recordFlags, Session: l.session}})
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVUnlock, Key: l.b.key, Value: l.rec.encode(), Flags: recordFlags, Session: l.session}})
 	}
 	var termErr error
 	if term != nil {
@@ -247,6 +186,9 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 		}
 	}()
 	_, err := l.b.client.Session().Destroy(l.session, wo)
+	// Deregistering the check would invalidate the session: only once it
+	// is destroyed. If the destroy failed, this ends the session anyway.
+	_ = l.b.client.Agent().CheckDeregister(l.checkID, wo)
 	<-pruned
 	if err != nil {
 		return errors.Join(fmt.Errorf("consul at %s: destroy session %s holding %s: %w", l.b.addr, l.session, l.b.key, err), termErr)

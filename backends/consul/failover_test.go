@@ -3,7 +3,6 @@ package consul_test
 import (
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -115,13 +114,15 @@ func waitWaiting(t *testing.T, b backends.Backend, n int) {
 	})
 }
 
-// TestConsulFollowerTakesOver: the waiter first in line replaces a holder
-// whose link to Consul stalls, no sooner than a lease (the longer of its
-// own and the holder's) after the send time of the holder's last
-// acknowledged renewal, where the runner counts its deadline from (and
-// lease > deadline + kill grace), plus the holder's lock-delay; and within
-// a second more than that. While the holder renews, it is never replaced.
-func TestConsulFollowerTakesOver(t *testing.T) {
+// TestConsulStalledHolderReplaced: the waiter first in line replaces a
+// holder whose link to its agent stalls, no sooner than the holder's lease
+// after the send time of its last acknowledged renewal, where the runner
+// counts its deadline from (and lease > deadline + kill grace), plus its
+// lock-delay; and within a second more than that, not Consul's 2×TTL: the
+// holder's TTL check turns critical a lease after the agent last heard
+// from it, which ends the session. While the holder renews, it is never
+// replaced, whatever the follower's own lease.
+func TestConsulStalledHolderReplaced(t *testing.T) {
 	t.Parallel()
 	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
 	const period = 2 * time.Second
@@ -136,6 +137,7 @@ func TestConsulFollowerTakesOver(t *testing.T) {
 	}{
 		{name: "equal leases", holderTTL: 10 * time.Second, followerTTL: 10 * time.Second, lockDelay: 1500 * time.Millisecond, renewing: 13 * time.Second},
 		{name: "longer lease of the holder", holderTTL: 15 * time.Second, followerTTL: 10 * time.Second, renewing: 3 * time.Second},
+		{name: "shorter lease of the holder", holderTTL: 10 * time.Second, followerTTL: 20 * time.Second, renewing: 3 * time.Second},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -165,7 +167,7 @@ func TestConsulFollowerTakesOver(t *testing.T) {
 			}
 
 			link.Stall()
-			patience := max(tc.holderTTL, tc.followerTTL)
+			patience := tc.holderTTL
 			var res timedResult
 			select {
 			case res = <-got:
@@ -257,119 +259,14 @@ func TestConsulLegacyHolderNotTimed(t *testing.T) {
 	<-renewed
 }
 
-// staleView plays a Consul server that has fallen behind, for one client:
-// once frozen, every read of key that is not consistent is answered with
-// the key as it was at the freeze, a blocking query only at the end of its
-// wait. Consistent reads go through.
-type staleView struct {
-	agent, key string
-	frozen     atomic.Bool
-	mu         sync.Mutex
-	body       []byte
-	header     http.Header
-}
-
-func (s *staleView) freeze(t *testing.T) {
-	resp, err := http.Get("http://" + s.agent + "/v1/kv/" + s.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.mu.Lock()
-	s.body, s.header = body, resp.Header.Clone()
-	s.mu.Unlock()
-	s.frozen.Store(true)
-}
-
-func (s *staleView) hook(w http.ResponseWriter, r *http.Request) bool {
-	if !s.frozen.Load() || r.Method != http.MethodGet || r.URL.Path != "/v1/kv/"+s.key || r.URL.Query().Has("consistent") {
-		return false
-	}
-	if r.URL.Query().Get("index") != "" {
-		wait, _ := time.ParseDuration(r.URL.Query().Get("wait"))
-		select {
-		case <-time.After(wait):
-		case <-r.Context().Done():
-			return true
-		}
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, k := range []string{"X-Consul-Index", "Content-Type"} {
-		w.Header().Set(k, s.header.Get(k))
-	}
-	_, _ = w.Write(s.body)
-	return true
-}
-
-// TestConsulStaleFollowerConfirms: a follower whose reads of the key are
-// stale (it sees no renewal at all) does not take over a holder that
-// renews: its consistent read at the end of the lease shows the holder's
-// writes. Once the holder stops renewing, the follower takes over, a lease
-// after the holder's last acknowledged renewal at the earliest.
-func TestConsulStaleFollowerConfirms(t *testing.T) {
-	t.Parallel()
-	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
-	hb := newBackend(t, agent.Addr(), "stale", 0)
-	view := &staleView{agent: agent.Addr(), key: hb.Key()}
-	proxy := newHookedProxy(t, agent.Addr(), view.hook)
-	fb := newBackend(t, proxy.addr(), "stale", 0)
-	lh := campaign(t, hb, "holder")
-	r := renewEvery(lh, 2*time.Second)
-	got := campaignFor(t, fb, "follower", ttl)
-	proxy.waitBlocked(t, "/v1/kv/"+hb.Key())
-	view.freeze(t)
-	frozen := time.Now()
-	select {
-	case res := <-got:
-		t.Fatalf("the stale follower took the lock from a holder that renews: %v", res.err)
-	case <-time.After(2*ttl + 5*time.Second):
-	}
-	select {
-	case <-lh.Lost():
-		t.Fatalf("the renewing holder lost its lease: %v", lh.Err())
-	default:
-	}
-	confirms := 0
-	for _, q := range proxy.requests() {
-		if q.query.Has("consistent") && q.start.After(frozen) {
-			confirms++
-		}
-	}
-	t.Logf("stale for %v: the follower confirmed %d times with a consistent read, and left the holder alone", time.Since(frozen).Round(time.Second), confirms)
-	if confirms < 2 {
-		t.Errorf("%d consistent reads in %v of stale reads, want one per lease (2)", confirms, time.Since(frozen).Round(time.Second))
-	}
-
-	r.halt()
-	last := r.lastAck()
-	select {
-	case res := <-got:
-		took := res.at.Sub(last)
-		t.Logf("holder silent: the stale follower acquired %v after the send time of its last acknowledged renewal", took.Round(time.Millisecond))
-		if took <= ttl {
-			t.Errorf("acquired %v after the holder's last acknowledged renewal, within the lease of %v", took, ttl)
-		}
-		release(t, res.get(t))
-	case <-time.After(3*ttl + 10*time.Second):
-		t.Fatal("the follower did not take over the silent holder")
-	}
-	release(t, lh)
-}
-
 // TestConsulRenewNeedsBoth: Renew succeeds only if both the session
-// renewal and the record's write were acknowledged; a failure of either is
-// an error the runner does not count, and not a loss.
+// renewal and the pass of its TTL check were acknowledged; a failure of
+// either is an error the runner does not count, and not a loss.
 func TestConsulRenewNeedsBoth(t *testing.T) {
 	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
-	op := admin(t, agent.Addr())
 	cases := []struct{ name, path string }{
 		{name: "session renewal fails", path: "/v1/session/renew/"},
-		{name: "record write fails", path: "/v1/txn"},
+		{name: "check pass fails", path: "/v1/agent/check/pass/"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -384,45 +281,35 @@ func TestConsulRenewNeedsBoth(t *testing.T) {
 			b := newBackend(t, proxy.addr(), strings.ReplaceAll(tc.name, " ", "-"), 0)
 			l := campaign(t, b, "a")
 			defer release(t, l)
-			modify := func() uint64 {
-				pair, _, err := op.KV().Get(b.Key(), nil)
-				if err != nil || pair == nil {
-					t.Fatalf("read %s: %v", b.Key(), err)
-				}
-				return pair.ModifyIndex
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			failing.Store(true)
-			before := modify()
 			err := l.Renew(ctx)
-			after := modify()
-			t.Logf("Renew with one half failing: %v (ModifyIndex %d → %d)", err, before, after)
+			t.Logf("Renew with one half failing: %v", err)
 			if err == nil {
 				t.Fatal("Renew = nil although one of its two requests failed")
 			}
 			if errors.Is(err, backends.ErrLeaseLost) || l.Err() != nil {
 				t.Errorf("a failed request is not a loss: Renew = %v, Err = %v", err, l.Err())
 			}
-			if tc.path == "/v1/txn" && after != before {
-				t.Errorf("the record's write failed but the key's ModifyIndex moved %d → %d", before, after)
-			}
 			failing.Store(false)
 			if err := l.Renew(ctx); err != nil {
 				t.Errorf("Renew once both requests go through: %v", err)
 			}
-			if m := modify(); m <= after {
-				t.Errorf("a good renewal left the key's ModifyIndex at %d", m)
+			var sent []string
+			for _, q := range proxy.requests() {
+				sent = append(sent, q.method+" "+q.path)
 			}
+			t.Logf("requests: %v", sent)
 		})
 	}
 }
 
-// TestConsulRenewalsKeepToken: renewals rewrite the key (its ModifyIndex
-// moves, so followers see them), but Status keeps showing the grant's
-// token, and the next grant's token is greater than every index the
-// renewals wrote.
-func TestConsulRenewalsKeepToken(t *testing.T) {
+// TestConsulRenewalsLeaveKeyAlone: renewals write nothing to the key (its
+// ModifyIndex stays at the token, so a waiter's blocking query is not
+// answered by them), Status shows the grant's token and the holder's
+// record, and the next grant's token is greater.
+func TestConsulRenewalsLeaveKeyAlone(t *testing.T) {
 	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
 	op := admin(t, agent.Addr())
 	b := newBackend(t, agent.Addr(), "token", 2*time.Second)
@@ -434,11 +321,9 @@ func TestConsulRenewalsKeepToken(t *testing.T) {
 		}
 		return pair
 	}
-	first := read()
-	if first.ModifyIndex != l.Token() {
+	if first := read(); first.ModifyIndex != l.Token() {
 		t.Errorf("ModifyIndex right after the grant %d, token %d", first.ModifyIndex, l.Token())
 	}
-	indexes := []uint64{first.ModifyIndex}
 	for i := range 3 {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err := l.Renew(ctx)
@@ -446,18 +331,16 @@ func TestConsulRenewalsKeepToken(t *testing.T) {
 		if err != nil {
 			t.Fatalf("renewal %d: %v", i, err)
 		}
-		pair := read()
-		if pair.ModifyIndex <= indexes[len(indexes)-1] {
-			t.Errorf("renewal %d left the ModifyIndex at %d", i, pair.ModifyIndex)
+		if m := read().ModifyIndex; m != l.Token() {
+			t.Errorf("renewal %d moved the key's ModifyIndex to %d (token %d)", i, m, l.Token())
 		}
-		indexes = append(indexes, pair.ModifyIndex)
 		st, err := b.Status(context.Background())
 		if err != nil || st.Token != l.Token() || st.Identity != "a" || st.TTL != ttl {
 			t.Errorf("status after renewal %d: %+v, %v; want identity a, token %d, TTL %v", i, st, err, l.Token(), ttl)
 		}
 	}
 	value := string(read().Value)
-	t.Logf("ModifyIndex at the grant and after each renewal: %v; the key's value: %s", indexes, value)
+	t.Logf("the key's value: %s", value)
 	for _, want := range []string{`"identity":"a"`, `"ttl":"10s"`, `"lock_delay":"2s"`} {
 		if !strings.Contains(value, want) {
 			t.Errorf("the record %s does not hold %s", value, want)
@@ -465,8 +348,63 @@ func TestConsulRenewalsKeepToken(t *testing.T) {
 	}
 	release(t, l)
 	next := campaign(t, b, "b")
-	if next.Token() <= indexes[len(indexes)-1] {
-		t.Errorf("next grant's token %d, not greater than the last renewal's index %d", next.Token(), indexes[len(indexes)-1])
+	if next.Token() <= l.Token() {
+		t.Errorf("next grant's token %d, not greater than %d", next.Token(), l.Token())
+	}
+	release(t, next)
+}
+
+// TestConsulCheckGoneIsLoss: deregistering the holder's TTL check (by an
+// operator, or an agent that lost its state) ends its session: the lease
+// reports the loss at once, and its next Renew says so too. A candidate
+// that starts on the agent later deregisters the critical checks that dead
+// candidates left behind, and no other.
+func TestConsulCheckGoneIsLoss(t *testing.T) {
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
+	op := admin(t, agent.Addr())
+	b := newBackend(t, agent.Addr(), "check-gone", 0)
+	l := campaign(t, b, "a")
+	info, _, err := op.Session().Info(sessionOf(t, l), nil)
+	if err != nil || info == nil || len(info.NodeChecks) != 1 {
+		t.Fatalf("session info: %+v, %v", info, err)
+	}
+	if err := op.Agent().CheckDeregister(info.NodeChecks[0]); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Lost():
+		t.Logf("lost: %v", l.Err())
+	case <-time.After(5 * time.Second):
+		t.Fatal("the holder did not report its loss when its check was deregistered")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := l.Renew(ctx); !errors.Is(err, backends.ErrLeaseLost) {
+		t.Errorf("Renew after the check was deregistered = %v, want ErrLeaseLost", err)
+	}
+	release(t, l)
+
+	// Left behind by a candidate that died: critical. And a check of
+	// someone else's that is critical, and a passing leaderrun check.
+	for _, reg := range []*api.AgentCheckRegistration{
+		{ID: "leaderrun:dead", Name: "leaderrun", AgentServiceCheck: api.AgentServiceCheck{TTL: "10s", Status: api.HealthCritical}},
+		{ID: "leaderrun:alive", Name: "leaderrun", AgentServiceCheck: api.AgentServiceCheck{TTL: "10m", Status: api.HealthPassing}},
+		{ID: "other", Name: "other", AgentServiceCheck: api.AgentServiceCheck{TTL: "10s", Status: api.HealthCritical}},
+	} {
+		if err := op.Agent().CheckRegister(reg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := campaign(t, b, "b")
+	checks, err := op.Agent().Checks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checks["leaderrun:dead"] != nil {
+		t.Error("the dead candidate's critical check is still registered")
+	}
+	if checks["leaderrun:alive"] == nil || checks["other"] == nil {
+		t.Errorf("a check that was not a dead candidate's was deregistered: %v", checks)
 	}
 	release(t, next)
 }
