@@ -152,7 +152,9 @@ func TestMetrics(t *testing.T) {
 	dir := t.TempDir()
 	events := filepath.Join(dir, "events")
 	addrA := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))
-	addrB := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))
+	// Another loopback address: two free ports asked one after the other
+	// can be the same one (the first is closed before the second is asked).
+	addrB := fmt.Sprintf("127.0.0.2:%d", testenv.FreePort(t, "127.0.0.2"))
 	a := start(t, childEnv(events, "forever"), cmdArgs(t, localArgs(dir, "met", "--identity", "a", "--metrics-addr", addrA))...)
 	waitEvents(t, events, 10*time.Second, "a's child", func(evs []event) bool { return count(evs, "start") == 1 })
 	b := start(t, childEnv(events, "forever"), cmdArgs(t, localArgs(dir, "met", "--identity", "b", "--metrics-addr", addrB))...)
