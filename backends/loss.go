@@ -2,13 +2,15 @@ package backends
 
 import "sync"
 
-// Loss records, once, why a lease was lost, and closes a channel when it
-// happens. Backends embed one to implement Lease.Lost and Lease.Err. Its
-// zero value is not usable; use NewLoss.
+// Loss is the liveness of one lease as a backend tracks it: it records,
+// once, why the lease was lost and closes a channel when it happens, and it
+// lets exactly one Release do the work. Backends embed one to implement
+// Lease.Lost and Lease.Err. Its zero value is not usable; use NewLoss.
 type Loss struct {
-	ch  chan struct{}
-	mu  sync.Mutex
-	err error
+	ch       chan struct{}
+	mu       sync.Mutex
+	err      error
+	released bool
 }
 
 // NewLoss returns a Loss that has not happened.
@@ -33,4 +35,15 @@ func (l *Loss) Set(err error) {
 		l.err = err
 		close(l.ch)
 	}
+}
+
+// BeginRelease reports whether this is the first call: Lease.Release does
+// its work only then, and returns nil at once on every later call (the
+// contract of Lease.Release). It is safe for concurrent use.
+func (l *Loss) BeginRelease() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	first := !l.released
+	l.released = true
+	return first
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/leaderrun/leaderrun/backends"
@@ -33,9 +32,6 @@ type lease struct {
 	*backends.Loss // Lost and Err
 	stopWatch      context.CancelFunc
 	watchDone      chan struct{}
-
-	mu       sync.Mutex
-	released bool
 }
 
 // newLease starts watching the key from token, the ModifyIndex the
@@ -141,14 +137,10 @@ func (l *lease) check(pair *api.KVPair) error {
 // outlive Release (its check then turns critical within a TTL, which ends
 // it) or the term was not recorded.
 func (l *lease) Release(ctx context.Context, term *backends.Term) error {
-	l.mu.Lock()
-	if l.released {
-		l.mu.Unlock()
+	if !l.BeginRelease() {
 		return nil
 	}
-	l.released = true
 	lost := l.Err() != nil
-	l.mu.Unlock()
 
 	// The watch is told to stop and waited for at the end: the release
 	// is what the next holder waits for.

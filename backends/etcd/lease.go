@@ -29,9 +29,6 @@ type lease struct {
 	*backends.Loss                    // Lost and Err
 	stop           context.CancelFunc // ends the watchers
 	wg             sync.WaitGroup
-
-	mu       sync.Mutex
-	released bool
 }
 
 var _ backends.Lease = (*lease)(nil)
@@ -100,13 +97,9 @@ func (l *lease) Renew(ctx context.Context) error {
 // goes to the history at the same time, in a request of its own (a revoke
 // cannot be part of a transaction), and the watchers are waited for after.
 func (l *lease) Release(ctx context.Context, term *backends.Term) error {
-	l.mu.Lock()
-	if l.released {
-		l.mu.Unlock()
+	if !l.BeginRelease() {
 		return nil
 	}
-	l.released = true
-	l.mu.Unlock()
 	l.stop()
 	recorded := make(chan error, 1)
 	if term != nil {

@@ -32,9 +32,8 @@ type lease struct {
 	stopLoop       chan struct{}
 	loopDone       chan struct{}
 
-	mu       sync.Mutex
-	cur      *leaseObject // the latest state known, from our writes and the watch
-	released bool
+	mu  sync.Mutex
+	cur *leaseObject // the latest state known, from our writes and the watch
 }
 
 // newLease starts consuming w, which follows the Lease from before cur,
@@ -292,13 +291,9 @@ func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
 // the record, which is someone else's now, retrying on conflicts; if the
 // Lease was deleted, it creates a free one to hold the term.
 func (l *lease) Release(ctx context.Context, term *backends.Term) error {
-	l.mu.Lock()
-	if l.released {
-		l.mu.Unlock()
+	if !l.BeginRelease() {
 		return nil
 	}
-	l.released = true
-	l.mu.Unlock()
 	close(l.stopLoop)
 	<-l.loopDone
 	l.w.stop()

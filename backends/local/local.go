@@ -358,9 +358,6 @@ type lease struct {
 	*backends.Loss                    // Lost and Err
 	stopWatch      context.CancelFunc // ends watchLoss's goroutine; nil if none
 	watchWG        sync.WaitGroup
-
-	mu       sync.Mutex
-	released bool
 }
 
 func (l *lease) Token() uint64               { return l.token }
@@ -391,13 +388,9 @@ func (l *lease) check() error {
 // clears the holder record and closes the file, which drops the flock and
 // wakes waiters.
 func (l *lease) Release(_ context.Context, term *backends.Term) error {
-	l.mu.Lock()
-	if l.released {
-		l.mu.Unlock()
+	if !l.BeginRelease() {
 		return nil
 	}
-	l.released = true
-	l.mu.Unlock()
 	if l.stopWatch != nil {
 		l.stopWatch()
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/leaderrun/leaderrun/internal/pgwire"
@@ -29,9 +28,6 @@ type lease struct {
 	unsubscribe    func()
 	stop           context.CancelFunc
 	done           chan struct{}
-
-	mu       sync.Mutex
-	released bool
 }
 
 var _ backends.Lease = (*lease)(nil)
@@ -214,13 +210,9 @@ func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
 // the lock; if the server cannot be reached, the row expires after the
 // lease duration.
 func (l *lease) Release(ctx context.Context, term *backends.Term) error {
-	l.mu.Lock()
-	if l.released {
-		l.mu.Unlock()
+	if !l.BeginRelease() {
 		return nil
 	}
-	l.released = true
-	l.mu.Unlock()
 	l.unsubscribe()
 	l.stop()
 	<-l.done

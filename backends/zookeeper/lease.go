@@ -34,9 +34,6 @@ type lease struct {
 	*backends.Loss                    // Lost and Err
 	stop           context.CancelFunc // ends the watcher
 	wg             sync.WaitGroup
-
-	mu       sync.Mutex
-	released bool
 }
 
 var _ backends.Lease = (*lease)(nil)
@@ -338,13 +335,9 @@ const termPrefix = "term-"
 // then it ends the session, which deletes whatever ephemeral znode of ours
 // is left. The lock is released even when the history cannot be written.
 func (l *lease) Release(ctx context.Context, term *backends.Term) error {
-	l.mu.Lock()
-	if l.released {
-		l.mu.Unlock()
+	if !l.BeginRelease() {
 		return nil
 	}
-	l.released = true
-	l.mu.Unlock()
 	l.stop()
 	l.wg.Wait()
 	b := l.c.b
