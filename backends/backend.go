@@ -8,6 +8,13 @@
 // decides when to renew and when a silence has lasted too long (see
 // runner.Config). That split follows client-go's leaderelection, where the
 // lock stores state and one elector owns time.
+//
+// One rule for who renews: from the moment Campaign returns a Lease, the
+// runner's calls to Lease.Renew are the only renewals of it. A backend may
+// keep a session alive on its own while it waits in line (a waiter has no
+// runner deadline yet), but it stops doing so before Campaign returns, so
+// that a lease the runner has stopped renewing (its deadline passed, the
+// child is being stopped) is never kept alive behind its back.
 package backends
 
 import (
