@@ -14,7 +14,10 @@
 // keep a session alive on its own while it waits in line (a waiter has no
 // runner deadline yet), but it stops doing so before Campaign returns, so
 // that a lease the runner has stopped renewing (its deadline passed, the
-// child is being stopped) is never kept alive behind its back.
+// child is being stopped) is never kept alive behind its back. ZooKeeper is
+// the one exception the store imposes: its client library heartbeats the
+// session by protocol, so there Renew proves that the session and the
+// leader's znode are still ours instead of extending anything.
 package backends
 
 import (
