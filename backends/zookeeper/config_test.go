@@ -1,8 +1,11 @@
 package zookeeper_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -112,4 +115,55 @@ func TestLeaseTTL(t *testing.T) {
 	if ttl := zookeeper.LeaseTTL(15*s, 2*s, 4*s); ttl > 10*s+3*s {
 		t.Errorf("at the default timings the TTL is %v, more than D + G = 13s: the runner would accept them", ttl)
 	}
+}
+
+// TestLibraryLog: the client library's own lines (here, its failed dials of
+// a port nobody listens on) reach leaderrun's log at debug level, marked
+// as the library's, and nothing of them at info level.
+func TestLibraryLog(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		level slog.Level
+		want  bool
+	}{
+		{"debug", slog.LevelDebug, true},
+		{"info", slog.LevelInfo, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf syncBuffer
+			log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: tc.level}))
+			b, err := zookeeper.New(zookeeper.Config{Servers: []string{"127.0.0.1:1"}, Lock: "b", Log: log, ConnectTimeout: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			if _, err := b.Campaign(ctx, backends.CampaignOptions{Identity: "a", LeaseDuration: 4 * time.Second}); err == nil {
+				t.Fatal("campaign against a closed port succeeded")
+			}
+			got := strings.Contains(buf.String(), "source=go-zookeeper")
+			if got != tc.want {
+				t.Errorf("library lines in the log at %v: %v, want %v; log:\n%s", tc.level, got, tc.want, buf.String())
+			}
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the library's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

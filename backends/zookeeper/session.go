@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -70,7 +71,7 @@ func (b *Backend) connectShare(ctx context.Context, timeout, share time.Duration
 		handshake: max(share/time.Duration(len(b.servers)), 100*time.Millisecond),
 	}
 	conn, _, err := zk.Connect(b.servers, timeout,
-		zk.WithLogger(discard{}), zk.WithLogInfo(false),
+		zk.WithLogger(libraryLog{b.log}), zk.WithLogInfo(false),
 		zk.WithEventCallback(s.event),
 		zk.WithDialer(s.dial),
 		zk.WithMaxBufferSize(maxPacket), zk.WithMaxConnBufferSize(maxPacket))
@@ -204,11 +205,17 @@ func (c *sniffer) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// discard is the library's logger: it logs every reconnection and failed
-// dial by default; leaderrun logs once, where an error is handled.
-type discard struct{}
+// libraryLog is the client library's logger, routed into leaderrun's log
+// at debug level: the library logs every reconnection and failed dial,
+// which leaderrun reports once, where it handles the error; with
+// --log-level debug the library's own lines are there to read.
+type libraryLog struct{ log *slog.Logger }
 
-func (discard) Printf(string, ...any) {}
+func (l libraryLog) Printf(format string, args ...any) {
+	if l.log.Enabled(context.Background(), slog.LevelDebug) {
+		l.log.Debug(fmt.Sprintf(format, args...), "source", "go-zookeeper")
+	}
+}
 
 // errClosed is the answer to a request on a session already closed.
 var errClosed = errors.New("zookeeper: session closed")
