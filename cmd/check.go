@@ -36,11 +36,20 @@ func checkCommand(st *state) *cli.Command {
 				fmt.Fprintf(st.stderr, "leaderrun check: %v\n", err)
 				return errNotLeader
 			}
-			ok := a.Leader && a.Remaining >= c.Duration("min-remaining")
+			minimum := c.Duration("min-remaining")
 			if c.Bool("verbose") {
 				fmt.Fprintf(st.stdout, "leader=%t token=%d remaining=%v\n", a.Leader, a.Token, a.Remaining.Round(time.Millisecond))
 			}
-			if !ok {
+			switch {
+			case !a.Leader:
+				return errNotLeader
+			case a.Remaining < minimum:
+				// Leading, and yet a failure: say why, or -v's
+				// "leader=true" and exit 1 contradict each other.
+				if c.Bool("verbose") {
+					fmt.Fprintf(st.stderr, "leaderrun check: %v left before the renew deadline, less than --min-remaining %v\n",
+						a.Remaining.Round(time.Millisecond), minimum)
+				}
 				return errNotLeader
 			}
 			return nil

@@ -158,7 +158,7 @@ func chooseStore(c *cli.Context) (store, error) {
 	if name := c.String("backend"); name != "" {
 		for _, s := range stores {
 			if s.name == name {
-				return s, nil
+				return s, otherStoreFlags(c, s)
 			}
 		}
 		return store{}, usageErrorf("--backend %q: want one of %s", name, storeNames())
@@ -183,6 +183,47 @@ func chooseStore(c *cli.Context) (store, error) {
 	}
 	return store{}, usageErrorf("addresses of several stores are set (%s): choose one with --backend", strings.Join(names, ", "))
 }
+
+// otherStoreFlags refuses a flag of another store given on the command
+// line beside --backend: "--backend local --etcd-endpoints ..." names two
+// stores, and leaderrun will not guess which one was meant. Variables are
+// left alone: an environment set up for etcdctl may well run a job on the
+// local backend.
+func otherStoreFlags(c *cli.Context, chosen store) error {
+	given := commandLineFlags(c)
+	for _, s := range stores {
+		if s.name == chosen.name {
+			continue
+		}
+		for _, f := range s.flags() {
+			if name := f.Names()[0]; given[name] {
+				return usageErrorf("--%s is a flag of the %s store, but --backend is %s: drop one of them", name, s.name, chosen.name)
+			}
+		}
+	}
+	return nil
+}
+
+// commandLineFlags are the flags given on the command line before
+// "--" (not those set from variables).
+func commandLineFlags(c *cli.Context) map[string]bool {
+	args, _ := c.App.Metadata[argsKey].([]string)
+	given := map[string]bool{}
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if strings.HasPrefix(a, "-") {
+			// The flag package takes -name as --name.
+			name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+			given[name] = true
+		}
+	}
+	return given
+}
+
+// argsKey is where run keeps the raw arguments in the app's Metadata.
+const argsKey = "args"
 
 // openBackend validates the store flags and builds the chosen backend.
 func openBackend(c *cli.Context) (backends.Backend, storeConfig, error) {

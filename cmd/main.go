@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -31,6 +33,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	st := &state{stdout: stdout, stderr: stderr, codes: defaultCodes}
 	app := newApp(st)
+	app.Metadata = map[string]any{argsKey: args}
 	if !wantsHelp(args) {
 		uncategorize(app)
 	}
@@ -118,7 +121,52 @@ func withDefaultCommand(app *cli.App, args []string) []string {
 			return args
 		}
 	}
+	if near := nearCommand(app, first); near != "" {
+		// "leaderrun stauts --lock x" is a mistyped command, not a run of
+		// a program called stauts: let the app say so.
+		return args
+	}
 	return append([]string{args[0], "run"}, args[1:]...)
+}
+
+// nearCommand is the command that word is a likely typo of (at most two
+// edits away, and not a flag), or "".
+func nearCommand(app *cli.App, word string) string {
+	if word == "" || strings.HasPrefix(word, "-") {
+		return ""
+	}
+	if _, err := exec.LookPath(word); err == nil {
+		// A program of that name: with the lock and store in the
+		// environment, "leaderrun true" runs it.
+		return ""
+	}
+	for _, c := range app.Commands {
+		if !c.Hidden && editDistance(word, c.Name) <= 2 {
+			return c.Name
+		}
+	}
+	return ""
+}
+
+// editDistance is the Levenshtein distance between two short words.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }
 
 func newApp(st *state) *cli.App {
@@ -167,6 +215,11 @@ Run 'leaderrun run --help' for every flag of run.`,
 		ExitErrHandler: func(*cli.Context, error) {},
 		OnUsageError:   onUsageError,
 		Action: func(c *cli.Context) error {
+			if word := c.Args().First(); word != "" {
+				if near := nearCommand(c.App, word); near != "" {
+					return usageErrorf("unknown command %q: did you mean %q?", word, near)
+				}
+			}
 			_ = cli.ShowAppHelp(c)
 			return usageErrorf("no command given")
 		},
@@ -183,6 +236,64 @@ func onUsageError(_ *cli.Context, err error, _ bool) error {
 	}
 	if before, after, ok := strings.Cut(msg, " for flag -"); ok {
 		msg = before + " for --" + strings.TrimPrefix(after, "-")
+		if v, ok := badDuration(before, after); ok {
+			msg = strings.TrimSuffix(msg, "parse error") + durationHint(v)
+		}
+	}
+	if v, src, ok := badEnvDuration(msg); ok {
+		msg = fmt.Sprintf("invalid value %q in %s: %s", v, src, durationHint(v))
 	}
 	return &usageError{msg: msg}
+}
+
+// badEnvDuration reports the value and variable of urfave/cli's message
+// for a duration variable it could not parse, if msg is one for a bare
+// number or a number of days.
+func badEnvDuration(msg string) (value, source string, ok bool) {
+	rest, ok := strings.CutPrefix(msg, "could not parse ")
+	if !ok {
+		return "", "", false
+	}
+	q, rest, ok := strings.Cut(rest, " as duration value from environment variable ")
+	if !ok {
+		return "", "", false
+	}
+	name, _, _ := strings.Cut(rest, " for flag ")
+	value, err := strconv.Unquote(q)
+	if err != nil {
+		return "", "", false
+	}
+	if _, err := strconv.ParseFloat(strings.TrimSuffix(value, "d"), 64); err != nil {
+		return "", "", false
+	}
+	return value, strings.Trim(name, `"`), true
+}
+
+// badDuration reports the value of an "invalid value "V" for flag -F:
+// parse error" that is a duration flag's, from the two halves of the
+// message around " for flag -".
+func badDuration(before, after string) (string, bool) {
+	v, ok := strings.CutPrefix(before, "invalid value ")
+	if !ok || !strings.HasSuffix(after, ": parse error") {
+		return "", false
+	}
+	v, err := strconv.Unquote(v)
+	if err != nil {
+		return "", false
+	}
+	if _, err := strconv.ParseFloat(strings.TrimSuffix(v, "d"), 64); err == nil {
+		return v, true
+	}
+	return "", false
+}
+
+// durationHint says how to write a duration when v is a bare number or a
+// number of days, which Go's durations do not take.
+func durationHint(v string) string {
+	if days, ok := strings.CutSuffix(v, "d"); ok {
+		if n, err := strconv.ParseFloat(days, 64); err == nil {
+			return fmt.Sprintf("durations take ms, s, m or h, not days: %sd is %gh", days, n*24)
+		}
+	}
+	return fmt.Sprintf("a duration needs a unit (ms, s, m or h): %ss, %sm or %sh", v, v, v)
 }

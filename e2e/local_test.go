@@ -163,6 +163,11 @@ func TestLocalUsageErrors(t *testing.T) {
 		{name: "overflowing timings", args: localArgs(dir, "x", "--lease-duration", "15s", "--renew-deadline", "2562047h",
 			"--kill-grace", "2562047h", "--", "true"), want: "--renew-deadline 2562047h0m0s is longer than the 24h0m0s"},
 		{name: "huge wait", args: localArgs(dir, "x", "--wait", "100000h", "--", "true"), want: "--wait 100000h0m0s is longer"},
+		{name: "duration without a unit", args: localArgs(dir, "x", "--lease-duration", "15", "--", "true"), want: "a duration needs a unit (ms, s, m or h): 15s"},
+		{name: "duration in days", args: localArgs(dir, "x", "--wait", "400d", "--", "true"), want: "not days: 400d is 9600h"},
+		{name: "mistyped command", args: []string{"stauts", "--lock", "x"}, want: `unknown command "stauts": did you mean "status"?`},
+		{name: "another store's flag", args: localArgs(dir, "x", "--etcd-endpoints", "http://127.0.0.1:1", "--", "true"),
+			want: "--etcd-endpoints is a flag of the etcd store, but --backend is local"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

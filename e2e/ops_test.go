@@ -97,6 +97,25 @@ func TestCheck(t *testing.T) {
 	expectCheckFails(t, p, out, removed)
 }
 
+// TestCheckMinRemaining: with -v, a check that fails only because less
+// than --min-remaining is left says so, instead of printing leader=true
+// and exiting 1 without a reason.
+func TestCheckMinRemaining(t *testing.T) {
+	dir := t.TempDir()
+	job := fmt.Sprintf(`%[1]s check -v; echo "plain=$?"; %[1]s check --min-remaining 1h -v; echo "min=$?"`, testenv.Leaderrun(t))
+	p := start(t, nil, localArgs(dir, "chkmin", "--shell", "--", job)...)
+	if code := p.wait(10 * time.Second); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, p.stderr.String())
+	}
+	// stdout and stderr are one stream here.
+	out := p.stderr.String()
+	for _, want := range []string{"leader=true token=1", "plain=0", "min=1", "less than --min-remaining 1h0m0s"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the output has no %q:\n%s", want, out)
+		}
+	}
+}
+
 // checkJob is a shell job that calls `leaderrun check` in a loop and
 // appends "<unix-ns> <exit code>" to out for each call. It ignores SIGTERM
 // so that it can observe what check says after the loss.
