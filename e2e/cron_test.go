@@ -387,3 +387,50 @@ func killNamespace(t *testing.T, cmd *exec.Cmd) {
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
 }
+
+// TestCronRecipesInDocs: the crontab lines that the README and
+// docs/recipes.md show are the recipe that TestCronRecipe and
+// TestCronRecipeUnderCron run (examples/cron/leaderrun-billing): the same
+// variables, the store's address among them (without one, the line
+// exits 64 on every host), and the same job line, in a user's crontab
+// form (no user field). So they run as written under cron's environment.
+func TestCronRecipesInDocs(t *testing.T) {
+	example := readCronFile(t)
+	var want []string
+	for _, kv := range example.env {
+		if !strings.HasPrefix(kv, "SHELL=") {
+			want = append(want, kv)
+		}
+	}
+	for _, doc := range []string{"../README.md", "../docs/recipes.md"} {
+		t.Run(filepath.Base(doc), func(t *testing.T) {
+			data, err := os.ReadFile(doc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			block := readmeBlock(t, string(data), "Put the same lines in the crontab of every host")
+			var env []string
+			var job string
+			for _, l := range block {
+				if m := cronVar.FindStringSubmatch(l); m != nil {
+					env = append(env, m[1]+"="+m[2])
+					continue
+				}
+				fields := strings.Fields(l)
+				if len(fields) < 6 || job != "" {
+					t.Fatalf("%s: want variables and one job line, got %q", doc, l)
+				}
+				if sched := strings.Join(fields[:5], " "); sched != example.sched {
+					t.Errorf("%s: schedule %q, the recipe's is %q", doc, sched, example.sched)
+				}
+				job = strings.Join(fields[5:], " ")
+			}
+			if strings.Join(env, "\n") != strings.Join(want, "\n") {
+				t.Errorf("%s: variables\n%s\nthe recipe's (less SHELL):\n%s", doc, strings.Join(env, "\n"), strings.Join(want, "\n"))
+			}
+			if job != example.cmd {
+				t.Errorf("%s: job line %q, the recipe's %q", doc, job, example.cmd)
+			}
+		})
+	}
+}
