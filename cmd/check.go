@@ -8,7 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/leaderrun/leaderrun/internal/control"
+	"github.com/leaderrun/leaderrun/observers/control"
 )
 
 func checkCommand(st *state) *cli.Command {

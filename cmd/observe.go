@@ -7,9 +7,9 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/leaderrun/leaderrun/backends"
-	"github.com/leaderrun/leaderrun/internal/control"
-	"github.com/leaderrun/leaderrun/internal/metrics"
-	"github.com/leaderrun/leaderrun/internal/notify"
+	"github.com/leaderrun/leaderrun/observers/control"
+	"github.com/leaderrun/leaderrun/observers/metrics"
+	"github.com/leaderrun/leaderrun/observers/notify"
 	"github.com/leaderrun/leaderrun/runner"
 )
 
