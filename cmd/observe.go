@@ -28,7 +28,8 @@ func observers(c *cli.Context, cfg *runner.Config, backend backends.Backend, log
 		}
 	)
 	state := &control.State{}
-	// $XDG_RUNTIME_DIR (per user, cleared at logout) if there is one.
+	// Where the socket needs a file (not on Linux): $XDG_RUNTIME_DIR (per
+	// user, cleared at logout) if there is one.
 	srv, err := control.Listen(os.Getenv("XDG_RUNTIME_DIR"), state, log)
 	if err != nil {
 		return nil, nil, err

@@ -116,6 +116,31 @@ func TestCheckMinRemaining(t *testing.T) {
 	}
 }
 
+// TestCheckSocketLeavesNothing: a leaderrun killed with SIGKILL leaves no
+// socket or directory behind in $XDG_RUNTIME_DIR or $TMPDIR (on Linux the
+// check socket is abstract), and the child's LEADERRUN_SOCKET says so.
+func TestCheckSocketLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	runtime, tmp := t.TempDir(), t.TempDir()
+	out := filepath.Join(dir, "socket")
+	p := start(t, []string{"XDG_RUNTIME_DIR=" + runtime, "TMPDIR=" + tmp},
+		localArgs(dir, "sock", "--shell", "--", `echo "$LEADERRUN_SOCKET" > `+out+`; exec sleep 3600`)...)
+	waitFor(t, 10*time.Second, "the child's LEADERRUN_SOCKET", func() bool {
+		data, _ := os.ReadFile(out)
+		return strings.HasSuffix(string(data), "\n")
+	})
+	if data, _ := os.ReadFile(out); !strings.HasPrefix(string(data), "@leaderrun-") {
+		t.Errorf("LEADERRUN_SOCKET=%q, want an abstract socket @leaderrun-...", strings.TrimSpace(string(data)))
+	}
+	p.signal(syscall.SIGKILL)
+	p.wait(5 * time.Second)
+	for _, d := range []string{runtime, tmp} {
+		if entries, _ := os.ReadDir(d); len(entries) > 0 {
+			t.Errorf("%s holds %v after leaderrun was killed", d, entries)
+		}
+	}
+}
+
 // checkJob is a shell job that calls `leaderrun check` in a loop and
 // appends "<unix-ns> <exit code>" to out for each call. It ignores SIGTERM
 // so that it can observe what check says after the loss.

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -74,19 +73,15 @@ type Server struct {
 	cancel context.CancelFunc
 }
 
-// Listen creates the socket under a new 0700 directory in dir (os.TempDir
-// if empty), so that only this user can ask. log, if not nil, hears when
-// accepting fails and when it works again.
+// Listen creates the socket and serves state on it. On Linux the socket
+// is abstract (no file: nothing is left behind when leaderrun is killed)
+// and answers only this user and root; elsewhere it is a file under a new
+// 0700 directory in dir (os.TempDir if empty). log, if not nil, hears
+// when accepting fails and when it works again.
 func Listen(dir string, state *State, log *slog.Logger) (*Server, error) {
-	d, err := os.MkdirTemp(dir, "leaderrun-")
+	ln, path, d, err := listen(dir)
 	if err != nil {
-		return nil, fmt.Errorf("create control socket directory: %w", err)
-	}
-	path := filepath.Join(d, "check.sock")
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		os.RemoveAll(d)
-		return nil, fmt.Errorf("listen on %s: %w", path, err)
+		return nil, err
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -132,8 +127,10 @@ func (s *Server) serve(state *State) {
 			s.log.Info("check socket: accepting again", "socket", s.path, "failed_accepts", n)
 			retry.Reset()
 		}
-		_ = c.SetDeadline(time.Now().Add(time.Second))
-		_ = json.NewEncoder(c).Encode(state.Answer())
+		if allowed(c) {
+			_ = c.SetDeadline(time.Now().Add(time.Second))
+			_ = json.NewEncoder(c).Encode(state.Answer())
+		}
 		c.Close()
 	}
 }
@@ -143,7 +140,9 @@ func (s *Server) Close() error {
 	s.cancel()
 	err := s.ln.Close()
 	s.wg.Wait()
-	os.RemoveAll(s.dir)
+	if s.dir != "" {
+		os.RemoveAll(s.dir)
+	}
 	return err
 }
 

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -173,7 +174,7 @@ func startCheckServer(t *testing.T) *checkServer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.stop(10 * time.Second) })
-	s.path = s.next("/")
+	s.path = s.next("@")
 	return s
 }
 
@@ -320,6 +321,56 @@ func TestAcceptSurvivesExhaustedDescriptors(t *testing.T) {
 				t.Errorf("accept failure logged %d times, want once:\n%s", n, srv.stderr.String())
 			}
 			t.Logf("server log:\n%s", srv.stderr.String())
+		})
+	}
+}
+
+// TestOtherUsersAreRefused: the socket is abstract, so anyone in the
+// network namespace can connect; only this user and root get an answer.
+// `leaderrun check` run as another user fails (exit 1), as this one
+// succeeds.
+func TestOtherUsersAreRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Missing(t, "playing another user needs root")
+	}
+	srv := startCheckServer(t)
+	// A copy of leaderrun that the other user may execute (the test's
+	// build sits in a directory only root can enter).
+	dir, err := os.MkdirTemp("", "lrbin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	bin, err := os.ReadFile(testenv.Leaderrun(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lr := filepath.Join(dir, "leaderrun")
+	if err := os.WriteFile(lr, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		uid  uint32
+		want int
+	}{
+		{"this user", 0, 0},
+		{"another user", 65534, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			check := exec.Command(lr, "check", "-v")
+			check.Env = append(os.Environ(), "LEADERRUN_SOCKET="+srv.path)
+			check.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: tc.uid, Gid: tc.uid}}
+			out, _ := check.CombinedOutput()
+			if code := check.ProcessState.ExitCode(); code != tc.want {
+				t.Errorf("leaderrun check as uid %d: exit %d, want %d\n%s", tc.uid, code, tc.want, out)
+			}
+			if tc.want != 0 && strings.Contains(string(out), "token=") {
+				t.Errorf("another user was told the token: %s", out)
+			}
 		})
 	}
 }
