@@ -14,6 +14,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -153,10 +154,11 @@ type Limits struct {
 	// request this long after its last response. Too short costs a scraper
 	// a reconnect per scrape, nothing more. Default 30 s.
 	IdleTimeout time.Duration
-	// MaxConns caps the connections open at once; one more is closed as
-	// soon as it is accepted, rather than queued behind the others, so a
-	// flood costs neither descriptors nor memory and a scraper gets in as
-	// soon as the timeouts free a slot. Default 64.
+	// MaxConns caps the connections open at once. One more takes the
+	// place of the oldest connection that is not serving a request (and is
+	// closed at once only if all are busy), so a flood costs neither
+	// descriptors nor memory, and idle connections cannot lock a scraper
+	// out. Default 64.
 	MaxConns int
 }
 
@@ -189,6 +191,7 @@ func Serve(addr string, m *Metrics, lim Limits) (*Server, error) {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok\n"))
 	})
+	capped := &capped{Listener: ln, max: lim.MaxConns}
 	s := &Server{
 		srv: &http.Server{
 			Handler:           mux,
@@ -201,8 +204,9 @@ func Serve(addr string, m *Metrics, lim Limits) (*Server, error) {
 			// line per bad client.
 			ErrorLog: log.New(io.Discard, "", 0),
 		},
-		ln: &capped{Listener: ln, max: int64(lim.MaxConns)},
+		ln: capped,
 	}
+	s.srv.ConnState = capped.track
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -211,12 +215,17 @@ func Serve(addr string, m *Metrics, lim Limits) (*Server, error) {
 	return s, nil
 }
 
-// capped is a listener that keeps at most max connections open: it closes
-// the ones over the cap as it accepts them.
+// capped is a listener that keeps at most max connections open. At the
+// cap, a new connection takes the place of the oldest one that is not
+// serving a request (new, or idle between keep-alive requests); only when
+// every open connection is busy is the new one closed. So connections left
+// open by anyone (another user of the host, say) can never lock a scraper
+// out: a scraper's connection is the newest, and sends its request at once.
 type capped struct {
 	net.Listener
-	max  int64
-	open atomic.Int64
+	max  int
+	mu   sync.Mutex
+	open []*cappedConn // in the order they were accepted
 }
 
 func (l *capped) Accept() (net.Conn, error) {
@@ -225,11 +234,38 @@ func (l *capped) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if l.open.Add(1) <= l.max {
-			return &cappedConn{Conn: c, l: l}, nil
+		cc := &cappedConn{Conn: c, l: l}
+		l.mu.Lock()
+		var victim *cappedConn
+		if len(l.open) >= l.max {
+			for _, o := range l.open {
+				if st := http.ConnState(o.state.Load()); st == http.StateNew || st == http.StateIdle {
+					victim = o
+					break
+				}
+			}
 		}
-		l.open.Add(-1)
-		c.Close()
+		full := len(l.open) >= l.max && victim == nil
+		if !full {
+			l.open = append(l.open, cc)
+		}
+		l.mu.Unlock()
+		if full {
+			c.Close()
+			continue
+		}
+		if victim != nil {
+			victim.Close()
+		}
+		return cc, nil
+	}
+}
+
+// track is the server's ConnState hook: it records each connection's
+// state, for Accept to choose what it may close.
+func (l *capped) track(c net.Conn, st http.ConnState) {
+	if cc, ok := c.(*cappedConn); ok {
+		cc.state.Store(int32(st))
 	}
 }
 
@@ -237,13 +273,20 @@ func (l *capped) Accept() (net.Conn, error) {
 // is called.
 type cappedConn struct {
 	net.Conn
-	l    *capped
-	once sync.Once
+	l     *capped
+	state atomic.Int32 // an http.ConnState; StateNew (0) until the server says
+	once  sync.Once
 }
 
 func (c *cappedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() { c.l.open.Add(-1) })
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		defer c.l.mu.Unlock()
+		if i := slices.Index(c.l.open, c); i >= 0 {
+			c.l.open = slices.Delete(c.l.open, i, i+1)
+		}
+	})
 	return err
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -208,13 +209,14 @@ func TestIdleConnectionsAreClosed(t *testing.T) {
 			// not closed by the server.
 			_ = c.SetReadDeadline(sent.Add(timeout + 10*time.Second))
 			data, err := io.ReadAll(c)
-			r := result{closed: time.Since(sent), held: strings.HasPrefix(string(data), "HTTP/1.1 200")}
+			// Held: kept until the idle or header timeout closed it.
+			// The rest were shed: replaced by newer connections (or
+			// closed at once) while the cap was reached.
+			r := result{closed: time.Since(sent), held: time.Since(sent) >= timeout-100*time.Millisecond}
 			if ne, ok := err.(net.Error); ok && ne.Timeout() {
 				r.err = fmt.Errorf("still open %v after it went idle", r.closed.Round(time.Millisecond))
 			}
-			if i%2 == 1 && r.closed > 100*time.Millisecond {
-				r.held = true
-			}
+			_ = data
 			results[i] = r
 		}()
 	}
@@ -262,15 +264,70 @@ func TestIdleConnectionsAreClosed(t *testing.T) {
 		t.Errorf("the server held no connection: the test did not exercise the timeouts")
 	}
 	// 3000 connections held by the server cost it about 85 MB; its cap
-	// keeps a flood to a few.
-	if grew := hwm - baseRSS; grew > 16*1024 {
-		t.Errorf("server memory grew by %d KiB during the flood, want under 16 MiB", grew)
+	// keeps a flood to a few, and the garbage of those it replaced.
+	// (Measured without the race detector: +5.7 MiB.)
+	if grew := hwm - baseRSS; grew > memoryScale*16*1024 {
+		t.Errorf("server memory grew by %d KiB during the flood, want under %d MiB", grew, memoryScale*16)
 	}
 	if body := scrape(t, srv.addr); !strings.Contains(body, "leaderrun_is_leader") {
 		t.Errorf("/metrics after the flood lacks leaderrun_is_leader:\n%s", body)
 	}
 	if n := openFiles(t, srv.pid); n > baseFiles+1 {
 		t.Errorf("server has %d descriptors after the flood, %d before", n, baseFiles)
+	}
+}
+
+// TestScrapeDespiteIdleConnections: connections that another user of the
+// host opens and keeps open, reconnecting whenever one is closed, so that
+// the server is always at its cap, never keep a scraper out: every scrape
+// is answered, promptly.
+func TestScrapeDespiteIdleConnections(t *testing.T) {
+	srv := startServer(t, 30*time.Second)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range DefaultMaxConns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				c, err := net.Dial("tcp", srv.addr)
+				if err != nil {
+					return
+				}
+				done := make(chan struct{})
+				go func() {
+					_, _ = io.Copy(io.Discard, c) // returns when the server closes it
+					close(done)
+				}()
+				select {
+				case <-done:
+					c.Close()
+				case <-stop:
+					c.Close()
+					<-done
+					return
+				}
+			}
+		}()
+	}
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+	// Let the flood fill the cap: the server holds MaxConns descriptors more.
+	base := openFiles(t, srv.pid)
+	deadline := time.Now().Add(10 * time.Second)
+	for openFiles(t, srv.pid) < base+DefaultMaxConns/2 && time.Now().Before(deadline) {
+		runtime.Gosched()
+	}
+	for i := range 20 {
+		start := time.Now()
+		if body := scrape(t, srv.addr); !strings.Contains(body, "leaderrun_is_leader") {
+			t.Fatalf("scrape %d lacks leaderrun_is_leader", i)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("scrape %d took %v while idle connections filled the cap", i, d)
+		}
 	}
 }
 

@@ -1,0 +1,6 @@
+//go:build !race
+
+package metrics
+
+// memoryScale: see race_test.go.
+const memoryScale = 1
