@@ -300,7 +300,7 @@ func testZKLockDeletedWhileHeld(t *testing.T, e *zkEnv) {
 	began := time.Now()
 	e.cli(t, "deleteall", "/leaderrun/"+lock)
 	done := time.Now()
-	evs = waitEvents(t, events, 5*time.Second, "the follower's child", etcdHas("start", "follower"))
+	waitEvents(t, events, 5*time.Second, "the follower's child", etcdHas("start", "follower"))
 	evs = waitEvents(t, events, 5*time.Second, "the leader's child to exit", etcdHas("exit", "leader"))
 	sig, _ := etcdFind(evs, "signal", "leader")
 	exit, _ := etcdFind(evs, "exit", "leader")
