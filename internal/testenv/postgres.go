@@ -658,7 +658,8 @@ func (b *PgBouncer) URL(role, password string) string {
 // StartStandby makes a hot standby of p, as an operator would: a base
 // backup taken with pg_basebackup -R (which writes standby.signal and the
 // primary's connection settings), started on a free port, streaming from
-// p. It waits until the standby accepts read-only connections, and stops
+// p (after a fast checkpoint: a spread one can take minutes). It waits
+// until the standby accepts read-only connections, and stops
 // and removes it when the test ends. Its Password is p's.
 func (p *Postgres) StartStandby(t testing.TB) *Postgres {
 	t.Helper()
@@ -678,7 +679,7 @@ func (p *Postgres) StartStandby(t testing.TB) *Postgres {
 		s.writeFile(filepath.Join(s.dir, f), string(data))
 	}
 	backup := s.command(filepath.Join(p.bin, "pg_basebackup"), "-D", s.data, "-h", p.Host(), "-p", strconv.Itoa(p.port),
-		"-U", PostgresSuperuser, "-R", "-X", "stream", "--no-sync")
+		"-U", PostgresSuperuser, "-R", "-X", "stream", "--checkpoint=fast", "--no-sync")
 	backup.Env = append(os.Environ(), "PGPASSWORD="+p.Password, "PGSSLMODE=disable", "PGCONNECT_TIMEOUT=10")
 	if out, err := backup.CombinedOutput(); err != nil {
 		t.Fatalf("pg_basebackup: %v\n%s", err, out)
