@@ -11,16 +11,17 @@ import (
 )
 
 // postgresFlags are the flags of the PostgreSQL backend. The connection is
-// configured as psql's: what the URL leaves out comes from libpq's
-// variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE,
-// PGPASSFILE, ...) and a missing password from ~/.pgpass. DATABASE_URL is
+// configured as psql's, parsed by pgx: what the URL leaves out comes from a
+// service file (service=, PGSERVICE), libpq's variables (PGHOST, PGPORT,
+// PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, PGPASSFILE, ...) and a missing
+// password from ~/.pgpass (see the postgres package doc). DATABASE_URL is
 // read when neither the flag nor LEADERRUN_POSTGRES_URL is set, but it is
 // not one of the flag's variables: a variable that many programs set must
 // never select this store by itself.
 func postgresFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "postgres-url", Category: categoryStore, EnvVars: []string{"LEADERRUN_POSTGRES_URL"},
-			Usage: "PostgreSQL connection `URL` or key=value string, as psql takes it (default: $DATABASE_URL); what it leaves out comes from libpq's PG* variables and ~/.pgpass. " +
+			Usage: "PostgreSQL connection `URL` or key=value string, as psql takes it (default: $DATABASE_URL); what it leaves out comes from a service file (service=NAME), libpq's PG* variables and ~/.pgpass; with no host anywhere, the socket in /var/run/postgresql. " +
 				"Put no password here: arguments are visible to every user of the host; use the variable, PGPASSWORD or ~/.pgpass"},
 		&cli.StringFlag{Name: "postgres-table", Category: categoryStore, EnvVars: []string{"LEADERRUN_POSTGRES_TABLE"}, Value: postgres.DefaultTable,
 			Usage: "lease `TABLE` ([schema.]name), created with its sequence, markers and history tables if missing"},
@@ -41,9 +42,8 @@ var postgresStore = store{
 // newPostgresBackend validates the PostgreSQL flags and builds the
 // backend. Waiters without notifications poll every --retry-period (zero,
 // for status and history, which have no such flag: the backend's
-// default). No message shows the URL, which may carry a password: the
-// parse errors of internal/pgwire name the keyword or the byte, never a
-// value that may be one.
+// default). No message shows the URL, which may carry a password:
+// postgres.New drops the string from pgx's parse errors.
 func newPostgresBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
 	url, source := c.String("postgres-url"), "--postgres-url"
 	if url == "" {

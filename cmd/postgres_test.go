@@ -50,7 +50,7 @@ func TestPostgresFlags(t *testing.T) {
 			env: map[string]string{"PGHOST": "127.0.0.1", "PGPORT": addr[strings.LastIndex(addr, ":")+1:], "PGPASSWORD": secret, "PGSSLMODE": "disable", "PGCONNECT_TIMEOUT": "2"}},
 		{name: "flag wins over DATABASE_URL", env: map[string]string{"DATABASE_URL": "postgres://x:" + secret + "@127.0.0.1:1/db"}, args: []string{"--postgres-url", url}, code: ExitUnavailable, want: []string{"postgres at " + addr}},
 		{name: "with etcd too", env: map[string]string{"ETCDCTL_ENDPOINTS": "127.0.0.1:2379"}, args: []string{"--postgres-url", url}, code: ExitUsage, want: []string{"several stores", "postgres", "etcd"}},
-		{name: "bad URL", args: []string{"--postgres-url", "postgres://app:" + secret + "@127.0.0.1:notaport/db"}, code: ExitUsage, want: []string{"--postgres-url", "port 1 of the list is not a number"}},
+		{name: "bad URL", args: []string{"--postgres-url", "postgres://app:" + secret + "@127.0.0.1:notaport/db"}, code: ExitUsage, want: []string{"--postgres-url", "invalid port"}},
 		{name: "bad key=value string", args: []string{"--postgres-url", "host=127.0.0.1 password=" + secret + " port=x"}, code: ExitUsage, want: []string{"--postgres-url"}},
 		{name: "bad DATABASE_URL", env: map[string]string{"DATABASE_URL": "postgres://app:" + secret + "@127.0.0.1:notaport/db"}, args: []string{"--backend", "postgres"}, code: ExitUsage, want: []string{"DATABASE_URL"}},
 		{name: "bad table", args: []string{"--postgres-url", url, "--postgres-table", "a.b.c"}, code: ExitUsage, want: []string{"--postgres-table", `"a.b.c"`}},

@@ -79,6 +79,9 @@ func TestPostgres(t *testing.T) {
 		{"OnceFailures", testPgOnceFailures},
 		{"OnceLossBeforeMarker", testPgOnceLossBeforeMarker},
 		{"FencingExample", testPgFencingExample},
+		{"TargetSessionAttrs", testPgTargetSessionAttrs},
+		{"ChannelBinding", testPgChannelBinding},
+		{"ServiceFile", testPgServiceFile},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, e) })
 	}

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/leaderrun/leaderrun/internal/pgwire"
-
 	"github.com/leaderrun/leaderrun/backends"
 )
 
@@ -156,10 +154,10 @@ func (c *candidate) acquire(ctx context.Context) (attempt, error) {
 	defer cancel()
 	var a attempt
 	c.maybeHeld = true
-	err := c.b.do(ctx, func(conn *pgwire.Conn) error {
+	err := c.b.do(ctx, func(pc *conn) error {
 		var token, left int64
 		a.sent = time.Now()
-		err := queryRow(ctx, conn, c.b.sql.acquire, []any{c.b.key, c.identity, c.owner, micros(c.ttl)}, &a.won, &token, &a.holder, &left)
+		err := pc.queryRow(ctx, c.b.sql.acquire, []any{c.b.key, c.identity, c.owner, micros(c.ttl)}, &a.won, &token, &a.holder, &left)
 		a.exists = err == nil
 		a.token, a.left = uint64(token), time.Duration(left)*time.Microsecond
 		return err
@@ -180,9 +178,8 @@ func (c *candidate) acquire(ctx context.Context) (attempt, error) {
 func (c *candidate) ensureRow(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	err := c.b.do(ctx, func(conn *pgwire.Conn) error {
-		_, err := conn.Query(ctx, c.b.sql.ensureRow, c.b.key)
-		return err
+	err := c.b.do(ctx, func(pc *conn) error {
+		return pc.query(ctx, c.b.sql.ensureRow, []any{c.b.key}, 0, nil)
 	})
 	if err != nil {
 		return c.b.unavailable("create the row", err)
@@ -217,8 +214,7 @@ func (c *candidate) sleep(ctx context.Context, left time.Duration) error {
 func (c *candidate) withdraw() {
 	ctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
 	defer cancel()
-	_ = c.b.do(ctx, func(conn *pgwire.Conn) error {
-		_, err := conn.Query(ctx, c.b.sql.withdraw, c.b.key, c.owner)
-		return err
+	_ = c.b.do(ctx, func(pc *conn) error {
+		return pc.query(ctx, c.b.sql.withdraw, []any{c.b.key, c.owner}, 0, nil)
 	})
 }

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/leaderrun/leaderrun/internal/pgwire"
-
 	"github.com/leaderrun/leaderrun/backends"
 )
 
@@ -91,8 +89,8 @@ func (l *lease) verify(ctx context.Context) error {
 		token  int64
 		alive  bool
 	)
-	err := l.b.do(ctx, func(c *pgwire.Conn) error {
-		return queryRow(ctx, c, l.b.sql.verify, []any{l.b.key}, &holder, &token, &alive)
+	err := l.b.do(ctx, func(c *conn) error {
+		return c.queryRow(ctx, l.b.sql.verify, []any{l.b.key}, &holder, &token, &alive)
 	})
 	switch {
 	case errors.Is(err, errNoRows) || pgCode(err) == "42P01":
@@ -138,8 +136,8 @@ func (l *lease) Renew(ctx context.Context) error {
 		holder                 string
 		token                  int64
 	)
-	err := l.b.do(ctx, func(c *pgwire.Conn) error {
-		return queryRow(ctx, c, l.b.sql.renew, []any{l.b.key, l.identity, int64(l.token)}, &renewed, &exists, &holder, &token, &alive)
+	err := l.b.do(ctx, func(c *conn) error {
+		return c.queryRow(ctx, l.b.sql.renew, []any{l.b.key, l.identity, int64(l.token)}, &renewed, &exists, &holder, &token, &alive)
 	})
 	switch {
 	case pgCode(err) == "42P01":
@@ -166,8 +164,8 @@ func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, er
 		token   int64
 		at, exp time.Time
 	)
-	err := l.b.do(ctx, func(c *pgwire.Conn) error {
-		return queryRow(ctx, c, l.b.sql.completed, []any{l.b.key, key}, &m.Identity, &token, &at, &exp)
+	err := l.b.do(ctx, func(c *conn) error {
+		return c.queryRow(ctx, l.b.sql.completed, []any{l.b.key, key}, &m.Identity, &token, &at, &exp)
 	})
 	switch {
 	case errors.Is(err, errNoRows):
@@ -186,9 +184,11 @@ func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, er
 // first attempt that was committed without an answer, followed by a loss,
 // would make a retry report ErrLeaseLost for a marker that was written.
 func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
+	ctx, cancel := withTimeout(ctx)
+	defer cancel()
 	var written bool
-	err := l.b.pool.with(ctx, func(c *pgwire.Conn) error {
-		return queryRow(ctx, c, l.b.sql.complete, []any{l.b.key, l.identity, int64(l.token),
+	err := l.b.pool.with(ctx, func(c *conn) error {
+		return c.queryRow(ctx, l.b.sql.complete, []any{l.b.key, l.identity, int64(l.token),
 			m.Key, m.Identity, int64(m.Token), m.At, m.Expires}, &written)
 	})
 	switch {
@@ -222,17 +222,16 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 		t = *term
 	}
 	args := []any{l.b.key, l.identity, int64(l.token),
-		int64(t.Token), t.Identity, timestamptz(t.Acquired), timestamptz(t.Started), timestamptz(t.Ended),
+		int64(t.Token), t.Identity, t.Acquired, t.Started, t.Ended,
 		t.End, t.ExitCode, t.Signal, t.Reason, t.OnceKey, term != nil}
 	var freed bool
-	err := l.b.do(ctx, func(c *pgwire.Conn) error {
-		return queryRow(ctx, c, l.b.sql.release, args, &freed)
+	err := l.b.do(ctx, func(c *conn) error {
+		return c.queryRow(ctx, l.b.sql.release, args, &freed)
 	})
 	if pgCode(err) != "" {
 		histErr := err
-		err = l.b.do(ctx, func(c *pgwire.Conn) error {
-			_, err := c.Query(ctx, l.b.sql.freeOnly, l.b.key, l.identity, int64(l.token))
-			return err
+		err = l.b.do(ctx, func(c *conn) error {
+			return c.query(ctx, l.b.sql.freeOnly, []any{l.b.key, l.identity, int64(l.token)}, 0, nil)
 		})
 		if err == nil {
 			return l.b.redact(fmt.Errorf("postgres at %s: released %q, but could not append to table %s: %w",
@@ -244,9 +243,4 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 			l.b.addr, l.b.key, l.b.sql.ids.tableName, l.token, err))
 	}
 	return nil
-}
-
-// timestamptz is t for a nullable column: NULL when t is zero.
-func timestamptz(t time.Time) pgwire.NullTime {
-	return pgwire.NullTime{Time: t, Valid: !t.IsZero()}
 }

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/leaderrun/leaderrun/internal/pgwire"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
@@ -186,26 +186,25 @@ func (l *listener) run(ctx context.Context) {
 func (l *listener) listen(ctx context.Context, retry *backends.Backoff) error {
 	b := l.b
 	cctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	conn, err := pgwire.Connect(cctx, b.connCfg)
+	lc, err := connect(cctx, b.connCfg, l.handle)
 	cancel()
 	if err != nil {
 		return err
 	}
-	conn.OnNotification = l.handle
-	defer conn.Close()
+	defer lc.close()
 	channel := quoteIdent(b.sql.ids.channel)
 	cctx, cancel = context.WithTimeout(ctx, requestTimeout)
-	_, err = conn.Exec(cctx, "LISTEN "+channel)
+	_, err = lc.exec(cctx, "LISTEN "+channel, 0)
 	cancel()
 	if err != nil {
 		return err
 	}
-	if err := l.probeDelivery(ctx, conn); err != nil {
+	if err := l.probeDelivery(ctx, lc); err != nil {
 		if errors.Is(err, errNoDelivery) {
 			// Through a pooler, that LISTEN may linger on some server
 			// connection; take it back where we can.
 			cctx, cancel := context.WithTimeout(ctx, withdrawTimeout)
-			_, _ = conn.Exec(cctx, "UNLISTEN "+channel)
+			_, _ = lc.exec(cctx, "UNLISTEN "+channel, 0)
 			cancel()
 		}
 		return err
@@ -217,14 +216,14 @@ func (l *listener) listen(ctx context.Context, retry *backends.Backoff) error {
 	l.setListening(true)
 	for {
 		wctx, cancel := context.WithTimeout(ctx, listenPing)
-		err := conn.WaitForNotification(wctx)
+		err := lc.waitForNotification(wctx)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed():
+		case errors.Is(err, context.DeadlineExceeded) && !lc.pg.IsClosed():
 			pctx, cancel := context.WithTimeout(ctx, pingTimeout)
-			err = conn.Ping(pctx)
+			err = lc.ping(pctx)
 			cancel()
 			if err != nil {
 				return err
@@ -236,8 +235,8 @@ func (l *listener) listen(ctx context.Context, retry *backends.Backoff) error {
 }
 
 // probeDelivery sends a notification from a pooled connection and waits
-// for it to arrive on conn.
-func (l *listener) probeDelivery(ctx context.Context, conn *pgwire.Conn) error {
+// for it to arrive on lc.
+func (l *listener) probeDelivery(ctx context.Context, lc *conn) error {
 	id := randomID()
 	arrived := make(chan struct{})
 	l.mu.Lock()
@@ -250,9 +249,8 @@ func (l *listener) probeDelivery(ctx context.Context, conn *pgwire.Conn) error {
 	}()
 	payload, _ := json.Marshal(note{Op: "probe", ID: id})
 	pctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	err := l.b.do(pctx, func(c *pgwire.Conn) error {
-		_, err := c.Query(pctx, "SELECT pg_notify($1, $2)", l.b.sql.ids.channel, string(payload))
-		return err
+	err := l.b.do(pctx, func(c *conn) error {
+		return c.query(pctx, "SELECT pg_notify($1, $2)", []any{l.b.sql.ids.channel, string(payload)}, 1, func([][]byte) error { return nil })
 	})
 	cancel()
 	if err != nil {
@@ -266,7 +264,7 @@ func (l *listener) probeDelivery(ctx context.Context, conn *pgwire.Conn) error {
 			return nil
 		default:
 		}
-		err := conn.WaitForNotification(wctx)
+		err := lc.waitForNotification(wctx)
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()
@@ -290,9 +288,9 @@ type note struct {
 	ID   string `json:"id,omitempty"` // of a probe
 }
 
-// handle is called by the connection, on the listening connection's goroutine, for
+// handle is called by pgconn, on the listening connection's goroutine, for
 // each notification.
-func (l *listener) handle(n *pgwire.Notification) {
+func (l *listener) handle(n *pgconn.Notification) {
 	var p note
 	if json.Unmarshal([]byte(n.Payload), &p) != nil {
 		return

@@ -5,28 +5,32 @@ import (
 	"errors"
 	"sync"
 
-	"github.com/leaderrun/leaderrun/internal/pgwire"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // pool lends up to its bound of connections to one statement at a time,
-// connecting as needed and keeping those that are still usable.
+// connecting as needed and keeping those that are still usable. It is
+// pgxpool's job without pgx's typed layer, which the backend does not
+// need, and without a health check before each use: a connection that
+// broke while idle fails its next statement, which Backend.do retries
+// once on a new one.
 type pool struct {
-	cfg   *pgwire.Config
+	cfg   *pgconn.Config
 	slots chan struct{} // one token per connection lent
 
 	mu     sync.Mutex
-	idle   []*pgwire.Conn
+	idle   []*conn
 	closed bool
 }
 
 var errPoolClosed = errors.New("postgres: the backend is closed")
 
-func newPool(cfg *pgwire.Config, max int) *pool {
+func newPool(cfg *pgconn.Config, max int) *pool {
 	return &pool{cfg: cfg, slots: make(chan struct{}, max)}
 }
 
 // with runs fn on a connection: an idle one, or a new one.
-func (p *pool) with(ctx context.Context, fn func(*pgwire.Conn) error) error {
+func (p *pool) with(ctx context.Context, fn func(*conn) error) error {
 	select {
 	case p.slots <- struct{}{}:
 	case <-ctx.Done():
@@ -38,28 +42,27 @@ func (p *pool) with(ctx context.Context, fn func(*pgwire.Conn) error) error {
 		p.mu.Unlock()
 		return errPoolClosed
 	}
-	var c *pgwire.Conn
+	var c *conn
 	if n := len(p.idle); n > 0 {
 		c, p.idle = p.idle[n-1], p.idle[:n-1]
 	}
 	p.mu.Unlock()
 	if c == nil {
 		var err error
-		if c, err = pgwire.Connect(ctx, p.cfg); err != nil {
+		if c, err = connect(ctx, p.cfg, nil); err != nil {
 			return err
 		}
-		// Through a pooler in transaction mode a statement may run on a
-		// server connection where another client LISTENed: what arrives
-		// is dropped (OnNotification is nil).
 	}
 	err := fn(c)
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !c.Idle() || p.closed {
-		// Closed, or left in a transaction (no statement here opens one).
-		c.Close()
-	} else {
+	if c.idle() && !p.closed {
 		p.idle = append(p.idle, c)
+		c = nil
+	}
+	p.mu.Unlock()
+	if c != nil {
+		// Closed, or left in a transaction.
+		c.close()
 	}
 	return err
 }
@@ -67,10 +70,10 @@ func (p *pool) with(ctx context.Context, fn func(*pgwire.Conn) error) error {
 // close closes the idle connections; those lent are closed when returned.
 func (p *pool) close() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.closed = true
-	for _, c := range p.idle {
-		c.Close()
+	idle := p.idle
+	p.closed, p.idle = true, nil
+	p.mu.Unlock()
+	for _, c := range idle {
+		c.close()
 	}
-	p.idle = nil
 }

@@ -116,8 +116,8 @@
 //
 // The backend needs no session state: no prepared statements (it runs its
 // statements as unnamed statements, Parse, Bind and Execute in one round
-// trip, with internal/pgwire), no SET,
-// no session advisory locks, no temporary tables. Through PgBouncer in
+// trip, with pgx's pgconn), no SET, no session advisory locks, no
+// temporary tables. Through PgBouncer in
 // transaction mode it works, in polling mode; what that costs: a loss is
 // seen at the next renewal (within --retry-period, not within
 // milliseconds), a handover waits up to the poll interval, and an idle
@@ -141,10 +141,29 @@
 // is an error naming the table and the privilege. PostgreSQL 11 or later
 // (tested with 15).
 //
-// The connection is configured as psql's: a URL or key=value string, and
-// PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, PGSSLMODE, PGPASSFILE
-// (~/.pgpass), PGCONNECT_TIMEOUT and the other libpq variables. Messages
-// name the server as host:port, never the password.
+// # Connection
+//
+// The connection is configured as psql's, parsed by pgx (pgconn): a URL or
+// key=value string, a service (service=, PGSERVICE) from the user's
+// service file or pg_service.conf in PGSYSCONFDIR, the PG* variables, and
+// a missing password from PGPASSFILE (~/.pgpass); several hosts with
+// every target_session_attrs, every sslmode, sslrootcert, sslcert, sslkey
+// and sslpassword, channel_binding (SCRAM-SHA-256-PLUS over TLS),
+// require_auth. Where no host is named, the server's socket is looked for
+// in /var/run/postgresql only, as Debian's libpq does: never in /tmp,
+// where any user of the host may bind one (parseConnString has the
+// details, and what is refused). Messages name the server as host:port,
+// never the password.
+//
+// # Bounds
+//
+// What the server sends is bounded, so that a broken or hostile server
+// gets an error, never leaderrun's memory: a protocol message at 1 MiB, all
+// that one statement (or a connection's start-up, or one wait for a
+// notification) reads at 4 MiB, and the rows of each statement at what it
+// can return (one, or the history's limit); past a bound the connection is
+// closed. Every statement has a deadline (10 s unless its caller sets
+// one), and every connection attempt the connect timeout.
 package postgres
 
 import (
@@ -155,12 +174,11 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/leaderrun/leaderrun/internal/pgwire"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
@@ -195,9 +213,10 @@ const (
 type Config struct {
 	// URL is the connection string, as psql takes it: a URL
 	// (postgres://user@host:port/db?sslmode=require) or key=value pairs.
-	// Whatever it leaves out comes from PGHOST, PGPORT, PGUSER, PGPASSWORD,
-	// PGDATABASE, PGSSLMODE, PGCONNECT_TIMEOUT and the other libpq
-	// variables, and a missing password from PGPASSFILE or ~/.pgpass.
+	// Whatever it leaves out comes from its service (service=, or
+	// PGSERVICE), then PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE,
+	// PGSSLMODE, PGCONNECT_TIMEOUT and the other libpq variables, and a
+	// missing password from PGPASSFILE or ~/.pgpass (see the package doc).
 	// Zero value: all from the environment. Prefer PGPASSWORD or .pgpass
 	// to a password in a URL on a command line, which every local user
 	// can read in ps.
@@ -236,7 +255,7 @@ type Config struct {
 // time.
 type Backend struct {
 	pool     *pool
-	connCfg  *pgwire.Config // for the listener's connection
+	connCfg  *pgconn.Config // for the listener's connection
 	addr     string         // host:port of the server(s), for messages
 	password string         // to redact, should a message ever carry it
 	lock     string
@@ -280,38 +299,17 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	cc, err := pgwire.ParseConfig(cfg.URL, nil)
+	cc, maxConns, err := parseConnString(cfg.URL)
 	if err != nil {
-		// Its messages never show the password.
+		// Its messages never show the string.
 		return nil, fmt.Errorf("postgres: connection string: %w", err)
-	}
-	maxConns := maxPoolConns
-	if v, ok := cc.Extra["pool_max_conns"]; ok {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("postgres: connection string: pool_max_conns %q: want a positive number", v)
-		}
-		maxConns = n
-		delete(cc.Extra, "pool_max_conns")
-	}
-	for k := range cc.Extra {
-		return nil, fmt.Errorf("postgres: connection string: unknown keyword %q", k)
 	}
 	if cc.ConnectTimeout <= 0 {
 		cc.ConnectTimeout = cfg.ConnectTimeout
 	}
-	if _, ok := cc.Params["application_name"]; !ok {
-		cc.Params["application_name"] = "leaderrun"
-	}
-	// Statements use unnamed statements only (the extended protocol's
-	// Parse, Bind, Execute in one round trip): nothing prepared survives
-	// on a server connection, as a pooler in transaction mode needs. A
-	// connection that broke while idle fails its next statement, which
-	// is then retried once on a new one (Backend.do): no ping before
-	// every renewal. A renewal and a check after a notification may
-	// overlap; nothing else does. Every leaderrun on a host costs the
-	// server's max_connections at most maxConns, plus the listening
-	// connection.
+	// Every leaderrun on a host costs the server's max_connections at
+	// most maxConns (a renewal and a check after a notification may
+	// overlap; nothing else does), plus the listening connection.
 	b := &Backend{
 		pool:     newPool(cc, maxConns),
 		connCfg:  cc,
@@ -326,12 +324,13 @@ func New(cfg Config) (*Backend, error) {
 	return b, nil
 }
 
-// endpoints is host:port of every server the configuration may try, for
-// messages. It carries no user information.
-func endpoints(c *pgwire.Config) string {
+// endpoints is host:port (or the socket's path) of every server the
+// configuration may try, for messages. It carries no user information.
+func endpoints(c *pgconn.Config) string {
 	var addrs []string
-	for _, h := range c.Hosts {
-		if a := h.String(); !slices.Contains(addrs, a) {
+	for _, h := range append([]*pgconn.FallbackConfig{{Host: c.Host, Port: c.Port}}, c.Fallbacks...) {
+		_, a := pgconn.NetworkAddress(h.Host, h.Port)
+		if !slices.Contains(addrs, a) {
 			addrs = append(addrs, a)
 		}
 	}
@@ -366,7 +365,9 @@ func (b *Backend) Close() error {
 // fails the first statement sent on it; that failure is retried once, on a
 // new connection. Only statements that may run twice use it: every one
 // here but Complete's (see lease.Complete).
-func (b *Backend) do(ctx context.Context, fn func(*pgwire.Conn) error) error {
+func (b *Backend) do(ctx context.Context, fn func(*conn) error) error {
+	ctx, cancel := withTimeout(ctx)
+	defer cancel()
 	for try := 0; ; try++ {
 		err := b.pool.with(ctx, fn)
 		if err == nil || try > 0 || ctx.Err() != nil || !brokenConn(err) {
@@ -379,8 +380,8 @@ func (b *Backend) do(ctx context.Context, fn func(*pgwire.Conn) error) error {
 // failed under the statement, rather than the server answering it or a
 // new connection failing.
 func brokenConn(err error) bool {
-	var pgErr *pgwire.PgError
-	var connectErr *pgwire.ConnectError
+	var pgErr *pgconn.PgError
+	var connectErr *pgconn.ConnectError
 	switch {
 	case errors.As(err, &connectErr), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return false
@@ -398,8 +399,8 @@ func brokenConn(err error) bool {
 // network, a restart, too many connections, a serialisation conflict, a
 // read-only server during a failover.
 func refused(err error) bool {
-	var pgErr *pgwire.PgError
-	if !errors.As(err, &pgErr) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || len(pgErr.Code) < 2 {
 		return false
 	}
 	switch pgErr.Code[:2] {
@@ -411,7 +412,7 @@ func refused(err error) bool {
 
 // pgCode is the SQLSTATE of err, "" if the server did not answer with one.
 func pgCode(err error) string {
-	var pgErr *pgwire.PgError
+	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return pgErr.Code
 	}
@@ -442,19 +443,14 @@ type redacted struct {
 func (r *redacted) Error() string { return r.msg }
 func (r *redacted) Unwrap() error { return r.err }
 
-// errNoRows is queryRow's error for a statement that returned no row.
-var errNoRows = errors.New("postgres: no row")
-
-// queryRow runs sql and scans its first row into dest.
-func queryRow(ctx context.Context, c *pgwire.Conn, sql string, args []any, dest ...any) error {
-	rows, err := c.Query(ctx, sql, args...)
-	if err != nil {
-		return err
+// withTimeout bounds a statement that its caller did not bound: every
+// statement has a deadline, so that a server that stops answering cannot
+// hang a renewal, a release or a marker.
+func withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
 	}
-	if len(rows) == 0 {
-		return errNoRows
-	}
-	return pgwire.Scan(rows[0], dest...)
+	return context.WithTimeout(ctx, requestTimeout)
 }
 
 // quoteIdent is name as a quoted SQL identifier.
@@ -484,8 +480,8 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 		token, ttl, remains int64
 		held                bool
 	)
-	err := b.do(ctx, func(c *pgwire.Conn) error {
-		return queryRow(ctx, c, b.sql.status, []any{b.key}, &holder, &token, &ttl, &remains, &held)
+	err := b.do(ctx, func(c *conn) error {
+		return c.queryRow(ctx, b.sql.status, []any{b.key}, &holder, &token, &ttl, &remains, &held)
 	})
 	switch {
 	case errors.Is(err, errNoRows) || pgCode(err) == "42P01": // undefined_table
@@ -512,28 +508,21 @@ func (b *Backend) History(ctx context.Context, limit int) ([]backends.Term, erro
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	var terms []backends.Term
-	err := b.do(ctx, func(c *pgwire.Conn) error {
+	err := b.do(ctx, func(c *conn) error {
 		terms = terms[:0]
-		rows, err := c.Query(ctx, b.sql.history, b.key, limit)
-		if err != nil {
-			return err
-		}
-		for _, row := range rows {
+		return c.query(ctx, b.sql.history, []any{b.key, limit}, limit, func(values [][]byte) error {
 			var (
-				t                 backends.Term
-				token             int64
-				acquired, started pgwire.NullTime
-				ended             pgwire.NullTime
+				t     backends.Term
+				token int64
 			)
-			if err := pgwire.Scan(row, &t.Identity, &token, &acquired, &started, &ended, &t.End, &t.ExitCode,
+			if err := scanValues(values, &t.Identity, &token, &t.Acquired, &t.Started, &t.Ended, &t.End, &t.ExitCode,
 				&t.Signal, &t.Reason, &t.OnceKey); err != nil {
 				return err
 			}
 			t.Token = uint64(token)
-			t.Acquired, t.Started, t.Ended = acquired.Time, started.Time, ended.Time
 			terms = append(terms, t)
-		}
-		return nil
+			return nil
+		})
 	})
 	switch {
 	case pgCode(err) == "42P01":

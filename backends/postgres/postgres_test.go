@@ -57,6 +57,7 @@ func TestPostgres(t *testing.T) {
 		{"LimitedRoleOnExistingTables", testLimitedRole},
 		{"TryIsFast", testTryIsFast},
 		{"LibpqEnvironment", testLibpqEnvironment},
+		{"ClientCertificate", testClientCertificate},
 		{"QuotedSchemaQualifiedTable", testQuotedTable},
 		{"TableDroppedWhileWaiting", testTableDropped},
 		{"StalledLink", testStalledLink},
@@ -911,4 +912,93 @@ func testStalledLink(t *testing.T, e *env) {
 		}
 		return err == nil
 	})
+}
+
+// TestHostileServer: a server that answers without end (rows, one huge
+// row, parameters at start-up) gets an error naming the bound it broke,
+// ErrUnavailable, within seconds; the backend's memory is measured as
+// the binary's in e2e/postgres_hostile_test.go.
+func TestHostileServer(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer testenv.HostileAnswer
+		want   string
+	}{
+		{"EndlessRows", testenv.EndlessRows, "more rows than the statement can return"},
+		{"HugeRow", testenv.HugeRow, "invalid body length"},
+		{"EndlessParameters", testenv.EndlessParameters, "more than 4 MiB in one answer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := testenv.StartHostilePostgres(t, tc.answer)
+			b, err := postgres.New(postgres.Config{URL: fake.URL(), Lock: "hostile"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			start := time.Now()
+			_, err = b.Campaign(ctx, options("a", 5*time.Second))
+			t.Logf("campaign: %v after %v", err, time.Since(start))
+			if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("campaign = %v, want ErrUnavailable saying %q", err, tc.want)
+			}
+			if took := time.Since(start); took > 10*time.Second {
+				t.Errorf("campaign took %v", took)
+			}
+			if _, err := b.History(ctx, 0); !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("history = %v, want ErrUnavailable saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// testClientCertificate: sslcert and sslkey log a role in with a client
+// certificate (the server's pg_hba.conf asks one of CertAuthRole), an
+// encrypted key with sslpassword; a wrong or missing passphrase is an
+// error from New, and no certificate is refused by the server.
+func testClientCertificate(t *testing.T, e *env) {
+	t.Setenv("HOME", t.TempDir()) // no ~/.postgresql
+	e.pg.CreateRole(t, testenv.CertAuthRole, "not-used", testenv.RoleOptions{Create: true})
+	base := fmt.Sprintf("host=%s port=%d dbname=postgres user=%s sslmode=verify-full sslrootcert=%s",
+		e.pg.Host(), e.pg.Port(), testenv.CertAuthRole, e.pg.CAFile())
+	cert, key := e.pg.ClientCert(t, testenv.CertAuthRole, "")
+	rsaCert, rsaKey := e.pg.ClientCert(t, testenv.CertAuthRole, "key-passphrase")
+	for _, tc := range []struct {
+		name, conn, want string
+		newFails         bool
+	}{
+		{"EC key", fmt.Sprintf("%s sslcert=%s sslkey=%s", base, cert, key), "", false},
+		{"encrypted RSA key", fmt.Sprintf("%s sslcert=%s sslkey=%s sslpassword=key-passphrase", base, rsaCert, rsaKey), "", false},
+		{"wrong passphrase", fmt.Sprintf("%s sslcert=%s sslkey=%s sslpassword=wrong", base, rsaCert, rsaKey), "decrypt", true},
+		{"no passphrase", fmt.Sprintf("%s sslcert=%s sslkey=%s", base, rsaCert, rsaKey), "sslpassword", true},
+		{"no certificate", base, "certificate", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := postgres.New(postgres.Config{URL: tc.conn, Lock: "cert", Prefix: prefix, Table: "cert_leases"})
+			if tc.newFails {
+				if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "key-passphrase") {
+					t.Errorf("New = %v, want an error about the %s, without the passphrase", err, tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			l, err := b.Campaign(ctx, options("cert", 5*time.Second))
+			if tc.want != "" {
+				if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("campaign = %v, want ErrUnavailable about the %s", err, tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.Release(ctx, nil)
+		})
+	}
 }

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
-
-	"github.com/leaderrun/leaderrun/internal/pgwire"
 )
 
 // Names of the triggers on the lease table; trigger names are per table.
@@ -78,6 +76,17 @@ func newIdents(table string) (idents, error) {
 
 // literal quotes s as an SQL string literal.
 func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// epochMicros is the timestamptz column col as microseconds since the
+// Unix epoch, NULL if it is: results are read in the text format, where a
+// timestamp's form depends on the session's DateStyle, and an integer's
+// does not. Exact on every version (extract returns a double before
+// PostgreSQL 14, exact for whole seconds and for the microseconds of a
+// minute).
+func epochMicros(col string) string {
+	return fmt.Sprintf("(extract(epoch FROM date_trunc('second', %[1]s))::bigint * 1000000 + "+
+		"extract(microseconds FROM %[1]s)::bigint %% 1000000)", col)
+}
 
 // remainingMicros is how long until expires, by the database's clock.
 const remainingMicros = "(extract(epoch FROM %s - now()) * 1000000)::bigint"
@@ -229,7 +238,8 @@ FROM (SELECT) AS one LEFT JOIN %[1]s AS cur ON cur.name = $1`, t)
 )
 SELECT EXISTS (SELECT FROM rel)`, t, h, historyKeep-1)
 	s.freeOnly = fmt.Sprintf(`UPDATE %s SET holder = '', owner = '', expires = now() WHERE name = $1 AND holder = $2 AND token = $3`, t)
-	s.completed = fmt.Sprintf(`SELECT identity, token, at, expires FROM %s WHERE name = $1 AND key = $2 AND expires > now()`, m)
+	s.completed = fmt.Sprintf(`SELECT identity, token, %s, %s FROM %s WHERE name = $1 AND key = $2 AND expires > now()`,
+		epochMicros("at"), epochMicros("expires"), m)
 	// $1 name, $2 holder, $3 token; the marker: $4 key ... $8 expires.
 	// Returns whether the marker was written.
 	s.complete = fmt.Sprintf(`WITH l AS (
@@ -246,8 +256,8 @@ SELECT EXISTS (SELECT FROM rel)`, t, h, historyKeep-1)
 SELECT EXISTS (SELECT FROM up)`, t, m)
 	s.status = fmt.Sprintf(`SELECT holder, token, (extract(epoch FROM ttl) * 1000000)::bigint, `+
 		fmt.Sprintf(remainingMicros, "expires")+`, holder <> '' AND expires > now() FROM %s WHERE name = $1`, t)
-	s.history = fmt.Sprintf(`SELECT identity, token, acquired, started, ended, how, exit_code, signal, reason, once_key
-FROM %s WHERE name = $1 ORDER BY token DESC LIMIT $2`, h)
+	s.history = fmt.Sprintf(`SELECT identity, token, %s, %s, %s, how, exit_code, signal, reason, once_key
+FROM %s WHERE name = $1 ORDER BY token DESC LIMIT $2`, epochMicros("acquired"), epochMicros("started"), epochMicros("ended"), h)
 	return s
 }
 
@@ -274,8 +284,8 @@ func (b *Backend) ensureSchema(ctx context.Context) error {
 		present  [4]bool // table, markers, history, sequence
 		triggers int
 	)
-	err := b.do(ctx, func(c *pgwire.Conn) error {
-		return queryRow(ctx, c, b.sql.check, nil, &schema, &present[0], &present[1], &present[2], &present[3], &triggers)
+	err := b.do(ctx, func(c *conn) error {
+		return c.queryRow(ctx, b.sql.check, nil, &schema, &present[0], &present[1], &present[2], &present[3], &triggers)
 	})
 	if err != nil {
 		return b.unavailable("check the tables for", err)
@@ -336,18 +346,17 @@ func (b *Backend) ensureSchema(ctx context.Context) error {
 // of its second statement, the SELECT that follows the advisory lock.
 func (b *Backend) ddl(ctx context.Context, sql string) ([]string, error) {
 	var row []string
-	err := b.do(ctx, func(c *pgwire.Conn) error {
-		results, err := c.Exec(ctx, sql)
+	err := b.do(ctx, func(c *conn) error {
+		// The advisory lock's row and the state's; nothing else returns
+		// rows.
+		results, err := c.exec(ctx, sql, 2)
 		if err != nil {
 			return err
 		}
 		if len(results) < 2 || len(results[1]) != 1 {
 			return fmt.Errorf("postgres: unexpected answer to the DDL of table %s", b.sql.ids.tableName)
 		}
-		row = row[:0]
-		for _, v := range results[1][0] {
-			row = append(row, string(v))
-		}
+		row = results[1][0]
 		return nil
 	})
 	return row, err

@@ -4,6 +4,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
@@ -24,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // PostgresBinDir finds the directory holding initdb, postgres and psql:
@@ -111,6 +114,8 @@ type Postgres struct {
 
 	maxConns int
 	caFile   string // the CA that signed the server's certificate
+	ca       *x509.Certificate
+	caKey    *ecdsa.PrivateKey
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -193,6 +198,7 @@ func (p *Postgres) setUpTLS() {
 		p.t.Fatal(err)
 	}
 	caCert, _ := x509.ParseCertificate(caDER)
+	p.ca, p.caKey = caCert, caKey
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		p.t.Fatal(err)
@@ -223,8 +229,12 @@ func (p *Postgres) CAFile() string { return p.caFile }
 // md5, ["password"] with a cleartext password; CreateRole makes them.
 var LegacyAuthRoles = map[string]string{"md5": "md5_login", "password": "cleartext_login"}
 
-// setUpLegacyAuth puts lines for LegacyAuthRoles first in pg_hba.conf,
-// ahead of initdb's scram-sha-256 for all.
+// CertAuthRole logs in with a client certificate (ClientCert), over TLS
+// only; CreateRole makes it.
+const CertAuthRole = "cert_login"
+
+// setUpLegacyAuth puts lines for LegacyAuthRoles and CertAuthRole first
+// in pg_hba.conf, ahead of initdb's scram-sha-256 for all.
 func (p *Postgres) setUpLegacyAuth() {
 	p.t.Helper()
 	hba := filepath.Join(p.data, "pg_hba.conf")
@@ -232,7 +242,7 @@ func (p *Postgres) setUpLegacyAuth() {
 	if err != nil {
 		p.t.Fatal(err)
 	}
-	lines := ""
+	lines := "hostssl all " + CertAuthRole + " 127.0.0.1/32 cert\n"
 	for method, role := range LegacyAuthRoles {
 		lines += "host all " + role + " 127.0.0.1/32 " + method + "\n"
 	}
@@ -349,7 +359,7 @@ func (p *Postgres) startServer() error {
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
 		"-c", "shared_buffers=16MB", "-c", "max_connections="+strconv.Itoa(p.maxConns),
 		"-c", "logging_collector=off", "-c", "log_min_messages=warning",
-		"-c", "ssl=on", "-c", "ssl_cert_file="+filepath.Join(p.dir, "server.crt"),
+		"-c", "ssl=on", "-c", "ssl_cert_file="+filepath.Join(p.dir, "server.crt"), "-c", "ssl_ca_file="+p.caFile,
 		"-c", "ssl_key_file="+filepath.Join(p.dir, "server.key"),
 		// The role in every line, so that a test can count a role's
 		// statements (ALTER ROLE ... SET log_statement = 'all').
@@ -378,8 +388,10 @@ func (p *Postgres) waitReady(done chan struct{}) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		data, _ := os.ReadFile(filepath.Join(p.data, "postmaster.pid"))
-		// Line 8 is the status: "starting", "stopping", "ready", "standby".
-		if lines := strings.Split(string(data), "\n"); len(lines) > 7 && strings.TrimSpace(lines[7]) == "ready" {
+		// Line 8 is the status: "starting", "stopping", "ready", "standby"
+		// (a hot standby that accepts read-only connections).
+		if lines := strings.Split(string(data), "\n"); len(lines) > 7 &&
+			(strings.TrimSpace(lines[7]) == "ready" || strings.TrimSpace(lines[7]) == "standby") {
 			return nil
 		}
 		select {
@@ -641,4 +653,260 @@ func (b *PgBouncer) Addr() string { return net.JoinHostPort("127.0.0.1", strconv
 // database postgres.
 func (b *PgBouncer) URL(role, password string) string {
 	return postgresURL(b.Addr(), role, password, "postgres")
+}
+
+// StartStandby makes a hot standby of p, as an operator would: a base
+// backup taken with pg_basebackup -R (which writes standby.signal and the
+// primary's connection settings), started on a free port, streaming from
+// p (after a fast checkpoint: a spread one can take minutes). It waits
+// until the standby accepts read-only connections, and stops
+// and removes it when the test ends. Its Password is p's.
+func (p *Postgres) StartStandby(t testing.TB) *Postgres {
+	t.Helper()
+	s := &Postgres{t: t, bin: p.bin, Password: p.Password, maxConns: p.maxConns, caFile: p.caFile, ca: p.ca, caKey: p.caKey}
+	s.dir, s.cred = serverDir(t, "leaderrun-pg-standby-")
+	s.data = filepath.Join(s.dir, "data")
+	s.log = filepath.Join(s.dir, "postgres.log")
+	t.Cleanup(func() {
+		s.terminate(syscall.SIGQUIT, 10*time.Second)
+		os.RemoveAll(s.dir)
+	})
+	for _, f := range []string{"server.crt", "server.key"} {
+		data, err := os.ReadFile(filepath.Join(p.dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.writeFile(filepath.Join(s.dir, f), string(data))
+	}
+	backup := s.command(filepath.Join(p.bin, "pg_basebackup"), "-D", s.data, "-h", p.Host(), "-p", strconv.Itoa(p.port),
+		"-U", PostgresSuperuser, "-R", "-X", "stream", "--checkpoint=fast", "--no-sync")
+	backup.Env = append(os.Environ(), "PGPASSWORD="+p.Password, "PGSSLMODE=disable", "PGCONNECT_TIMEOUT=10")
+	if out, err := backup.CombinedOutput(); err != nil {
+		t.Fatalf("pg_basebackup: %v\n%s", err, out)
+	}
+	var err error
+	for try := 0; try < 3; try++ {
+		s.port = FreePort(t, "127.0.0.1")
+		if err = s.startServer(); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Psql(t, "SELECT pg_is_in_recovery()"); got != "t" {
+		t.Fatalf("the standby is not in recovery: pg_is_in_recovery() = %q", got)
+	}
+	return s
+}
+
+// ClientCert writes a client certificate for role, signed by the CA that
+// the server trusts (CAFile), and its key, and returns their paths. With
+// a passphrase, the key is RSA in PKCS #1, encrypted as OpenSSL's
+// traditional PEM format does it (what libpq's sslpassword decrypts, and
+// pgx with it); without, an unencrypted EC key.
+func (p *Postgres) ClientCert(t testing.TB, role, passphrase string) (certFile, keyFile string) {
+	t.Helper()
+	var pub any
+	var keyPEM *pem.Block
+	if passphrase != "" {
+		key, err := rsa.GenerateKey(rand.Reader, 2048)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Deprecated in crypto/x509 (the format is weak), but it is the
+		// one that sslpassword decrypts.
+		keyPEM, err = x509.EncryptPEMBlock(rand.Reader, "RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(key),
+			[]byte(passphrase), x509.PEMCipherAES256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub = &key.PublicKey
+	} else {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		der, err := x509.MarshalPKCS8PrivateKey(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keyPEM, pub = &pem.Block{Type: "PRIVATE KEY", Bytes: der}, &key.PublicKey
+	}
+	now := time.Now()
+	leaf := &x509.Certificate{SerialNumber: big.NewInt(now.UnixNano()), Subject: pkix.Name{CommonName: role},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, p.ca, pub, p.caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, role+".crt"), filepath.Join(dir, role+".key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(keyPEM), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
+}
+
+// HostileAnswer is how a HostilePostgres answers.
+type HostileAnswer int
+
+const (
+	// EndlessRows answers the first statement of each connection with a
+	// row description and then data rows, without end.
+	EndlessRows HostileAnswer = iota
+	// HugeRow answers it with one data row that says it is 1 GiB long,
+	// and then its bytes, without end.
+	HugeRow
+	// EndlessParameters answers the start-up with parameter statuses,
+	// each of another name, without end, and is never ready.
+	EndlessParameters
+)
+
+// HostilePostgres is a fake PostgreSQL server on 127.0.0.1 and a free
+// port, written with pgx's pgproto3: it refuses TLS, trusts every user
+// and answers as its HostileAnswer says, for as long as the client reads.
+// It stops when the test ends.
+type HostilePostgres struct {
+	ln     net.Listener
+	answer HostileAnswer
+	wg     sync.WaitGroup
+
+	mu    sync.Mutex
+	conns map[net.Conn]bool
+}
+
+// StartHostilePostgres starts a HostilePostgres.
+func StartHostilePostgres(t testing.TB, answer HostileAnswer) *HostilePostgres {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &HostilePostgres{ln: ln, answer: answer, conns: map[net.Conn]bool{}}
+	h.wg.Add(1)
+	go h.accept()
+	t.Cleanup(func() {
+		ln.Close()
+		h.mu.Lock()
+		for c := range h.conns {
+			c.Close()
+		}
+		h.mu.Unlock()
+		h.wg.Wait()
+	})
+	return h
+}
+
+// Addr is host:port of the server.
+func (h *HostilePostgres) Addr() string { return h.ln.Addr().String() }
+
+// URL is a connection URL to it, without TLS.
+func (h *HostilePostgres) URL() string { return postgresURL(h.Addr(), "app", "pw", "postgres") }
+
+func (h *HostilePostgres) accept() {
+	defer h.wg.Done()
+	for {
+		nc, err := h.ln.Accept()
+		if err != nil {
+			return
+		}
+		h.mu.Lock()
+		h.conns[nc] = true
+		h.mu.Unlock()
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			defer func() {
+				h.mu.Lock()
+				delete(h.conns, nc)
+				h.mu.Unlock()
+				nc.Close()
+			}()
+			_ = h.serve(nc)
+		}()
+	}
+}
+
+// serve answers one connection until the client goes.
+func (h *HostilePostgres) serve(nc net.Conn) error {
+	be := pgproto3.NewBackend(nc, nc)
+	msg, err := be.ReceiveStartupMessage()
+	if _, ok := msg.(*pgproto3.SSLRequest); ok && err == nil {
+		if _, err := nc.Write([]byte{'N'}); err != nil {
+			return err
+		}
+		msg, err = be.ReceiveStartupMessage()
+	}
+	if _, ok := msg.(*pgproto3.StartupMessage); !ok || err != nil {
+		return err // a cancel request, or nothing
+	}
+	be.Send(&pgproto3.AuthenticationOk{})
+	if h.answer == EndlessParameters {
+		var batch []byte
+		for i := 0; i < 1000; i++ {
+			batch, _ = (&pgproto3.ParameterStatus{Name: fmt.Sprintf("p%d", i), Value: strings.Repeat("x", 1000)}).Encode(batch)
+		}
+		for {
+			if _, err := nc.Write(batch); err != nil {
+				return err
+			}
+		}
+	}
+	be.Send(&pgproto3.ParameterStatus{Name: "server_version", Value: "15.0"})
+	be.Send(&pgproto3.BackendKeyData{ProcessID: 1, SecretKey: []byte{0, 0, 0, 1}})
+	be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+	if err := be.Flush(); err != nil {
+		return err
+	}
+	for {
+		msg, err := be.Receive()
+		if err != nil {
+			return err
+		}
+		switch msg.(type) {
+		case *pgproto3.Sync, *pgproto3.Query:
+			return h.flood(be, nc)
+		}
+	}
+}
+
+// flood answers a statement as h.answer says, until a write fails.
+func (h *HostilePostgres) flood(be *pgproto3.Backend, nc net.Conn) error {
+	be.Send(&pgproto3.ParseComplete{})
+	be.Send(&pgproto3.BindComplete{})
+	var fields []pgproto3.FieldDescription
+	for i := 0; i < 10; i++ {
+		fields = append(fields, pgproto3.FieldDescription{Name: []byte(fmt.Sprintf("c%d", i)), DataTypeOID: 25, DataTypeSize: -1})
+	}
+	be.Send(&pgproto3.RowDescription{Fields: fields})
+	if err := be.Flush(); err != nil {
+		return err
+	}
+	var batch []byte
+	switch h.answer {
+	case HugeRow:
+		batch = []byte{'D', 0x40, 0, 0, 0} // 1 GiB follows
+		if _, err := nc.Write(batch); err != nil {
+			return err
+		}
+		batch = make([]byte, 64<<10)
+	default:
+		values := make([][]byte, len(fields))
+		for i := range values {
+			values[i] = []byte("t")
+		}
+		for i := 0; i < 1000; i++ {
+			batch, _ = (&pgproto3.DataRow{Values: values}).Encode(batch)
+		}
+	}
+	for {
+		if _, err := nc.Write(batch); err != nil {
+			return err
+		}
+	}
 }

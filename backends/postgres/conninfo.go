@@ -1,0 +1,435 @@
+package postgres
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgservicefile"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Where libpq looks when the settings name no host or no system service
+// file, as Debian's libpq does: directories that only root and the
+// postgres user may write. pgx would fall back to /tmp, where any user of
+// the host can bind a socket and be sent a password (see parseConnString).
+const (
+	defaultSocketDir  = "/var/run/postgresql"
+	defaultSysconfDir = "/etc/postgresql-common"
+)
+
+// parseConnString parses a connection string as libpq reads it, with
+// pgx's parser (pgconn.ParseConfig): a postgres:// URL or keyword=value
+// pairs, completed from the PG* variables, a service file and the
+// password file. Beyond pgx it does what Debian's libpq does:
+//
+//   - where no host is named (not in the string, the service or PGHOST),
+//     or an entry of a host list is empty, the host is defaultSocketDir,
+//     never pgx's fall-back to /tmp;
+//   - a service not found in the user's service file (servicefile,
+//     PGSERVICEFILE, ~/.pg_service.conf) is looked for in pg_service.conf
+//     of PGSYSCONFDIR, else of defaultSysconfDir;
+//   - ssl_min_protocol_version and ssl_max_protocol_version (and their
+//     variables) bound the TLS version;
+//   - libpq's keywords that pgx does not implement are refused where they
+//     ask for a check that would not be made (sslcrl, requirepeer,
+//     hostaddr, ...) and ignored where they only tune what pgx does its
+//     own way (keepalives, ...), rather than sent to the server as
+//     run-time parameters.
+//
+// It also takes the pool's bound from pool_max_conns, and defaults
+// application_name to "leaderrun" and client_encoding to UTF8. Its errors
+// never show the string, which may hold a password.
+func parseConnString(s string) (*pgconn.Config, int, error) {
+	extra, err := libpqDefaults(s)
+	if err != nil {
+		return nil, 0, err
+	}
+	cfg, err := pgconn.ParseConfig(withSettings(s, extra))
+	if err != nil {
+		return nil, 0, parseError(err)
+	}
+	maxConns, err := takeRuntimeParams(cfg)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := tlsVersions(cfg); err != nil {
+		return nil, 0, err
+	}
+	return cfg, maxConns, nil
+}
+
+// parseError is pgx's parse error without the connection string that
+// pgx's message quotes (with passwords masked on a best-effort basis).
+func parseError(err error) error {
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	bare := *pe
+	bare.ConnString = ""
+	return errors.New(strings.TrimPrefix(bare.Error(), "cannot parse ``: "))
+}
+
+// libpqDefaults are the settings to add to s so that pgx connects where
+// libpq would (see parseConnString): the host list with its empty entries
+// filled, and the system service file. Nothing is added when pgx would do
+// the same on its own.
+func libpqDefaults(s string) (map[string]string, error) {
+	keys, ok := connKeys(s)
+	if !ok {
+		// Malformed: pgx's message says how.
+		if _, err := pgconn.ParseConfig(s); err != nil {
+			return nil, parseError(err)
+		}
+		return nil, errors.New("the connection string cannot be read")
+	}
+	extra := map[string]string{}
+	service, ok := keys["service"]
+	if !ok {
+		service = os.Getenv("PGSERVICE")
+	}
+	var svc map[string]string
+	if service != "" {
+		var file string
+		var err error
+		if svc, file, err = findService(service, keys["servicefile"]); err != nil {
+			return nil, err
+		}
+		if file != "" {
+			extra["servicefile"] = file
+		}
+	}
+	hosts, named := keys["host"]
+	if !named {
+		hosts, named = svc["host"]
+	}
+	if !named {
+		hosts = os.Getenv("PGHOST") // pgx ignores it when empty
+	}
+	list := strings.Split(hosts, ",")
+	if slices.Contains(list, "") {
+		for i, h := range list {
+			if h == "" {
+				list[i] = defaultSocketDir
+			}
+		}
+		extra["host"] = strings.Join(list, ",")
+	}
+	return extra, nil
+}
+
+// findService returns the settings of service from the user's service
+// file (servicefile, else PGSERVICEFILE, else ~/.pg_service.conf), else
+// from the system's, whose path it then returns too, so that pgx reads
+// that one.
+func findService(service, servicefile string) (settings map[string]string, system string, err error) {
+	user := servicefile
+	if user == "" {
+		user = os.Getenv("PGSERVICEFILE")
+	}
+	if home, herr := os.UserHomeDir(); user == "" && herr == nil {
+		user = filepath.Join(home, ".pg_service.conf")
+	}
+	dir := os.Getenv("PGSYSCONFDIR")
+	if dir == "" {
+		dir = defaultSysconfDir
+	}
+	system = filepath.Join(dir, "pg_service.conf")
+	for _, file := range []string{user, system} {
+		if file == "" {
+			continue
+		}
+		sf, err := pgservicefile.ReadServicefile(file)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, "", fmt.Errorf("service file %s: %w", file, err)
+		}
+		if s, err := sf.GetService(service); err == nil {
+			if file == user {
+				return s.Settings, "", nil
+			}
+			return s.Settings, system, nil
+		}
+	}
+	return nil, "", fmt.Errorf("service %q is not defined in %s nor in %s", service, user, system)
+}
+
+// withSettings is s with extra appended, where they override what s says.
+func withSettings(s string, extra map[string]string) string {
+	keys := make([]string, 0, len(extra))
+	for k := range extra {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		v := extra[k]
+		if !isURL(s) {
+			s += " " + k + "='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
+			continue
+		}
+		switch {
+		case !strings.Contains(s, "?"):
+			s += "?"
+		case !strings.HasSuffix(s, "?") && !strings.HasSuffix(s, "&"):
+			s += "&"
+		}
+		s += k + "=" + uriEscape(v)
+	}
+	return s
+}
+
+func isURL(s string) bool {
+	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://")
+}
+
+// uriEscape percent-encodes every byte of v but the unreserved ones, for
+// a query parameter that pgx decodes as libpq does (a + stays a +).
+func uriEscape(v string) string {
+	var b strings.Builder
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("-._~/,", c) >= 0 {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
+
+// connKeys returns the host, service and servicefile settings of s that
+// are present (possibly empty), read as pgx reads them; false if s is
+// malformed (pgx then says how).
+func connKeys(s string) (map[string]string, bool) {
+	var keys map[string]string
+	var ok bool
+	if isURL(s) {
+		keys, ok = urlKeys(s)
+	} else {
+		keys, ok = keywordKeys(s)
+	}
+	for k := range keys {
+		if k != "host" && k != "service" && k != "servicefile" {
+			delete(keys, k)
+		}
+	}
+	return keys, ok
+}
+
+const spaces = " \t\n\r\v\f"
+
+// keywordKeys reads `host=h port=5432 password='it\'s'`: values may be
+// single-quoted; a backslash takes the next byte as it is, in quotes and
+// out, and ends an unquoted value when it is the last byte.
+func keywordKeys(s string) (map[string]string, bool) {
+	keys := map[string]string{}
+	for s = strings.TrimLeft(s, spaces); s != ""; s = strings.TrimLeft(s, spaces) {
+		key, rest, found := strings.Cut(s, "=")
+		key = strings.Trim(key, spaces)
+		if !found || key == "" || strings.ContainsAny(key, spaces) {
+			return nil, false
+		}
+		s = strings.TrimLeft(rest, spaces)
+		quoted := strings.HasPrefix(s, "'")
+		if quoted {
+			s = s[1:]
+		}
+		var val strings.Builder
+		for len(s) > 0 && !(quoted && s[0] == '\'') && !(!quoted && strings.IndexByte(spaces, s[0]) >= 0) {
+			if s[0] == '\\' {
+				if s = s[1:]; s == "" {
+					break
+				}
+			}
+			val.WriteByte(s[0])
+			s = s[1:]
+		}
+		if quoted {
+			if s == "" {
+				return nil, false // unterminated
+			}
+			s = s[1:]
+		}
+		keys[key] = val.String()
+	}
+	return keys, true
+}
+
+// urlKeys reads postgres://user:password@host:port,[::1]:port/db?k=v: the
+// hosts of the authority, then the query's parameters, which win.
+func urlKeys(s string) (map[string]string, bool) {
+	keys := map[string]string{}
+	p := s[strings.Index(s, "://")+3:]
+	if i := strings.IndexAny(p, "@/"); i >= 0 && p[i] == '@' {
+		p = p[i+1:]
+	}
+	var hosts []string
+	for {
+		host := ""
+		if strings.HasPrefix(p, "[") {
+			end := strings.IndexByte(p, ']')
+			if end < 0 {
+				return nil, false
+			}
+			host, p = p[1:end], p[end+1:]
+		} else {
+			end := strings.IndexAny(p, ":/?,")
+			if end < 0 {
+				end = len(p)
+			}
+			host, p = p[:end], p[end:]
+		}
+		hosts = append(hosts, host)
+		if strings.HasPrefix(p, ":") { // the port
+			end := strings.IndexAny(p, "/?,")
+			if end < 0 {
+				end = len(p)
+			}
+			p = p[end:]
+		}
+		if !strings.HasPrefix(p, ",") {
+			break
+		}
+		p = p[1:]
+	}
+	if h := strings.Join(hosts, ","); h != "" {
+		var err error
+		if keys["host"], err = url.PathUnescape(h); err != nil {
+			return nil, false
+		}
+	}
+	_, query, _ := strings.Cut(p, "?")
+	for _, pair := range strings.Split(query, "&") {
+		k, v, found := strings.Cut(pair, "=")
+		key, kerr := url.PathUnescape(k)
+		val, verr := url.PathUnescape(v)
+		if pair != "" && (!found || kerr != nil || verr != nil) {
+			return nil, false
+		}
+		keys[key] = val
+	}
+	return keys, true
+}
+
+// libpqOnly are libpq's keywords that pgx does not implement (it would
+// send them to the server as run-time parameters, which the server
+// refuses): "" for those that are ignored, since they tune what pgx does
+// its own way, else why they are refused. Options of pgx's pool and typed
+// layer, which leaderrun does not use, are refused too.
+var libpqOnly = map[string]string{
+	"keepalives": "", "keepalives_idle": "", "keepalives_interval": "", "keepalives_count": "",
+	"tcp_user_timeout": "", "sslcompression": "", "gsslib": "", "gssdelegation": "",
+	"hostaddr":    "give the address as host",
+	"sslcrl":      "certificate revocation lists are not checked",
+	"sslcrldir":   "certificate revocation lists are not checked",
+	"requirepeer": "the user of the server's socket is not checked",
+	"replication": "not a replication client", "sslkeylogfile": "TLS keys are not logged",
+	"scram_client_key": "SCRAM keys cannot be given", "scram_server_key": "SCRAM keys cannot be given",
+	"oauth_issuer": "OAuth is not supported", "oauth_client_id": "OAuth is not supported",
+	"oauth_client_secret": "OAuth is not supported", "oauth_scope": "OAuth is not supported",
+	"default_query_exec_mode": "a pgx option that leaderrun does not use", "statement_cache_capacity": "a pgx option that leaderrun does not use",
+	"description_cache_capacity": "a pgx option that leaderrun does not use",
+}
+
+// libpqOnlyEnv are libpq's variables that pgx does not read: refused, as
+// the keywords they stand for.
+var libpqOnlyEnv = map[string]string{"PGHOSTADDR": "hostaddr", "PGSSLCRL": "sslcrl", "PGSSLCRLDIR": "sslcrldir",
+	"PGREQUIREPEER": "requirepeer"}
+
+// takeRuntimeParams takes out of cfg.RuntimeParams (where pgx puts every
+// keyword it does not know, to be sent at start-up) what is not a server
+// setting: pool_max_conns, returned, and libpq's keywords that pgx does
+// not implement (libpqOnly). It defaults application_name and
+// client_encoding.
+func takeRuntimeParams(cfg *pgconn.Config) (maxConns int, err error) {
+	rp := cfg.RuntimeParams
+	maxConns = maxPoolConns
+	if v, ok := rp["pool_max_conns"]; ok {
+		if maxConns, err = strconv.Atoi(v); err != nil || maxConns < 1 {
+			return 0, fmt.Errorf("pool_max_conns %q: want a positive number", v)
+		}
+		delete(rp, "pool_max_conns")
+	}
+	for k, v := range rp {
+		why, known := libpqOnly[k]
+		switch {
+		case k == "gssencmode" || k == "load_balance_hosts":
+			if v == "require" || v == "random" {
+				return 0, fmt.Errorf("%s=%s is not supported", k, v)
+			}
+			delete(rp, k)
+		case strings.HasPrefix(k, "pool_"):
+			return 0, fmt.Errorf("%s: a pgx pool option that leaderrun does not use (it has pool_max_conns)", k)
+		case known && why != "":
+			return 0, fmt.Errorf("%s is not supported: %s", k, why)
+		case known:
+			delete(rp, k)
+		}
+	}
+	for name, k := range libpqOnlyEnv {
+		if os.Getenv(name) != "" {
+			return 0, fmt.Errorf("%s is set, and %s is not supported: %s", name, k, libpqOnly[k])
+		}
+	}
+	if fallback, ok := rp["fallback_application_name"]; ok {
+		delete(rp, "fallback_application_name")
+		if _, ok := rp["application_name"]; !ok {
+			rp["application_name"] = fallback
+		}
+	}
+	if _, ok := rp["application_name"]; !ok {
+		rp["application_name"] = "leaderrun"
+	}
+	if enc, ok := rp["client_encoding"]; ok && !strings.EqualFold(strings.ReplaceAll(enc, "-", ""), "UTF8") {
+		return 0, fmt.Errorf("client_encoding %q: only UTF8 is supported", enc)
+	}
+	rp["client_encoding"] = "UTF8"
+	return maxConns, nil
+}
+
+// tlsVersions applies ssl_min_protocol_version (TLSv1.2 by default, as
+// libpq) and ssl_max_protocol_version, from the settings or their
+// variables, to every TLS configuration of cfg.
+func tlsVersions(cfg *pgconn.Config) error {
+	versions := map[string]uint16{"TLSv1": tls.VersionTLS10, "TLSv1.1": tls.VersionTLS11,
+		"TLSv1.2": tls.VersionTLS12, "TLSv1.3": tls.VersionTLS13}
+	var bounds [2]uint16
+	for i, kv := range [][2]string{{"ssl_min_protocol_version", "PGSSLMINPROTOCOLVERSION"},
+		{"ssl_max_protocol_version", "PGSSLMAXPROTOCOLVERSION"}} {
+		k := kv[0]
+		v, ok := cfg.RuntimeParams[k]
+		delete(cfg.RuntimeParams, k)
+		if !ok {
+			v = os.Getenv(kv[1])
+		}
+		if v == "" {
+			continue
+		}
+		if bounds[i] = versions[v]; bounds[i] == 0 {
+			return fmt.Errorf("%s %q: want TLSv1, TLSv1.1, TLSv1.2 or TLSv1.3", k, v)
+		}
+	}
+	if bounds[0] == 0 {
+		bounds[0] = tls.VersionTLS12
+	}
+	configs := []*tls.Config{cfg.TLSConfig}
+	for _, f := range cfg.Fallbacks {
+		configs = append(configs, f.TLSConfig)
+	}
+	for _, tc := range configs {
+		if tc != nil {
+			tc.MinVersion, tc.MaxVersion = bounds[0], bounds[1]
+		}
+	}
+	return nil
+}
