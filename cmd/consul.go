@@ -6,9 +6,9 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/hashicorp/consul/api"
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/consul"
-	api "github.com/leaderrun/leaderrun/internal/consulapi"
 )
 
 // consulLockDelaySlack is added to --kill-grace for the default

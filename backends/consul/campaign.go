@@ -11,8 +11,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/consul/api"
+
 	"github.com/leaderrun/leaderrun/backends"
-	api "github.com/leaderrun/leaderrun/internal/consulapi"
 )
 
 // Campaign implements backends.Backend. It creates a session and tries to
@@ -160,13 +161,12 @@ func (b *Backend) newCandidate(ctx context.Context, identity string, ttl time.Du
 	c := &candidate{b: b, identity: identity, check: newCheckID()}
 	c.lastAck = time.Now()
 	reg := &api.AgentCheckRegistration{
-		ID:     c.check,
-		Name:   checkName,
-		Notes:  "leaderrun candidate for " + b.key + " (" + identity + "); its session ends when this check turns critical",
-		TTL:    ttl.String(),
-		Status: api.HealthPassing,
+		ID:                c.check,
+		Name:              checkName,
+		Notes:             "leaderrun candidate for " + b.key + " (" + identity + "); its session ends when this check turns critical",
+		AgentServiceCheck: api.AgentServiceCheck{TTL: ttl.String(), Status: api.HealthPassing},
 	}
-	if err := b.client.Agent().CheckRegister(reg, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
+	if err := b.client.Agent().CheckRegisterOpts(reg, (&api.QueryOptions{}).WithContext(ctx)); err != nil {
 		return nil, b.unavailable("register the TTL check "+c.check+" of a candidate for", withACLHint(err))
 	}
 	id, err := b.createSession(ctx, c.check, ttl)
@@ -243,13 +243,16 @@ func (b *Backend) createSession(ctx context.Context, check string, ttl time.Dura
 // depends on it; a candidate that finds its check gone campaigns again
 // with a new one. Errors are ignored: the next candidate tries again.
 func (b *Backend) dropDeadChecks(ctx context.Context) {
-	checks, err := b.client.Agent().Checks((&api.QueryOptions{}).WithContext(ctx))
+	q := (&api.QueryOptions{}).WithContext(ctx)
+	// The filter keeps the answer to leaderrun's checks, whatever else
+	// the agent runs.
+	checks, err := b.client.Agent().ChecksWithFilterOpts(fmt.Sprintf("Name == %q and Status == %q", checkName, api.HealthCritical), q)
 	if err != nil {
 		return
 	}
 	for id, ch := range checks {
 		if ch.Name == checkName && strings.HasPrefix(id, checkPrefix) && ch.Status == api.HealthCritical {
-			_ = b.client.Agent().CheckDeregister(id, (&api.WriteOptions{}).WithContext(ctx))
+			_ = b.client.Agent().CheckDeregisterOpts(id, q)
 		}
 	}
 }
@@ -596,13 +599,14 @@ func (c *candidate) tolerate(ctx context.Context, err error, retry *backends.Bac
 
 // transient reports whether a failed request may succeed if sent again:
 // a network error, a server error (no leader, leadership lost while
-// committing) or rate limiting; not a refusal such as 403.
+// committing) or rate limiting; not a refusal such as 403, nor an answer
+// leaderrun refuses (a redirect, one past maxAnswer).
 func transient(err error) bool {
 	var se api.StatusError
 	if errors.As(err, &se) {
 		return se.Code >= 500 || se.Code == http.StatusTooManyRequests
 	}
-	return !errors.Is(err, errPermissionDenied)
+	return !errors.Is(err, errPermissionDenied) && !errors.Is(err, errRedirect) && !errors.Is(err, errTooLarge)
 }
 
 // observe records a read of the lock key, at the moment the answer came:
@@ -676,5 +680,5 @@ func (c *candidate) withdraw() {
 	if c.session != "" {
 		_, _ = c.b.client.Session().Destroy(c.session, wo)
 	}
-	_ = c.b.client.Agent().CheckDeregister(c.check, wo)
+	_ = c.b.client.Agent().CheckDeregisterOpts(c.check, (&api.QueryOptions{}).WithContext(ctx))
 }

@@ -73,8 +73,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/consul/api"
+
 	"github.com/leaderrun/leaderrun/backends"
-	api "github.com/leaderrun/leaderrun/internal/consulapi"
 )
 
 // Limits Consul puts on sessions.
@@ -100,12 +101,13 @@ const (
 
 // Config describes one lock in one Consul datacenter.
 type Config struct {
-	// API says how to reach the agent: address, ACL token, TLS (see
-	// internal/consulapi, the part of Consul's HTTP API the backend uses).
-	// It is copied, not kept. Nil means api.DefaultConfig(), which reads
+	// API says how to reach the agent: address, ACL token, TLS, as
+	// Consul's client takes them. It is copied, not kept; its HttpClient
+	// is not used (the backend builds a bounded one, on a copy of its
+	// Transport). Nil means api.DefaultConfig(), which reads
 	// CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, CONSUL_HTTP_TOKEN_FILE,
 	// CONSUL_CACERT, CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY and the rest as
-	// the consul CLI does.
+	// the consul CLI does. An address with user information is refused.
 	API *api.Config
 
 	// Lock is the lock name; see backends.ValidateLockName.
@@ -168,8 +170,11 @@ func New(cfg Config) (*Backend, error) {
 	} else {
 		apiCfg = *api.DefaultConfig()
 	}
+	if err := checkAddress(apiCfg.Address); err != nil {
+		return nil, err
+	}
 	addr := backends.Redact(apiCfg.Address)
-	client, err := api.NewClient(&apiCfg)
+	client, hc, err := newClient(&apiCfg)
 	if err != nil {
 		// NewClient fails on a bad scheme, TLS files or token file; none of
 		// its messages contains the token itself.
@@ -180,7 +185,7 @@ func New(cfg Config) (*Backend, error) {
 	}
 	return &Backend{
 		client:    client,
-		http:      apiCfg.HttpClient,
+		http:      hc,
 		addr:      addr,
 		lock:      cfg.Lock,
 		key:       cfg.Prefix + cfg.Lock,
@@ -240,26 +245,38 @@ func isInvalidSession(err error) bool {
 	return errors.As(err, &se) && strings.Contains(strings.ToLower(se.Body), "invalid session")
 }
 
+// isUnknownCheck reports whether err is the agent's answer for a TTL
+// check it does not have: 404 from newer agents, 500 "does not have
+// associated TTL" from Consul 1.14.
+func isUnknownCheck(err error) bool {
+	var se api.StatusError
+	if !errors.As(err, &se) {
+		return false
+	}
+	return se.Code == http.StatusNotFound || strings.Contains(se.Body, "does not have associated TTL") ||
+		strings.Contains(strings.ToLower(se.Body), "unknown check")
+}
+
 // renew renews session and passes check, at the same time, and returns nil
 // only if both were acknowledged. If Consul no longer has the session, or
 // the agent the check (deregistered, or the agent lost its state), the
 // error wraps errSessionGone: a check that is gone has taken its session
 // with it.
 func (b *Backend) renew(ctx context.Context, session, check string) error {
-	wo := (&api.WriteOptions{}).WithContext(ctx)
 	var checkErr error
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		checkErr = b.client.Agent().PassTTL(check, wo)
+		// Agent.PassTTL takes no context: the same endpoint through Raw.
+		_, checkErr = b.client.Raw().Write("/v1/agent/check/pass/"+check, nil, nil, (&api.WriteOptions{}).WithContext(ctx))
 	}()
-	entry, _, err := b.client.Session().Renew(session, wo)
+	entry, _, err := b.client.Session().Renew(session, (&api.WriteOptions{}).WithContext(ctx))
 	wg.Wait()
 	switch {
 	case err == nil && entry == nil:
 		return fmt.Errorf("%w: session %s expired or was destroyed", errSessionGone, session)
-	case api.IsUnknownCheck(checkErr):
+	case isUnknownCheck(checkErr):
 		return fmt.Errorf("%w: the agent no longer has the TTL check %s of session %s", errSessionGone, check, session)
 	case err != nil:
 		return fmt.Errorf("renew session %s: %w", session, err)

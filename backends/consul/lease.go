@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/hashicorp/consul/api"
+
 	"github.com/leaderrun/leaderrun/backends"
-	api "github.com/leaderrun/leaderrun/internal/consulapi"
 )
 
 // watchWait is how long one blocking query of the lease's watch lasts.
@@ -180,7 +181,7 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 	_, err := l.b.client.Session().Destroy(l.session, wo)
 	// Deregistering the check would invalidate the session: only once it
 	// is destroyed. If the destroy failed, this ends the session anyway.
-	_ = l.b.client.Agent().CheckDeregister(l.checkID, wo)
+	_ = l.b.client.Agent().CheckDeregisterOpts(l.checkID, (&api.QueryOptions{}).WithContext(ctx))
 	<-pruned
 	if err != nil {
 		return errors.Join(fmt.Errorf("consul at %s: destroy session %s holding %s: %w", l.b.addr, l.session, l.b.key, err), termErr)
