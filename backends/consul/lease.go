@@ -236,3 +236,18 @@ func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
 	l.b.dropExpiredMarkers(ctx)
 	return nil
 }
+
+// dropExpiredMarkers deletes the lock's markers that have expired.
+func (b *Backend) dropExpiredMarkers(ctx context.Context) {
+	pairs, _, err := b.client.KV().List(b.markerPrefix(), (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	for _, p := range pairs {
+		var m backends.Marker
+		if json.Unmarshal(p.Value, &m) == nil && !now.Before(m.Expires) {
+			_, _, _ = b.client.KV().DeleteCAS(p, (&api.WriteOptions{}).WithContext(ctx))
+		}
+	}
+}
