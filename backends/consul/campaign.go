@@ -16,13 +16,15 @@ import (
 
 // Campaign implements backends.Backend. It creates a session and tries to
 // acquire the key. If another session holds it, the candidate joins the
-// lock's queue and waits its turn: while others are ahead of it, in a
-// blocking query on the entry just ahead; once first in line, in a blocking
-// query on the lock key, timing its holder (see the package documentation).
-// A goroutine of its own renews the session every TTL/2 meanwhile, so that
-// no blocking query has to end early for a renewal. If the session is
-// invalidated while waiting, the candidate leaves the queue and campaigns
-// again with a new session, at the end of the queue.
+// lock's queue and waits its turn: while others are ahead of it, parked
+// (see park) in a blocking query on the entry just ahead; once first in
+// line, ready again, in a blocking query on the lock key, timing its
+// holder (see the package documentation). A goroutine of its own renews
+// the sessions and passes the check meanwhile (every TTL/2 once first in
+// line, every parkedTTL/2 before), so that no blocking query has to end
+// early for a renewal. If a session is invalidated while waiting, the
+// candidate leaves the queue and campaigns again with new ones, at the end
+// of the queue.
 //
 // A store that cannot be reached, or refuses the token, before the first
 // wait is an error wrapping backends.ErrUnavailable at once. While waiting,
@@ -63,23 +65,36 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 	}
 }
 
-// candidate is one session's campaign for the key.
+// candidate is one campaign for the key, with one TTL check on the agent
+// and the sessions bound to it. While it may acquire the key (first in
+// line, or before it queues) it is ready: it holds a lock session, and
+// its check's TTL is the lease duration. Further back in the queue it is
+// parked: no lock session, and a check of parkedTTL (see park).
 type candidate struct {
 	b        *Backend
 	identity string
-	session  string
 	check    string        // the ID of its TTL check on the agent
-	ttl      time.Duration // as granted
+	lease    time.Duration // the lease duration: its check's TTL while ready
+	kick     chan struct{} // parked or readied: for the keep-alive
 
+	// live is held by each renewal and by park and ready, so that no
+	// renewal meets a lock session that park has just destroyed.
+	live sync.Mutex
+
+	// mu guards what the keep-alive reads; the campaign's own goroutine,
+	// the only writer, reads without it.
 	mu      sync.Mutex
-	lastAck time.Time // send time of the last create or renew Consul acknowledged
+	session string        // the lock session; "" while parked
+	ttl     time.Duration // the lock session's TTL, as granted
+	// queueSession holds the candidate's queue entry, named by it; "" until
+	// it queues.
+	queueSession string
+	lastAck      time.Time // send time of the last acknowledged renewal or check registration
 
 	// maybeHeld is set while an acquisition may have succeeded without us
 	// knowing: a withdrawal must then release the key before destroying
 	// the session, or Consul would impose the lock-delay on everyone.
 	maybeHeld bool
-	// queued is set once the candidate's queue entry may exist.
-	queued bool
 	// first is set once no live entry is ahead of ours: from then on the
 	// candidate watches the lock key. Entries only ever join at the end,
 	// so it stays first until it wins or leaves.
@@ -168,8 +183,8 @@ func (c *candidate) attempt(ctx context.Context) (*lease, error) {
 	acked := c.acked()
 	rec := record{Identity: c.identity, TTL: c.ttl.String(), LockDelay: c.b.lockDelay.String()}
 	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVLock, Key: c.b.key, Value: rec.encode(), Flags: recordFlags, Session: c.session}}}
-	if c.queued {
-		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: c.b.queueKey(c.session)}})
+	if c.queueSession != "" {
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: c.b.queueKey(c.queueSession)}})
 	}
 	c.maybeHeld = true
 	ok, resp, _, err := c.b.client.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
@@ -191,7 +206,7 @@ func (c *candidate) attempt(ctx context.Context) (*lease, error) {
 	}
 	c.maybeHeld = false // the lease owns the key from now on
 	token := resp.Results[0].KV.ModifyIndex
-	return newLease(c.b, c.session, c.check, rec, token, c.ttl, acked), nil
+	return newLease(c.b, c.session, c.check, c.queueSession, rec, token, c.ttl, acked), nil
 }
 
 // txnError is the first error a rolled-back transaction reports, "" if none.
@@ -220,7 +235,7 @@ func (c *candidate) tolerate(ctx context.Context, err error, retry *backends.Bac
 		return ctx.Err()
 	case errors.Is(err, errRequeued):
 		return retry.Sleep(ctx)
-	case errors.Is(err, errSessionGone) || !transient(err) || time.Since(c.acked()) >= c.ttl:
+	case errors.Is(err, errSessionGone) || !transient(err) || time.Since(c.acked()) >= c.liveFor():
 		return err
 	}
 	return retry.Sleep(ctx)
@@ -240,25 +255,25 @@ func transient(err error) bool {
 
 // withdraw gives up the candidacy on a context of its own: the caller's
 // may be cancelled already. It leaves the queue first, so that the waiter
-// behind moves up at once. Releasing the key matters only if we may hold
-// it: destroying a session that holds it would impose its lock-delay on
-// every other candidate. The check goes last: deregistering it would
-// invalidate the session. Errors are ignored: the check turns critical a
-// TTL later, which ends the session and its entry, and the next candidate
-// on this agent deregisters it.
+// behind moves up at once: destroying the queue session deletes the entry
+// (Behavior delete). Releasing the key matters only if we may hold it:
+// destroying a session that holds it would impose its lock-delay on every
+// other candidate. The check goes last: deregistering it would invalidate
+// the sessions. Errors are ignored: the check turns critical a TTL later,
+// which ends the sessions and the entry, and the next candidate on this
+// agent deregisters it.
 func (c *candidate) withdraw() {
 	ctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
 	defer cancel()
-	wo := (&api.WriteOptions{}).WithContext(ctx)
-	if c.queued {
-		_, _ = c.b.client.KV().Delete(c.b.queueKey(c.session), wo)
+	if c.queueSession != "" {
+		c.destroy(ctx, c.queueSession)
 	}
 	if c.maybeHeld {
 		p := &api.KVPair{Key: c.b.key, Session: c.session}
-		_, _, _ = c.b.client.KV().Release(p, wo)
+		_, _, _ = c.b.client.KV().Release(p, (&api.WriteOptions{}).WithContext(ctx))
 	}
 	if c.session != "" {
-		_, _ = c.b.client.Session().Destroy(c.session, wo)
+		c.destroy(ctx, c.session)
 	}
 	_ = c.b.client.Agent().CheckDeregisterOpts(c.check, (&api.QueryOptions{}).WithContext(ctx))
 }

@@ -22,13 +22,16 @@ const watchWait = time.Minute
 // watches the key and closes lost when the key stops being ours; Release
 // stops it and waits for it.
 type lease struct {
-	b        *Backend
-	session  string
-	checkID  string // the ID of the session's TTL check on the agent
-	token    uint64
-	ttl      time.Duration
-	acquired time.Time
-	rec      record // as written at the grant
+	b       *Backend
+	session string
+	checkID string // the ID of the session's TTL check on the agent
+	// queueSession held the holder's entry in the queue ("" if it never
+	// queued); the watch destroys it.
+	queueSession string
+	token        uint64
+	ttl          time.Duration
+	acquired     time.Time
+	rec          record // as written at the grant
 
 	*backends.Loss // Lost and Err
 	stopWatch      context.CancelFunc
@@ -37,20 +40,21 @@ type lease struct {
 
 // newLease starts watching the key from token, the ModifyIndex the
 // acquisition gave it.
-func newLease(b *Backend, session, check string, rec record, token uint64, ttl time.Duration, acquired time.Time) *lease {
+func newLease(b *Backend, session, check, queueSession string, rec record, token uint64, ttl time.Duration, acquired time.Time) *lease {
 	ctx, cancel := context.WithCancel(context.Background())
 	rec.Token = token
 	l := &lease{
-		b:         b,
-		session:   session,
-		checkID:   check,
-		token:     token,
-		ttl:       ttl,
-		acquired:  acquired,
-		rec:       rec,
-		Loss:      backends.NewLoss(),
-		stopWatch: cancel,
-		watchDone: make(chan struct{}),
+		b:            b,
+		session:      session,
+		checkID:      check,
+		queueSession: queueSession,
+		token:        token,
+		ttl:          ttl,
+		acquired:     acquired,
+		rec:          rec,
+		Loss:         backends.NewLoss(),
+		stopWatch:    cancel,
+		watchDone:    make(chan struct{}),
 	}
 	go l.watch(ctx, token)
 	return l
@@ -76,7 +80,7 @@ func (l *lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
-	err := l.b.renew(ctx, l.session, l.checkID)
+	err := l.b.renew(ctx, l.checkID, l.session)
 	switch {
 	case errors.Is(err, errSessionGone):
 		err = fmt.Errorf("consul: lost %s: %v: %w", l.b.key, err, backends.ErrLeaseLost)
@@ -94,6 +98,14 @@ func (l *lease) Renew(ctx context.Context) error {
 // judge; the watch reports only what Consul says about the key.
 func (l *lease) watch(ctx context.Context, index uint64) {
 	defer close(l.watchDone)
+	if l.queueSession != "" {
+		// Its entry went with the acquisition; the session itself would
+		// last until Release deregisters the check. Not before the
+		// command starts: one round trip more for nothing.
+		dctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		_, _ = l.b.client.Session().Destroy(l.queueSession, (&api.WriteOptions{}).WithContext(dctx))
+		cancel()
+	}
 	var retry backends.Backoff
 	for {
 		pair, meta, err := l.b.get(ctx, l.b.key, index, watchWait, false)

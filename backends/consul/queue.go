@@ -23,14 +23,23 @@ func (b *Backend) queue(ctx context.Context) (api.KVPairs, error) {
 	return pairs, nil
 }
 
-// enqueue joins the queue: an entry named by the session and held by it,
-// so that it dies with the session. Entries are ordered by CreateIndex, a
-// Raft index: a new one always comes last.
+// enqueue joins the queue: an entry named by the candidate's queue session
+// (see newQueueSession) and held by it, so that it goes with the session.
+// Entries are ordered by CreateIndex, a Raft index: a new one always comes
+// last.
 func (c *candidate) enqueue(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	c.queued = true
-	p := &api.KVPair{Key: c.b.queueKey(c.session), Value: []byte(c.identity), Session: c.session}
+	if c.queueSession == "" {
+		id, err := c.newQueueSession(ctx)
+		if err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.queueSession = id
+		c.mu.Unlock()
+	}
+	p := &api.KVPair{Key: c.b.queueKey(c.queueSession), Value: []byte(c.identity), Session: c.queueSession}
 	_, _, err := c.b.client.KV().Acquire(p, (&api.WriteOptions{}).WithContext(ctx))
 	switch {
 	case isInvalidSession(err):
@@ -42,13 +51,16 @@ func (c *candidate) enqueue(ctx context.Context) error {
 }
 
 // waitTurn blocks until this candidate is first in the queue and an
-// acquisition may succeed.
+// acquisition may succeed. Behind others it is parked; first in line, it
+// is readied before it watches the key.
 func (c *candidate) waitTurn(ctx context.Context) error {
 	var retry backends.Backoff
 	for !c.first {
 		ahead, err := c.ahead(ctx)
 		if err == nil && ahead != nil {
-			err = c.waitFor(ctx, ahead)
+			if err = c.park(ctx); err == nil {
+				err = c.waitFor(ctx, ahead)
+			}
 		}
 		if err != nil {
 			if err := c.tolerate(ctx, err, &retry); err != nil {
@@ -59,23 +71,31 @@ func (c *candidate) waitTurn(ctx context.Context) error {
 		retry.Reset()
 		c.first = ahead == nil
 	}
-	return c.waitKey(ctx)
+	for {
+		err := c.ready(ctx)
+		if err == nil {
+			return c.waitKey(ctx)
+		}
+		if err := c.tolerate(ctx, err, &retry); err != nil {
+			return err
+		}
+	}
 }
 
 // ahead lists the queue and returns the live entry just ahead of ours, or
-// nil if ours is first. Dead entries (their session is gone; Consul
-// released them) are ignored and deleted. If our entry is missing (deleted
+// nil if ours is first. Dead entries (their session is gone and Consul
+// released them: an older leaderrun's) are ignored and deleted. If our entry is missing (deleted
 // by hand), it joins again, at the end.
 func (c *candidate) ahead(ctx context.Context) (*api.KVPair, error) {
 	entries, err := c.b.queue(ctx)
 	if err != nil {
 		return nil, c.b.unavailable("read the queue of", err)
 	}
-	own := c.b.queueKey(c.session)
+	own := c.b.queueKey(c.queueSession)
 	var prev *api.KVPair
 	for _, e := range entries {
 		switch {
-		case e.Key == own && e.Session == c.session:
+		case e.Key == own && e.Session == c.queueSession:
 			return prev, nil
 		case e.Key == own:
 			return nil, errSessionGone
@@ -104,7 +124,8 @@ func (b *Backend) dropDead(ctx context.Context, e *api.KVPair) {
 }
 
 // waitFor blocks, in blocking queries that each last up to maxWait, until
-// the entry ahead is deleted or its session is gone.
+// the entry ahead is deleted (its waiter took the key, left, or its
+// session ended) or released (an older leaderrun's whose session ended).
 func (c *candidate) waitFor(ctx context.Context, ahead *api.KVPair) error {
 	index := ahead.ModifyIndex
 	for {
