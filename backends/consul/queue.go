@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 
 	"github.com/hashicorp/consul/api"
@@ -40,12 +41,17 @@ func (c *candidate) enqueue(ctx context.Context) error {
 		c.mu.Unlock()
 	}
 	p := &api.KVPair{Key: c.b.queueKey(c.queueSession), Value: []byte(c.identity), Session: c.queueSession}
-	_, _, err := c.b.client.KV().Acquire(p, (&api.WriteOptions{}).WithContext(ctx))
+	ok, _, err := c.b.client.KV().Acquire(p, (&api.WriteOptions{}).WithContext(ctx))
 	switch {
 	case isInvalidSession(err):
 		return errSessionGone
 	case err != nil:
 		return c.b.unavailable("join the queue of", err)
+	case !ok:
+		// The entry is named by our session: nobody else can hold it. An
+		// answer that is not "true" (cut short, or not Consul's) is an
+		// error, not a place in the queue.
+		return c.b.unavailable("join the queue of", fmt.Errorf("the agent did not acknowledge the entry %s", p.Key))
 	}
 	return nil
 }

@@ -20,13 +20,14 @@ import (
 const (
 	// maxAnswer caps the body of every answer. The largest leaderrun
 	// reads is a list under the lock's prefix: the queue (about 200
-	// bytes of JSON per waiter: 20,000 waiters fit), the history (about
+	// bytes of JSON per waiter: 10,000 waiters fit), the history (about
 	// 110 terms), the markers; a single key's value is at most 512 KiB by
 	// Consul's default kv_max_value_size (about 700 KiB in base64). The
-	// JSON decoder buffers one answer whole, so an answer of maxAnswer
-	// costs a few times that in memory at most, well within the 64 MiB
-	// that a leaderrun may use.
-	maxAnswer = 4 << 20
+	// JSON decoder buffers one answer whole, doubling its buffer as it
+	// grows, so an answer of maxAnswer costs up to about 3 times that
+	// while it is read; a renewal reads up to three answers at once: well
+	// within the 64 MiB that a leaderrun may use.
+	maxAnswer = 2 << 20
 	// maxHeader caps an answer's header; Consul's are a few hundred bytes.
 	maxHeader = 64 << 10
 )
