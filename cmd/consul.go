@@ -67,6 +67,9 @@ func newConsulBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error)
 	if addr == "" {
 		return nil, usageErrorf("--backend consul needs --consul-addr (or CONSUL_HTTP_ADDR)")
 	}
+	if err := consul.CheckAddress(addr); err != nil {
+		return nil, usageErrorf("--consul-addr (CONSUL_HTTP_ADDR): %v", err)
+	}
 	apiCfg := api.DefaultConfig()
 	apiCfg.Address = addr
 	apiCfg.Token = c.String("consul-token")

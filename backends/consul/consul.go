@@ -166,8 +166,8 @@ func New(cfg Config) (*Backend, error) {
 	} else {
 		apiCfg = *api.DefaultConfig()
 	}
-	if err := checkAddress(apiCfg.Address); err != nil {
-		return nil, err
+	if err := CheckAddress(apiCfg.Address); err != nil {
+		return nil, fmt.Errorf("consul: %w", err)
 	}
 	addr := backends.Redact(apiCfg.Address)
 	client, hc, err := newClient(&apiCfg)

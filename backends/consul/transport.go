@@ -40,17 +40,18 @@ var errTooLarge = fmt.Errorf("consul: answer longer than the %d MiB leaderrun re
 // only, and Consul's HTTP API never redirects.
 var errRedirect = errors.New("consul: the agent answered with a redirect, which leaderrun never follows")
 
-// checkAddress refuses an address with user information
+// CheckAddress refuses an agent address with user information
 // (http://user:password@host): Consul's client would put it in the host
-// name and repeat it in every error. It names the address redacted.
-func checkAddress(addr string) error {
+// name and repeat it in every error. The error names the address
+// redacted. New checks it too.
+func CheckAddress(addr string) error {
 	_, rest, ok := strings.Cut(addr, "://")
 	if !ok {
 		rest = addr
 	}
 	host, _, _ := strings.Cut(rest, "/")
 	if strings.Contains(host, "@") {
-		return fmt.Errorf("consul: address %s: user information in the address is not supported; give the ACL token with --consul-token-file or CONSUL_HTTP_TOKEN, HTTP basic authentication with CONSUL_HTTP_AUTH",
+		return fmt.Errorf("address %s: user information in the address is not supported; give the ACL token with --consul-token-file or CONSUL_HTTP_TOKEN, HTTP basic authentication with CONSUL_HTTP_AUTH",
 			backends.Redact(addr))
 	}
 	return nil
