@@ -5,7 +5,10 @@
 // session; only the first in line watches the lock key, every other waiter
 // watches the one just ahead of it (etcd's election and ZooKeeper's lock
 // recipe work the same way), so that a change of leader wakes one or two
-// waiters, not all of them.
+// waiters, not all of them. Only the first in line holds a session for the
+// lock and renews it every TTL/2; the others are parked (see park) and send
+// a keep-alive every few minutes, so that a change of leader is the only
+// thing that makes two of them send anything.
 //
 // # The record, and failover within the lease
 //
