@@ -203,6 +203,8 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 
 // Completed implements backends.Lease.
 func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
 	pair, _, err := l.b.client.KV().Get(l.b.markerKey(key), (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("consul at %s: read %s: %w", l.b.addr, l.b.markerKey(key), err)
@@ -233,7 +235,9 @@ func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
 		{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: l.b.key, Session: l.session}},
 		{KV: &api.KVTxnOp{Verb: api.KVSet, Key: l.b.markerKey(m.Key), Value: data}},
 	}
-	ok, resp, _, err := l.b.client.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
+	tctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	ok, resp, _, err := l.b.client.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(tctx))
+	cancel()
 	switch {
 	case err != nil:
 		return fmt.Errorf("consul at %s: write marker %s: %w", l.b.addr, l.b.markerKey(m.Key), err)
