@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"net/http"
 	"net/http/httptest"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -78,7 +76,9 @@ type hostileAnswer func(w http.ResponseWriter, r *http.Request, stop <-chan stru
 // runHostile runs leaderrun with args against a fake agent that answers
 // every request with answer, and returns its output, its exit code and
 // the requests the agent got. It fails the test if leaderrun runs longer
-// than hostileDeadline or its peak RSS (wait4's) reaches hostileMaxRSS.
+// than hostileDeadline or its peak RSS (wait4's ru_maxrss, measured by a
+// small process of its own: see testenv.RunMeasured) reaches
+// hostileMaxRSS.
 func runHostile(t *testing.T, answer hostileAnswer, args ...string) (string, int, []string) {
 	t.Helper()
 	stop := make(chan struct{})
@@ -92,38 +92,15 @@ func runHostile(t *testing.T, answer hostileAnswer, args ...string) (string, int
 		srv.CloseClientConnections()
 		srv.Close()
 	})
-	cmd := exec.Command(testenv.Leaderrun(t), append([]string{"--consul-addr", srv.Listener.Addr().String()}, args...)...)
-	var out syncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	begin := time.Now()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = cmd.Wait()
-	}()
-	select {
-	case <-done:
-	case <-time.After(hostileDeadline):
-		_ = cmd.Process.Kill()
-		<-done
-		t.Fatalf("leaderrun still running after %v; output:\n%s", hostileDeadline, out.String())
-	}
-	took := time.Since(begin)
-	ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-	if !ok {
-		t.Fatal("no rusage for the leaderrun process")
-	}
-	peak := ru.Maxrss << 10 // KiB on Linux
+	argv := append([]string{testenv.Leaderrun(t), "--consul-addr", srv.Listener.Addr().String()}, args...)
+	m := testenv.RunMeasured(t, hostileDeadline, argv...)
 	reqs, _ := got.get()
-	t.Logf("exit %d after %v, peak RSS %.1f MiB, %d requests: %s\n%s", cmd.ProcessState.ExitCode(), took.Round(time.Millisecond),
-		float64(peak)/(1<<20), len(reqs), strings.Join(reqs, ", "), strings.TrimSpace(out.String()))
-	if peak >= hostileMaxRSS {
-		t.Errorf("peak RSS %.1f MiB, want under %d MiB", float64(peak)/(1<<20), hostileMaxRSS>>20)
+	t.Logf("exit %d after %v, peak RSS %.1f MiB, %d requests: %s\n%s", m.Code, m.Took.Round(time.Millisecond),
+		float64(m.PeakRSS)/(1<<20), len(reqs), strings.Join(reqs, ", "), strings.TrimSpace(m.Output))
+	if m.PeakRSS >= hostileMaxRSS {
+		t.Errorf("peak RSS %.1f MiB, want under %d MiB", float64(m.PeakRSS)/(1<<20), hostileMaxRSS>>20)
 	}
-	return out.String(), cmd.ProcessState.ExitCode(), reqs
+	return m.Output, m.Code, reqs
 }
 
 // TestConsulHostileAgent: a Consul agent that answers every request with
