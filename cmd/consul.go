@@ -6,9 +6,9 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/hashicorp/consul/api"
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/consul"
-	api "github.com/leaderrun/leaderrun/internal/consulapi"
 )
 
 // consulLockDelaySlack is added to --kill-grace for the default
@@ -66,6 +66,9 @@ func newConsulBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error)
 	addr := c.String("consul-addr")
 	if addr == "" {
 		return nil, usageErrorf("--backend consul needs --consul-addr (or CONSUL_HTTP_ADDR)")
+	}
+	if err := consul.CheckAddress(addr); err != nil {
+		return nil, usageErrorf("--consul-addr (CONSUL_HTTP_ADDR): %v", err)
 	}
 	apiCfg := api.DefaultConfig()
 	apiCfg.Address = addr

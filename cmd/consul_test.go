@@ -61,3 +61,41 @@ func TestConsulLockDelay(t *testing.T) {
 		})
 	}
 }
+
+// TestConsulAddressWithUserInfo: a --consul-addr (or CONSUL_HTTP_ADDR)
+// with a password or token in its user information is a usage error (exit
+// 64) that names the flag and the address without the secret, whether or
+// not the address parses, for run and status alike. (It used to be the
+// request's URL parse error, with the password in it, exit 69.)
+func TestConsulAddressWithUserInfo(t *testing.T) {
+	const secret = "s3cr3t-tok"
+	cases := []struct {
+		name string
+		args []string
+		env  string
+	}{
+		{name: "run, URL", args: []string{"--consul-addr", "http://user:" + secret + "@127.0.0.1:1", "--lock", "x", "--", "true"}},
+		{name: "run, URL that does not parse", args: []string{"--consul-addr", "http://user:" + secret + "%zz@127.0.0.1:1", "--lock", "x", "--", "true"}},
+		{name: "run, host:port", args: []string{"--consul-addr", secret + "@127.0.0.1:1", "--lock", "x", "--", "true"}},
+		{name: "run, CONSUL_HTTP_ADDR", args: []string{"--lock", "x", "--", "true"}, env: "https://" + secret + "@127.0.0.1:1"},
+		{name: "status", args: []string{"status", "--consul-addr", "http://:" + secret + "@127.0.0.1:1", "--lock", "x"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("CONSUL_HTTP_ADDR", tc.env)
+			var stdout, stderr strings.Builder
+			code := run(append([]string{"leaderrun"}, tc.args...), &stdout, &stderr)
+			out := stdout.String() + stderr.String()
+			t.Logf("exit %d: %s", code, strings.TrimSpace(out))
+			if code != 64 {
+				t.Errorf("exit %d, want 64", code)
+			}
+			if strings.Contains(out, secret) {
+				t.Errorf("the message shows the secret: %s", out)
+			}
+			if !strings.Contains(out, "--consul-addr") || !strings.Contains(out, "127.0.0.1:1") || !strings.Contains(out, "user information") {
+				t.Errorf("the message does not name the flag, the address and what is wrong with it: %s", out)
+			}
+		})
+	}
+}

@@ -2,8 +2,6 @@ package consul
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,19 +9,22 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/consul/api"
+
 	"github.com/leaderrun/leaderrun/backends"
-	api "github.com/leaderrun/leaderrun/internal/consulapi"
 )
 
 // Campaign implements backends.Backend. It creates a session and tries to
 // acquire the key. If another session holds it, the candidate joins the
-// lock's queue and waits its turn: while others are ahead of it, in a
-// blocking query on the entry just ahead; once first in line, in a blocking
-// query on the lock key, timing its holder (see the package documentation).
-// A goroutine of its own renews the session every TTL/2 meanwhile, so that
-// no blocking query has to end early for a renewal. If the session is
-// invalidated while waiting, the candidate leaves the queue and campaigns
-// again with a new session, at the end of the queue.
+// lock's queue and waits its turn: while others are ahead of it, parked
+// (see park) in a blocking query on the entry just ahead; once first in
+// line, ready again, in a blocking query on the lock key, timing its
+// holder (see the package documentation). A goroutine of its own renews
+// the sessions and passes the check meanwhile (every TTL/2 once first in
+// line, every parkedTTL/2 before), so that no blocking query has to end
+// early for a renewal. If a session is invalidated while waiting, the
+// candidate leaves the queue and campaigns again with new ones, at the end
+// of the queue.
 //
 // A store that cannot be reached, or refuses the token, before the first
 // wait is an error wrapping backends.ErrUnavailable at once. While waiting,
@@ -64,23 +65,36 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 	}
 }
 
-// candidate is one session's campaign for the key.
+// candidate is one campaign for the key, with one TTL check on the agent
+// and the sessions bound to it. While it may acquire the key (first in
+// line, or before it queues) it is ready: it holds a lock session, and
+// its check's TTL is the lease duration. Further back in the queue it is
+// parked: no lock session, and a check of parkedTTL (see park).
 type candidate struct {
 	b        *Backend
 	identity string
-	session  string
 	check    string        // the ID of its TTL check on the agent
-	ttl      time.Duration // as granted
+	lease    time.Duration // the lease duration: its check's TTL while ready
+	kick     chan struct{} // parked or readied: for the keep-alive
 
+	// live is held by each renewal and by park and ready, so that no
+	// renewal meets a lock session that park has just destroyed.
+	live sync.Mutex
+
+	// mu guards what the keep-alive reads; the campaign's own goroutine,
+	// the only writer, reads without it.
 	mu      sync.Mutex
-	lastAck time.Time // send time of the last create or renew Consul acknowledged
+	session string        // the lock session; "" while parked
+	ttl     time.Duration // the lock session's TTL, as granted
+	// queueSession holds the candidate's queue entry, named by it; "" until
+	// it queues.
+	queueSession string
+	lastAck      time.Time // send time of the last acknowledged renewal or check registration
 
 	// maybeHeld is set while an acquisition may have succeeded without us
 	// knowing: a withdrawal must then release the key before destroying
 	// the session, or Consul would impose the lock-delay on everyone.
 	maybeHeld bool
-	// queued is set once the candidate's queue entry may exist.
-	queued bool
 	// first is set once no live entry is ahead of ours: from then on the
 	// candidate watches the lock key. Entries only ever join at the end,
 	// so it stays first until it wins or leaves.
@@ -91,184 +105,6 @@ type candidate struct {
 	index  uint64 // X-Consul-Index, for the next blocking query
 	holder holder // holder.session is "" if the key is free
 	free   freeSpell
-}
-
-// freeSpell is an unbroken run of reads that found the key free in the same
-// version. An acquisition that fails on a free key meets the lock-delay of
-// the session whose invalidation freed it; freeSpell times the retries.
-type freeSpell struct {
-	modifyIndex uint64        // the free key's ModifyIndex, 0 if deleted
-	since       time.Time     // when it was first seen free
-	delay       time.Duration // the lock-delay of the session that held it before, -1 if unknown
-	failures    int           // acquisitions refused in this spell
-	lastFailure time.Time
-}
-
-// Retry timing when the lock-delay of a free key is not known (the key was
-// already free when we first looked, or the holder's session was gone
-// before we could ask): back off from 50 ms to 1 s. Not knowing costs at
-// most 1 s more than the delay itself, for about 20 attempts over 15 s.
-const (
-	firstBackoff = 50 * time.Millisecond
-	maxBackoff   = time.Second
-	// delaySlack is added to a known lock-delay: Consul counts it from the
-	// invalidation on the server's clock, we from when we saw the key free.
-	delaySlack = 5 * time.Millisecond
-)
-
-// retryAt is the earliest time an acquisition in this spell can succeed.
-func (f *freeSpell) retryAt() time.Time {
-	if f.failures == 0 {
-		// Released rather than invalidated: no delay. Only a refusal tells.
-		return f.since
-	}
-	if f.failures == 1 && f.delay > 0 {
-		if at := f.since.Add(f.delay + delaySlack); at.After(f.lastFailure) {
-			return at
-		}
-	}
-	backoff := firstBackoff << min(f.failures-1, 6)
-	return f.lastFailure.Add(min(backoff, maxBackoff))
-}
-
-// newCandidate registers a TTL check on the agent and creates a session
-// for this lock bound to that check alone.
-//
-// The check's TTL is the lease duration, and the agent runs its timer: a
-// candidate that stops passing it (its leaderrun died, hangs, or lost its
-// link to the agent) has its check turn critical a TTL after the agent
-// last heard from it, and Consul then invalidates the session at once. That
-// is what frees the key of a dead holder within the lease; the session's
-// own TTL (the same duration, which Consul enforces only after 2×TTL) is
-// the backstop for an agent that dies with its leaderrun.
-//
-// The session has no other check: Consul's default would tie it to the
-// agent's serfHealth check, and a host cut off from the servers would then
-// lose its session (and the key, after the lock-delay) while its leaderrun,
-// unable to hear of it, lets its command run until the renew deadline.
-//
-// The session is created even if ctx is cancelled meanwhile (the request
-// takes a round trip), so that a cancelled campaign can always destroy it
-// rather than leave it to expire.
-func (b *Backend) newCandidate(ctx context.Context, identity string, ttl time.Duration) (*candidate, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
-	defer cancel()
-	b.dropDeadChecks(ctx)
-	c := &candidate{b: b, identity: identity, check: newCheckID()}
-	c.lastAck = time.Now()
-	reg := &api.AgentCheckRegistration{
-		ID:     c.check,
-		Name:   checkName,
-		Notes:  "leaderrun candidate for " + b.key + " (" + identity + "); its session ends when this check turns critical",
-		TTL:    ttl.String(),
-		Status: api.HealthPassing,
-	}
-	if err := b.client.Agent().CheckRegister(reg, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
-		return nil, b.unavailable("register the TTL check "+c.check+" of a candidate for", withACLHint(err))
-	}
-	id, err := b.createSession(ctx, c.check, ttl)
-	if err != nil {
-		c.withdraw()
-		return nil, err
-	}
-	c.session = id
-	info, _, err := b.client.Session().Info(id, (&api.QueryOptions{}).WithContext(ctx))
-	if err == nil && info == nil {
-		// Destroyed already, by an operator.
-		c.withdraw()
-		return nil, errSessionGone
-	}
-	if err == nil {
-		c.ttl, err = time.ParseDuration(info.TTL)
-	}
-	if err != nil {
-		c.withdraw()
-		return nil, b.unavailable("read session for", err)
-	}
-	return c, nil
-}
-
-// checkName is the name of every candidate's TTL check; dropDeadChecks
-// recognises them by it and by checkPrefix.
-const (
-	checkName   = "leaderrun"
-	checkPrefix = "leaderrun:"
-)
-
-func newCheckID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return checkPrefix + hex.EncodeToString(b[:])
-}
-
-// createSession creates the candidate's session, bound to check. The agent
-// registers a new check in the catalog a moment after it acknowledged it,
-// and Consul refuses a session on a check the catalog does not have yet:
-// that refusal is retried for the request's time.
-//
-// api.Session.Create leaves out a zero LockDelay, which Consul reads as its
-// default of 15 s; the body is sent as is so that 0 means 0. NodeChecks
-// alone names the check: Consul adds serfHealth to a session whose body
-// has no check list, and reads a "Checks" list, even an empty one, in
-// place of NodeChecks.
-func (b *Backend) createSession(ctx context.Context, check string, ttl time.Duration) (string, error) {
-	body := map[string]any{
-		"Name":       b.sessionName(),
-		"TTL":        ttl.String(),
-		"LockDelay":  b.lockDelay.String(),
-		"Behavior":   api.SessionBehaviorRelease,
-		"NodeChecks": []string{check},
-	}
-	var retry backends.Backoff
-	for {
-		var out struct{ ID string }
-		_, err := b.client.Raw().Write("/v1/session/create", body, &out, (&api.WriteOptions{}).WithContext(ctx))
-		if err == nil {
-			return out.ID, nil
-		}
-		var se api.StatusError
-		if !errors.As(err, &se) || !strings.Contains(se.Body, "Missing check") || retry.Sleep(ctx) != nil {
-			return "", b.unavailable("create session for", err)
-		}
-	}
-}
-
-// dropDeadChecks deregisters the critical checks of candidates that died
-// on this agent: nothing else would remove them. A critical check's
-// session is invalidated already (or will be when the agent next reaches
-// the servers; deregistering it has the same effect), so no live holder
-// depends on it; a candidate that finds its check gone campaigns again
-// with a new one. Errors are ignored: the next candidate tries again.
-func (b *Backend) dropDeadChecks(ctx context.Context) {
-	checks, err := b.client.Agent().Checks((&api.QueryOptions{}).WithContext(ctx))
-	if err != nil {
-		return
-	}
-	for id, ch := range checks {
-		if ch.Name == checkName && strings.HasPrefix(id, checkPrefix) && ch.Status == api.HealthCritical {
-			_ = b.client.Agent().CheckDeregister(id, (&api.WriteOptions{}).WithContext(ctx))
-		}
-	}
-}
-
-// withACLHint adds, to a 403 from the agent's check endpoints, the rule a
-// token needs for them.
-func withACLHint(err error) error {
-	var se api.StatusError
-	if errors.As(err, &se) && se.Code == http.StatusForbidden {
-		return fmt.Errorf("%w (a candidate's TTL check needs node write on the agent's node: node_prefix \"\" { policy = \"write\" })", err)
-	}
-	return err
-}
-
-// acked is the send time of the last acknowledged create or renewal.
-func (c *candidate) acked() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.lastAck
 }
 
 // campaign tries to acquire the key and, if it is held, waits in the queue
@@ -347,8 +183,8 @@ func (c *candidate) attempt(ctx context.Context) (*lease, error) {
 	acked := c.acked()
 	rec := record{Identity: c.identity, TTL: c.ttl.String(), LockDelay: c.b.lockDelay.String()}
 	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVLock, Key: c.b.key, Value: rec.encode(), Flags: recordFlags, Session: c.session}}}
-	if c.queued {
-		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: c.b.queueKey(c.session)}})
+	if c.queueSession != "" {
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: c.b.queueKey(c.queueSession)}})
 	}
 	c.maybeHeld = true
 	ok, resp, _, err := c.b.client.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
@@ -370,7 +206,7 @@ func (c *candidate) attempt(ctx context.Context) (*lease, error) {
 	}
 	c.maybeHeld = false // the lease owns the key from now on
 	token := resp.Results[0].KV.ModifyIndex
-	return newLease(c.b, c.session, c.check, rec, token, c.ttl, acked), nil
+	return newLease(c.b, c.session, c.check, c.queueSession, rec, token, c.ttl, acked), nil
 }
 
 // txnError is the first error a rolled-back transaction reports, "" if none.
@@ -389,195 +225,6 @@ func isPermissionDenied(what string) bool {
 	return strings.Contains(strings.ToLower(what), "permission denied")
 }
 
-// renew renews the session and passes the check once, and records the
-// send time if both were acknowledged.
-func (c *candidate) renew(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	sent := time.Now()
-	switch err := c.b.renew(ctx, c.session, c.check); {
-	case errors.Is(err, errSessionGone):
-		return err
-	case err != nil:
-		return c.b.unavailable("renew", err)
-	}
-	c.mu.Lock()
-	c.lastAck = sent
-	c.mu.Unlock()
-	return nil
-}
-
-// keepAlive renews the session and passes the check of a waiting
-// candidate every TTL/2, as the api's RenewPeriodic does, leaving the other
-// half for retries, until ctx ends. If the session is gone, or cannot be renewed within its TTL, it
-// cancels the wait with the reason.
-func (c *candidate) keepAlive(ctx context.Context, lose context.CancelCauseFunc) {
-	var retry backends.Backoff
-	t := time.NewTimer(time.Until(c.acked().Add(c.ttl / 2)))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		err := c.renew(ctx)
-		switch {
-		case err == nil:
-			retry.Reset()
-			t.Reset(time.Until(c.acked().Add(c.ttl / 2)))
-			continue
-		case ctx.Err() != nil:
-			return
-		case errors.Is(err, errSessionGone) || !transient(err) || time.Since(c.acked()) >= c.ttl:
-			lose(err)
-			return
-		}
-		t.Reset(retry.Next())
-	}
-}
-
-// enqueue joins the queue: an entry named by the session and held by it,
-// so that it dies with the session. Entries are ordered by CreateIndex, a
-// Raft index: a new one always comes last.
-func (c *candidate) enqueue(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	c.queued = true
-	p := &api.KVPair{Key: c.b.queueKey(c.session), Value: []byte(c.identity), Session: c.session}
-	_, _, err := c.b.client.KV().Acquire(p, (&api.WriteOptions{}).WithContext(ctx))
-	switch {
-	case isInvalidSession(err):
-		return errSessionGone
-	case err != nil:
-		return c.b.unavailable("join the queue of", err)
-	}
-	return nil
-}
-
-// waitTurn blocks until this candidate is first in the queue and an
-// acquisition may succeed.
-func (c *candidate) waitTurn(ctx context.Context) error {
-	var retry backends.Backoff
-	for !c.first {
-		ahead, err := c.ahead(ctx)
-		if err == nil && ahead != nil {
-			err = c.waitFor(ctx, ahead)
-		}
-		if err != nil {
-			if err := c.tolerate(ctx, err, &retry); err != nil {
-				return err
-			}
-			continue
-		}
-		retry.Reset()
-		c.first = ahead == nil
-	}
-	return c.waitKey(ctx)
-}
-
-// ahead lists the queue and returns the live entry just ahead of ours, or
-// nil if ours is first. Dead entries (their session is gone; Consul
-// released them) are ignored and deleted. If our entry is missing (deleted
-// by hand), it joins again, at the end.
-func (c *candidate) ahead(ctx context.Context) (*api.KVPair, error) {
-	entries, err := c.b.queue(ctx)
-	if err != nil {
-		return nil, c.b.unavailable("read the queue of", err)
-	}
-	own := c.b.queueKey(c.session)
-	var prev *api.KVPair
-	for _, e := range entries {
-		switch {
-		case e.Key == own && e.Session == c.session:
-			return prev, nil
-		case e.Key == own:
-			return nil, errSessionGone
-		case e.Session == "":
-			c.b.dropDead(ctx, e)
-		default:
-			prev = e
-		}
-	}
-	if err := c.enqueue(ctx); err != nil {
-		return nil, err
-	}
-	return nil, errRequeued
-}
-
-// errRequeued: our queue entry was missing and has been created again;
-// look at the queue anew.
-var errRequeued = errors.New("consul: queue entry re-created")
-
-// dropDead deletes a queue entry whose session is gone, unless it changed
-// since it was read. Errors are ignored: another waiter tries again.
-func (b *Backend) dropDead(ctx context.Context, e *api.KVPair) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	_, _, _ = b.client.KV().DeleteCAS(e, (&api.WriteOptions{}).WithContext(ctx))
-}
-
-// waitFor blocks, in blocking queries that each last up to maxWait, until
-// the entry ahead is deleted or its session is gone.
-func (c *candidate) waitFor(ctx context.Context, ahead *api.KVPair) error {
-	index := ahead.ModifyIndex
-	for {
-		pair, meta, err := c.b.get(ctx, ahead.Key, index, maxWait, false)
-		switch {
-		case err != nil:
-			return c.b.unavailable("watch the queue of", err)
-		case pair == nil:
-			return nil
-		case pair.Session == "":
-			c.b.dropDead(ctx, pair)
-			return nil
-		}
-		index = nextIndex(index, meta.LastIndex)
-	}
-}
-
-// waitKey blocks, as the first in line, until an acquisition may succeed:
-// the key is free and no lock-delay is known to be pending. It sleeps in a
-// blocking query on the key, which Consul answers as soon as the key
-// changes: when its holder releases it, or Consul invalidates the holder's
-// session (its TTL check turned critical, or it was destroyed). A holder
-// that renews does not write the key, so an idle first in line sends one
-// blocking query per maxWait; it wakes up early only to retry after a
-// lock-delay.
-func (c *candidate) waitKey(ctx context.Context) error {
-	var retry backends.Backoff
-	for {
-		now := time.Now()
-		wake := now.Add(maxWait)
-		switch {
-		case !c.viewed:
-		case c.holder.session == "":
-			at := c.free.retryAt()
-			if !now.Before(at) {
-				return nil
-			}
-			wake = at
-		case c.holder.session == c.session:
-			// An earlier acquisition went through although its answer was
-			// lost; acquiring again with the same session succeeds.
-			return nil
-		}
-		index := c.index
-		if !c.viewed {
-			index = 0
-		}
-		pair, meta, err := c.b.get(ctx, c.b.key, index, wake.Sub(now), false)
-		if err != nil {
-			if err = c.tolerate(ctx, c.b.unavailable("watch", err), &retry); err != nil {
-				return err
-			}
-			continue
-		}
-		retry.Reset()
-		c.observe(ctx, pair, meta)
-	}
-}
-
 // tolerate decides about a failed request while waiting: it returns nil
 // after a pause if the error is transient and the session should still be
 // alive (within its TTL of the last acknowledged renewal), and the error
@@ -588,7 +235,7 @@ func (c *candidate) tolerate(ctx context.Context, err error, retry *backends.Bac
 		return ctx.Err()
 	case errors.Is(err, errRequeued):
 		return retry.Sleep(ctx)
-	case errors.Is(err, errSessionGone) || !transient(err) || time.Since(c.acked()) >= c.ttl:
+	case errors.Is(err, errSessionGone) || !transient(err) || time.Since(c.acked()) >= c.liveFor():
 		return err
 	}
 	return retry.Sleep(ctx)
@@ -596,85 +243,37 @@ func (c *candidate) tolerate(ctx context.Context, err error, retry *backends.Bac
 
 // transient reports whether a failed request may succeed if sent again:
 // a network error, a server error (no leader, leadership lost while
-// committing) or rate limiting; not a refusal such as 403.
+// committing) or rate limiting; not a refusal such as 403, nor an answer
+// leaderrun refuses (a redirect, one past maxAnswer).
 func transient(err error) bool {
 	var se api.StatusError
 	if errors.As(err, &se) {
 		return se.Code >= 500 || se.Code == http.StatusTooManyRequests
 	}
-	return !errors.Is(err, errPermissionDenied)
-}
-
-// observe records a read of the lock key, at the moment the answer came:
-// never earlier than the write it shows was applied.
-func (c *candidate) observe(ctx context.Context, pair *api.KVPair, meta *api.QueryMeta) {
-	now := time.Now()
-	if meta != nil {
-		c.index = nextIndex(c.index, meta.LastIndex)
-	}
-	prev := c.holder
-	wasHeld := c.viewed && prev.session != ""
-	c.viewed = true
-	if pair != nil && pair.Session != "" {
-		switch {
-		case pair.Session != prev.session:
-			c.holder = parseHolder(pair)
-			if c.holder.lockDelay < 0 {
-				c.holder.lockDelay = c.lockDelayOf(ctx, pair.Session)
-			}
-		}
-		c.free = freeSpell{}
-		return
-	}
-	var mod uint64
-	if pair != nil {
-		mod = pair.ModifyIndex
-	}
-	if c.free.since.IsZero() || c.free.modifyIndex != mod {
-		spell := freeSpell{modifyIndex: mod, since: now, delay: -1}
-		if wasHeld {
-			// We saw it go free: if its holder was invalidated rather
-			// than released, its lock-delay runs from about now.
-			spell.delay = prev.lockDelay
-		}
-		c.free = spell
-	}
-	c.holder = holder{}
-}
-
-// lockDelayOf asks Consul for a session's lock-delay, -1 if it cannot say:
-// for holders whose record does not tell.
-func (c *candidate) lockDelayOf(ctx context.Context, session string) time.Duration {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	info, _, err := c.b.client.Session().Info(session, (&api.QueryOptions{}).WithContext(ctx))
-	if err != nil || info == nil {
-		return -1
-	}
-	return info.LockDelay
+	return !errors.Is(err, errPermissionDenied) && !errors.Is(err, errRedirect) && !errors.Is(err, errTooLarge)
 }
 
 // withdraw gives up the candidacy on a context of its own: the caller's
 // may be cancelled already. It leaves the queue first, so that the waiter
-// behind moves up at once. Releasing the key matters only if we may hold
-// it: destroying a session that holds it would impose its lock-delay on
-// every other candidate. The check goes last: deregistering it would
-// invalidate the session. Errors are ignored: the check turns critical a
-// TTL later, which ends the session and its entry, and the next candidate
-// on this agent deregisters it.
+// behind moves up at once: destroying the queue session deletes the entry
+// (Behavior delete). Releasing the key matters only if we may hold it:
+// destroying a session that holds it would impose its lock-delay on every
+// other candidate. The check goes last: deregistering it would invalidate
+// the sessions. Errors are ignored: the check turns critical a TTL later,
+// which ends the sessions and the entry, and the next candidate on this
+// agent deregisters it.
 func (c *candidate) withdraw() {
 	ctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
 	defer cancel()
-	wo := (&api.WriteOptions{}).WithContext(ctx)
-	if c.queued {
-		_, _ = c.b.client.KV().Delete(c.b.queueKey(c.session), wo)
+	if c.queueSession != "" {
+		c.destroy(ctx, c.queueSession)
 	}
 	if c.maybeHeld {
 		p := &api.KVPair{Key: c.b.key, Session: c.session}
-		_, _, _ = c.b.client.KV().Release(p, wo)
+		_, _, _ = c.b.client.KV().Release(p, (&api.WriteOptions{}).WithContext(ctx))
 	}
 	if c.session != "" {
-		_, _ = c.b.client.Session().Destroy(c.session, wo)
+		c.destroy(ctx, c.session)
 	}
-	_ = c.b.client.Agent().CheckDeregister(c.check, wo)
+	_ = c.b.client.Agent().CheckDeregisterOpts(c.check, (&api.QueryOptions{}).WithContext(ctx))
 }

@@ -5,7 +5,10 @@
 // session; only the first in line watches the lock key, every other waiter
 // watches the one just ahead of it (etcd's election and ZooKeeper's lock
 // recipe work the same way), so that a change of leader wakes one or two
-// waiters, not all of them.
+// waiters, not all of them. Only the first in line holds a session for the
+// lock and renews it every TTL/2; the others are parked (see park) and send
+// a keep-alive every few minutes, so that a change of leader is the only
+// thing that makes two of them send anything.
 //
 // # The record, and failover within the lease
 //
@@ -62,19 +65,16 @@
 package consul
 
 import (
-	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/hashicorp/consul/api"
+
 	"github.com/leaderrun/leaderrun/backends"
-	api "github.com/leaderrun/leaderrun/internal/consulapi"
 )
 
 // Limits Consul puts on sessions.
@@ -100,12 +100,13 @@ const (
 
 // Config describes one lock in one Consul datacenter.
 type Config struct {
-	// API says how to reach the agent: address, ACL token, TLS (see
-	// internal/consulapi, the part of Consul's HTTP API the backend uses).
-	// It is copied, not kept. Nil means api.DefaultConfig(), which reads
+	// API says how to reach the agent: address, ACL token, TLS, as
+	// Consul's client takes them. It is copied, not kept; its HttpClient
+	// is not used (the backend builds a bounded one, on a copy of its
+	// Transport). Nil means api.DefaultConfig(), which reads
 	// CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, CONSUL_HTTP_TOKEN_FILE,
 	// CONSUL_CACERT, CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY and the rest as
-	// the consul CLI does.
+	// the consul CLI does. An address with user information is refused.
 	API *api.Config
 
 	// Lock is the lock name; see backends.ValidateLockName.
@@ -168,8 +169,11 @@ func New(cfg Config) (*Backend, error) {
 	} else {
 		apiCfg = *api.DefaultConfig()
 	}
+	if err := CheckAddress(apiCfg.Address); err != nil {
+		return nil, fmt.Errorf("consul: %w", err)
+	}
 	addr := backends.Redact(apiCfg.Address)
-	client, err := api.NewClient(&apiCfg)
+	client, hc, err := newClient(&apiCfg)
 	if err != nil {
 		// NewClient fails on a bad scheme, TLS files or token file; none of
 		// its messages contains the token itself.
@@ -180,7 +184,7 @@ func New(cfg Config) (*Backend, error) {
 	}
 	return &Backend{
 		client:    client,
-		http:      apiCfg.HttpClient,
+		http:      hc,
 		addr:      addr,
 		lock:      cfg.Lock,
 		key:       cfg.Prefix + cfg.Lock,
@@ -209,11 +213,16 @@ func (b *Backend) Close() error {
 // Keys of the lock's completion markers, history and queue of waiters.
 // Lock names cannot hold ':' (backends.ValidateLockName), so these never
 // meet another lock's key.
-func (b *Backend) queuePrefix() string            { return b.key + ":queue/" }
+func (b *Backend) queuePrefix() string { return b.key + ":queue/" }
+
 func (b *Backend) queueKey(session string) string { return b.queuePrefix() + session }
-func (b *Backend) markerPrefix() string           { return b.key + ":done/" }
-func (b *Backend) markerKey(key string) string    { return b.markerPrefix() + key }
-func (b *Backend) historyPrefix() string          { return b.key + ":history/" }
+
+func (b *Backend) markerPrefix() string { return b.key + ":done/" }
+
+func (b *Backend) markerKey(key string) string { return b.markerPrefix() + key }
+
+func (b *Backend) historyPrefix() string { return b.key + ":history/" }
+
 func (b *Backend) historyKey(token uint64) string {
 	return fmt.Sprintf("%s%020d", b.historyPrefix(), token)
 }
@@ -238,35 +247,6 @@ var errSessionGone = errors.New("consul: session invalidated")
 func isInvalidSession(err error) bool {
 	var se api.StatusError
 	return errors.As(err, &se) && strings.Contains(strings.ToLower(se.Body), "invalid session")
-}
-
-// renew renews session and passes check, at the same time, and returns nil
-// only if both were acknowledged. If Consul no longer has the session, or
-// the agent the check (deregistered, or the agent lost its state), the
-// error wraps errSessionGone: a check that is gone has taken its session
-// with it.
-func (b *Backend) renew(ctx context.Context, session, check string) error {
-	wo := (&api.WriteOptions{}).WithContext(ctx)
-	var checkErr error
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		checkErr = b.client.Agent().PassTTL(check, wo)
-	}()
-	entry, _, err := b.client.Session().Renew(session, wo)
-	wg.Wait()
-	switch {
-	case err == nil && entry == nil:
-		return fmt.Errorf("%w: session %s expired or was destroyed", errSessionGone, session)
-	case api.IsUnknownCheck(checkErr):
-		return fmt.Errorf("%w: the agent no longer has the TTL check %s of session %s", errSessionGone, check, session)
-	case err != nil:
-		return fmt.Errorf("renew session %s: %w", session, err)
-	case checkErr != nil:
-		return fmt.Errorf("pass the TTL check %s of session %s: %w", check, session, withACLHint(checkErr))
-	}
-	return nil
 }
 
 // get reads key. With index > 0 it is a blocking query that returns when
@@ -295,178 +275,4 @@ func nextIndex(prev, got uint64) uint64 {
 		return 0
 	}
 	return max(got, 1)
-}
-
-// Status implements backends.Backend. The token is the one in the
-// holder's record, or the key's ModifyIndex (which nothing moves while the
-// key is held) if the record does not hold it. Waiting counts the live entries of the queue (a
-// candidate that died while waiting is counted until Consul expires its
-// session). Remaining is -1: Consul does not tell when a session will
-// expire.
-//
-// Status needs key:read on the key's prefix; without session:read as well
-// it still reports the holder, token, TTL and waiters, but no node.
-func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
-	st := backends.Status{Lock: b.lock, Backend: b.Name(), Key: b.key, Remaining: -1, Waiting: -1}
-	pair, _, err := b.get(ctx, b.key, 0, 0, false)
-	if err != nil {
-		return st, b.unavailable("read", err)
-	}
-	var h holder
-	if pair != nil && pair.Session != "" {
-		h = parseHolder(pair)
-	}
-	if queue, err := b.queue(ctx); err == nil {
-		st.Waiting = 0
-		for _, e := range queue {
-			if e.Session != "" && e.Session != h.session {
-				st.Waiting++
-			}
-		}
-	}
-	if h.session == "" {
-		return st, nil
-	}
-	st.Held = true
-	st.Identity = h.identity
-	st.Token = h.token
-	st.TTL = h.ttl
-	ictx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	if info, _, err := b.client.Session().Info(h.session, (&api.QueryOptions{}).WithContext(ictx)); err == nil && info != nil {
-		st.Node = info.Node
-		st.TTL, _ = time.ParseDuration(info.TTL)
-	}
-	return st, nil
-}
-
-// queue lists the entries of the lock's queue of waiters, oldest first.
-func (b *Backend) queue(ctx context.Context) (api.KVPairs, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	pairs, _, err := b.client.KV().List(b.queuePrefix(), (&api.QueryOptions{}).WithContext(ctx))
-	if err != nil {
-		return nil, err
-	}
-	slices.SortFunc(pairs, func(a, b *api.KVPair) int { return cmp.Compare(a.CreateIndex, b.CreateIndex) })
-	return pairs, nil
-}
-
-// recordFlags, in the flags of the lock key, marks its value as a record
-// (see record). A value without them was written by an older leaderrun or
-// another tool: the holder's identity as plain text.
-//
-// Format 2 holders do not write the key at renewals. Format 1 holders did,
-// and format 1 followers timed them by it: a new holder's record must not
-// look like one to them, or they would destroy its session a lease after
-// its grant. A format 1 record is still read (for its lock-delay).
-const (
-	recordFlags   uint64 = 0x6c72756e_00000002 // "lrun", format 2
-	recordFlagsV1 uint64 = 0x6c72756e_00000001
-)
-
-// record is the value of the lock key while leaderrun holds it, in JSON so
-// that `consul kv get` shows it.
-type record struct {
-	Identity string `json:"identity"`
-	// Token is the holder's fencing token. It is 0 in the record the
-	// acquisition writes, which cannot know it: the key's ModifyIndex,
-	// which nothing moves while the key is held, is the token then. The
-	// release writes it.
-	Token uint64 `json:"token,omitempty"`
-	// TTL and LockDelay are those of the holder's session: the lock-delay
-	// tells the first in line how long an invalidated key stays refused.
-	TTL       string `json:"ttl"`
-	LockDelay string `json:"lock_delay"`
-}
-
-func (r record) encode() []byte {
-	data, _ := json.Marshal(r)
-	return data
-}
-
-// holder is what a reader of the held key knows about its holder.
-type holder struct {
-	session  string
-	identity string
-	token    uint64
-	// ttl is the holder's session TTL, 0 if not known.
-	ttl time.Duration
-	// lockDelay is the holder's lock-delay, -1 if not known.
-	lockDelay time.Duration
-}
-
-// parseHolder reads a held key's value: a record, or a plain identity.
-func parseHolder(pair *api.KVPair) holder {
-	h := holder{session: pair.Session, identity: string(pair.Value), token: pair.ModifyIndex, lockDelay: -1}
-	var r record
-	if (pair.Flags != recordFlags && pair.Flags != recordFlagsV1) || json.Unmarshal(pair.Value, &r) != nil {
-		return h
-	}
-	h.identity = r.Identity
-	if r.Token != 0 {
-		h.token = r.Token
-	}
-	if d, err := time.ParseDuration(r.LockDelay); err == nil {
-		h.lockDelay = d
-	}
-	if d, err := time.ParseDuration(r.TTL); err == nil && d > 0 {
-		h.ttl = d
-	}
-	return h
-}
-
-// History implements backends.Backend: the terms are keys under
-// <prefix><lock>:history/, named by their token.
-func (b *Backend) History(ctx context.Context, limit int) ([]backends.Term, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	pairs, _, err := b.client.KV().List(b.historyPrefix(), (&api.QueryOptions{}).WithContext(ctx))
-	if err != nil {
-		return nil, b.unavailable("read history of", err)
-	}
-	terms := make([]backends.Term, 0, len(pairs))
-	for _, p := range pairs {
-		var t backends.Term
-		if json.Unmarshal(p.Value, &t) == nil {
-			terms = append(terms, t)
-		}
-	}
-	return backends.NewestFirst(terms, limit), nil
-}
-
-// prune deletes the oldest keys under prefix once there are a tenth more
-// than keep of them, keeping the newest keep (keys sort by age: tokens are
-// zero-padded). Errors are ignored: the next writer prunes again.
-func (b *Backend) prune(ctx context.Context, prefix string, keep int) {
-	keys, _, err := b.client.KV().Keys(prefix, "", (&api.QueryOptions{}).WithContext(ctx))
-	if err != nil || len(keys) <= keep+keep/10 {
-		return
-	}
-	slices.Sort(keys)
-	var ops api.TxnOps
-	for _, k := range keys[:len(keys)-keep] {
-		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: k}})
-	}
-	// Consul takes at most 64 operations per transaction.
-	for len(ops) > 0 {
-		n := min(len(ops), 64)
-		_, _, _, _ = b.client.Txn().Txn(ops[:n], (&api.QueryOptions{}).WithContext(ctx))
-		ops = ops[n:]
-	}
-}
-
-// dropExpiredMarkers deletes the lock's markers that have expired.
-func (b *Backend) dropExpiredMarkers(ctx context.Context) {
-	pairs, _, err := b.client.KV().List(b.markerPrefix(), (&api.QueryOptions{}).WithContext(ctx))
-	if err != nil {
-		return
-	}
-	now := time.Now()
-	for _, p := range pairs {
-		var m backends.Marker
-		if json.Unmarshal(p.Value, &m) == nil && !now.Before(m.Expires) {
-			_, _, _ = b.client.KV().DeleteCAS(p, (&api.WriteOptions{}).WithContext(ctx))
-		}
-	}
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/backendtest"
 	"github.com/leaderrun/leaderrun/backends/consul"
-	"github.com/leaderrun/leaderrun/internal/consulapi"
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
@@ -25,7 +24,7 @@ const ttl = 10 * time.Second
 // the tests below close it.
 func newBackend(t *testing.T, addr, lock string, lockDelay time.Duration) *consul.Backend {
 	t.Helper()
-	cfg := consulapi.DefaultConfig()
+	cfg := api.DefaultConfig()
 	cfg.Address = addr
 	b, err := consul.New(consul.Config{API: cfg, Lock: lock, Prefix: "leaderrun-test/", LockDelay: lockDelay})
 	if err != nil {
@@ -336,7 +335,7 @@ func TestConsulUnavailable(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := consulapi.DefaultConfig()
+			cfg := api.DefaultConfig()
 			cfg.Address, cfg.Token = tc.addr, secret
 			b, err := consul.New(consul.Config{API: cfg, Lock: "x"})
 			if err != nil {
@@ -374,7 +373,10 @@ func TestConsulNewValidates(t *testing.T) {
 		{name: "negative lock-delay", cfg: consul.Config{Lock: "x", LockDelay: -time.Second}, want: "lock-delay -1s"},
 		{name: "lock-delay too long", cfg: consul.Config{Lock: "x", LockDelay: 61 * time.Second}, want: "lock-delay 1m1s"},
 		{name: "bad lock", cfg: consul.Config{Lock: "a/b"}, want: "lock name"},
-		{name: "bad scheme", cfg: consul.Config{Lock: "x", API: &consulapi.Config{Address: "ftp://u:pw@h:1"}}, want: "ftp://h:1"},
+		{name: "bad scheme", cfg: consul.Config{Lock: "x", API: &api.Config{Address: "ftp://u:pw@h:1"}}, want: "ftp://h:1"},
+		{name: "user info", cfg: consul.Config{Lock: "x", API: &api.Config{Address: "http://u:pw@h:1"}}, want: "http://h:1: user information"},
+		{name: "user info, no scheme", cfg: consul.Config{Lock: "x", API: &api.Config{Address: "u:pw@h:1"}}, want: "address h:1: user information"},
+		{name: "user info that does not parse", cfg: consul.Config{Lock: "x", API: &api.Config{Address: "http://u:p%zzw@h:1"}}, want: "http://h:1: user information"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -525,7 +527,7 @@ func TestConsulACLPolicies(t *testing.T) {
 		return tok.SecretID
 	}
 	withToken := func(secret string) *consul.Backend {
-		cfg := consulapi.DefaultConfig()
+		cfg := api.DefaultConfig()
 		cfg.Address, cfg.Token = agent.Addr(), secret
 		b, err := consul.New(consul.Config{API: cfg, Lock: "acl", Prefix: "leaderrun-test/", LockDelay: time.Second})
 		if err != nil {
@@ -603,7 +605,7 @@ session "` + agent.Node() + `" { policy = "write" }`}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fcfg := consulapi.DefaultConfig()
+	fcfg := api.DefaultConfig()
 	fcfg.Address, fcfg.Token = agent.Addr(), tok.SecretID
 	b, err := consul.New(consul.Config{API: fcfg, Lock: "acl-node", Prefix: "leaderrun-test/"})
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leaderrun/leaderrun/backends/consul"
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
@@ -63,7 +64,10 @@ func countIdle(reqs []proxied) idleCounts {
 // second on the first's queue entry, and each sends at most 0.1 blocking
 // queries per second, as `consul lock`'s waiters do (0.05); none ends
 // early for nothing. Neither sends anything but blocking queries, its
-// session's renewals and its check's passes (one each per TTL/2).
+// check's passes and its sessions' renewals: the first in line, ready to
+// take over, passes its check and renews its lock and queue sessions every
+// TTL/2; the second, parked, passes its check and renews its queue session
+// every consul.ParkedTTL/2 only, so that in a minute it sends nothing.
 func TestConsulIdleWaiters(t *testing.T) {
 	t.Parallel()
 	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
@@ -89,9 +93,11 @@ func TestConsulIdleWaiters(t *testing.T) {
 	per := func(n int) float64 { return float64(n) / end.Sub(begin).Seconds() }
 	t.Logf("over %v, the holder renewed %d times (%d failed)", end.Sub(begin).Round(time.Millisecond), renewals, failed)
 	for _, w := range []struct {
-		name string
-		c    idleCounts
-	}{{"first in line", first}, {"second in line", second}} {
+		name     string
+		c        idleCounts
+		period   time.Duration // of its keep-alive
+		sessions int           // renewed at each
+	}{{"first in line", first, ttl / 2, 2}, {"second in line", second, consul.ParkedTTL / 2, 1}} {
 		t.Logf("%s: blocking queries %.3f/s (%d: %d answered by a change, %d under 1s for nothing, shortest %v), session renewals %.3f/s, check passes %.3f/s, other requests %d",
 			w.name, per(w.c.blocking), w.c.blocking, w.c.woke, w.c.short, w.c.shortest.Round(time.Millisecond), per(w.c.renewals), per(w.c.passes), w.c.other)
 		if w.c.short > 0 {
@@ -103,12 +109,11 @@ func TestConsulIdleWaiters(t *testing.T) {
 		if per(w.c.blocking) > 0.1 {
 			t.Errorf("%s: %.3f blocking queries/s, want at most 0.1", w.name, per(w.c.blocking))
 		}
-		// A session of TTL 10 s is renewed every 5 s.
-		if want := int(end.Sub(begin) / (ttl / 2)); w.c.renewals < want-1 || w.c.renewals > want+1 {
-			t.Errorf("%s: %d session renewals, want about %d (every TTL/2)", w.name, w.c.renewals, want)
+		if want := int(end.Sub(begin) / w.period); w.c.passes < want-1 || w.c.passes > want+1 {
+			t.Errorf("%s: %d check passes, want about %d (every %v)", w.name, w.c.passes, want, w.period)
 		}
-		if w.c.passes != w.c.renewals {
-			t.Errorf("%s: %d check passes for %d session renewals, want one each", w.name, w.c.passes, w.c.renewals)
+		if w.c.renewals != w.sessions*w.c.passes {
+			t.Errorf("%s: %d session renewals for %d check passes, want %d each", w.name, w.c.renewals, w.c.passes, w.sessions)
 		}
 	}
 	if renewals < 25 {

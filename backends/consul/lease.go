@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/hashicorp/consul/api"
+
 	"github.com/leaderrun/leaderrun/backends"
-	api "github.com/leaderrun/leaderrun/internal/consulapi"
 )
 
 // watchWait is how long one blocking query of the lease's watch lasts.
@@ -21,13 +22,16 @@ const watchWait = time.Minute
 // watches the key and closes lost when the key stops being ours; Release
 // stops it and waits for it.
 type lease struct {
-	b        *Backend
-	session  string
-	checkID  string // the ID of the session's TTL check on the agent
-	token    uint64
-	ttl      time.Duration
-	acquired time.Time
-	rec      record // as written at the grant
+	b       *Backend
+	session string
+	checkID string // the ID of the session's TTL check on the agent
+	// queueSession held the holder's entry in the queue ("" if it never
+	// queued); the watch destroys it.
+	queueSession string
+	token        uint64
+	ttl          time.Duration
+	acquired     time.Time
+	rec          record // as written at the grant
 
 	*backends.Loss // Lost and Err
 	stopWatch      context.CancelFunc
@@ -36,20 +40,21 @@ type lease struct {
 
 // newLease starts watching the key from token, the ModifyIndex the
 // acquisition gave it.
-func newLease(b *Backend, session, check string, rec record, token uint64, ttl time.Duration, acquired time.Time) *lease {
+func newLease(b *Backend, session, check, queueSession string, rec record, token uint64, ttl time.Duration, acquired time.Time) *lease {
 	ctx, cancel := context.WithCancel(context.Background())
 	rec.Token = token
 	l := &lease{
-		b:         b,
-		session:   session,
-		checkID:   check,
-		token:     token,
-		ttl:       ttl,
-		acquired:  acquired,
-		rec:       rec,
-		Loss:      backends.NewLoss(),
-		stopWatch: cancel,
-		watchDone: make(chan struct{}),
+		b:            b,
+		session:      session,
+		checkID:      check,
+		queueSession: queueSession,
+		token:        token,
+		ttl:          ttl,
+		acquired:     acquired,
+		rec:          rec,
+		Loss:         backends.NewLoss(),
+		stopWatch:    cancel,
+		watchDone:    make(chan struct{}),
 	}
 	go l.watch(ctx, token)
 	return l
@@ -75,7 +80,7 @@ func (l *lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
-	err := l.b.renew(ctx, l.session, l.checkID)
+	err := l.b.renew(ctx, l.checkID, l.session)
 	switch {
 	case errors.Is(err, errSessionGone):
 		err = fmt.Errorf("consul: lost %s: %v: %w", l.b.key, err, backends.ErrLeaseLost)
@@ -93,6 +98,14 @@ func (l *lease) Renew(ctx context.Context) error {
 // judge; the watch reports only what Consul says about the key.
 func (l *lease) watch(ctx context.Context, index uint64) {
 	defer close(l.watchDone)
+	if l.queueSession != "" {
+		// Its entry went with the acquisition; the session itself would
+		// last until Release deregisters the check. Not before the
+		// command starts: one round trip more for nothing.
+		dctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		_, _ = l.b.client.Session().Destroy(l.queueSession, (&api.WriteOptions{}).WithContext(dctx))
+		cancel()
+	}
 	var retry backends.Backoff
 	for {
 		pair, meta, err := l.b.get(ctx, l.b.key, index, watchWait, false)
@@ -180,7 +193,7 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 	_, err := l.b.client.Session().Destroy(l.session, wo)
 	// Deregistering the check would invalidate the session: only once it
 	// is destroyed. If the destroy failed, this ends the session anyway.
-	_ = l.b.client.Agent().CheckDeregister(l.checkID, wo)
+	_ = l.b.client.Agent().CheckDeregisterOpts(l.checkID, (&api.QueryOptions{}).WithContext(ctx))
 	<-pruned
 	if err != nil {
 		return errors.Join(fmt.Errorf("consul at %s: destroy session %s holding %s: %w", l.b.addr, l.session, l.b.key, err), termErr)
@@ -190,6 +203,8 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 
 // Completed implements backends.Lease.
 func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
 	pair, _, err := l.b.client.KV().Get(l.b.markerKey(key), (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("consul at %s: read %s: %w", l.b.addr, l.b.markerKey(key), err)
@@ -220,7 +235,9 @@ func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
 		{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: l.b.key, Session: l.session}},
 		{KV: &api.KVTxnOp{Verb: api.KVSet, Key: l.b.markerKey(m.Key), Value: data}},
 	}
-	ok, resp, _, err := l.b.client.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
+	tctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	ok, resp, _, err := l.b.client.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(tctx))
+	cancel()
 	switch {
 	case err != nil:
 		return fmt.Errorf("consul at %s: write marker %s: %w", l.b.addr, l.b.markerKey(m.Key), err)
@@ -234,4 +251,19 @@ func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
 	}
 	l.b.dropExpiredMarkers(ctx)
 	return nil
+}
+
+// dropExpiredMarkers deletes the lock's markers that have expired.
+func (b *Backend) dropExpiredMarkers(ctx context.Context) {
+	pairs, _, err := b.client.KV().List(b.markerPrefix(), (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	for _, p := range pairs {
+		var m backends.Marker
+		if json.Unmarshal(p.Value, &m) == nil && !now.Before(m.Expires) {
+			_, _, _ = b.client.KV().DeleteCAS(p, (&api.WriteOptions{}).WithContext(ctx))
+		}
+	}
 }

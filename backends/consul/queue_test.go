@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -217,5 +219,54 @@ func TestConsulTryLeavesNoTrace(t *testing.T) {
 				t.Errorf("queue %v, %v: want it empty", keys, err)
 			}
 		})
+	}
+}
+
+// TestConsulSilentFirstInLineDropped: the first in line falls silent (its
+// link to the agent refuses everything but its blocking query); a lease
+// after its last keep-alive its check turns critical, which ends its queue
+// session and deletes its entry, and the waiter behind, parked until then,
+// moves up: it watches the key, ready, and takes the lock at the release.
+func TestConsulSilentFirstInLineDropped(t *testing.T) {
+	t.Parallel()
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
+	h := newBackend(t, agent.Addr(), "silent", 0)
+	key := "/v1/kv/" + h.Key()
+	lh := campaign(t, h, "holder")
+	var silent atomic.Bool
+	pa := newHookedProxy(t, agent.Addr(), func(w http.ResponseWriter, r *http.Request) bool {
+		if silent.Load() && r.Method != http.MethodGet {
+			http.Error(w, "silenced by the test", http.StatusServiceUnavailable)
+			return true
+		}
+		return false
+	})
+	campaignFor(t, newBackend(t, pa.addr(), "silent", 0), "a", ttl)
+	waitWaiting(t, h, 1)
+	pb := newCountingProxy(t, agent.Addr())
+	gotB := campaignFor(t, newBackend(t, pb.addr(), "silent", 0), "b", ttl)
+	waitWaiting(t, h, 2)
+	pa.waitBlocked(t, key)
+	pb.waitBlocked(t, "")
+	if pb.blocked(key) {
+		t.Fatal("the second in line watches the key")
+	}
+	silenced := time.Now()
+	silent.Store(true)
+	// a's last keep-alive came at most TTL/2 before it fell silent.
+	bound := ttl + ttl/2 + 2*time.Second
+	for !pb.blocked(key) {
+		if time.Since(silenced) > bound {
+			t.Fatalf("b did not move up within %v of a falling silent (its last keep-alive at most %v before)", bound, ttl/2)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("b watches the key %v after a fell silent (lease %v)", time.Since(silenced).Round(time.Millisecond), ttl)
+	release(t, lh)
+	select {
+	case res := <-gotB:
+		release(t, res.get(t))
+	case <-time.After(10 * time.Second):
+		t.Fatal("b did not get the lock")
 	}
 }
