@@ -54,8 +54,8 @@ func TestIdleFollowerOnlyWatches(t *testing.T) {
 		return b
 	}
 	holder, follower := newB(), newB()
-	counter := &countingTransport{base: follower.client.http.Transport}
-	follower.client.http.Transport = counter
+	counter := &countingTransport{base: follower.client.rest.Client.Transport}
+	follower.client.rest.Client.Transport = counter
 	ctx := context.Background()
 	lh, err := holder.Campaign(ctx, backends.CampaignOptions{Identity: "holder", LeaseDuration: 2 * time.Second})
 	if err != nil {
