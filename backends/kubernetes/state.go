@@ -64,7 +64,9 @@ func holderToken(o *coordinationv1.Lease) uint64 {
 }
 
 // setGrant records g.
-func setGrant(o *coordinationv1.Lease, g grant) { annotations(o)[annotationToken] = string(mustJSON(g)) }
+func setGrant(o *coordinationv1.Lease, g grant) {
+	annotations(o)[annotationToken] = string(mustJSON(g))
+}
 
 // markers are the completion markers in o that have not expired at now.
 func markers(o *coordinationv1.Lease, now time.Time) []backends.Marker {
