@@ -811,8 +811,9 @@ var elector struct {
 }
 
 // K8sElector returns the client-go LeaderElector program of
-// internal/testenv/k8selector (a module of its own, so that client-go
-// stays out of leaderrun's go.mod): $LEADERRUN_K8SELECTOR_BIN if set (what
+// internal/testenv/k8selector (a module of its own, so that its typed
+// clients and leaderelection, and the kubernetes/scheme they register,
+// stay out of leaderrun's packages): $LEADERRUN_K8SELECTOR_BIN if set (what
 // scripts/test.sh builds before the tests), else built once per test
 // process into the cache the install scripts use. A cold build downloads
 // and compiles client-go: minutes; later ones come from Go's build cache.
