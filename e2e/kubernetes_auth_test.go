@@ -260,3 +260,56 @@ current-context: c
 		t.Errorf("%d requests on the Lease in the audit log, want the read, the grant and the release at least", n)
 	}
 }
+
+// TestKubernetesInClusterTokenRotation: in a pod (rest.InClusterConfig),
+// the kubelet swaps a new bound service-account token into the token file
+// while the old one is still valid, as it does at 80% of a token's life.
+// client-go reads the file again within a minute (the old token is cached
+// that long), so the leader's renewals go on as the new account; then the
+// old account is deleted, which voids its token, and the leader keeps the
+// Lease on the new one for a whole lease more: its child is never stopped.
+func TestKubernetesInClusterTokenRotation(t *testing.T) {
+	e := newKubeEnv(t)
+	old, next := "runner", "runner-rotated"
+	for _, sa := range []string{old, next} {
+		e.k.Grant(t, e.ns, "system:serviceaccount:"+e.ns+":"+sa, "get", "create", "update", "watch")
+	}
+	events := etcdEvents(t)
+	argv := []string{"leaderrun", "--backend", "kubernetes", "--lock", "rotated", "--identity", "pod-a",
+		"--lease-duration", "8s", "--renew-deadline", "5s", "--retry-period", "1s", "--kill-grace", "1s", "--", childArgv(t)[0]}
+	p, sa := inPodDir(t, e.k, e.ns, e.k.ServiceAccountToken(t, e.ns, old), argv, childEnv(events, "forever"))
+	waitEvents(t, events, 15*time.Second, "the child", etcdHas("start", "pod-a"))
+
+	// The kubelet's way: a new file renamed over the old one.
+	tmp := filepath.Join(sa, "..token.tmp")
+	if err := os.WriteFile(tmp, []byte(e.k.ServiceAccountToken(t, e.ns, next)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(sa, "token")); err != nil {
+		t.Fatal(err)
+	}
+	rotated := time.Now()
+	newUser := "system:serviceaccount:" + e.ns + ":" + next
+	waitFor(t, 90*time.Second, "a renewal as "+newUser, func() bool {
+		for _, r := range e.k.LeaseRequests(t) {
+			if r.Namespace == e.ns && r.User == newUser && r.Verb == "update" && r.Code == 200 {
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("renewing as %s %v after the rotation", newUser, time.Since(rotated).Round(time.Millisecond))
+	e.k.Admin(t, "DELETE", "/api/v1/namespaces/"+e.ns+"/serviceaccounts/"+old, nil)
+	select {
+	case <-p.done:
+		t.Fatalf("leaderrun ended (exit %d):\n%s", p.code, p.stderr.String())
+	case <-time.After(8 * time.Second): // a whole lease on the new token alone
+	}
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(10 * time.Second); code != 0 || strings.Contains(p.stderr.String(), "renewal failed") {
+		t.Errorf("exit %d, want the child's 0 and no failed renewal:\n%s", code, p.stderr.String())
+	}
+	if evs := readEvents(t, events); count(evs, "start") != 1 {
+		t.Errorf("the child started %d times", count(evs, "start"))
+	}
+}
