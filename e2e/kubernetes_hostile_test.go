@@ -5,13 +5,98 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/leaderrun/leaderrun/internal/testenv"
 )
+
+// maxRSSProgram is a small parent that runs its arguments, forwards
+// SIGTERM and SIGINT to them, and writes their peak RSS in KiB (wait4's
+// ru_maxrss) to $MAXRSS_FILE. The test cannot take ru_maxrss of a process
+// it starts itself: Linux counts the memory of the parent that forked it
+// (the test process, large under the race detector) as the child's until
+// it execs, so every child of the test would show at least the test's own
+// peak. Built without the race detector, this parent is a few MiB.
+const maxRSSProgram = `package main
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"syscall"
+)
+
+func main() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	cmd := exec.Command(os.Args[1], os.Args[2:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if err := cmd.Start(); err != nil {
+		os.Exit(127)
+	}
+	go func() {
+		for sig := range sigs {
+			_ = cmd.Process.Signal(sig)
+		}
+	}()
+	err := cmd.Wait()
+	ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+	if os.WriteFile(os.Getenv("MAXRSS_FILE"), []byte(strconv.FormatInt(ru.Maxrss, 10)), 0o600) != nil {
+		os.Exit(127)
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws := ee.Sys().(syscall.WaitStatus); ws.Signaled() {
+			os.Exit(128 + int(ws.Signal()))
+		}
+		os.Exit(ee.ExitCode())
+	}
+}
+`
+
+// buildMaxRSS builds maxRSSProgram.
+func buildMaxRSS(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, data := range map[string]string{"main.go": maxRSSProgram, "go.mod": "module maxrss\n\ngo 1.26\n"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := filepath.Join(dir, "maxrss")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOWORK=off", "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the measuring parent: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startMeasured starts leaderrun with args under the measuring parent
+// (buildMaxRSS); maxRSS reads its peak RSS in KiB once it has exited.
+func startMeasured(t *testing.T, parent string, args ...string) (p *proc, maxRSS func() int64) {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "maxrss")
+	p = startProgram(t, []string{"MAXRSS_FILE=" + out}, parent, append([]string{testenv.Leaderrun(t)}, args...)...)
+	return p, func() int64 {
+		data, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatalf("peak RSS not written: %v", err)
+		}
+		n, _ := strconv.ParseInt(string(data), 10, 64)
+		return n
+	}
+}
 
 // hostileToken is the bearer token of the kubeconfig pointed at a hostile
 // server: it must never reach anyone else, nor leaderrun's log.
@@ -100,7 +185,7 @@ current-context: c
 // endless whitespace (to the read of the Lease, and to the watch of a
 // Lease held by someone else), with a JSON document without end, or with
 // a redirect to another listener. leaderrun exits 69 within 15 s, its
-// peak RSS stays under 64 MiB, its log shows no token, and the other
+// peak RSS (wait4's ru_maxrss) stays under 64 MiB, its log shows no token, and the other
 // listener never sees a request. While a hostile answer trickles in,
 // SIGTERM ends leaderrun within 1 s.
 func TestKubernetesHostileServer(t *testing.T) {
@@ -115,6 +200,7 @@ func TestKubernetesHostileServer(t *testing.T) {
 		fmt.Fprint(w, heldLease())
 	}))
 	defer other.Close()
+	parent := buildMaxRSS(t)
 	huge := `{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{"name":"job","annotations":{"x":"`
 	cases := []struct {
 		name    string
@@ -157,10 +243,10 @@ func TestKubernetesHostileServer(t *testing.T) {
 			h := startHostileKube(t, false, tc.handler)
 			kc := hostileKubeconfig(t, h.srv.URL)
 			began := time.Now()
-			p := start(t, nil, append(append([]string{"--kubeconfig", kc, "--lock", "job"}, kubeTimings...), "--", "/bin/true")...)
+			p, peak := startMeasured(t, parent, append(append([]string{"--kubeconfig", kc, "--lock", "job"}, kubeTimings...), "--", "/bin/true")...)
 			code := p.wait(15 * time.Second)
 			took := time.Since(began)
-			maxRSS := p.cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss // KiB
+			maxRSS := peak() // KiB
 			out := p.stderr.String()
 			t.Logf("exit %d after %v, peak RSS %.1f MiB, %d hostile bytes sent: %s",
 				code, took.Round(time.Millisecond), float64(maxRSS)/1024, h.sent.Load(), lastLine(out))

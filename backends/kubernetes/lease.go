@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -154,12 +157,25 @@ func lossOf(err error) error {
 // writing.
 func (l *lease) update(ctx context.Context, edit func(*coordinationv1.Lease)) error {
 	obj := l.snapshot()
+	resent := false
 	for attempt := 1; ; attempt++ {
 		if !l.ours(obj) {
 			return &notOurs{l.lostTo(obj)}
 		}
 		edit(obj)
 		got, err := l.b.client.updateLease(ctx, obj)
+		if err != nil && !resent && connectionClosed(err) && ctx.Err() == nil {
+			// The connection was closed under the request: client-go
+			// closes every connection when an exec plugin's client
+			// certificate rotates, the request that brought the
+			// rotation about included, and a server may close an idle
+			// connection as a request goes out. The update is
+			// conditional, so sending it once more is safe: had the
+			// first one been applied, this one conflicts, and the
+			// conflict is handled below.
+			resent = true
+			got, err = l.b.client.updateLease(ctx, obj)
+		}
 		switch {
 		case err == nil:
 			l.advance(got)
@@ -179,6 +195,13 @@ func (l *lease) update(ctx context.Context, edit func(*coordinationv1.Lease)) er
 		l.advance(fresh)
 		obj = fresh.DeepCopy()
 	}
+}
+
+// connectionClosed reports whether err is a connection closed under a
+// request, before any answer came.
+func connectionClosed(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // failed turns an error of update into what the caller returns: a loss
