@@ -168,6 +168,7 @@ current-context: c
 	if code := p.wait(10 * time.Second); code != 0 {
 		t.Errorf("leaderrun exited %d after SIGTERM, want the child's 0 (a lost lease is 76):\n%s", code, p.stderr.String())
 	}
+	t.Logf("%d failed renewals over %v", strings.Count(p.stderr.String(), "lease renewal failed"), hold)
 	if evs := readEvents(t, events); count(evs, "start") != 1 || strings.Contains(p.stderr.String(), "leadership lost") {
 		t.Errorf("the child started %d times; leaderrun's log:\n%s", count(evs, "start"), p.stderr.String())
 	}
