@@ -314,3 +314,57 @@ func TestKubernetesInClusterTokenRotation(t *testing.T) {
 		t.Errorf("the child started %d times", count(evs, "start"))
 	}
 }
+
+// TestKubernetesExecPluginWhileLeading: leaderrun reaps the orphans of
+// its command as a subreaper; the exec credential plugins that client-go
+// runs are leaderrun's children too, and must be left to client-go to
+// wait for. A plugin whose token is always expired runs for every
+// request: over 10 s of leadership, every renewal gets its credential,
+// none fails with a plugin reaped from under client-go ("waitid: no child
+// processes").
+func TestKubernetesExecPluginWhileLeading(t *testing.T) {
+	e := newKubeEnv(t)
+	dir := t.TempDir()
+	plugin := filepath.Join(dir, "plugin.sh")
+	script := fmt.Sprintf(`#!/bin/sh
+echo run >>%s/runs
+printf '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"%s","expirationTimestamp":"2000-01-01T00:00:00Z"}}'
+`, dir, e.k.Token(testenv.KubeLimited))
+	if err := os.WriteFile(plugin, []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	kc := filepath.Join(dir, "kubeconfig")
+	cfg := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster: {server: %s, certificate-authority: %s}
+users:
+- name: u
+  user:
+    exec: {apiVersion: client.authentication.k8s.io/v1, command: %s, interactiveMode: Never}
+contexts:
+- name: c
+  context: {cluster: test, user: u, namespace: %s}
+current-context: c
+`, e.k.URL, e.k.CAFile, plugin, e.ns)
+	if err := os.WriteFile(kc, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	events := etcdEvents(t)
+	p := e.runWith(t, kc, events, "forever", "plugin", "leader", "--retry-period", "200ms", "--lease-duration", "5s")
+	waitEvents(t, events, 15*time.Second, "the child", etcdHas("start", "leader"))
+	select {
+	case <-p.done:
+		t.Fatalf("leaderrun ended (exit %d):\n%s", p.code, p.stderr.String())
+	case <-time.After(10 * time.Second):
+	}
+	p.signal(syscall.SIGTERM)
+	code := p.wait(10 * time.Second)
+	data, _ := os.ReadFile(filepath.Join(dir, "runs"))
+	out := p.stderr.String()
+	t.Logf("the plugin ran %d times; %d failed renewals", strings.Count(string(data), "run"), strings.Count(out, "lease renewal failed"))
+	if code != 0 || strings.Contains(out, "no child processes") || strings.Contains(out, "renewal failed") {
+		t.Errorf("exit %d, want the child's 0 with no failed renewal:\n%s", code, out)
+	}
+}
