@@ -2,9 +2,11 @@ package cmd
 
 import (
 	"errors"
+	"os"
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"k8s.io/klog/v2"
 
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/kubernetes"
@@ -56,6 +58,13 @@ func newKubernetesBackend(c *cli.Context, cfg storeConfig) (backends.Backend, er
 			return nil, err
 		}
 	}
+	// client-go logs through klog: into leaderrun's log, one line per
+	// event, as everything else.
+	log, err := newLogger(c, os.Stderr)
+	if err != nil {
+		return nil, err
+	}
+	klog.SetSlogLogger(log.With("backend", "kubernetes"))
 	api, err := kubernetes.LoadAPIConfig(kubernetes.LoadOptions{Kubeconfig: c.String("kubeconfig")})
 	if err != nil {
 		switch {

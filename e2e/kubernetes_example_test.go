@@ -160,6 +160,15 @@ func (s podSpec) podProcess(t *testing.T, ns, podName string, child []string) (a
 // apiserver, no kubeconfig.
 func inPod(t *testing.T, k *testenv.Kube, ns, token string, argv, env []string, extra ...string) *proc {
 	t.Helper()
+	p, _ := inPodDir(t, k, ns, token, argv, env, extra...)
+	return p
+}
+
+// inPodDir is inPod, and returns the directory that the pod sees as
+// /var/run/secrets/kubernetes.io/serviceaccount, where a test rotates the
+// token as the kubelet does.
+func inPodDir(t *testing.T, k *testenv.Kube, ns, token string, argv, env []string, extra ...string) (*proc, string) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		testenv.Missing(t, "a pod's service account mount needs root (a mount namespace)")
 	}
@@ -190,7 +199,7 @@ func inPod(t *testing.T, k *testenv.Kube, ns, token string, argv, env []string, 
 	// /var/run is /run; the mount is private to the new namespace.
 	script := `mount --bind "$1" /run && shift && exec "$@"`
 	args := append([]string{"--mount", "--propagation", "private", "/bin/sh", "-c", script, "sh", run, testenv.Leaderrun(t)}, argv[1:]...)
-	return startProgram(t, env, unshare, args...)
+	return startProgram(t, env, unshare, args...), sa
 }
 
 // TestKubernetesExample applies examples/kubernetes/ to the real

@@ -423,6 +423,52 @@ func TestKubernetesStatusAndHistory(t *testing.T) {
 	}
 }
 
+// TestKubernetesStatusAfterKill9 (issue 26): after its leader is killed
+// with SIGKILL, status says held (exit 0) while the lease can still be
+// alive, and not held (exit 3) once no renewal was seen for
+// leaseDurationSeconds: renewTime, written by the holder, against the
+// status host's clock (here the same clock).
+func TestKubernetesStatusAfterKill9(t *testing.T) {
+	e := newKubeEnv(t)
+	events := etcdEvents(t)
+	leader := e.run(t, events, "forever", "dead", "leader")
+	waitEvents(t, events, 10*time.Second, "the leader's child", etcdHas("start", "leader"))
+	if err := syscall.Kill(-leader.pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	leader.wait(5 * time.Second)
+	st, code := e.status(t, "dead")
+	if code != 0 || !st.Held || st.Identity != "leader" {
+		t.Errorf("status at once after the kill: exit %d, %+v; want held by leader (its lease may still run)", code, st)
+	}
+	lease := e.lease(t, "dead")
+	renewed, err := time.Parse(time.RFC3339Nano, lease.RenewTime)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expires := renewed.Add(time.Duration(lease.DurationSeconds) * time.Second)
+	var freed time.Time
+	waitFor(t, kubeLease+5*time.Second, "status exit 3", func() bool {
+		st, code = e.status(t, "dead")
+		if code == 3 && freed.IsZero() {
+			freed = time.Now()
+		}
+		return code == 3
+	})
+	t.Logf("status says not held %v after the kill, %v after the last renewal's lease ran out",
+		freed.Sub(killed).Round(time.Millisecond), freed.Sub(expires).Round(time.Millisecond))
+	if st.Held || st.Identity != "" {
+		t.Errorf("status --json once the lease ran out: %+v, want not held", st)
+	}
+	if freed.Before(expires) {
+		t.Errorf("status said not held at %v, before the lease ran out at %v", freed, expires)
+	}
+	if out, code := output(t, "status", "--lock", "dead", "--kubeconfig", e.kubeconfig); code != 3 || !strings.Contains(out, "none") {
+		t.Errorf("status: exit %d, output:\n%s\nwant exit 3 and leader none", code, out)
+	}
+}
+
 // TestKubernetesCheck: `leaderrun check` in the child exits 0 while
 // leading and 1 within 100 ms of the Lease being deleted.
 func TestKubernetesCheck(t *testing.T) {

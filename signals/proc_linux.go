@@ -79,16 +79,32 @@ func orphans() []int {
 	tracked.Lock()
 	defer tracked.Unlock()
 	var pids []int
+	buf := make([]byte, 512)
 	for _, t := range tasks {
 		data, _ := os.ReadFile("/proc/self/task/" + t.Name() + "/children")
 		for _, field := range strings.Fields(string(data)) {
-			if pid, err := strconv.Atoi(field); err == nil && !tracked.pids[pid] {
-				pids = append(pids, pid)
+			pid, err := strconv.Atoi(field)
+			if err != nil || tracked.pids[pid] {
+				continue
 			}
+			if p, ok := readStat(pid, buf); ok && ownHelper(p) {
+				continue
+			}
+			pids = append(pids, pid)
 		}
 	}
 	return pids
 }
+
+// ownHelper reports whether p, a child of this process, is in this
+// process's own process group: one it started for its own needs, such as
+// the exec credential plugin that client-go runs and waits for, which
+// must not be reaped from under it nor stopped with the command. The
+// command leads a group of its own, and its descendants stay in it or
+// make new ones; an orphan of the command's tree is never in ours unless
+// it moved there on purpose (setpgid into the group of leaderrun, in the
+// same session), which this rule does not cover.
+func ownHelper(p procInfo) bool { return p.pgid == syscall.Getpgrp() }
 
 // member is a live process of the command's tree.
 type member struct{ pid, pgid int }
@@ -120,7 +136,7 @@ func (c *Child) members() []member {
 	defer tracked.Unlock()
 	if subreaper.Load() {
 		for _, pid := range kids[self] {
-			if tracked.pids[pid] {
+			if tracked.pids[pid] || ownHelper(procs[pid]) {
 				continue
 			}
 			if procs[pid].zombie {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+
 	"github.com/leaderrun/leaderrun/backends"
 )
 
@@ -31,8 +33,10 @@ const withdrawTimeout = 2 * time.Second
 //
 // An apiserver that cannot be reached or refuses a request before the
 // first wait is an error wrapping backends.ErrUnavailable at once; a
-// refusal (RBAC, credentials) is final in every mode. While waiting,
-// transient errors are retried.
+// refusal (RBAC, credentials) is final in every mode, and so is an answer
+// or watch event that no apiserver sends (too large, not decodable) or a
+// redirect. While waiting, transient errors are retried, and a watch that
+// ends is opened again.
 //
 // Cancelling ctx returns ctx's error. A candidate that waits has written
 // nothing, so there is nothing to withdraw; an acquisition whose answer was
@@ -70,7 +74,7 @@ type candidate struct {
 	// What the candidate knows of the Lease: its latest state (nil if it
 	// does not exist), the record last seen and when it changed, on the
 	// monotonic clock (client-go's observedRecord and observedTime).
-	cur        *leaseObject
+	cur        *coordinationv1.Lease
 	observed   record
 	observedAt time.Time
 	seen       bool
@@ -147,13 +151,13 @@ func (c *candidate) campaign(ctx context.Context, try bool) (*lease, error) {
 // observe records a state of the Lease, read or watched (nil: it does not
 // exist). The clock restarts only when the record changes: a write that
 // changes nothing but annotations or labels is no sign of life.
-func (c *candidate) observe(obj *leaseObject) {
+func (c *candidate) observe(obj *coordinationv1.Lease) {
 	c.cur = obj
 	if obj == nil {
 		return
 	}
-	if !c.seen || obj.record != c.observed {
-		c.observed, c.observedAt, c.seen = obj.record, time.Now(), true
+	if rec := recordOf(obj); !c.seen || rec != c.observed {
+		c.observed, c.observedAt, c.seen = rec, time.Now(), true
 	}
 }
 
@@ -173,10 +177,10 @@ func (c *candidate) takeable() bool {
 // holder renewed it within its lease duration. It decides only whether a
 // try gives up at once; never whether the Lease may be taken.
 func (c *candidate) looksAlive() bool {
-	renewed := parseTime(c.observed.RenewTime)
-	if renewed.IsZero() {
+	if c.observed.RenewTime == 0 {
 		return true
 	}
+	renewed := time.UnixMicro(c.observed.RenewTime)
 	return time.Now().Before(renewed.Add(time.Duration(c.observed.LeaseDurationSeconds) * time.Second))
 }
 
@@ -184,10 +188,10 @@ func (c *candidate) looksAlive() bool {
 // conditional on a version, like every other (see the package doc on the
 // token). If someone created it first, the caller reads it again.
 func (c *candidate) create(ctx context.Context) error {
-	now := formatTime(time.Now())
+	now := stamp(time.Now())
 	obj := newLeaseObject(c.b.namespace, c.b.lock)
-	obj.setRecord(record{LeaseDurationSeconds: 1, AcquireTime: now, RenewTime: now})
-	got, err := c.b.client.createLease(ctx, c.b.namespace, obj)
+	setRecord(obj, record{LeaseDurationSeconds: 1, AcquireTime: now, RenewTime: now})
+	got, err := c.b.client.createLease(ctx, obj)
 	if err != nil {
 		return err // AlreadyExists is a 409, which the caller reads as a conflict
 	}
@@ -198,7 +202,7 @@ func (c *candidate) create(ctx context.Context) error {
 // startWatch follows the Lease from the candidate's latest state, once.
 func (c *candidate) startWatch() {
 	if c.w == nil {
-		c.w = startWatch(c.b.client, c.b.namespace, c.b.lock, c.cur)
+		c.w = startWatch(c.b.client, c.cur)
 	}
 }
 
@@ -215,14 +219,16 @@ func (c *candidate) wait(ctx context.Context) error {
 	select {
 	case ch := <-c.w.changes:
 		switch {
-		case ch.deleted && (ch.gone || c.cur == nil || !c.cur.newer(ch.obj)):
+		case ch.deleted && (ch.gone || c.cur == nil || !newer(c.cur, ch.obj)):
 			c.observe(nil)
-		case !ch.deleted && ch.obj.newer(c.cur):
+		case !ch.deleted && newer(ch.obj, c.cur):
 			c.observe(ch.obj)
 		}
 		return nil
 	case <-expired:
 		return nil
+	case err := <-c.w.broken:
+		return c.b.unavailable("watch", err)
 	case <-c.w.done:
 		if c.w.refused != nil {
 			return c.b.unavailable("watch", c.w.refused)
@@ -237,25 +243,25 @@ func (c *candidate) wait(ctx context.Context) error {
 // candidate knows. The write is sent, and its answer awaited, even if ctx
 // ends meanwhile, so that the candidate knows whether it holds the Lease.
 func (c *candidate) acquire(ctx context.Context) (*lease, error) {
-	obj := c.cur.clone()
-	rv, err := obj.revision()
+	obj := c.cur.DeepCopy()
+	rv, err := revision(obj)
 	if err != nil {
 		return nil, c.b.unavailable("update", err)
 	}
 	token := rv + 1
-	if g, ok := obj.lastGrant(); ok && g.Token >= token {
+	if g, ok := lastGrant(obj); ok && g.Token >= token {
 		token = g.Token + 1
 	}
-	now := time.Now()
+	now := stamp(time.Now())
 	rec := record{
 		HolderIdentity:       c.identity,
 		LeaseDurationSeconds: c.seconds,
-		AcquireTime:          formatTime(now),
-		RenewTime:            formatTime(now),
-		LeaseTransitions:     obj.record.LeaseTransitions + 1,
+		AcquireTime:          now,
+		RenewTime:            now,
+		LeaseTransitions:     recordOf(obj).LeaseTransitions + 1,
 	}
-	obj.setRecord(rec)
-	obj.setGrant(grant{Token: token, Holder: c.identity, Transitions: rec.LeaseTransitions})
+	setRecord(obj, rec)
+	setGrant(obj, grant{Token: token, Holder: c.identity, Transitions: rec.LeaseTransitions})
 	// The watch goes out with the update: the lease needs it from its
 	// first moment, and it must be allowed (RBAC) before the lease is
 	// handed out.
@@ -263,7 +269,7 @@ func (c *candidate) acquire(ctx context.Context) (*lease, error) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
 	defer cancel()
 	sent := time.Now()
-	got, err := c.b.client.updateLease(wctx, c.b.namespace, obj)
+	got, err := c.b.client.updateLease(wctx, obj)
 	if err != nil {
 		if !isConflict(err) && !isNotFound(err) && !isRefusal(err) {
 			c.uncertain = token
@@ -297,12 +303,12 @@ func (c *candidate) withdraw() {
 	ctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
 	defer cancel()
 	obj, err := c.b.get(ctx)
-	if err != nil || obj == nil || obj.record.HolderIdentity != c.identity || obj.holderToken() != c.uncertain {
+	if err != nil || obj == nil || recordOf(obj).HolderIdentity != c.identity || holderToken(obj) != c.uncertain {
 		return
 	}
-	free := obj.clone()
-	free.setRecord(released(obj.record, time.Now()))
-	_, _ = c.b.client.updateLease(ctx, c.b.namespace, free)
+	free := obj.DeepCopy()
+	setRecord(free, released(recordOf(obj), time.Now()))
+	_, _ = c.b.client.updateLease(ctx, free)
 }
 
 // released is rec given up, as client-go's ReleaseOnCancel writes it: no
@@ -312,8 +318,8 @@ func (c *candidate) withdraw() {
 func released(rec record, now time.Time) record {
 	return record{
 		LeaseDurationSeconds: 1,
-		AcquireTime:          formatTime(now),
-		RenewTime:            formatTime(now),
+		AcquireTime:          stamp(now),
+		RenewTime:            stamp(now),
 		LeaseTransitions:     rec.LeaseTransitions,
 	}
 }

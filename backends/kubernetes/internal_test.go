@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"k8s.io/client-go/rest"
 
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/internal/testenv"
@@ -54,8 +57,8 @@ func TestIdleFollowerOnlyWatches(t *testing.T) {
 		return b
 	}
 	holder, follower := newB(), newB()
-	counter := &countingTransport{base: follower.client.http.Transport}
-	follower.client.http.Transport = counter
+	counter := &countingTransport{base: follower.client.rest.Client.Transport}
+	follower.client.rest.Client.Transport = counter
 	ctx := context.Background()
 	lh, err := holder.Campaign(ctx, backends.CampaignOptions{Identity: "holder", LeaseDuration: 2 * time.Second})
 	if err != nil {
@@ -208,5 +211,56 @@ func TestSameSecondWait(t *testing.T) {
 				t.Errorf("sameSecondWait(%v, %v) = %v, want %v", tt.prev, tt.now, got, tt.want)
 			}
 		})
+	}
+}
+
+// TestWatchBoundIsPerEvent: the 4 MiB bound of a watch counts each event,
+// not the stream: a watch of 60 events of 200 KiB each (12 MiB) delivers
+// them all, and one event of more than 4 MiB, after them, breaks it.
+func TestWatchBoundIsPerEvent(t *testing.T) {
+	big := strings.Repeat("a", 200<<10)
+	event := func(rv int, annotation string) string {
+		return fmt.Sprintf(`{"type":"MODIFIED","object":{"apiVersion":"coordination.k8s.io/v1","kind":"Lease",`+
+			`"metadata":{"name":"w","namespace":"ns","resourceVersion":"%d","annotations":{"x":%q}},"spec":{"holderIdentity":"h"}}}`+"\n", rv, annotation)
+	}
+	const events = 60
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("watch") != "true" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		for i := range events {
+			fmt.Fprint(w, event(i+2, big))
+		}
+		fmt.Fprint(w, event(events+2, strings.Repeat("b", maxAnswer+1)))
+		<-r.Context().Done()
+	}))
+	defer srv.Close()
+	b, err := New(Config{API: &APIConfig{REST: &rest.Config{Host: srv.URL}, Source: "test"}, Namespace: "ns", Lock: "w"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	w := startWatch(b.client, nil)
+	defer w.stop()
+	got := 0
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case ch := <-w.changes:
+			if len(ch.obj.Annotations["x"]) != len(big) {
+				t.Fatalf("event %d has an annotation of %d bytes", got, len(ch.obj.Annotations["x"]))
+			}
+			got++
+		case err := <-w.broken:
+			t.Logf("after %d events: %v", got, err)
+			if got != events || !errors.Is(err, errProtocol) || !strings.Contains(err.Error(), "larger than 4 MiB") {
+				t.Fatalf("after %d of %d events: %v; want all of them, then the oversized one refused", got, events, err)
+			}
+			return
+		case <-deadline:
+			t.Fatalf("%d of %d events, and no error for the oversized one", got, events)
+		}
 	}
 }

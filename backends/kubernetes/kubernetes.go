@@ -92,13 +92,13 @@
 //
 // # Client
 //
-// The backend speaks the REST API itself, over net/http and encoding/json,
-// with a Lease model of its own that keeps every field it does not write;
-// kubeconfigs are read with a YAML package. client-go's typed clients
-// register the scheme of every API group at start-up: linked into
-// leaderrun they cost every run, whatever its backend, some 13 ms of init
-// and 16 MiB of memory, against 0.1 ms and under 0.5 MiB for this client
-// (docs/backends/kubernetes.md has the measurements).
+// The backend is built on client-go: clientcmd reads kubeconfigs as
+// kubectl does (or rest.InClusterConfig a pod's service account), and
+// client-go's REST client sends the requests and decodes Leases of
+// k8s.io/api. Its scheme knows Leases only: client-go's kubernetes/scheme,
+// which registers every API group at start-up, is not linked. Every
+// answer and every watch event is bounded (maxAnswer), and redirects are
+// refused, so that no credential follows one (see bounded.go, config.go).
 //
 // # History and completion markers
 //
@@ -114,6 +114,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
@@ -143,13 +145,13 @@ type Backend struct {
 	client    *client
 	namespace string
 	lock      string
-	source    string
 	retry     time.Duration
 }
 
-// New returns a backend for cfg.Lock. It validates cfg and builds the
-// client, reading the CA and credential files it names, but sends nothing
-// to the apiserver until the first Campaign, Status or History.
+// New returns a backend for cfg.Lock. It validates cfg and builds
+// client-go's REST client, reading the CA and credential files it names,
+// but sends nothing to the apiserver until the first Campaign, Status or
+// History.
 func New(cfg Config) (*Backend, error) {
 	if err := ValidateLockName(cfg.Lock); err != nil {
 		return nil, err
@@ -167,11 +169,12 @@ func New(cfg Config) (*Backend, error) {
 	if err := ValidateNamespace(ns); err != nil {
 		return nil, err
 	}
-	c, err := newClient(cfg.API)
+	rc, host, err := restClient(cfg.API)
 	if err != nil {
 		return nil, err
 	}
-	return &Backend{client: c, namespace: ns, lock: cfg.Lock, source: cfg.API.Source, retry: cfg.RetryPeriod}, nil
+	c := &client{rest: rc, host: host, namespace: ns, name: cfg.Lock}
+	return &Backend{client: c, namespace: ns, lock: cfg.Lock, retry: cfg.RetryPeriod}, nil
 }
 
 // ValidateLockName returns an error unless name can name both a leaderrun
@@ -239,7 +242,9 @@ func (b *Backend) Key() string { return b.namespace + "/leases/" + b.lock }
 // Close implements backends.Backend: it closes idle connections to the
 // apiserver. Leases must be released first.
 func (b *Backend) Close() error {
-	b.client.http.CloseIdleConnections()
+	if hc := b.client.rest.Client; hc != nil {
+		hc.CloseIdleConnections()
+	}
 	return nil
 }
 
@@ -250,19 +255,31 @@ func (b *Backend) unavailable(op string, err error) error {
 }
 
 // get reads the Lease; nil without error if there is none.
-func (b *Backend) get(ctx context.Context) (*leaseObject, error) {
-	obj, err := b.client.getLease(ctx, b.namespace, b.lock)
-	if isNotFound(err) {
+func (b *Backend) get(ctx context.Context) (*coordinationv1.Lease, error) {
+	obj, err := b.client.getLease(ctx)
+	switch {
+	case isNotFound(err):
 		return nil, nil
+	case err != nil:
+		return nil, err
 	}
-	return obj, err
+	return obj, nil
 }
 
 // Status implements backends.Backend. The token is the holder's if
 // leaderrun granted it (a client-go elector's grant has none: 0).
-// Remaining is computed from renewTime, the holder's own clock, so it is
-// only as good as the two hosts' clocks agree; it is 0 for a Lease that
-// looks expired, which a follower would still wait out on its own clock.
+//
+// A Lease is held while its record names a holder whose last renewal is
+// less than leaseDurationSeconds old. Status reads the Lease once (it
+// cannot watch it for a whole lease within --timeout, as a follower
+// does), so it judges the renewal by its timestamp, renewTime, which the
+// holder's clock wrote, against this host's clock: a holder whose lease
+// ran out by that measure (it died without releasing) is reported as not
+// holding the Lease. The figure is only as good as the two hosts' clocks
+// agree: a holder's clock behind this host's by more than
+// leaseDurationSeconds less its renewal period makes a live holder look
+// expired, one ahead makes a dead holder look alive for longer. Followers
+// never use the timestamps; they time the record on their own clock.
 // Waiting is -1: followers only watch, the apiserver does not count them.
 func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	st := backends.Status{Lock: b.lock, Backend: b.Name(), Key: b.Key(), Remaining: -1, Waiting: -1}
@@ -270,16 +287,26 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	if err != nil {
 		return st, b.unavailable("get", err)
 	}
-	if obj == nil || !obj.record.held() {
+	if obj == nil {
+		return st, nil
+	}
+	rec := recordOf(obj)
+	ttl := time.Duration(rec.LeaseDurationSeconds) * time.Second
+	remaining := time.Duration(-1)
+	if rec.RenewTime != 0 {
+		remaining = time.Until(time.UnixMicro(rec.RenewTime).Add(ttl))
+		if remaining <= 0 {
+			return st, nil // ran out by this host's clock: nobody renews it
+		}
+	}
+	if !rec.held() {
 		return st, nil
 	}
 	st.Held = true
-	st.Identity = obj.record.HolderIdentity
-	st.Token = obj.holderToken()
-	st.TTL = time.Duration(obj.record.LeaseDurationSeconds) * time.Second
-	if renewed := parseTime(obj.record.RenewTime); !renewed.IsZero() {
-		st.Remaining = max(time.Until(renewed.Add(st.TTL)), 0)
-	}
+	st.Identity = rec.HolderIdentity
+	st.Token = holderToken(obj)
+	st.TTL = ttl
+	st.Remaining = remaining
 	return st, nil
 }
 
@@ -293,7 +320,7 @@ func (b *Backend) History(ctx context.Context, limit int) ([]backends.Term, erro
 	if obj == nil {
 		return nil, nil
 	}
-	return backends.NewestFirst(obj.terms(), limit), nil
+	return backends.NewestFirst(terms(obj), limit), nil
 }
 
 // leaseSeconds is d in whole seconds, rounded up: the Lease may only last

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/rest"
+
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/backendtest"
 	"github.com/leaderrun/leaderrun/backends/kubernetes"
@@ -672,7 +674,7 @@ func TestMissingNamespace(t *testing.T) {
 
 // TestLockNames: lock names must be Lease names.
 func TestLockNames(t *testing.T) {
-	api := &kubernetes.APIConfig{Server: "https://127.0.0.1:1"}
+	api := &kubernetes.APIConfig{REST: &rest.Config{Host: "https://127.0.0.1:1"}, Source: "test"}
 	tests := []struct {
 		name string
 		lock string

@@ -4,9 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
@@ -33,12 +38,12 @@ type lease struct {
 	loopDone       chan struct{}
 
 	mu  sync.Mutex
-	cur *leaseObject // the latest state known, from our writes and the watch
+	cur *coordinationv1.Lease // the latest state known, from our writes and the watch
 }
 
 // newLease starts consuming w, which follows the Lease from before cur,
 // the answer to the acquiring update.
-func newLease(b *Backend, identity string, token uint64, seconds int32, acquired time.Time, cur *leaseObject, w *watcher) *lease {
+func newLease(b *Backend, identity string, token uint64, seconds int32, acquired time.Time, cur *coordinationv1.Lease, w *watcher) *lease {
 	l := &lease{
 		b: b, identity: identity, token: token, seconds: seconds, ttl: guaranteedTTL(seconds, b.retry), acquired: acquired,
 		Loss: backends.NewLoss(), w: w, cur: cur,
@@ -54,17 +59,17 @@ func (l *lease) Acquired() time.Time { return l.acquired }
 
 // ours reports whether obj is a state of this grant: our holder, and our
 // token recorded for the current count of transitions.
-func (l *lease) ours(obj *leaseObject) bool {
-	return obj.record.HolderIdentity == l.identity && obj.holderToken() == l.token
+func (l *lease) ours(obj *coordinationv1.Lease) bool {
+	return recordOf(obj).HolderIdentity == l.identity && holderToken(obj) == l.token
 }
 
 // lostTo says how obj shows that the Lease is no longer this grant's.
-func (l *lease) lostTo(obj *leaseObject) error {
+func (l *lease) lostTo(obj *coordinationv1.Lease) error {
 	key := l.b.Key()
 	if obj == nil {
 		return fmt.Errorf("kubernetes: lease %s was deleted: %w", key, backends.ErrLeaseLost)
 	}
-	switch h := obj.record.HolderIdentity; {
+	switch h := recordOf(obj).HolderIdentity; {
 	case h == "":
 		return fmt.Errorf("kubernetes: lease %s was released by someone else (holderIdentity cleared): %w", key, backends.ErrLeaseLost)
 	case h != l.identity:
@@ -98,12 +103,12 @@ func (l *lease) apply(ch change) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if ch.deleted {
-		if !ch.gone && l.cur.newer(ch.obj) {
+		if !ch.gone && newer(l.cur, ch.obj) {
 			return nil // a deletion before our grant: of the Lease we replaced
 		}
 		return l.lostTo(nil)
 	}
-	if !ch.obj.newer(l.cur) {
+	if !newer(ch.obj, l.cur) {
 		return nil
 	}
 	if !l.ours(ch.obj) {
@@ -114,18 +119,18 @@ func (l *lease) apply(ch change) error {
 }
 
 // snapshot is a copy of the latest state, to change and send.
-func (l *lease) snapshot() *leaseObject {
+func (l *lease) snapshot() *coordinationv1.Lease {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.cur.clone()
+	return l.cur.DeepCopy()
 }
 
 // advance records a state of the Lease that one of our writes returned,
 // or a fresh read found ours.
-func (l *lease) advance(obj *leaseObject) {
+func (l *lease) advance(obj *coordinationv1.Lease) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if obj.newer(l.cur) {
+	if newer(obj, l.cur) {
 		l.cur = obj
 	}
 }
@@ -150,14 +155,27 @@ func lossOf(err error) error {
 // conflict reads the Lease again and retries if it is still ours. It
 // returns a notOurs if the Lease is deleted or no longer ours, without
 // writing.
-func (l *lease) update(ctx context.Context, edit func(*leaseObject)) error {
+func (l *lease) update(ctx context.Context, edit func(*coordinationv1.Lease)) error {
 	obj := l.snapshot()
+	resent := false
 	for attempt := 1; ; attempt++ {
 		if !l.ours(obj) {
 			return &notOurs{l.lostTo(obj)}
 		}
 		edit(obj)
-		got, err := l.b.client.updateLease(ctx, l.b.namespace, obj)
+		got, err := l.b.client.updateLease(ctx, obj)
+		if err != nil && !resent && connectionClosed(err) && ctx.Err() == nil {
+			// The connection was closed under the request: client-go
+			// closes every connection when an exec plugin's client
+			// certificate rotates, the request that brought the
+			// rotation about included, and a server may close an idle
+			// connection as a request goes out. The update is
+			// conditional, so sending it once more is safe: had the
+			// first one been applied, this one conflicts, and the
+			// conflict is handled below.
+			resent = true
+			got, err = l.b.client.updateLease(ctx, obj)
+		}
 		switch {
 		case err == nil:
 			l.advance(got)
@@ -175,8 +193,15 @@ func (l *lease) update(ctx context.Context, edit func(*leaseObject)) error {
 			return &notOurs{l.lostTo(nil)}
 		}
 		l.advance(fresh)
-		obj = fresh.clone()
+		obj = fresh.DeepCopy()
 	}
+}
+
+// connectionClosed reports whether err is a connection closed under a
+// request, before any answer came.
+func connectionClosed(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // failed turns an error of update into what the caller returns: a loss
@@ -200,11 +225,11 @@ func (l *lease) Renew(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	err = l.update(ctx, func(obj *leaseObject) {
-		rec := obj.record
-		rec.RenewTime = formatTime(at)
+	err = l.update(ctx, func(obj *coordinationv1.Lease) {
+		rec := recordOf(obj)
+		rec.RenewTime = stamp(at)
 		rec.LeaseDurationSeconds = l.seconds
-		obj.setRecord(rec)
+		setRecord(obj, rec)
 	})
 	if err != nil {
 		return l.failed("renew", err)
@@ -226,7 +251,10 @@ func (l *lease) renewStamp(ctx context.Context) (time.Time, error) {
 		return now, nil // Lease.TTL accounts for the renewals client-go misses
 	}
 	l.mu.Lock()
-	prev := parseTime(l.cur.record.RenewTime)
+	prev := time.Time{}
+	if us := recordOf(l.cur).RenewTime; us != 0 {
+		prev = time.UnixMicro(us)
+	}
 	l.mu.Unlock()
 	wait := sameSecondWait(prev, now)
 	if wait <= 0 {
@@ -262,7 +290,7 @@ func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, er
 	if obj == nil {
 		return nil, nil
 	}
-	for _, m := range obj.markers(time.Now()) {
+	for _, m := range markers(obj, time.Now()) {
 		if m.Key == key {
 			return &m, nil
 		}
@@ -277,7 +305,7 @@ func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
-	err := l.update(ctx, func(obj *leaseObject) { obj.setMarker(m, time.Now()) })
+	err := l.update(ctx, func(obj *coordinationv1.Lease) { setMarker(obj, m, time.Now()) })
 	if err != nil {
 		return l.failed("record completion marker "+m.Key+" on", err)
 	}
@@ -314,10 +342,10 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 // refuses the history (too large), it gives it up without it: a term that
 // cannot be recorded must not keep the lock.
 func (l *lease) free(ctx context.Context, term *backends.Term) error {
-	edit := func(obj *leaseObject) {
-		obj.setRecord(released(obj.record, time.Now()))
+	edit := func(obj *coordinationv1.Lease) {
+		setRecord(obj, released(recordOf(obj), time.Now()))
 		if term != nil {
-			obj.appendTerm(*term)
+			appendTerm(obj, *term)
 		}
 	}
 	err := l.update(ctx, edit)
@@ -339,22 +367,22 @@ func (l *lease) free(ctx context.Context, term *backends.Term) error {
 func (l *lease) record(ctx context.Context, term backends.Term) error {
 	var err error
 	for attempt := 0; attempt < 2*maxAttempts; attempt++ {
-		var obj *leaseObject
+		var obj *coordinationv1.Lease
 		if obj, err = l.b.get(ctx); err != nil {
 			break
 		}
 		if obj == nil {
-			now := formatTime(time.Now())
+			now := stamp(time.Now())
 			obj = newLeaseObject(l.b.namespace, l.b.lock)
-			obj.setRecord(record{LeaseDurationSeconds: 1, AcquireTime: now, RenewTime: now})
-			obj.appendTerm(term)
-			if _, err = l.b.client.createLease(ctx, l.b.namespace, obj); !isConflict(err) {
+			setRecord(obj, record{LeaseDurationSeconds: 1, AcquireTime: now, RenewTime: now})
+			appendTerm(obj, term)
+			if _, err = l.b.client.createLease(ctx, obj); !isConflict(err) {
 				break
 			}
 			continue
 		}
-		obj.appendTerm(term)
-		if _, err = l.b.client.updateLease(ctx, l.b.namespace, obj); !isConflict(err) {
+		appendTerm(obj, term)
+		if _, err = l.b.client.updateLease(ctx, obj); !isConflict(err) {
 			break
 		}
 	}

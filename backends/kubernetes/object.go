@@ -1,15 +1,16 @@
 package kubernetes
 
 import (
-	"bytes"
-	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"time"
-)
 
-// microTime is how the API spells a MicroTime (acquireTime, renewTime).
-const microTime = "2006-01-02T15:04:05.000000Z07:00"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
 
 // record is the election state in a Lease's spec, as client-go's
 // LeaderElectionRecord reads it. Two records are the same state when all
@@ -18,8 +19,8 @@ const microTime = "2006-01-02T15:04:05.000000Z07:00"
 type record struct {
 	HolderIdentity       string
 	LeaseDurationSeconds int32
-	AcquireTime          string // as served: compared, never trusted as a clock
-	RenewTime            string
+	AcquireTime          int64 // microseconds since the epoch, 0 if unset: compared, never trusted as a clock
+	RenewTime            int64
 	LeaseTransitions     int32
 	Strategy             string
 	PreferredHolder      string
@@ -29,98 +30,58 @@ type record struct {
 // holderIdentity when a leader steps down; such a Lease is free at once.
 func (r record) held() bool { return r.HolderIdentity != "" }
 
-// leaseObject is a coordination.k8s.io/v1 Lease as the apiserver served it.
-// Everything this package does not write is kept verbatim (labels, owner
-// references, managed fields, spec fields of newer API versions), so that
-// an update never drops what another client wrote.
-type leaseObject struct {
-	raw  map[string]json.RawMessage // the object's top-level fields
-	meta map[string]json.RawMessage // its metadata's fields
-	spec map[string]json.RawMessage // its spec's fields
-
-	name            string
-	resourceVersion string
-	annotations     map[string]string
-	record          record
+// recordOf reads the record of a Lease.
+func recordOf(l *coordinationv1.Lease) record {
+	s := l.Spec
+	r := record{
+		HolderIdentity:       deref(s.HolderIdentity),
+		LeaseDurationSeconds: deref(s.LeaseDurationSeconds),
+		LeaseTransitions:     deref(s.LeaseTransitions),
+		PreferredHolder:      deref(s.PreferredHolder),
+	}
+	if s.Strategy != nil {
+		r.Strategy = string(*s.Strategy)
+	}
+	if s.AcquireTime != nil {
+		r.AcquireTime = s.AcquireTime.UnixMicro()
+	}
+	if s.RenewTime != nil {
+		r.RenewTime = s.RenewTime.UnixMicro()
+	}
+	return r
 }
 
-// newLeaseObject is a Lease to create: name and namespace, nothing else.
-func newLeaseObject(namespace, name string) *leaseObject {
-	return &leaseObject{
-		raw: map[string]json.RawMessage{
-			"apiVersion": json.RawMessage(`"coordination.k8s.io/v1"`),
-			"kind":       json.RawMessage(`"Lease"`),
-		},
-		meta: map[string]json.RawMessage{
-			"name":      mustJSON(name),
-			"namespace": mustJSON(namespace),
-		},
-		spec:        map[string]json.RawMessage{},
-		name:        name,
-		annotations: map[string]string{},
+// setRecord writes r into the spec the way client-go's LeaseLock does:
+// every field of the record is set (holderIdentity "" for a free Lease),
+// strategy and preferredHolder only if not empty. Other spec fields are
+// left as they are.
+func setRecord(l *coordinationv1.Lease, r record) {
+	s := &l.Spec
+	s.HolderIdentity = &r.HolderIdentity
+	s.LeaseDurationSeconds = &r.LeaseDurationSeconds
+	s.AcquireTime = microTime(r.AcquireTime)
+	s.RenewTime = microTime(r.RenewTime)
+	s.LeaseTransitions = &r.LeaseTransitions
+	s.Strategy, s.PreferredHolder = nil, nil
+	if r.Strategy != "" {
+		strategy := coordinationv1.CoordinatedLeaseStrategy(r.Strategy)
+		s.Strategy = &strategy
+	}
+	if r.PreferredHolder != "" {
+		s.PreferredHolder = &r.PreferredHolder
 	}
 }
 
-// parseLease decodes a Lease.
-func parseLease(data []byte) (*leaseObject, error) {
-	o := &leaseObject{}
-	if err := json.Unmarshal(data, &o.raw); err != nil {
-		return nil, fmt.Errorf("decode lease: %w", err)
-	}
-	if err := unmarshalField(o.raw, "metadata", &o.meta); err != nil {
-		return nil, err
-	}
-	if err := unmarshalField(o.raw, "spec", &o.spec); err != nil {
-		return nil, err
-	}
-	if o.meta == nil {
-		o.meta = map[string]json.RawMessage{}
-	}
-	if o.spec == nil {
-		o.spec = map[string]json.RawMessage{}
-	}
-	var spec struct {
-		HolderIdentity       *string `json:"holderIdentity"`
-		LeaseDurationSeconds *int32  `json:"leaseDurationSeconds"`
-		AcquireTime          *string `json:"acquireTime"`
-		RenewTime            *string `json:"renewTime"`
-		LeaseTransitions     *int32  `json:"leaseTransitions"`
-		Strategy             *string `json:"strategy"`
-		PreferredHolder      *string `json:"preferredHolder"`
-	}
-	if err := unmarshalField(o.raw, "spec", &spec); err != nil {
-		return nil, err
-	}
-	o.record = record{
-		HolderIdentity:       deref(spec.HolderIdentity),
-		LeaseDurationSeconds: deref(spec.LeaseDurationSeconds),
-		AcquireTime:          deref(spec.AcquireTime),
-		RenewTime:            deref(spec.RenewTime),
-		LeaseTransitions:     deref(spec.LeaseTransitions),
-		Strategy:             deref(spec.Strategy),
-		PreferredHolder:      deref(spec.PreferredHolder),
-	}
-	for field, dst := range map[string]any{"name": &o.name, "resourceVersion": &o.resourceVersion, "annotations": &o.annotations} {
-		if err := unmarshalField(o.meta, field, dst); err != nil {
-			return nil, err
-		}
-	}
-	if o.annotations == nil {
-		o.annotations = map[string]string{}
-	}
-	return o, nil
-}
-
-func unmarshalField(m map[string]json.RawMessage, field string, dst any) error {
-	v, ok := m[field]
-	if !ok || bytes.Equal(v, []byte("null")) {
+func microTime(us int64) *metav1.MicroTime {
+	if us == 0 {
 		return nil
 	}
-	if err := json.Unmarshal(v, dst); err != nil {
-		return fmt.Errorf("decode lease %s: %w", field, err)
-	}
-	return nil
+	t := metav1.NewMicroTime(time.UnixMicro(us).UTC())
+	return &t
 }
+
+// stamp is t as a record's time: microseconds, what a MicroTime keeps.
+func stamp(t time.Time) int64 { return t.UnixMicro() }
 
 func deref[T any](p *T) T {
 	var zero T
@@ -130,68 +91,17 @@ func deref[T any](p *T) T {
 	return *p
 }
 
-func mustJSON(v any) json.RawMessage {
-	data, err := json.Marshal(v)
-	if err != nil {
-		panic(err) // only strings, numbers and maps of them
-	}
-	return data
+// newLeaseObject is a Lease to create: name and namespace, nothing else.
+func newLeaseObject(namespace, name string) *coordinationv1.Lease {
+	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Annotations: map[string]string{}}}
 }
 
-// clone is a deep copy, to be changed and sent without touching o.
-func (o *leaseObject) clone() *leaseObject {
-	c := *o
-	c.raw = cloneMap(o.raw)
-	c.meta = cloneMap(o.meta)
-	c.spec = cloneMap(o.spec)
-	c.annotations = cloneMap(o.annotations)
-	return &c
-}
-
-func cloneMap[V any](m map[string]V) map[string]V {
-	c := make(map[string]V, len(m))
-	for k, v := range m {
-		c[k] = v
+// annotations is the Lease's annotations, made if there are none.
+func annotations(l *coordinationv1.Lease) map[string]string {
+	if l.Annotations == nil {
+		l.Annotations = map[string]string{}
 	}
-	return c
-}
-
-// setRecord writes r into the spec the way client-go's LeaseLock does:
-// every field of the record is set (holderIdentity "" for a free Lease),
-// strategy and preferredHolder only if not empty.
-func (o *leaseObject) setRecord(r record) {
-	o.record = r
-	o.spec["holderIdentity"] = mustJSON(r.HolderIdentity)
-	o.spec["leaseDurationSeconds"] = mustJSON(r.LeaseDurationSeconds)
-	o.spec["acquireTime"] = mustJSON(r.AcquireTime)
-	o.spec["renewTime"] = mustJSON(r.RenewTime)
-	o.spec["leaseTransitions"] = mustJSON(r.LeaseTransitions)
-	for field, v := range map[string]string{"strategy": r.Strategy, "preferredHolder": r.PreferredHolder} {
-		if v == "" {
-			delete(o.spec, field)
-		} else {
-			o.spec[field] = mustJSON(v)
-		}
-	}
-}
-
-// marshal encodes the object for a create or an update. The
-// resourceVersion it carries makes an update conditional: the apiserver
-// refuses it with 409 Conflict unless the stored Lease is still that
-// version.
-func (o *leaseObject) marshal() ([]byte, error) {
-	raw, meta := cloneMap(o.raw), cloneMap(o.meta)
-	if len(o.annotations) > 0 {
-		meta["annotations"] = mustJSON(o.annotations)
-	} else {
-		delete(meta, "annotations")
-	}
-	if o.resourceVersion != "" {
-		meta["resourceVersion"] = mustJSON(o.resourceVersion)
-	}
-	raw["metadata"] = mustJSON(meta)
-	raw["spec"] = mustJSON(o.spec)
-	return json.Marshal(raw)
+	return l.Annotations
 }
 
 // revision is the resourceVersion as a number. The apiserver's storage
@@ -199,33 +109,71 @@ func (o *leaseObject) marshal() ([]byte, error) {
 // defines the resource versions of one resource as decimal integers that
 // compare in the order of the writes (see the package doc: the fencing
 // token relies on it).
-func (o *leaseObject) revision() (uint64, error) {
-	rv, err := strconv.ParseUint(o.resourceVersion, 10, 64)
+func revision(l *coordinationv1.Lease) (uint64, error) {
+	rv, err := strconv.ParseUint(l.ResourceVersion, 10, 64)
 	if err != nil || rv == 0 {
 		return 0, fmt.Errorf("%w: lease %s has resourceVersion %q; fencing tokens need an apiserver "+
-			"whose resource versions are decimal revisions, as etcd's are", errNotNumeric, o.name, o.resourceVersion)
+			"whose resource versions are decimal revisions, as etcd's are", errNotNumeric, l.Name, l.ResourceVersion)
 	}
 	return rv, nil
 }
 
-// newer reports whether o is a later state of the Lease than old (nil: no
+// newer reports whether l is a later state of the Lease than old (nil: no
 // state yet). States whose versions cannot be compared count as newer.
-func (o *leaseObject) newer(old *leaseObject) bool {
+func newer(l, old *coordinationv1.Lease) bool {
 	if old == nil {
 		return true
 	}
-	a, errA := o.revision()
-	b, errB := old.revision()
+	a, errA := revision(l)
+	b, errB := revision(old)
 	return errA != nil || errB != nil || a > b
 }
 
-// formatTime is t as the API writes a MicroTime.
-func formatTime(t time.Time) string { return t.UTC().Format(microTime) }
+// errNotNumeric is a Lease whose resourceVersion this backend cannot use.
+var errNotNumeric = errors.New("kubernetes: resourceVersion is not a number")
 
-// parseTime reads a MicroTime or Time; the zero time if it is neither.
-func parseTime(s string) time.Time {
-	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-		return t
+// codeOf is the HTTP status of an error that the apiserver answered, 0
+// for any other error.
+func codeOf(err error) int {
+	var st apierrors.APIStatus
+	if errors.As(err, &st) {
+		return int(st.Status().Code)
 	}
-	return time.Time{}
+	return 0
+}
+
+func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
+func isConflict(err error) bool { return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) }
+
+// isRefusal reports whether the apiserver refused who we are or what we
+// asked: final in every mode, as a retry would be refused again.
+// Unauthorized (401) comes after client-go refreshed what it could (an
+// exec plugin's credential), Forbidden (403) names the verb RBAC denied,
+// Invalid (422) and BadRequest (400) a Lease the server will not take.
+func isRefusal(err error) bool {
+	switch codeOf(err) {
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusBadRequest,
+		http.StatusUnprocessableEntity, http.StatusRequestEntityTooLarge, http.StatusMethodNotAllowed:
+		return true
+	}
+	return false
+}
+
+// errProtocol: the apiserver, or something in its place, sent what no
+// apiserver sends: an answer or watch event too large or not decodable.
+var errProtocol = errors.New("kubernetes: the server's answer is not one of an apiserver")
+
+// transient reports whether a failed request may succeed if sent again: no
+// answer at all, a server error, or throttling. A Conflict or NotFound is
+// an answer about the Lease and handled where it is met; an answer too
+// large, a redirect or a stream that cannot be decoded is no apiserver's.
+func transient(err error) bool {
+	switch code := codeOf(err); {
+	case code == 0:
+		return !errors.Is(err, errNotNumeric) && !errors.Is(err, errTooLarge) && !errors.Is(err, errRedirect) &&
+			!errors.Is(err, errProtocol)
+	case code >= 500, code == http.StatusTooManyRequests:
+		return true
+	}
+	return false
 }

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+
 	"github.com/leaderrun/leaderrun/backends"
 )
 
@@ -41,9 +43,9 @@ type grant struct {
 }
 
 // lastGrant is the grant recorded in o, if any (it may be a past one).
-func (o *leaseObject) lastGrant() (grant, bool) {
+func lastGrant(o *coordinationv1.Lease) (grant, bool) {
 	var g grant
-	v, ok := o.annotations[annotationToken]
+	v, ok := o.Annotations[annotationToken]
 	if !ok || json.Unmarshal([]byte(v), &g) != nil {
 		return grant{}, false
 	}
@@ -52,21 +54,24 @@ func (o *leaseObject) lastGrant() (grant, bool) {
 
 // holderToken is the fencing token of the current holder, 0 if there is no
 // holder or it holds a grant that leaderrun did not make.
-func (o *leaseObject) holderToken() uint64 {
-	g, ok := o.lastGrant()
-	if !ok || !o.record.held() || g.Holder != o.record.HolderIdentity || g.Transitions != o.record.LeaseTransitions {
+func holderToken(o *coordinationv1.Lease) uint64 {
+	g, ok := lastGrant(o)
+	rec := recordOf(o)
+	if !ok || !rec.held() || g.Holder != rec.HolderIdentity || g.Transitions != rec.LeaseTransitions {
 		return 0
 	}
 	return g.Token
 }
 
 // setGrant records g.
-func (o *leaseObject) setGrant(g grant) { o.annotations[annotationToken] = string(mustJSON(g)) }
+func setGrant(o *coordinationv1.Lease, g grant) {
+	annotations(o)[annotationToken] = string(mustJSON(g))
+}
 
 // markers are the completion markers in o that have not expired at now.
-func (o *leaseObject) markers(now time.Time) []backends.Marker {
+func markers(o *coordinationv1.Lease, now time.Time) []backends.Marker {
 	var all []backends.Marker
-	if v, ok := o.annotations[annotationMarkers]; ok {
+	if v, ok := o.Annotations[annotationMarkers]; ok {
 		_ = json.Unmarshal([]byte(v), &all) // a mangled annotation reads as none
 	}
 	return slices.DeleteFunc(all, func(m backends.Marker) bool { return !m.Expires.After(now) })
@@ -75,8 +80,8 @@ func (o *leaseObject) markers(now time.Time) []backends.Marker {
 // setMarker records m, replacing the marker of the same key, and drops the
 // expired markers. If the annotation grows past maxMarkerBytes the oldest
 // markers go first.
-func (o *leaseObject) setMarker(m backends.Marker, now time.Time) {
-	all := slices.DeleteFunc(o.markers(now), func(old backends.Marker) bool { return old.Key == m.Key })
+func setMarker(o *coordinationv1.Lease, m backends.Marker, now time.Time) {
+	all := slices.DeleteFunc(markers(o, now), func(old backends.Marker) bool { return old.Key == m.Key })
 	all = append(all, m)
 	slices.SortStableFunc(all, func(a, b backends.Marker) int { return a.At.Compare(b.At) })
 	data := mustJSON(all)
@@ -84,13 +89,13 @@ func (o *leaseObject) setMarker(m backends.Marker, now time.Time) {
 		all = all[1:]
 		data = mustJSON(all)
 	}
-	o.annotations[annotationMarkers] = string(data)
+	annotations(o)[annotationMarkers] = string(data)
 }
 
 // terms is the history in o, oldest first.
-func (o *leaseObject) terms() []backends.Term {
+func terms(o *coordinationv1.Lease) []backends.Term {
 	var all []backends.Term
-	if v, ok := o.annotations[annotationHistory]; ok {
+	if v, ok := o.Annotations[annotationHistory]; ok {
 		_ = json.Unmarshal([]byte(v), &all) // a mangled annotation reads as none
 	}
 	return all
@@ -98,8 +103,8 @@ func (o *leaseObject) terms() []backends.Term {
 
 // appendTerm adds term to the history, keeping the newest
 // backends.HistoryLimit terms within maxHistoryBytes.
-func (o *leaseObject) appendTerm(term backends.Term) {
-	all := append(o.terms(), term)
+func appendTerm(o *coordinationv1.Lease, term backends.Term) {
+	all := append(terms(o), term)
 	if n := len(all) - backends.HistoryLimit; n > 0 {
 		all = all[n:]
 	}
@@ -108,5 +113,13 @@ func (o *leaseObject) appendTerm(term backends.Term) {
 		all = all[1:]
 		data = mustJSON(all)
 	}
-	o.annotations[annotationHistory] = string(data)
+	annotations(o)[annotationHistory] = string(data)
+}
+
+func mustJSON(v any) []byte {
+	data, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only strings, numbers and times
+	}
+	return data
 }

@@ -292,6 +292,10 @@ type KubeRequest struct {
 	// (X-Forwarded-For, X-Real-Ip, then the connection's peer), so that a
 	// test can tell the clients apart by the address they connect from.
 	SourceIPs []string
+	// Impersonated is the user the request acted as (Impersonate-User),
+	// "" if none; ImpersonatedExtra its extras (Impersonate-Extra-*).
+	Impersonated      string
+	ImpersonatedExtra map[string][]string
 }
 
 // LeaseRequests reads the audit logs of the apiserver and its peers:
@@ -327,12 +331,20 @@ func (k *Kube) LeaseRequests(t testing.TB) []KubeRequest {
 			} `json:"responseStatus"`
 			RequestReceivedTimestamp time.Time `json:"requestReceivedTimestamp"`
 			SourceIPs                []string  `json:"sourceIPs"`
+			ImpersonatedUser         *struct {
+				Username string              `json:"username"`
+				Extra    map[string][]string `json:"extra"`
+			} `json:"impersonatedUser"`
 		}
 		if json.Unmarshal([]byte(line), &ev) != nil {
 			continue // a line being written
 		}
-		reqs = append(reqs, KubeRequest{User: ev.User.Username, Verb: ev.Verb, Namespace: ev.ObjectRef.Namespace,
-			Name: ev.ObjectRef.Name, Code: ev.ResponseStatus.Code, At: ev.RequestReceivedTimestamp, SourceIPs: ev.SourceIPs})
+		r := KubeRequest{User: ev.User.Username, Verb: ev.Verb, Namespace: ev.ObjectRef.Namespace,
+			Name: ev.ObjectRef.Name, Code: ev.ResponseStatus.Code, At: ev.RequestReceivedTimestamp, SourceIPs: ev.SourceIPs}
+		if iu := ev.ImpersonatedUser; iu != nil {
+			r.Impersonated, r.ImpersonatedExtra = iu.Username, iu.Extra
+		}
+		reqs = append(reqs, r)
 	}
 	return reqs
 }
@@ -651,6 +663,14 @@ func (k *Kube) ClientCert(t testing.TB, user string, groups ...string) (certFile
 	return c.write(t, dir, name), filepath.Join(dir, name+"-key.pem")
 }
 
+// ClientCA is the CA that the apiserver trusts for client certificates
+// (--client-ca-file, the same as CAFile): the paths of its PEM
+// certificate and key, for a test that issues certificates of its own (an
+// exec credential plugin that rotates them).
+func (k *Kube) ClientCA() (certFile, keyFile string) {
+	return k.CAFile, filepath.Join(filepath.Dir(k.CAFile), "ca-key.pem")
+}
+
 // Kubeconfig writes a kubeconfig whose one context, named user, reaches
 // the apiserver as user with its token, in namespace (empty: none), and
 // returns its path.
@@ -791,8 +811,9 @@ var elector struct {
 }
 
 // K8sElector returns the client-go LeaderElector program of
-// internal/testenv/k8selector (a module of its own, so that client-go
-// stays out of leaderrun's go.mod): $LEADERRUN_K8SELECTOR_BIN if set (what
+// internal/testenv/k8selector (a module of its own, so that its typed
+// clients and leaderelection, and the kubernetes/scheme they register,
+// stay out of leaderrun's packages): $LEADERRUN_K8SELECTOR_BIN if set (what
 // scripts/test.sh builds before the tests), else built once per test
 // process into the cache the install scripts use. A cold build downloads
 // and compiles client-go: minutes; later ones come from Go's build cache.

@@ -9,7 +9,8 @@
 //
 // SIGTERM or SIGINT cancel the election; with -release-on-cancel (the
 // default) client-go then clears the holder before the process exits.
-// It is a module of its own so that client-go stays out of leaderrun's.
+// It is a module of its own so that its typed clients (and the
+// kubernetes/scheme they register) stay out of leaderrun's packages.
 package main
 
 import (

@@ -2,49 +2,45 @@ package kubernetes
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
-	"net/url"
 	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// watchTimeoutSeconds asks the apiserver to end each watch after 5
-// minutes (it would otherwise pick 30 to 60): the watcher opens the next
-// one at once, so a watch that broke silently, where no HTTP/2 ping
-// reaches, is replaced within that time. Renewals notice a broken link far
-// sooner; this bounds how long a follower may miss a release.
-const watchTimeoutSeconds = "300"
-
 // change is one state of the Lease seen by a watch, in the order of the
 // writes.
 type change struct {
-	deleted bool         // the Lease was deleted; obj is its last state
-	obj     *leaseObject // the new state
+	deleted bool                  // the Lease was deleted; obj is its last state
+	obj     *coordinationv1.Lease // the new state
 	// gone: a read found no Lease. The deletion's own version is not
 	// known, so this is news whatever the consumer knows: no Lease now.
 	gone bool
 }
 
-// watcher follows one Lease with watch requests, from a known version on,
-// and delivers every change on changes. It opens the next watch when one
-// ends (the apiserver's timeout, a broken connection), from the last
+// watcher follows one Lease with client-go watches, from a known version
+// on, and delivers every change on changes. It opens the next watch when
+// one ends (the apiserver's timeout, a broken connection), from the last
 // version it saw; when that version is too old for the apiserver's window
 // (410 Gone) it reads the Lease again and goes on from there. It does not
 // judge the changes: the candidate and the lease do.
 type watcher struct {
-	c         *client
-	namespace string
-	name      string
+	c *client
 
 	changes chan change
-	opened  chan error // the outcome of the first watch request, then closed
-	cancel  context.CancelFunc
-	done    chan struct{} // closed when the watcher stopped
+	// broken carries a watch that failed as no apiserver's does (an
+	// event too large or not decodable); the watcher goes on trying. A
+	// candidate gives up on it, a holder relies on its renewals.
+	broken chan error
+	opened chan error // the outcome of the first watch request, then closed
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the watcher stopped
 	// refused is the apiserver's refusal of the first watch request (RBAC
 	// denies watch), after which the watcher stops; read it once done is
 	// closed.
@@ -53,11 +49,12 @@ type watcher struct {
 
 // startWatch follows the Lease from its state from (nil: it does not
 // exist, or its state is not known).
-func startWatch(c *client, namespace, name string, from *leaseObject) *watcher {
+func startWatch(c *client, from *coordinationv1.Lease) *watcher {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &watcher{
-		c: c, namespace: namespace, name: name,
+		c:       c,
 		changes: make(chan change),
+		broken:  make(chan error, 1),
 		opened:  make(chan error, 1),
 		cancel:  cancel,
 		done:    make(chan struct{}),
@@ -87,16 +84,16 @@ func (w *watcher) stop() {
 	<-w.done
 }
 
-func (w *watcher) run(ctx context.Context, last *leaseObject) {
+func (w *watcher) run(ctx context.Context, last *coordinationv1.Lease) {
 	defer close(w.done)
 	first := true
 	var retry backends.Backoff
 	for ctx.Err() == nil {
 		rv := ""
 		if last != nil {
-			rv = last.resourceVersion
+			rv = last.ResourceVersion
 		}
-		body, err := w.open(ctx, rv)
+		wi, err := w.c.watchLease(ctx, rv)
 		if first {
 			first = false
 			w.opened <- err
@@ -107,12 +104,11 @@ func (w *watcher) run(ctx context.Context, last *leaseObject) {
 			}
 		}
 		switch {
-		case codeOf(err) == http.StatusGone:
+		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
 			last, err = w.resync(ctx, last)
 		case err == nil:
 			opened := time.Now()
-			last, err = w.follow(ctx, body, last)
-			body.Close()
+			last, err = w.follow(ctx, wi, last)
 			// A watch that ran its course is followed by the next one at
 			// once; one that something cut short at once (a proxy that
 			// closes streams) by the backoff, so as not to spin.
@@ -125,6 +121,12 @@ func (w *watcher) run(ctx context.Context, last *leaseObject) {
 		}
 		if errors.Is(err, errExpired) {
 			last, err = w.resync(ctx, last)
+		}
+		if errors.Is(err, errProtocol) {
+			select {
+			case w.broken <- err:
+			default:
+			}
 		}
 		if err != nil && ctx.Err() == nil {
 			if retry.Sleep(ctx) != nil {
@@ -141,93 +143,84 @@ var errExpired = errors.New("kubernetes: watch expired")
 // errShortWatch: a watch ended within a second of its start.
 var errShortWatch = errors.New("kubernetes: watch ended at once")
 
-// open sends a watch request for the Lease from version rv ("" from its
-// current state, which the apiserver sends first as ADDED).
-func (w *watcher) open(ctx context.Context, rv string) (io.ReadCloser, error) {
-	q := url.Values{
-		"watch":               {"true"},
-		"fieldSelector":       {"metadata.name=" + w.name},
-		"allowWatchBookmarks": {"true"},
-		"timeoutSeconds":      {watchTimeoutSeconds},
-	}
-	if rv != "" {
-		q.Set("resourceVersion", rv)
-	}
-	resp, err := w.c.send(ctx, http.MethodGet, w.c.leasesPath(w.namespace), q, nil)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-		return nil, statusOf(resp.StatusCode, data)
-	}
-	return resp.Body, nil
-}
-
 // follow reads the events of one watch until it ends, delivering each
-// change, and returns the last state seen.
-func (w *watcher) follow(ctx context.Context, body io.Reader, last *leaseObject) (*leaseObject, error) {
-	dec := json.NewDecoder(body)
+// change, and returns the last state seen. A watch that ends without an
+// error is the apiserver's timeout (or a connection that broke, which
+// client-go does not tell apart): the caller opens the next one.
+func (w *watcher) follow(ctx context.Context, wi watch.Interface, last *coordinationv1.Lease) (*coordinationv1.Lease, error) {
+	defer wi.Stop()
 	for {
-		var ev struct {
-			Type   string          `json:"type"`
-			Object json.RawMessage `json:"object"`
+		var ev watch.Event
+		var ok bool
+		select {
+		case ev, ok = <-wi.ResultChan():
+		case <-ctx.Done():
+			return last, ctx.Err()
 		}
-		if err := dec.Decode(&ev); err != nil {
-			if errors.Is(err, io.EOF) {
-				return last, nil // the apiserver's timeout: open the next one
-			}
-			return last, err
+		if !ok {
+			return last, nil
 		}
 		switch ev.Type {
-		case "ADDED", "MODIFIED", "DELETED":
-			obj, err := parseLease(ev.Object)
-			if err != nil {
-				return last, err
+		case watch.Added, watch.Modified, watch.Deleted:
+			obj, isLease := ev.Object.(*coordinationv1.Lease)
+			if !isLease {
+				return last, fmt.Errorf("%w: watch of lease %s/%s sent a %T", errProtocol, w.c.namespace, w.c.name, ev.Object)
 			}
-			if obj.name != w.name {
+			if obj.Name != w.c.name {
 				continue
 			}
 			// A state no newer than the last one is a watch that started
 			// again from before it (after a resync): not a change. A
 			// deletion carries the revision of the delete, but is never
 			// skipped: a repeated one does no harm.
-			if ev.Type != "DELETED" && !obj.newer(last) {
+			if ev.Type != watch.Deleted && !newer(obj, last) {
 				continue
 			}
 			last = obj
-			if !w.deliver(ctx, change{deleted: ev.Type == "DELETED", obj: obj}) {
+			if !w.deliver(ctx, change{deleted: ev.Type == watch.Deleted, obj: obj}) {
 				return last, ctx.Err()
 			}
-		case "BOOKMARK":
+		case watch.Bookmark:
 			// Only metadata.resourceVersion is set: where to start from
 			// next, with nothing changed.
-			if obj, err := parseLease(ev.Object); err == nil && obj.resourceVersion != "" && last != nil {
-				next := last.clone()
-				next.resourceVersion = obj.resourceVersion
+			if obj, isLease := ev.Object.(*coordinationv1.Lease); isLease && obj.ResourceVersion != "" && last != nil {
+				next := last.DeepCopy()
+				next.ResourceVersion = obj.ResourceVersion
 				last = next
 			}
-		case "ERROR":
-			st := statusOf(0, ev.Object)
-			var code struct {
-				Code int `json:"code"`
-			}
-			_ = json.Unmarshal(ev.Object, &code)
-			if code.Code == http.StatusGone || st.Reason == "Expired" || st.Reason == "Gone" {
-				return last, errExpired
-			}
-			st.Code = code.Code
-			return last, fmt.Errorf("watch lease %s/%s: %w", w.namespace, w.name, st)
+		case watch.Error:
+			return last, w.watchError(ev.Object)
 		}
 	}
+}
+
+// watchError reads an ERROR event: the apiserver's Status, or client-go's
+// own when it could not decode the stream (ClientWatchDecoding: an event
+// too large or not JSON).
+func (w *watcher) watchError(obj any) error {
+	st, ok := obj.(*metav1.Status)
+	if !ok {
+		return fmt.Errorf("%w: watch of lease %s/%s sent an error of type %T", errProtocol, w.c.namespace, w.c.name, obj)
+	}
+	err := &apierrors.StatusError{ErrStatus: *st}
+	if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+		return errExpired
+	}
+	if st.Details != nil {
+		for _, cause := range st.Details.Causes {
+			if cause.Type == "ClientWatchDecoding" {
+				return fmt.Errorf("watch lease %s/%s: %w: %s", w.c.namespace, w.c.name, errProtocol, st.Message)
+			}
+		}
+	}
+	return fmt.Errorf("watch lease %s/%s: %w", w.c.namespace, w.c.name, err)
 }
 
 // resync reads the Lease when the watch cannot go on from the last
 // version, delivers its state if it changed, and returns where the next
 // watch starts from.
-func (w *watcher) resync(ctx context.Context, last *leaseObject) (*leaseObject, error) {
-	obj, err := w.c.getLease(ctx, w.namespace, w.name)
+func (w *watcher) resync(ctx context.Context, last *coordinationv1.Lease) (*coordinationv1.Lease, error) {
+	obj, err := w.c.getLease(ctx)
 	switch {
 	case isNotFound(err):
 		if last != nil && !w.deliver(ctx, change{deleted: true, obj: last, gone: true}) {
@@ -237,7 +230,7 @@ func (w *watcher) resync(ctx context.Context, last *leaseObject) (*leaseObject, 
 	case err != nil:
 		return last, err
 	}
-	if obj.newer(last) {
+	if newer(obj, last) {
 		if !w.deliver(ctx, change{obj: obj}) {
 			return last, ctx.Err()
 		}

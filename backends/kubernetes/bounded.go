@@ -1,0 +1,164 @@
+package kubernetes
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+)
+
+// maxAnswer bounds what is read of one answer, and of one event of a
+// watch: a Lease is at most a few hundred KiB (the apiserver caps its
+// annotations at 256 KiB and a stored object at about 1.5 MiB). A hostile
+// or broken server gets an error at this size, never leaderrun's memory:
+// decoding one answer holds a few copies of it, far below 64 MiB.
+const maxAnswer = 4 << 20
+
+// errTooLarge: an answer or a watch event is larger than maxAnswer.
+var errTooLarge = fmt.Errorf("kubernetes: an answer or watch event from the apiserver is larger than %d MiB", maxAnswer>>20)
+
+// bound is the rest.Config transport wrapper that bounds every answer's
+// body to maxAnswer bytes. A watch's body is one answer of many events:
+// its frame reader (boundedFramer) restarts the count at every event, so
+// that the bound is per event and counts everything between two events,
+// whitespace included (encoding/json's Decoder keeps the whitespace in
+// front of a value in its buffer).
+func bound(rt http.RoundTripper) http.RoundTripper {
+	return roundTripper(func(req *http.Request) (*http.Response, error) {
+		resp, err := rt.RoundTrip(req)
+		if err == nil && resp.Body != nil {
+			resp.Body = &boundedBody{rc: resp.Body}
+		}
+		return resp, err
+	})
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// boundedBody fails a read past maxAnswer bytes since it was opened or
+// since the last event ended.
+type boundedBody struct {
+	rc io.ReadCloser
+
+	mu   sync.Mutex
+	read int64 // since the start, or the end of the last event
+}
+
+func (b *boundedBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	left := maxAnswer + 1 - b.read
+	b.mu.Unlock()
+	if left <= 0 {
+		return 0, errTooLarge
+	}
+	if int64(len(p)) > left {
+		p = p[:left]
+	}
+	n, err := b.rc.Read(p)
+	b.mu.Lock()
+	b.read += int64(n)
+	over := b.read > maxAnswer
+	b.mu.Unlock()
+	if over {
+		return n, errTooLarge
+	}
+	return n, err
+}
+
+func (b *boundedBody) Close() error { return b.rc.Close() }
+
+// eventDone restarts the count: what was read so far belongs to events
+// that were handed on. What encoding/json read ahead of the next event
+// is not counted against it, at most what its buffer held, which the
+// bound kept small.
+func (b *boundedBody) eventDone() {
+	b.mu.Lock()
+	b.read = 0
+	b.mu.Unlock()
+}
+
+// boundedFramer is the JSON framer of watch streams, counting each event
+// against maxAnswer.
+type boundedFramer struct{ runtime.Framer }
+
+func (f boundedFramer) NewFrameReader(r io.ReadCloser) io.ReadCloser {
+	body, ok := r.(*boundedBody)
+	if !ok {
+		body = &boundedBody{rc: r}
+	}
+	return &frameReader{ReadCloser: f.Framer.NewFrameReader(body), body: body}
+}
+
+// frameReader hands on one event per Read, as client-go's JSON frame
+// reader does, and tells the body when an event ended.
+type frameReader struct {
+	io.ReadCloser
+	body *boundedBody
+}
+
+func (r *frameReader) Read(p []byte) (int, error) {
+	n, err := r.ReadCloser.Read(p)
+	if err == nil {
+		// A whole event, or the last part of one (io.ErrShortBuffer
+		// means that more of it follows).
+		r.body.eventDone()
+	}
+	return n, err
+}
+
+// leaseGroupVersion is coordination.k8s.io/v1, the API of Leases.
+var leaseGroupVersion = coordinationv1.SchemeGroupVersion
+
+// negotiated is the serializer of the REST client: JSON only, with
+// boundedFramer for watches. Its scheme knows Leases and meta/v1 (Status,
+// WatchEvent) and nothing else: client-go's kubernetes/scheme registers
+// every API group at start-up, which every run of leaderrun would pay,
+// whatever its store. It is built on first use for the same reason.
+var negotiated = lazySerializer{}
+
+type lazySerializer struct{}
+
+var jsonSerializer = sync.OnceValue(func() runtime.NegotiatedSerializer {
+	scheme := runtime.NewScheme()
+	if err := coordinationv1.AddToScheme(scheme); err != nil {
+		panic(err) // registers two types: cannot fail
+	}
+	codecs := serializer.NewCodecFactory(scheme)
+	info, ok := runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), runtime.ContentTypeJSON)
+	if !ok || info.StreamSerializer == nil {
+		panic(errors.New("kubernetes: no JSON serializer"))
+	}
+	stream := *info.StreamSerializer
+	stream.Framer = boundedFramer{stream.Framer}
+	info.StreamSerializer = &stream
+	return jsonOnly{NegotiatedSerializer: codecs.WithoutConversion(), info: info}
+})
+
+func (lazySerializer) SupportedMediaTypes() []runtime.SerializerInfo {
+	return jsonSerializer().SupportedMediaTypes()
+}
+
+func (lazySerializer) EncoderForVersion(e runtime.Encoder, gv runtime.GroupVersioner) runtime.Encoder {
+	return jsonSerializer().EncoderForVersion(e, gv)
+}
+
+func (lazySerializer) DecoderToVersion(d runtime.Decoder, gv runtime.GroupVersioner) runtime.Decoder {
+	return jsonSerializer().DecoderToVersion(d, gv)
+}
+
+// jsonOnly offers only its JSON serializer.
+type jsonOnly struct {
+	runtime.NegotiatedSerializer
+	info runtime.SerializerInfo
+}
+
+func (j jsonOnly) SupportedMediaTypes() []runtime.SerializerInfo {
+	return []runtime.SerializerInfo{j.info}
+}
