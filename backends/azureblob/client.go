@@ -33,7 +33,7 @@ const (
 	// 300 ms later (with jitter): a renewal's retries fit in the runner's
 	// attempt timeout, and an answer that was lost on a reset connection
 	// is asked again at once.
-	maxRetries = 2
+	maxRetries  = 2
 	dialTimeout = 5 * time.Second
 )
 
@@ -197,12 +197,12 @@ type transport struct{ c *http.Client }
 
 func newTransport() *transport {
 	t := &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		TLSHandshakeTimeout:   dialTimeout,
+		Proxy:                  http.ProxyFromEnvironment,
+		DialContext:            (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout:    dialTimeout,
 		MaxResponseHeaderBytes: maxHeaders,
-		MaxIdleConnsPerHost:   4,
-		IdleConnTimeout:       90 * time.Second,
+		MaxIdleConnsPerHost:    4,
+		IdleConnTimeout:        90 * time.Second,
 	}
 	return &transport{c: &http.Client{
 		Transport:     t,

@@ -25,7 +25,7 @@ type lease struct {
 	lc       *azlease.BlobClient
 	acquired time.Time
 
-	*backends.Loss // Lost and Err
+	*backends.Loss                 // Lost and Err
 	ctx            context.Context // ends when Release stops the checks
 	stop           context.CancelFunc
 	done           chan struct{}
