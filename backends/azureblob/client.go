@@ -71,9 +71,13 @@ func newContainerClient(cfg *Config, tr *transport) (*container.Client, string, 
 		c, err := container.NewClientFromConnectionString(cred.ConnectionString, cfg.Container, opts)
 		if err != nil {
 			// The SDK's messages name the part missing, never a value.
-			return nil, "", fmt.Errorf("azureblob: connection string: %w", err)
+			return nil, "", fmt.Errorf("azureblob: the connection string (AZURE_STORAGE_CONNECTION_STRING): %w", err)
 		}
 		return c, endpointOf(c.URL()), nil
+	}
+	if cred.Key == "" && cred.SAS == "" {
+		return nil, "", errors.New("azureblob: no credentials: set AZURE_STORAGE_CONNECTION_STRING, " +
+			"or AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN")
 	}
 	base, err := accountURL(cfg.AccountURL, cred.Account)
 	if err != nil {
@@ -89,21 +93,26 @@ func newContainerClient(cfg *Config, tr *transport) (*container.Client, string, 
 		key, err := container.NewSharedKeyCredential(account, cred.Key)
 		if err != nil {
 			// Its message says the key is not base64; it does not show it.
-			return nil, "", fmt.Errorf("azureblob: the account key of %q: %w", account, err)
+			return nil, "", fmt.Errorf("azureblob: the account key (AZURE_STORAGE_KEY) of %q: %w", account, err)
 		}
 		c, err := container.NewClientWithSharedKeyCredential(u.String(), key, opts)
 		return c, endpointOf(u.String()), err
-	case cred.SAS != "":
+	default:
 		sas := strings.TrimPrefix(cred.SAS, "?")
 		if _, err := url.ParseQuery(sas); err != nil {
-			return nil, "", errors.New("azureblob: the shared access signature is not a URL query string")
+			return nil, "", errors.New("azureblob: the shared access signature (AZURE_STORAGE_SAS_TOKEN) is not a URL query string")
 		}
 		u.RawQuery = sas
 		c, err := container.NewClientWithNoCredential(u.String(), opts)
 		return c, endpointOf(u.String()), err
 	}
-	return nil, "", errors.New("azureblob: no credentials: set AZURE_STORAGE_CONNECTION_STRING, " +
-		"or AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN")
+}
+
+// ValidateAccountURL returns an error unless u can be Config.AccountURL:
+// an http or https URL without user information, query or fragment.
+func ValidateAccountURL(u string) error {
+	_, err := accountURL(u, "")
+	return err
 }
 
 // accountURL is the blob endpoint: given (an emulator, a sovereign cloud,
@@ -114,7 +123,7 @@ func accountURL(given, account string) (*url.URL, error) {
 			return nil, errors.New("azureblob: no storage account: set AZURE_STORAGE_ACCOUNT, the account URL, or AZURE_STORAGE_CONNECTION_STRING")
 		}
 		if !validAccount(account) {
-			return nil, fmt.Errorf("azureblob: storage account %q: want 3-24 lowercase letters and digits", account)
+			return nil, fmt.Errorf("azureblob: storage account %q (AZURE_STORAGE_ACCOUNT): want 3-24 lowercase letters and digits", account)
 		}
 		given = "https://" + account + ".blob.core.windows.net"
 	}
