@@ -58,7 +58,7 @@ func read(ctx context.Context, c *blockblob.Client) (blobData, error) {
 		return blobData{}, err
 	}
 	if len(body) > maxBlob {
-		return blobData{}, fmt.Errorf("azureblob: %s is larger than the %d bytes accepted", c.URL(), maxBlob)
+		return blobData{}, fmt.Errorf("azureblob: %s is larger than the %d bytes accepted", endpointOf(c.URL()), maxBlob)
 	}
 	d := blobData{exists: true, body: body, meta: resp.Metadata}
 	if resp.ETag != nil {
