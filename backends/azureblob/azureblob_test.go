@@ -66,6 +66,7 @@ func TestAzureBlob(t *testing.T) {
 		{"WrongKeyIsFinal", testWrongKey},
 		{"FewAcquisitionsPerHandover", testNoHerd},
 		{"IdleWaiterReads", testIdleWaiter},
+		{"LeaderChecksBetweenRenewals", testLeaderRequests},
 		{"StatusAndRecord", testStatusRecord},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -598,6 +599,34 @@ func testIdleWaiter(t *testing.T, e *env) {
 		t.Errorf("in 4s an idle waiter sent %d reads and %d acquisitions, want about %d reads and the first acquisition only", reads, acquires, want)
 	}
 	holder.Release(context.Background(), nil)
+}
+
+// testLeaderRequests: a leader renewed every retry period, as the runner
+// renews it, checks its lease once between two renewals, never beside
+// one: one renewal and one read per period.
+func testLeaderRequests(t *testing.T, e *env) {
+	p := newCountingProxy(t, e.az.Addr())
+	b := e.backend(t, "leader", func(c *azureblob.Config) {
+		c.Credentials = azureblob.Credentials{ConnectionString: e.az.ConnectionStringVia(p.addr())}
+	})
+	l := campaign(t, b, "leader")
+	const periods = 10
+	from := time.Now()
+	tick := time.NewTicker(retry)
+	defer tick.Stop()
+	for range periods {
+		<-tick.C
+		if err := l.Renew(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.mu.Lock()
+	reads := countSince(p.reads, from)
+	p.mu.Unlock()
+	t.Logf("%d renewals, %d reads in %d retry periods", periods, reads, periods)
+	if reads < periods-2 || reads > periods+1 {
+		t.Errorf("%d reads in %d retry periods with a renewal each, want one per period", reads, periods)
+	}
 }
 
 // testStatusRecord: what an operator's tools show of a grant: the lock

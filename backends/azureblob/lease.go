@@ -32,6 +32,9 @@ type lease struct {
 
 	mu     sync.Mutex
 	proved time.Time // send time of the latest request that proved the lease
+	// renewing is the send time of a renewal awaiting its answer (zero:
+	// none), which the checks wait for rather than read beside it.
+	renewing time.Time
 }
 
 var _ backends.Lease = (*lease)(nil)
@@ -71,14 +74,28 @@ func (l *lease) prove(sent time.Time) {
 	}
 }
 
+// provedAt is when the lease was last proved, or is being proved by a
+// renewal under way.
 func (l *lease) provedAt() time.Time {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.renewing.After(l.proved) {
+		return l.renewing
+	}
 	return l.proved
 }
 
+// renewal records a renewal sent at sent (zero: its answer came).
+func (l *lease) renewal(sent time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.renewing = sent
+}
+
 // watch checks the lease when nothing has proved it for half a retry
-// period, until it is lost or released.
+// period, until it is lost or released. A renewal under way counts as a
+// proof until its answer: a check beside it would ask the same question.
+// If the renewal fails, the check comes half a period after it was sent.
 func (l *lease) watch() {
 	defer close(l.done)
 	every := l.b.retry / 2
@@ -143,7 +160,9 @@ func (l *lease) Renew(ctx context.Context) error {
 		return err
 	}
 	sent := time.Now()
+	l.renewal(sent)
 	_, err := l.lc.RenewLease(ctx, nil)
+	l.renewal(time.Time{})
 	switch {
 	case err == nil:
 		l.prove(sent)
