@@ -28,7 +28,9 @@ var azTimings = timings{lease: 15 * time.Second, deadline: 6 * time.Second, retr
 const azContainer = "bench"
 
 var lrAzure = leaderrunOn("lra", "leaderrun (Azure Blob)", "azureblob",
-	func(addr string) []string { return []string{"--azure-container", azContainer, "--azure-account-url", addr} }, azTimings)
+	func(addr string) []string {
+		return []string{"--azure-container", azContainer, "--azure-account-url", addr}
+	}, azTimings)
 
 // azureColumn is Azure Blob Storage, on Azurite. There is no `az` lock
 // to compare with. A waiter reads the blob every retry period and a lease
@@ -94,7 +96,9 @@ func (s *azureStore) dropText() string {
 	return "the lease on the lock blob (`leaderrun/LOCK` in the container) broken with a break period of 0"
 }
 
-func (s *azureStore) meter(*bench, *tool) meter { return &azureMeter{target: s.az.Addr(), account: s.az.Account} }
+func (s *azureStore) meter(*bench, *tool) meter {
+	return &azureMeter{target: s.az.Addr(), account: s.az.Account}
+}
 
 // azureMeter puts an HTTP proxy that records every request in front of
 // Azurite for each process.
