@@ -53,8 +53,7 @@ type Credentials struct {
 	Key string
 	// SAS is a shared access signature (AZURE_STORAGE_SAS_TOKEN): the
 	// query string of a signed URL, with or without its leading "?". It
-	// must allow read, add, create, write and delete on blobs in the
-	// container (docs/backends/azureblob.md).
+	// must allow read and write (sp=rw) on the container's blobs.
 	SAS string
 }
 
