@@ -34,9 +34,10 @@ var lrAzure = leaderrunOn("lra", "leaderrun (Azure Blob)", "azureblob",
 
 // azureColumn is Azure Blob Storage, on Azurite. There is no `az` lock
 // to compare with. A waiter reads the blob every retry period and a lease
-// checks itself half a period after its last proof, so a loss is seen
-// and a release taken over within a period, not milliseconds: the loss
-// and handover goals of the other stores are not met, and say so.
+// checks itself half a period (at most 700 ms) after its last proof, so a
+// loss is seen and a release taken over within a period, not
+// milliseconds: the loss and handover goals of the other stores are not
+// met, and say so.
 var azureColumn = &storeColumn{name: "azureblob", title: "Azure Blob (Azurite)", lr: lrAzure, tm: azTimings, latency: true,
 	crashGoal: azTimings.lease + azTimings.retry + 500*time.Millisecond, crashGoalText: "lease + retry period + 0.5 s",
 	crashBound: azTimings.lease + 10*time.Second, crashTrials: 2,

@@ -33,13 +33,14 @@
 // that is no danger, since nobody did.
 //
 // Azure tells nobody when a lease ends, so a lease checks itself: when no
-// request has proved it for half a retry period (a renewal, or a check),
-// it reads the blob's properties with its lease id, which the service
-// answers only while that lease is active, and sees its loss if the
-// answer is 412 or 404, or if the lease is being broken. With renewals
-// every retry period, that is one read per renewal, and a lease broken or
-// a blob deleted is seen within half a retry period (1 s with leaderrun's
-// defaults) plus a round trip.
+// request has proved it (a renewal, or a check) for half a retry period,
+// at most 700 ms, it reads the blob's properties with its lease id, which
+// the service answers only while that lease is active, and sees its loss
+// if the answer is 412 or 404, or if the lease is being broken. So a lease
+// broken or a blob deleted is seen within 700 ms and two round trips,
+// within S3's 1 s (docs/safety.md) while a round trip takes under 150 ms.
+// With renewals every retry period of 1.4 s or less, that is one read per
+// renewal; with leaderrun's default 2 s, two.
 //
 // A waiter reads the lock blob's properties every retry period, starting
 // at a random moment of the first period, and tries to acquire the lease
@@ -167,10 +168,10 @@ type Config struct {
 
 	// RetryPeriod is how often the holder renews (the runner's
 	// --retry-period). A waiter reads the lock blob once per period, and
-	// a lease checks itself when nothing has proved it for half a period
-	// (see the package doc). Too short costs a read per waiter per
-	// period; too long delays a handover by up to a period and a loss by
-	// up to half of one. Zero value: DefaultRetryPeriod.
+	// a lease checks itself when nothing has proved it for half a period,
+	// at most maxCheckGap (see the package doc). Too short costs a read
+	// per waiter per period; too long delays a handover by up to a
+	// period. Zero value: DefaultRetryPeriod.
 	RetryPeriod time.Duration
 
 	// Log receives a line when a waiter meets errors or a check fails.

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -67,6 +68,7 @@ func TestAzureBlob(t *testing.T) {
 		{"FewAcquisitionsPerHandover", testNoHerd},
 		{"IdleWaiterReads", testIdleWaiter},
 		{"LeaderChecksBetweenRenewals", testLeaderRequests},
+		{"ChecksAtMost700msApart", testCheckGap},
 		{"StatusAndRecord", testStatusRecord},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -626,6 +628,37 @@ func testLeaderRequests(t *testing.T, e *env) {
 	t.Logf("%d renewals, %d reads in %d retry periods", periods, reads, periods)
 	if reads < periods-2 || reads > periods+1 {
 		t.Errorf("%d reads in %d retry periods with a renewal each, want one per period", reads, periods)
+	}
+}
+
+// testCheckGap: with leaderrun's default retry period of 2 s and no
+// renewals, a lease checks itself 700 ms after the answer to its last
+// check (not a second), so that a loss is seen within S3's 1 s, round
+// trips included.
+func testCheckGap(t *testing.T, e *env) {
+	p := newCountingProxy(t, e.az.Addr())
+	b := e.backend(t, "gap", func(c *azureblob.Config) {
+		c.RetryPeriod = 2 * time.Second
+		c.Credentials = azureblob.Credentials{ConnectionString: e.az.ConnectionStringVia(p.addr())}
+	})
+	campaign(t, b, "a")
+	backendtest.WaitFor(t, "six checks", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.reads) >= 7 // the grant's own read of the lock blob, then six checks
+	})
+	p.mu.Lock()
+	reads := slices.Clone(p.reads[1:])
+	p.mu.Unlock()
+	var gaps []time.Duration
+	for i := 1; i < len(reads); i++ {
+		gaps = append(gaps, reads[i].Sub(reads[i-1]))
+	}
+	slices.Sort(gaps)
+	median := gaps[len(gaps)/2]
+	t.Logf("retry period 2s, no renewals: checks %v apart (sorted)", gaps)
+	if median < 700*time.Millisecond || median > 900*time.Millisecond {
+		t.Errorf("checks %v apart at the median, want 700ms and a round trip", median)
 	}
 }
 

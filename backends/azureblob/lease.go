@@ -15,8 +15,8 @@ import (
 )
 
 // lease is a grant of the lock blob's lease. A goroutine started by
-// newLease checks the lease whenever nothing has proved it for half a
-// retry period, and closes Lost when the service says it is gone; Release
+// newLease checks the lease whenever nothing has proved it for checkGap,
+// and closes Lost when the service says it is gone; Release
 // stops it and waits for it.
 type lease struct {
 	b        *Backend
@@ -92,13 +92,24 @@ func (l *lease) renewal(sent time.Time) {
 	l.renewing = sent
 }
 
-// watch checks the lease when nothing has proved it for half a retry
-// period, until it is lost or released. A renewal under way counts as a
-// proof until its answer: a check beside it would ask the same question.
-// If the renewal fails, the check comes half a period after it was sent.
+// maxCheckGap bounds how long a lease goes without proof before it checks
+// itself: S3 gives a loss 1 s (docs/safety.md). A check is sent
+// maxCheckGap after the answer to the one before, so a loss is seen within
+// maxCheckGap and two round trips: 1 s while a round trip takes 150 ms.
+const maxCheckGap = 700 * time.Millisecond
+
+// checkGap is how long a lease goes without proof before it checks
+// itself: half a retry period, so that it checks once between two
+// renewals, and at most maxCheckGap.
+func checkGap(retry time.Duration) time.Duration { return min(retry/2, maxCheckGap) }
+
+// watch checks the lease when nothing has proved it for checkGap, until
+// it is lost or released. A renewal under way counts as a proof until its
+// answer: a check beside it would ask the same question. If the renewal
+// fails, the check comes checkGap after it was sent.
 func (l *lease) watch() {
 	defer close(l.done)
-	every := l.b.retry / 2
+	every := checkGap(l.b.retry)
 	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
@@ -115,6 +126,9 @@ func (l *lease) watch() {
 			l.Set(err)
 			return
 		}
+		// From the check's answer: a check then never falls on the
+		// very moment a renewal is sent (renewals keep to the runner's
+		// schedule; checks drift by a round trip each).
 		t.Reset(every)
 	}
 }
