@@ -235,6 +235,7 @@ var storeColumns = []*storeColumn{
 		crashGoal: zkTimings.lease + time.Second, crashGoalText: "session timeout + 1 s",
 		crashBound: zkTimings.lease + 10*time.Second, crashTrials: 5, herdWoken: 1, sessions: true,
 		newStore: func() store { return &zkStore{} }},
+	azureColumn,
 	{name: "local", title: "local", lr: lrLocal, tm: localTimings,
 		newStore: func() store { return &localStore{} }},
 }

@@ -127,7 +127,9 @@ var scenarios = []fault{
 			time.Sleep(tr.timing.deadline / 4)
 		}
 	}},
-	{name: "store node restart", inject: func(tr *trial, _ *candidate, _ int) {
+	// Not on Azurite: it reports every lease expired when it restarts
+	// (docs/backends/azureblob.md), which Azure Storage never does.
+	{name: "store node restart", only: []string{"etcd", "consul", "postgres", "zookeeper", "kubernetes"}, inject: func(tr *trial, _ *candidate, _ int) {
 		tr.store.restartNode(tr.t)
 	}},
 	{name: "raft leader killed", only: []string{"etcd", "zookeeper"}, inject: func(tr *trial, _ *candidate, _ int) {

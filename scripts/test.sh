@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite, as CI does. On first use it builds the test
-# servers (etcd v3.6.16, Consul v1.14.8 and kube-apiserver v1.37.2) into
+# servers (etcd v3.6.16, Consul v1.14.8 and kube-apiserver v1.37.2) and
+# installs Azurite 3.35.0 (npm) into
 # $LEADERRUN_CACHE (default ~/.cache/leaderrun, outside the repo; minutes
 # cold, seconds after) and, as root, installs Debian's zookeeper,
 # postgresql and pgbouncer packages if they are missing; each test then
@@ -60,6 +61,10 @@ echo "== building the client-go elector (internal/testenv/k8selector)"
 export LEADERRUN_K8SELECTOR_BIN="$elector_dir/k8selector"
 LEADERRUN_ZOOKEEPER_CLASSPATH=$(scripts/install-zookeeper.sh)
 export LEADERRUN_ZOOKEEPER_CLASSPATH
+# Azurite, the Azure Storage emulator, from the npm registry into the
+# cache (needs Node.js and npm).
+LEADERRUN_AZURITE_BIN=$(scripts/install-azurite.sh)
+export LEADERRUN_AZURITE_BIN
 # Installing PostgreSQL needs root and apt-get; without them its tests are
 # skipped (failed under CI=true).
 if pg_dir=$(scripts/install-postgres.sh); then

@@ -1,0 +1,416 @@
+// Package azureblob is the Azure Blob Storage backend: the lock is a
+// blob lease, the leader-election pattern that Azure documents, on a blob
+// in a container the operator names.
+//
+// # Blobs
+//
+// Each lock has two block blobs in the container:
+//
+//   - the lock blob, <prefix><lock>: its lease is the lock. Its metadata
+//     names the holder and its grant (leaderrun_holder, the identity
+//     URL-escaped; leaderrun_token; leaderrun_ttl, the lease duration in
+//     seconds), written under the lease at each grant; its content is the
+//     completion markers, JSON, at most 64 KiB.
+//   - the state blob, <prefix><lock>~state: never leased. Its metadata
+//     holds the token's high-water mark (leaderrun_token); its content is
+//     the history, the last backends.HistoryLimit terms, JSON, at most
+//     128 KiB.
+//
+// A lock name cannot contain "~", so no lock's blob is another's state
+// blob. The container must exist, or the credentials must allow creating
+// it.
+//
+// # Lease
+//
+// A grant is a lease of --lease-duration on the lock blob (Azure accepts
+// 15 to 60 s, in whole seconds; CheckLeaseDuration refuses the rest, and
+// infinite leases, which a dead leader would hold for ever), acquired
+// with a lease id of the candidate's own, so that an acquisition whose
+// answer was lost can be sent again, or undone. The service's lease is
+// the truth: the runner's Renew renews it (nothing else does), and a
+// renewal the service refuses is a loss (S3). A lease of our own that
+// expired is renewed by the service as long as nobody took it meanwhile;
+// that is no danger, since nobody did.
+//
+// Azure tells nobody when a lease ends, so a lease checks itself: when no
+// request has proved it (a renewal, or a check) for half a retry period,
+// at most 700 ms, it reads the blob's properties with its lease id, which
+// the service answers only while that lease is active, and sees its loss
+// if the answer is 412 or 404, or if the lease is being broken. So a lease
+// broken or a blob deleted is seen within 700 ms and two round trips,
+// within S3's 1 s (docs/safety.md) while a round trip takes under 150 ms.
+// With renewals every retry period of 1.4 s or less, that is one read per
+// renewal; with leaderrun's default 2 s, two.
+//
+// A waiter reads the lock blob's properties every retry period, starting
+// at a random moment of the first period, and tries to acquire the lease
+// only when the read shows it free (available, expired or broken): reads
+// cost a tenth of writes, and a release is raced only by the waiters
+// whose reads land in the round trip before the first acquisition, not by
+// all of them. A release is seen within a retry period.
+//
+// # Fencing token
+//
+// Once it holds the lease, a candidate reads the token in the lock blob's
+// metadata and the high-water mark in the state blob's, takes one more
+// than the larger, writes it to the state blob with a write conditional
+// on the ETag it read (If-Match, or If-None-Match: * if it found none),
+// and then to the lock blob's metadata under its lease. Only then is the
+// lease handed out; a conflict on the state blob starts the three steps
+// again; a refusal of the lock blob's write is a lost lease.
+//
+// Why it never goes backwards. Both blobs' tokens only grow while they
+// exist. The lock blob's metadata is written only under an active lease,
+// by the holder, with a token larger than the one it read there. The
+// state blob's is written only by conditional writes, each with a value
+// larger than the one it replaces: a writer that read the blob and was
+// delayed (a stale candidate whose lease was broken, or expired, behind
+// its back) fails with 412 if anything was written since, and rereads.
+// Now take grants A then B. A's lease ended before B's began (the service
+// grants one lease at a time, and a blob cannot be deleted while
+// leased), and A wrote its token to the state blob and then to the lock
+// blob while holding its lease, so before B's reads. So B reads at least
+// A's token from the lock blob unless it was deleted (which takes
+// breaking the lease, then deleting), and at least A's token from the
+// state blob unless that was deleted, and B's token is larger. Deleting
+// either blob by hand does not make the token go back; deleting both, or
+// restoring an older copy, does (like dropping PostgreSQL's sequence).
+// A stale holder can do no harm: its lock-blob writes carry a lease id
+// the service no longer accepts, and its state-blob writes only ever
+// raise the mark.
+//
+// # Completion markers and history
+//
+// A marker is written into the lock blob's content with the lease id, so
+// the service accepts it only while this lease is active: that is the
+// fence. History terms go to the state blob, appended by a write
+// conditional on the ETag read (a lost leader's term too, once the lock
+// is someone else's), before the lease is released.
+//
+// # Credentials, and what is read from the network
+//
+// As the Azure CLI reads them: AZURE_STORAGE_CONNECTION_STRING, or
+// AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN
+// (Credentials). The SDK's HTTP transport is replaced by one that follows
+// no redirect, times out dials and TLS handshakes, caps headers at 64 KiB
+// and every answer's body at 1 MiB, and the SDK's retries are bounded to
+// two, 100 ms and 300 ms apart, each try cut at 4 s; blobs read are
+// capped again at what the backend ever writes. Messages name the
+// container's URL without its query, never a key or a SAS.
+package azureblob
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/blob"
+	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/blockblob"
+	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
+
+	"github.com/leaderrun/leaderrun/backends"
+)
+
+// Defaults of Config.
+const (
+	// DefaultRetryPeriod is leaderrun's --retry-period default.
+	DefaultRetryPeriod = 2 * time.Second
+)
+
+// The lease durations Azure accepts, other than infinite.
+const (
+	MinLeaseDuration = 15 * time.Second
+	MaxLeaseDuration = 60 * time.Second
+)
+
+const (
+	// requestTimeout bounds the requests the backend sends on its own
+	// behalf (campaign attempts, checks, Status, History), so that a
+	// stalled connection cannot hang them.
+	requestTimeout = 10 * time.Second
+	// withdrawTimeout bounds the clean-up of a candidacy that may hold
+	// the lease without knowing it: if the service does not answer in
+	// time either, the lease expires on its own.
+	withdrawTimeout = 2 * time.Second
+	// stateSuffix names the state blob: <prefix><lock>~state.
+	stateSuffix = "~state"
+	// maxBlobName is Azure's limit on a blob's name.
+	maxBlobName = 1024
+)
+
+// Config describes one lock in one container. The zero value of each
+// field is noted.
+type Config struct {
+	// AccountURL is the blob service endpoint: for the public cloud
+	// https://ACCOUNT.blob.core.windows.net, which is the zero value's
+	// meaning (from Credentials.Account); a sovereign cloud's or a
+	// private endpoint's otherwise, or an emulator's
+	// (http://127.0.0.1:10000/ACCOUNT). With a connection string, it
+	// must be empty: the string names the endpoint.
+	AccountURL string
+
+	// Container is the container's name; required. It is created if it
+	// does not exist and the credentials allow it.
+	Container string
+
+	// Credentials say how to authenticate; see Credentials.
+	Credentials Credentials
+
+	// Prefix and Lock name the lock blob: Prefix + Lock. Lock is
+	// required; see backends.ValidateLockName.
+	Prefix, Lock string
+
+	// RetryPeriod is how often the holder renews (the runner's
+	// --retry-period). A waiter reads the lock blob once per period, and
+	// a lease checks itself when nothing has proved it for half a period,
+	// at most maxCheckGap (see the package doc). Too short costs a read
+	// per waiter per period; too long delays a handover by up to a
+	// period. Zero value: DefaultRetryPeriod.
+	RetryPeriod time.Duration
+
+	// Log receives a line when a waiter meets errors or a check fails.
+	// Nil: nothing is logged.
+	Log *slog.Logger
+}
+
+// Backend campaigns for one lock in one container. Its methods are safe
+// for concurrent use, but Campaign is meant for one campaign at a time.
+type Backend struct {
+	container *container.Client
+	transport *transport
+	endpoint  string // the container's URL, without a query
+	name      string // the container's name
+	lock      string
+	blob      string // the lock blob's name
+	lockBlob  *blockblob.Client
+	stateBlob *blockblob.Client
+	retry     time.Duration
+	log       *slog.Logger
+}
+
+var (
+	_ backends.Backend              = (*Backend)(nil)
+	_ backends.LeaseDurationChecker = (*Backend)(nil)
+)
+
+// New returns a backend for cfg.Lock. It validates cfg and builds the
+// client, but sends nothing to the service until the first Campaign,
+// Status or History.
+func New(cfg Config) (*Backend, error) {
+	if err := backends.ValidateLockName(cfg.Lock); err != nil {
+		return nil, fmt.Errorf("azureblob: %w", err)
+	}
+	if err := ValidateContainer(cfg.Container); err != nil {
+		return nil, err
+	}
+	if err := ValidatePrefix(cfg.Prefix); err != nil {
+		return nil, err
+	}
+	if cfg.RetryPeriod <= 0 {
+		cfg.RetryPeriod = DefaultRetryPeriod
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	tr := newTransport()
+	c, endpoint, err := newContainerClient(&cfg, tr)
+	if err != nil {
+		return nil, err
+	}
+	name := cfg.Prefix + cfg.Lock
+	return &Backend{
+		container: c,
+		transport: tr,
+		endpoint:  endpoint,
+		name:      cfg.Container,
+		lock:      cfg.Lock,
+		blob:      name,
+		lockBlob:  c.NewBlockBlobClient(name),
+		stateBlob: c.NewBlockBlobClient(name + stateSuffix),
+		retry:     cfg.RetryPeriod,
+		log:       cfg.Log.With("backend", "azureblob", "lock", cfg.Lock),
+	}, nil
+}
+
+// ValidateContainer returns an error unless name is a valid container
+// name: 3 to 63 lowercase letters, digits and hyphens, starting with a
+// letter or digit, without two hyphens in a row.
+func ValidateContainer(name string) error {
+	ok := len(name) >= 3 && len(name) <= 63 && name[0] != '-' && name[len(name)-1] != '-' && !strings.Contains(name, "--")
+	for i := 0; ok && i < len(name); i++ {
+		c := name[i]
+		ok = c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-'
+	}
+	if !ok {
+		return fmt.Errorf("azureblob: container name %q: want 3-63 lowercase letters, digits and hyphens, "+
+			"starting and ending with a letter or digit, no two hyphens in a row", name)
+	}
+	return nil
+}
+
+// ValidatePrefix returns an error unless prefix can start a blob's name:
+// no control characters, no backslash (which the service turns into a
+// slash), and room left for a lock name.
+func ValidatePrefix(prefix string) error {
+	if len(prefix)+128+len(stateSuffix) > maxBlobName {
+		return fmt.Errorf("azureblob: prefix %q is too long: blob names are at most %d characters", prefix, maxBlobName)
+	}
+	for _, r := range prefix {
+		if r < ' ' || r == 0x7f || r == '\\' {
+			return fmt.Errorf("azureblob: prefix %q: control characters and backslashes are not allowed in blob names", prefix)
+		}
+	}
+	return nil
+}
+
+// Name implements backends.Backend.
+func (b *Backend) Name() string { return "azureblob" }
+
+// Key is where the lock lives: container/blob.
+func (b *Backend) Key() string { return b.name + "/" + b.blob }
+
+// Endpoint is the container's URL, without a query.
+func (b *Backend) Endpoint() string { return b.endpoint }
+
+// Close implements backends.Backend: it closes idle connections. Leases
+// must be released first.
+func (b *Backend) Close() error {
+	b.transport.closeIdle()
+	return nil
+}
+
+// CheckLeaseDuration implements backends.LeaseDurationChecker: Azure
+// leases last 15 to 60 s in whole seconds (a fraction is rounded up: the
+// lease may only last longer than asked). Infinite leases are refused: a
+// leader that died would keep the lock until someone broke its lease.
+func (b *Backend) CheckLeaseDuration(d time.Duration) error {
+	if s := leaseSeconds(d); time.Duration(s)*time.Second < MinLeaseDuration || time.Duration(s)*time.Second > MaxLeaseDuration {
+		return fmt.Errorf("azureblob: lease duration %v out of range: Azure blob leases last %v to %v", d, MinLeaseDuration, MaxLeaseDuration)
+	}
+	return nil
+}
+
+// leaseSeconds is d in whole seconds, rounded up.
+func leaseSeconds(d time.Duration) int32 {
+	s := (d + time.Second - 1) / time.Second
+	return int32(min(max(s, -1), 1<<31-1))
+}
+
+// unavailable wraps an error met before leadership: it names the
+// container and the blob, never a credential.
+func (b *Backend) unavailable(op string, err error) error {
+	return fmt.Errorf("azureblob at %s: %s %s: %w: %w", b.endpoint, op, b.blob, backends.ErrUnavailable, clean(err))
+}
+
+// Status implements backends.Backend from one read of the lock blob's
+// properties: held while its lease is leased or being broken, by the
+// holder its metadata names. Remaining is -1 (the service does not say
+// when a lease ends), and so is Waiting (waiters leave no trace).
+func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
+	st := backends.Status{Lock: b.lock, Backend: b.Name(), Key: b.Key(), Remaining: -1, Waiting: -1}
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	p, err := b.lockBlob.GetProperties(ctx, nil)
+	switch {
+	case has(err, notFound...):
+		return st, nil
+	case err != nil:
+		return st, b.unavailable("read", err)
+	}
+	if s := leaseStateOf(p); s != leased && s != breaking {
+		return st, nil
+	}
+	g := grantOf(p.Metadata)
+	st.Held = true
+	st.Identity, st.Token = g.holder, g.token
+	st.TTL = time.Duration(g.seconds) * time.Second
+	return st, nil
+}
+
+// History implements backends.Backend from the state blob.
+func (b *Backend) History(ctx context.Context, limit int) ([]backends.Term, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	s, err := b.readState(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("azureblob at %s: read the history in %s: %w: %w", b.endpoint, b.blob+stateSuffix, backends.ErrUnavailable, clean(err))
+	}
+	return backends.NewestFirst(s.History, limit), nil
+}
+
+// grant is what the lock blob's metadata says of its holder.
+type grant struct {
+	holder  string
+	token   uint64
+	seconds int32
+}
+
+// Metadata keys. The service keeps their case but compares them without
+// it, and the SDK hands them back capitalised: they are looked up
+// without case (meta).
+const (
+	metaHolder = "leaderrun_holder"
+	metaToken  = "leaderrun_token"
+	metaTTL    = "leaderrun_ttl"
+)
+
+// metadata is g as the lock blob's metadata.
+func (g grant) metadata() map[string]*string {
+	holder, token, ttl := url.QueryEscape(g.holder), strconv.FormatUint(g.token, 10), strconv.Itoa(int(g.seconds))
+	return map[string]*string{metaHolder: &holder, metaToken: &token, metaTTL: &ttl}
+}
+
+// grantOf reads a grant from metadata; what is missing or unreadable is
+// zero.
+func grantOf(m map[string]*string) grant {
+	var g grant
+	g.holder, _ = url.QueryUnescape(meta(m, metaHolder))
+	g.token, _ = strconv.ParseUint(meta(m, metaToken), 10, 64)
+	s, _ := strconv.ParseInt(meta(m, metaTTL), 10, 32)
+	g.seconds = int32(s)
+	return g
+}
+
+// meta is the value of key in m, compared without case; "" if absent.
+func meta(m map[string]*string, key string) string {
+	for k, v := range m {
+		if v != nil && strings.EqualFold(k, key) {
+			return *v
+		}
+	}
+	return ""
+}
+
+// Lease states, as the service names them.
+const (
+	available = "available"
+	leased    = "leased"
+	expired   = "expired"
+	breaking  = "breaking"
+	broken    = "broken"
+)
+
+func leaseStateOf(p blob.GetPropertiesResponse) string {
+	if p.LeaseState == nil {
+		return available
+	}
+	return string(*p.LeaseState)
+}
+
+// newLeaseID is a random UUID (version 4), as the service wants lease ids.
+func newLeaseID() string {
+	var u [16]byte
+	_, _ = rand.Read(u[:])
+	u[6] = u[6]&0x0f | 0x40
+	u[8] = u[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
+}
+
+// errHeld is an acquisition refused because someone holds the lease.
+var errHeld = errors.New("azureblob: lease held")
