@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -416,12 +417,16 @@ func (c *candidacy) keepAlive(ctx context.Context) {
 }
 
 // keepAliveOnce renews lease id with one keep-alive request. A learner
-// member refuses it without doing anything; it is then sent again, and the
-// client sends it to the next ready member (at most once per endpoint).
+// member refuses it without doing anything: with the refusal, or with a
+// bare EOF if the refusal ended the stream before the request was sent
+// (the client then returns the send's error). It is then sent again, and
+// the client sends it to the next ready member (at most once per
+// endpoint; a keep-alive is idempotent anyway).
 func (b *Backend) keepAliveOnce(ctx context.Context, id clientv3.LeaseID) error {
 	var err error
 	for range b.nEndpoints {
-		if _, err = b.cli.KeepAliveOnce(ctx, id); !learnerRefused(err) {
+		_, err = b.cli.KeepAliveOnce(ctx, id)
+		if !learnerRefused(err) && !errors.Is(err, io.EOF) {
 			return err
 		}
 	}

@@ -39,18 +39,20 @@ const (
 // What leaderrun reads from etcd is small: at most two candidates' keys
 // (their values are identities, at most 256 bytes), a count, one marker,
 // watch events on one key, and the history, read in pages of historyPage
-// terms of at most maxTermBytes each (about 170 KiB a page at most).
-// recvLimit bounds every answer above that, with room, and well below what
+// terms of at most maxTermBytes each (under 100 KiB a page, with long
+// keys). recvLimit bounds every answer above that, and well below what
 // could hurt: the smallest protobuf elements decode into many times their
-// size (an empty KeyValue is 2 bytes on the wire and about 150 in memory,
-// measured by TestReceiveLimitBoundsMemory), so an answer of recvLimit
-// bytes decodes into about 22 MiB at worst, and leaderrun stays under
-// 64 MiB whatever a server sends (docs/backends/etcd.md). A larger answer
-// fails its request with "received message larger than max".
+// size (an empty KeyValue is 2 bytes on the wire and about 170 bytes in
+// memory, measured by TestReceiveLimitBoundsMemory), so an answer of
+// recvLimit bytes decodes into about 11 MiB at worst. With the runtime's
+// own (about 16 MiB) and the collector's slack (a heap may grow to twice
+// what is live), leaderrun stays well under 64 MiB whatever a server
+// sends (e2e TestEtcdHostileStore; 256 KiB came to 60 MiB). A larger
+// answer fails its request with "received message larger than max".
 const (
-	recvLimit    = 256 << 10
+	recvLimit    = 128 << 10
 	historyPage  = 20
-	maxTermBytes = 8 << 10
+	maxTermBytes = 4 << 10
 
 	// maxHeaderList bounds the headers and trailers of one answer
 	// (etcd's are a few hundred bytes; gRPC's default is 16 MiB).
