@@ -307,9 +307,10 @@ func testWaiterSessionEnds(t *testing.T, env *env) {
 }
 
 // testAcquiredAfterWaiting: a candidate that waited reports as Acquired its
-// Grant's send time, before it queued: the backend does not renew on its
-// own (the runner renews a grant whose proof of life is old before it
-// starts the child), and the lease it won is alive and renewable.
+// Grant's send time, before it queued: the keep-alives of its wait do not
+// count once it leads (the runner renews a grant whose proof of life is
+// old before it starts the child), and the lease it won is alive and
+// renewable.
 func testAcquiredAfterWaiting(t *testing.T, env *env) {
 	lock := "acquired-after-waiting"
 	a, b := newBackend(t, env.eps, lock, 5*time.Second), newBackend(t, env.eps, lock, 5*time.Second)
@@ -345,8 +346,9 @@ func testAcquiredAfterWaiting(t *testing.T, env *env) {
 }
 
 // testCancelWhileStoreStalled: a waiting candidate whose connection to etcd
-// hangs still returns promptly when its context is cancelled; the
-// concurrency package's own clean-up must not block on the dead link.
+// hangs still returns promptly when its context is cancelled: the
+// withdrawal (revoking its lease) is bounded and must not block on the
+// dead link.
 func testCancelWhileStoreStalled(t *testing.T, env *env) {
 	lock := "cancel-stalled"
 	proxy := testenv.NewProxy(t, strings.TrimPrefix(env.eps[0], "http://"))
