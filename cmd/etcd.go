@@ -19,7 +19,7 @@ import (
 func etcdFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "etcd-endpoints", Category: categoryStore, EnvVars: []string{"LEADERRUN_ETCD_ENDPOINTS", "ETCDCTL_ENDPOINTS"},
-			Usage: "comma-separated etcd `URLS` (http://host:port, https://host:port); list every member so that the client can fail over"},
+			Usage: "comma-separated etcd `URLS` (http://host:port, https://host:port, host:port, unix://path, unixs://path), all with TLS or all without; list every member so that the client can fail over"},
 		&cli.StringFlag{Name: "etcd-cacert", Category: categoryStore, EnvVars: []string{"ETCDCTL_CACERT"},
 			Usage: "verify etcd's TLS certificate with the CA bundle in `FILE`"},
 		&cli.StringFlag{Name: "etcd-cert", Category: categoryStore, EnvVars: []string{"ETCDCTL_CERT"},
@@ -28,8 +28,8 @@ func etcdFlags() []cli.Flag {
 			Usage: "TLS client key `FILE` (with --etcd-cert)"},
 		&cli.StringFlag{Name: "etcd-user", Category: categoryStore, EnvVars: []string{"ETCDCTL_USER"},
 			Usage: "authenticate as `USER:PASSWORD` (prefer the variable: arguments are visible to every user of the host)"},
-		&cli.DurationFlag{Name: "etcd-dial-timeout", Category: categoryStore, EnvVars: []string{"LEADERRUN_ETCD_DIAL_TIMEOUT"}, Value: etcd.DefaultDialTimeout,
-			Usage: "give up after `D` when etcd cannot be reached before leadership (exit 69)"},
+		&cli.DurationFlag{Name: "etcd-dial-timeout", Category: categoryStore, EnvVars: []string{"LEADERRUN_ETCD_DIAL_TIMEOUT", "ETCDCTL_DIAL_TIMEOUT"}, Value: etcd.DefaultDialTimeout,
+			Usage: "give up after `D` when no etcd member can be reached before leadership (exit 69)"},
 	}
 }
 
@@ -57,15 +57,20 @@ func newEtcdBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
 			return nil, usageErrorf("--etcd-cacert %q, --etcd-cert %q, --etcd-key %q: %v", ca, cert, key, err)
 		}
 	}
+	if err := etcd.CheckEndpoints(endpoints, tlsCfg != nil); err != nil {
+		return nil, usageErrorf("--etcd-endpoints: %v", err)
+	}
 	var user, password string
 	if u := c.String("etcd-user"); u != "" {
 		var ok bool
 		user, password, ok = strings.Cut(u, ":")
 		if !ok {
 			// As etcdctl: the password may come from ETCDCTL_PASSWORD.
-			password, ok = os.LookupEnv("ETCDCTL_PASSWORD")
+			password = os.Getenv("ETCDCTL_PASSWORD")
 		}
-		if !ok || user == "" {
+		// etcd's client does not authenticate at all without a
+		// password: refuse what would silently run as nobody.
+		if user == "" || password == "" {
 			// Never echo the value: it may be a password.
 			return nil, usageErrorf("--etcd-user: want USER:PASSWORD, or USER with ETCDCTL_PASSWORD set")
 		}

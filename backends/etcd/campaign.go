@@ -4,8 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
@@ -16,14 +23,22 @@ import (
 // failed. A waiting candidate then campaigns again with a new lease.
 var errCandidacyEnded = errors.New("etcd: candidacy ended while waiting")
 
+// errFinal marks what asking again cannot fix: a refusal (permission
+// denied, bad credentials) or an answer the client cannot use. Final,
+// whatever the mode.
+var errFinal = errors.New("etcd: final")
+
 // Campaign implements backends.Backend.
 //
-// A waiting candidate holds a key in the election's queue. If its candidacy
-// ends while it waits (its lease expired while etcd was out of reach, or
-// was revoked), it notices and campaigns again with a new lease; only the
-// first contact with etcd failing is ErrUnavailable. Cancelling ctx revokes
-// the candidacy's lease, which deletes its key, on a context of its own
-// bounded by a couple of seconds.
+// A waiting candidate holds a key in the election's queue, and keeps its
+// lease alive itself, every third of its TTL, as etcd's client does for a
+// session. That keep-alive stops before Campaign returns: from then on
+// the runner's Renew is the only renewal (backends.Backend). If the
+// candidacy ends while it waits (its lease expired while etcd was out of
+// reach, or was revoked), it notices and campaigns again with a new lease;
+// only the first contact with etcd failing is ErrUnavailable. Cancelling
+// ctx revokes the candidacy's lease, which deletes its key, on a context
+// of its own bounded by a couple of seconds.
 //
 // With opts.Try it reads the election first, and leaves no trace at all if
 // the lock is held. Otherwise it takes a key as etcd's Mutex.TryLock does
@@ -42,7 +57,7 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 			return l, nil
 		case ctx.Err() != nil:
 			return nil, ctx.Err()
-		case errors.Is(err, errRefused), attempt == 0 && !errors.Is(err, errCandidacyEnded):
+		case errors.Is(err, errFinal), attempt == 0 && !errors.Is(err, errCandidacyEnded):
 			return nil, err
 		}
 		pause := retry.Next()
@@ -67,13 +82,38 @@ func ttlSeconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
 }
 
-// errRefused marks a refusal (permission denied, bad credentials): final,
-// whatever the mode.
-var errRefused = errors.New("etcd: refused")
+// errBadAnswer marks an answer that no etcd member gives.
+var errBadAnswer = errors.New("etcd: malformed answer")
+
+// final reports whether err is one that asking again cannot fix: a
+// refusal, an answer larger than the receive limit (gRPC's own error, not
+// etcd's "too many requests", which has the same code) or malformed, or a
+// method the server does not know.
+func final(err error) bool {
+	if refused(err) || errors.Is(err, errBadAnswer) {
+		return true
+	}
+	var ee rpctypes.EtcdError
+	switch status.Code(err) {
+	case codes.ResourceExhausted:
+		return !errors.As(err, &ee)
+	case codes.Unimplemented:
+		return true
+	}
+	return false
+}
+
+// learnerRefused reports whether a learner member refused the request: it
+// did nothing, and another member may serve it.
+func learnerRefused(err error) bool {
+	return err != nil && rpctypes.ErrorDesc(err) == rpctypes.ErrorDesc(rpctypes.ErrGRPCNotSupportedForLearner)
+}
 
 // candidateKey is the key of the candidacy with lease id: the election's
 // prefix and the lease ID in hex, as etcd's concurrency package names it.
-func (b *Backend) candidateKey(id int64) string { return fmt.Sprintf("%s%x", b.prefix(), id) }
+func (b *Backend) candidateKey(id clientv3.LeaseID) string {
+	return fmt.Sprintf("%s%x", b.prefix(), int64(id))
+}
 
 // campaign is one candidacy: it waits in the election's queue until it
 // leads, its lease's keep-alive stops or ctx ends.
@@ -97,9 +137,11 @@ func (b *Backend) campaign(ctx context.Context, identity string, ttl int64) (*le
 		c.withdraw()
 		switch {
 		case refused(err):
-			return nil, fmt.Errorf("%w: %w", errRefused, b.refusal("put", b.prefix()+"…", err))
+			return nil, fmt.Errorf("%w: %w", errFinal, b.refusal("put", b.prefix()+"…", err))
+		case final(err):
+			return nil, fmt.Errorf("%w: %w", errFinal, b.unavailable("campaign on "+b.prefix(), err))
 		case ended:
-			return nil, fmt.Errorf("%w: the keep-alive of lease %x stopped", errCandidacyEnded, c.id)
+			return nil, fmt.Errorf("%w: the keep-alive of lease %x stopped", errCandidacyEnded, int64(c.id))
 		}
 		return nil, fmt.Errorf("%w: %v", errCandidacyEnded, err)
 	}
@@ -122,20 +164,23 @@ func (c *candidacy) elect(identity string) (key string, rev, verified int64, err
 	key = b.candidateKey(c.id)
 	// Ours is the newest key under the prefix once the put is done: the
 	// two newest are ours and the one we must wait for, if any.
-	newest := &rangeRequest{Key: []byte(b.prefix()), RangeEnd: prefixEnd(b.prefix()), Limit: 2, SortOrder: sortDescend, SortTarget: sortByCreate}
-	resp, err := b.cli.txn(c.ctx, txnRequest{
-		Compare: []compare{createdIs(key, 0)},
-		Success: []requestOp{{Put: &putRequest{Key: []byte(key), Value: []byte(identity), Lease: c.id}}, {Range: newest}},
-		Failure: []requestOp{{Range: &rangeRequest{Key: []byte(key)}}, {Range: newest}},
-	})
+	newest := clientv3.OpGet(b.prefix(), clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2))
+	resp, err := b.cli.Txn(c.ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, identity, clientv3.WithLease(c.id)), newest).
+		Else(clientv3.OpGet(key), newest).
+		Commit()
 	if err != nil {
 		return key, 0, 0, err
 	}
-	rev = resp.Header.Revision
+	rev = resp.Header.GetRevision()
+	if rev <= 0 {
+		return key, 0, 0, fmt.Errorf("%w: a transaction answered without a revision", errBadAnswer)
+	}
 	if !resp.Succeeded {
 		// The key exists already (this lease campaigned before): keep
 		// its place, and make its value ours.
-		kvs := resp.rangeAt(0).Kvs
+		kvs := rangeAt(resp, 0).Kvs
 		if len(kvs) == 0 {
 			return key, 0, 0, fmt.Errorf("%s vanished while campaigning", key)
 		}
@@ -146,26 +191,25 @@ func (c *candidacy) elect(identity string) (key string, rev, verified int64, err
 			}
 		}
 	}
-	var ahead *keyValue
-	for _, kv := range resp.rangeAt(1).Kvs {
+	var ahead *mvccpb.KeyValue
+	for _, kv := range rangeAt(resp, 1).Kvs {
 		if kv.CreateRevision < rev {
-			ahead = &kv
+			ahead = kv
 			break
 		}
 	}
 	if ahead == nil && resp.Succeeded {
-		return key, rev, resp.Header.Revision, nil
+		return key, rev, resp.Header.GetRevision(), nil
 	}
-	return key, rev, 0, c.waitDeletes(rev, ahead, resp.Header.Revision)
+	return key, rev, 0, c.waitDeletes(rev, ahead, resp.Header.GetRevision())
 }
 
 // proclaim sets the value of the candidacy's key, if it is still the one
 // created at rev.
 func (c *candidacy) proclaim(ctx context.Context, key string, rev int64, identity string) error {
-	resp, err := c.b.cli.txn(ctx, txnRequest{
-		Compare: []compare{createdIs(key, rev)},
-		Success: []requestOp{{Put: &putRequest{Key: []byte(key), Value: []byte(identity), Lease: c.id}}},
-	})
+	resp, err := c.b.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
+		Then(clientv3.OpPut(key, identity, clientv3.WithLease(c.id))).
+		Commit()
 	if err != nil {
 		return err
 	}
@@ -179,16 +223,17 @@ func (c *candidacy) proclaim(ctx context.Context, key string, rev int64, identit
 // as etcd's election does: it watches only the newest such key (ahead,
 // seen at revision at), so that each deletion wakes one waiter, then looks
 // for the next one. A watch that ends without the deletion (a broken
-// connection, a compacted revision) is simply started again from a new
-// look. It returns when the candidacy's context ends.
-func (c *candidacy) waitDeletes(rev int64, ahead *keyValue, at int64) error {
+// connection, a compacted revision, a member that lost its leader) is
+// simply started again from a new look. It returns when the candidacy's
+// context ends, or on an error that asking again cannot fix.
+func (c *candidacy) waitDeletes(rev int64, ahead *mvccpb.KeyValue, at int64) error {
 	b := c.b
 	retry := backends.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for {
 		if ahead == nil {
-			resp, err := b.cli.rangeKeys(c.ctx, lastCreatedBefore(b.prefix(), rev))
+			resp, err := b.cli.Get(c.ctx, b.prefix(), append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1))...)
 			if err != nil {
-				if refused(err) || c.ctx.Err() != nil {
+				if final(err) || c.ctx.Err() != nil {
 					return err
 				}
 				if retry.Sleep(c.ctx) != nil {
@@ -199,36 +244,49 @@ func (c *candidacy) waitDeletes(rev int64, ahead *keyValue, at int64) error {
 			if len(resp.Kvs) == 0 {
 				return nil
 			}
-			ahead, at = &resp.Kvs[0], resp.Header.Revision
+			ahead, at = resp.Kvs[0], resp.Header.GetRevision()
 		}
-		deleted := false
-		err := b.cli.watch(c.ctx, string(ahead.Key), at, func(evs []watchEvent, _ int64) bool {
-			for _, ev := range evs {
-				if ev.Type == eventDelete {
-					deleted = true
-					return false
-				}
-			}
-			return true
-		})
-		if c.ctx.Err() != nil {
+		deleted, err := c.waitDelete(string(ahead.Key), at)
+		switch {
+		case c.ctx.Err() != nil:
 			return c.ctx.Err()
-		}
-		if deleted {
+		case final(err):
+			return err
+		case deleted:
 			retry.Reset()
-		} else if err != nil && retry.Sleep(c.ctx) != nil {
+		case retry.Sleep(c.ctx) != nil:
 			return c.ctx.Err()
 		}
 		ahead = nil
 	}
 }
 
+// waitDelete watches key from revision at until it is deleted (true), or
+// the watch ends with why.
+func (c *candidacy) waitDelete(key string, at int64) (bool, error) {
+	// A member that loses its leader ends the watch instead of keeping
+	// it quiet: the next look goes to one that has a leader.
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(c.ctx))
+	defer cancel()
+	for wr := range c.b.cli.Watch(wctx, key, clientv3.WithRev(at)) {
+		if err := wr.Err(); err != nil {
+			return false, err
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				return true, nil
+			}
+		}
+	}
+	return false, errors.New("watch of " + key + " ended")
+}
+
 // try takes the lock only if nobody holds it and nobody is ahead in the
-// queue. Every request is bounded by the dial timeout: a --try never waits.
+// queue. Every request is bounded (see reach): a --try never waits.
 func (b *Backend) try(ctx context.Context, identity string, ttl int64) (backends.Lease, error) {
-	var resp *rangeResponse
+	var resp *clientv3.GetResponse
 	err := b.reach(ctx, "read "+b.prefix(), func(ctx context.Context) (err error) {
-		resp, err = b.cli.rangeKeys(ctx, firstCreated(b.prefix()))
+		resp, err = b.cli.Get(ctx, b.prefix(), clientv3.WithFirstCreate()...)
 		return err
 	})
 	if err != nil {
@@ -243,14 +301,13 @@ func (b *Backend) try(ctx context.Context, identity string, ttl int64) (backends
 		return nil, err
 	}
 	key := b.candidateKey(c.id)
-	var tr *txnResponse
+	var tr *clientv3.TxnResponse
 	err = b.reach(ctx, "take "+b.prefix(), func(ctx context.Context) (err error) {
 		// Mutex.TryLock's transaction, with the identity as the value:
 		// create the key and read the oldest one in the same step.
-		tr, err = b.cli.txn(ctx, txnRequest{
-			Compare: []compare{createdIs(key, 0)},
-			Success: []requestOp{{Put: &putRequest{Key: []byte(key), Value: []byte(identity), Lease: c.id}}, {Range: firstCreated(b.prefix())}},
-		})
+		tr, err = b.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, identity, clientv3.WithLease(c.id)), clientv3.OpGet(b.prefix(), clientv3.WithFirstCreate()...)).
+			Commit()
 		return err
 	})
 	if err != nil {
@@ -260,44 +317,49 @@ func (b *Backend) try(ctx context.Context, identity string, ttl int64) (backends
 		}
 		return nil, err
 	}
-	owner := tr.rangeAt(1).Kvs
-	if !tr.Succeeded || len(owner) == 0 || owner[0].CreateRevision != tr.Header.Revision {
+	owner := rangeAt(tr, 1).Kvs
+	if !tr.Succeeded || len(owner) == 0 || owner[0].CreateRevision != tr.Header.GetRevision() {
 		c.withdraw()
 		return nil, fmt.Errorf("etcd: %s was taken first by another candidate: %w", b.pfx, backends.ErrLocked)
 	}
-	rev := tr.Header.Revision
+	rev := tr.Header.GetRevision()
+	if rev <= 0 {
+		c.withdraw()
+		return nil, b.unavailable("take "+b.prefix(), fmt.Errorf("%w: a transaction answered without a revision", errBadAnswer))
+	}
 	return newLease(c, key, rev, c.granted, rev), nil
 }
 
 // candidacy is one bid for the lock: a lease, and the loop that keeps it
-// alive while the candidacy lasts (every third of its TTL, as etcd's
-// client does for a session), whoever else renews it.
+// alive while the candidacy waits (every third of its TTL, as etcd's
+// client does for a session). The loop stops when the candidacy wins,
+// before Campaign returns.
 type candidacy struct {
 	b       *Backend
-	id      int64
-	ctx     context.Context // ends on end, or when the keep-alive stops
+	id      clientv3.LeaseID
+	ctx     context.Context // ends on end, or when the keep-alive stops on its own
 	end     context.CancelFunc
 	granted time.Time     // send time of the Grant
 	ttl     time.Duration // as granted
 
 	stopKeepAlive context.CancelFunc
-	// ended is closed when the keep-alive stopped on its own: etcd said
-	// the lease is gone, or did not answer for a whole TTL.
-	ended    chan struct{}
-	stopOnce sync.Once
-	wg       sync.WaitGroup
+	stopOnce      sync.Once
+	wg            sync.WaitGroup
 }
 
 // newCandidacy grants a lease and starts keeping it alive. A failure wraps
 // backends.ErrUnavailable.
 func (b *Backend) newCandidacy(ctx context.Context, ttl int64) (*candidacy, error) {
 	var (
-		id, granted int64
-		sent        time.Time
+		resp *clientv3.LeaseGrantResponse
+		sent time.Time
 	)
 	err := b.reach(ctx, "grant a lease for "+b.prefix(), func(ctx context.Context) (err error) {
 		sent = time.Now()
-		id, granted, err = b.cli.grant(ctx, ttl)
+		resp, err = b.cli.Grant(ctx, ttl)
+		if err == nil && resp.ID == 0 {
+			err = errors.New("etcd granted no lease")
+		}
 		return err
 	})
 	if err != nil {
@@ -307,13 +369,12 @@ func (b *Backend) newCandidacy(ctx context.Context, ttl int64) (*candidacy, erro
 	kctx, stopKeepAlive := context.WithCancel(context.Background())
 	c := &candidacy{
 		b:             b,
-		id:            id,
+		id:            resp.ID,
 		ctx:           cctx,
 		end:           end,
 		granted:       sent,
-		ttl:           time.Duration(granted) * time.Second,
+		ttl:           time.Duration(resp.TTL) * time.Second,
 		stopKeepAlive: stopKeepAlive,
-		ended:         make(chan struct{}),
 	}
 	c.wg.Add(1)
 	go func() {
@@ -338,7 +399,7 @@ func (c *candidacy) keepAlive(ctx context.Context) {
 		case <-t.C:
 		}
 		rctx, cancel := context.WithTimeout(ctx, max(time.Until(deadline), 500*time.Millisecond))
-		_, err := c.b.cli.keepAlive(rctx, c.id)
+		err := c.b.keepAliveOnce(rctx, c.id)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
@@ -348,13 +409,32 @@ func (c *candidacy) keepAlive(ctx context.Context) {
 			next = c.ttl / 3
 			continue
 		case leaseNotFound(err), !time.Now().Before(deadline):
-			close(c.ended)
 			c.end()
 			return
 		}
 		next = 500 * time.Millisecond
 	}
 }
+
+// keepAliveOnce renews lease id with one keep-alive request. A learner
+// member refuses it without doing anything: with the refusal, or with a
+// bare EOF if the refusal ended the stream before the request was sent
+// (the client then returns the send's error). It is then sent again, and
+// the client sends it to the next ready member (at most once per
+// endpoint; a keep-alive is idempotent anyway).
+func (b *Backend) keepAliveOnce(ctx context.Context, id clientv3.LeaseID) error {
+	var err error
+	for range b.nEndpoints {
+		_, err = b.cli.KeepAliveOnce(ctx, id)
+		if !learnerRefused(err) && !errors.Is(err, io.EOF) {
+			return err
+		}
+	}
+	return err
+}
+
+// leaseNotFound reports whether etcd said that a lease does not exist.
+func leaseNotFound(err error) bool { return errors.Is(err, rpctypes.ErrLeaseNotFound) }
 
 // confirm turns a candidacy that won after waiting into a lease. rev is
 // the key's create revision.
@@ -368,9 +448,9 @@ func (c *candidacy) keepAlive(ctx context.Context) {
 func (c *candidacy) confirm(ctx context.Context, key string, rev int64) (*lease, error) {
 	// etcd answered a moment ago; if it does not now, campaign again
 	// rather than wait on a connection for as long as ctx allows.
-	rctx, cancel := context.WithTimeout(ctx, c.b.dialTimeout)
+	rctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	resp, err := c.b.cli.rangeKeys(rctx, &rangeRequest{Key: []byte(key)})
+	resp, err := c.b.cli.Get(rctx, key)
 	if err != nil || len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != rev {
 		c.withdraw()
 		switch {
@@ -381,7 +461,7 @@ func (c *candidacy) confirm(ctx context.Context, key string, rev int64) (*lease,
 		}
 		return nil, fmt.Errorf("%w: %s was deleted before its campaign returned", errCandidacyEnded, key)
 	}
-	return newLease(c, key, rev, c.granted, resp.Header.Revision), nil
+	return newLease(c, key, rev, c.granted, resp.Header.GetRevision()), nil
 }
 
 // withdraw ends a candidacy that did not win: revoking its lease deletes its
@@ -397,8 +477,8 @@ func (c *candidacy) withdraw() {
 // gone is not an error.
 func (c *candidacy) close(ctx context.Context) error {
 	c.stop()
-	if err := c.b.cli.revoke(ctx, c.id); err != nil {
-		return fmt.Errorf("etcd %s: revoke lease %x of %s: %w", c.b.endpoints, c.id, c.b.prefix(), err)
+	if _, err := c.b.cli.Revoke(ctx, c.id); err != nil && !leaseNotFound(err) {
+		return fmt.Errorf("etcd %s: revoke lease %x of %s: %w", c.b.endpoints, int64(c.id), c.b.prefix(), err)
 	}
 	return nil
 }

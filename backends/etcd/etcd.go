@@ -1,14 +1,12 @@
-// Package etcd is the etcd backend. Candidates campaign as etcd's
-// concurrency package does (etcdctl elect and etcdctl lock use it): one
-// lease per candidacy, kept alive while it lasts, and an election on
-// <prefix><lock>, whose candidates are the keys <prefix><lock>/<lease ID in
-// hex> with the identity as value. The candidate whose key has the lowest
-// create revision leads; each of the others waits for the deletion of the
-// key created just before its own, so that a change wakes one waiter. The
-// lock is therefore the one `etcdctl elect <prefix><lock>` observes.
-//
-// It speaks to etcd through etcd's JSON gateway (client.go), not the gRPC
-// client.
+// Package etcd is the etcd backend, on etcd's own Go client
+// (go.etcd.io/etcd/client/v3). Candidates campaign as etcd's concurrency
+// package does (etcdctl elect and etcdctl lock use it): one lease per
+// candidacy and an election on <prefix><lock>, whose candidates are the keys
+// <prefix><lock>/<lease ID in hex> with the identity as value. The
+// candidate whose key has the lowest create revision leads; each of the
+// others waits for the deletion of the key created just before its own, so
+// that a change wakes one waiter. The lock is therefore the one `etcdctl
+// elect <prefix><lock>` observes.
 //
 // The fencing token is the create revision of the leader's key. etcd's
 // revision grows with every write to the store, and a candidate leads only
@@ -18,12 +16,16 @@
 // Leadership is lost when the lease ends (revoked, or expired because nobody
 // renewed it within its TTL) or when the key is deleted. A watch on the
 // leader's own key reports both within a round trip (S3): etcd deletes a
-// lease's keys when the lease ends.
+// lease's keys when the lease ends. A renewal that etcd answers with "lease
+// not found" is a loss too.
+//
+// Who renews (backends.Backend): a waiting candidate keeps its own lease
+// alive; that stops before Campaign returns, and from then on the runner's
+// Lease.Renew, one keep-alive request per call, is the only renewal.
 package etcd
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -31,19 +33,17 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// DefaultDialTimeout is Config.DialTimeout's default.
-const DefaultDialTimeout = 5 * time.Second
-
 const (
-	// keepaliveTime is the TCP keep-alive period of the connections to
-	// etcd, and how long an idle one is kept (nine periods).
-	keepaliveTime = 10 * time.Second
-
 	// withdrawTimeout bounds the clean-up of a candidacy that did not win
-	// (cancelled, --try, or its session ended): revoking its lease. If etcd
+	// (cancelled, --try, or its lease ended): revoking its lease. If etcd
 	// does not answer in time, the lease expires on its own after its TTL.
 	withdrawTimeout = 2 * time.Second
 
@@ -51,37 +51,11 @@ const (
 	defaultTTL = 15 * time.Second
 )
 
-// Config describes one lock in one etcd cluster. The zero value of each
-// field is noted.
-type Config struct {
-	// Endpoints are the client URLs of the cluster's members
-	// (http://host:port, https://host:port or host:port). Required.
-	Endpoints []string
-
-	// TLS secures the connection; see LoadTLS. Nil: plain TCP.
-	TLS *tls.Config
-
-	// Username and Password authenticate against etcd's auth. Empty: none.
-	Username, Password string
-
-	// DialTimeout bounds every request made before leadership whose failure
-	// means that etcd cannot be reached: without it, the client would wait
-	// for a connection for as long as the campaign may wait. Zero: 5 s.
-	DialTimeout time.Duration
-
-	// Prefix and Lock name the election: <Prefix><Lock>. Lock is required;
-	// see backends.ValidateLockName.
-	Prefix, Lock string
-
-	// Log receives a line when a waiting candidate has to campaign again.
-	// Nil: nothing is logged.
-	Log *slog.Logger
-}
-
 // Backend campaigns for one lock in one etcd cluster.
 type Backend struct {
-	cli         *client
+	cli         *clientv3.Client
 	endpoints   string // for messages
+	nEndpoints  int
 	lock        string
 	pfx         string // the election's prefix, <prefix><lock>
 	dialTimeout time.Duration
@@ -90,10 +64,10 @@ type Backend struct {
 
 var _ backends.Backend = (*Backend)(nil)
 
-// New returns a backend for cfg.Lock. It contacts no member (with a user
-// name, it authenticates before its first request); a store that cannot be
-// reached shows in the first Campaign or Status, as an error wrapping
-// backends.ErrUnavailable.
+// New returns a backend for cfg.Lock. It does not wait for a connection
+// unless cfg.Username is set (authentication is a round trip, bounded by
+// the dial timeout); a store that cannot be reached shows in the first
+// Campaign or Status, as an error wrapping backends.ErrUnavailable.
 func New(cfg Config) (*Backend, error) {
 	if len(cfg.Endpoints) == 0 {
 		return nil, errors.New("etcd: no endpoints")
@@ -109,16 +83,29 @@ func New(cfg Config) (*Backend, error) {
 	}
 	b := &Backend{
 		endpoints:   backends.Redact(strings.Join(cfg.Endpoints, ",")),
+		nEndpoints:  len(cfg.Endpoints),
 		lock:        cfg.Lock,
 		pfx:         cfg.Prefix + cfg.Lock,
 		dialTimeout: cfg.DialTimeout,
 		log:         cfg.Log.With("backend", "etcd", "lock", cfg.Lock),
 	}
-	cli, err := newClient(cfg.Endpoints, cfg.TLS, cfg.Username, cfg.Password, cfg.DialTimeout)
+	ccfg, err := clientConfig(cfg, b.log)
 	if err != nil {
 		return nil, err
 	}
+	cli, err := clientv3.New(ccfg)
+	switch {
+	case err == nil:
+	case errors.Is(err, context.DeadlineExceeded):
+		return nil, b.unavailable("authenticate as "+cfg.Username,
+			fmt.Errorf("no answer within the dial timeout (%v)", cfg.DialTimeout))
+	default:
+		return nil, b.unavailable("connect", err)
+	}
 	b.cli = cli
+	// The client connects on its first request; start now, so that the
+	// handshake overlaps with what the caller does before campaigning.
+	cli.ActiveConnection().Connect()
 	return b, nil
 }
 
@@ -127,7 +114,9 @@ func (b *Backend) Name() string { return "etcd" }
 
 // Close implements backends.Backend.
 func (b *Backend) Close() error {
-	b.cli.close()
+	if err := b.cli.Close(); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
 	return nil
 }
 
@@ -138,15 +127,18 @@ func (b *Backend) prefix() string { return b.pfx + "/" }
 // snapshot, then asks for the time left on the leader's lease.
 func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	st := backends.Status{Lock: b.lock, Backend: b.Name(), Key: b.prefix(), Remaining: -1, Waiting: -1}
-	var resp *txnResponse
+	var resp *clientv3.TxnResponse
 	err := b.reach(ctx, "read "+b.prefix(), func(ctx context.Context) (err error) {
-		resp, err = b.cli.txn(ctx, txnRequest{Success: []requestOp{{Range: firstCreated(b.prefix())}, {Range: countUnder(b.prefix())}}})
+		resp, err = b.cli.Txn(ctx).Then(
+			clientv3.OpGet(b.prefix(), clientv3.WithFirstCreate()...),
+			clientv3.OpGet(b.prefix(), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		).Commit()
 		return err
 	})
 	if err != nil {
 		return st, err
 	}
-	leader := resp.rangeAt(0).Kvs
+	leader := rangeAt(resp, 0).Kvs
 	st.Waiting = 0
 	if len(leader) == 0 {
 		return st, nil
@@ -156,44 +148,63 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	st.Key = string(kv.Key)
 	st.Identity = string(kv.Value)
 	st.Token = uint64(kv.CreateRevision)
-	st.Waiting = int(resp.rangeAt(1).Count) - 1
+	st.Waiting = int(rangeAt(resp, 1).Count) - 1
 	if kv.Lease == 0 {
 		return st, nil
 	}
 	// The lease is the leader's business; if it cannot be read, the rest
 	// of the answer still stands and the time left stays unknown.
-	var ttl, granted int64
+	var ttl *clientv3.LeaseTimeToLiveResponse
 	if b.reach(ctx, "read lease", func(ctx context.Context) (err error) {
-		ttl, granted, err = b.cli.timeToLive(ctx, kv.Lease)
+		ttl, err = b.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
 		return err
-	}) == nil && ttl >= 0 {
-		st.TTL = time.Duration(granted) * time.Second
-		st.Remaining = time.Duration(ttl) * time.Second
+	}) == nil && ttl.TTL >= 0 {
+		st.TTL = time.Duration(ttl.GrantedTTL) * time.Second
+		st.Remaining = time.Duration(ttl.TTL) * time.Second
 	}
 	return st, nil
 }
 
+// rangeAt is the i-th answer of a transaction as a Range's; empty if the
+// answer lacks it.
+func rangeAt(resp *clientv3.TxnResponse, i int) *clientv3.GetResponse {
+	if i < len(resp.Responses) {
+		if r := resp.Responses[i].GetResponseRange(); r != nil {
+			return (*clientv3.GetResponse)(r)
+		}
+	}
+	return &clientv3.GetResponse{}
+}
+
 // reach runs one request whose failure means that etcd cannot be reached or
-// refuses us, bounded by the dial timeout: the client waits for a connection
-// as long as a request's context allows, so without a bound a campaign with
-// no deadline would wait for ever on a store that is down. The error wraps
-// backends.ErrUnavailable, or is ctx's own if ctx ended.
+// refuses us. The client waits for a connection for as long as a request's
+// context allows, so without a bound a campaign with no deadline would
+// wait for ever on a store that is down: a request that starts without a
+// ready connection gets the dial timeout, for connecting and answering;
+// one that starts with one gets requestTimeout (etcdctl's command timeout).
+// The error wraps backends.ErrUnavailable, or is ctx's own if ctx ended.
 func (b *Backend) reach(ctx context.Context, op string, f func(context.Context) error) error {
-	rctx, cancel := context.WithTimeout(ctx, b.dialTimeout)
+	limit := b.dialTimeout
+	if b.cli.ActiveConnection().GetState() == connectivity.Ready {
+		limit = max(limit, requestTimeout)
+	}
+	rctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	err := f(rctx)
+	var last lastError
+	err := f(withLastError(rctx, &last))
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		// The caller's own deadline (status --timeout, --wait): still
 		// the caller's error, but one that names the store.
-		return fmt.Errorf("etcd %s: %s: no answer before the deadline: %w: %w", b.endpoints, op, backends.ErrUnavailable, ctx.Err())
+		return fmt.Errorf("etcd %s: %s: no answer before the deadline%s: %w: %w",
+			b.endpoints, op, last.detail(), backends.ErrUnavailable, ctx.Err())
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case rctx.Err() != nil:
 		// Not wrapped: a deadline error would read as the caller's own.
-		err = fmt.Errorf("no answer within the dial timeout (%v)", b.dialTimeout)
+		err = fmt.Errorf("no answer within %v%s", limit, last.detail())
 	}
 	return b.unavailable(op, err)
 }
@@ -205,8 +216,12 @@ func (b *Backend) unavailable(op string, err error) error {
 // refused reports whether etcd turned a request down for a reason that
 // trying again cannot fix: bad credentials or missing permissions.
 func refused(err error) bool {
-	return isAPIError(err, codePermissionDenied, "") ||
-		isAPIError(err, 0, msgAuthFailed) || isAPIError(err, 0, msgUserEmpty)
+	var ee rpctypes.EtcdError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	return ee.Code() == codes.PermissionDenied ||
+		errors.Is(err, rpctypes.ErrAuthFailed) || errors.Is(err, rpctypes.ErrUserEmpty)
 }
 
 // refusal is the error for a request that etcd refused: final, naming what
@@ -226,26 +241,38 @@ func (b *Backend) historyKey(token uint64) string {
 }
 
 // History implements backends.Backend: the terms are keys under
-// <prefix><lock>:history/, named by their token, newest read first.
+// <prefix><lock>:history/, named by their token, read newest first in
+// pages of historyPage, so that every answer stays well within the
+// receive limit (see recvLimit).
 func (b *Backend) History(ctx context.Context, limit int) ([]backends.Term, error) {
 	if limit <= 0 || limit > backends.HistoryLimit {
 		limit = backends.HistoryLimit
 	}
-	var resp *rangeResponse
-	err := b.reach(ctx, "read "+b.historyPrefix(), func(ctx context.Context) (err error) {
-		resp, err = b.cli.rangeKeys(ctx, &rangeRequest{Key: []byte(b.historyPrefix()), RangeEnd: prefixEnd(b.historyPrefix()),
-			SortOrder: sortDescend, SortTarget: sortByKey, Limit: int64(limit)})
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	terms := make([]backends.Term, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		var t backends.Term
-		if err := json.Unmarshal(kv.Value, &t); err == nil {
-			terms = append(terms, t)
+	pfx := b.historyPrefix()
+	end := clientv3.GetPrefixRangeEnd(pfx)
+	terms := make([]backends.Term, 0, limit)
+	for n := 0; n < limit; {
+		var resp *clientv3.GetResponse
+		err := b.reach(ctx, "read "+pfx, func(ctx context.Context) (err error) {
+			resp, err = b.cli.Get(ctx, pfx, clientv3.WithRange(end), clientv3.WithLimit(int64(min(historyPage, limit-n))),
+				clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend))
+			return err
+		})
+		if err != nil {
+			return nil, err
 		}
+		for _, kv := range resp.Kvs {
+			var t backends.Term
+			if err := json.Unmarshal(kv.Value, &t); err == nil {
+				terms = append(terms, t)
+			}
+		}
+		n += len(resp.Kvs)
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		// The next page: the keys before the oldest one read.
+		end = string(resp.Kvs[len(resp.Kvs)-1].Key)
 	}
 	return backends.NewestFirst(terms, limit), nil
 }
@@ -253,27 +280,54 @@ func (b *Backend) History(ctx context.Context, limit int) ([]backends.Term, erro
 // record appends a term to the history, and trims it to the newest
 // HistoryLimit terms once it has grown by a tenth beyond that.
 func (b *Backend) record(ctx context.Context, t backends.Term) error {
-	data, err := json.Marshal(t)
+	data, err := encodeTerm(t)
 	if err != nil {
 		return err
 	}
-	resp, err := b.cli.txn(ctx, txnRequest{Success: []requestOp{
-		{Put: &putRequest{Key: []byte(b.historyKey(t.Token)), Value: data}},
-		{Range: countUnder(b.historyPrefix())},
-	}})
+	pfx := b.historyPrefix()
+	resp, err := b.cli.Txn(ctx).Then(
+		clientv3.OpPut(b.historyKey(t.Token), string(data)),
+		clientv3.OpGet(pfx, clientv3.WithPrefix(), clientv3.WithCountOnly()),
+	).Commit()
 	if err != nil {
-		return fmt.Errorf("etcd %s: record term %d in %s: %w", b.endpoints, t.Token, b.historyPrefix(), err)
+		return fmt.Errorf("etcd %s: record term %d in %s: %w", b.endpoints, t.Token, pfx, err)
 	}
-	n := resp.rangeAt(1).Count
+	n := rangeAt(resp, 1).Count
 	if n <= backends.HistoryLimit+backends.HistoryLimit/10 {
 		return nil
 	}
 	// The oldest n - HistoryLimit keys sort first; delete them as a range.
-	old, err := b.cli.rangeKeys(ctx, &rangeRequest{Key: []byte(b.historyPrefix()), RangeEnd: prefixEnd(b.historyPrefix()),
-		KeysOnly: true, SortOrder: sortAscend, SortTarget: sortByKey, Limit: n - backends.HistoryLimit})
+	old, err := b.cli.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend), clientv3.WithLimit(n-backends.HistoryLimit))
 	if err != nil || len(old.Kvs) == 0 {
 		return err
 	}
 	last := string(old.Kvs[len(old.Kvs)-1].Key)
-	return b.cli.deleteRange(ctx, deleteRequest{Key: []byte(b.historyPrefix()), RangeEnd: []byte(last + "\x00")})
+	_, err = b.cli.Delete(ctx, pfx, clientv3.WithRange(last+"\x00"))
+	return err
+}
+
+// encodeTerm is t as JSON, at most maxTermBytes long: a longer reason is
+// cut (it is an error message, and the only field without a bound of its
+// own), so that a page of the history always fits in one answer.
+func encodeTerm(t backends.Term) ([]byte, error) {
+	data, err := json.Marshal(t)
+	for err == nil && len(data) > maxTermBytes && t.Reason != "" {
+		if len(t.Reason) > 64 {
+			t.Reason = cut(t.Reason, len(t.Reason)/2) + "…"
+		} else {
+			t.Reason = ""
+		}
+		data, err = json.Marshal(t)
+	}
+	return data, err
+}
+
+// cut returns the longest prefix of s of at most n bytes that ends on a
+// character boundary.
+func cut(s string, n int) string {
+	for n > 0 && n < len(s) && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n]
 }

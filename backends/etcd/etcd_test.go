@@ -48,6 +48,8 @@ func TestEtcd(t *testing.T) {
 		{"TryLeavesNoTrace", testTryLeavesNoTrace},
 		{"WaiterSessionEnds", testWaiterSessionEnds},
 		{"AcquiredAfterWaiting", testAcquiredAfterWaiting},
+		{"OnlyRenewRenews", testOnlyRenewRenews},
+		{"WaiterKeptAlive", testWaiterKeptAlive},
 		{"CancelWhileStoreStalled", testCancelWhileStoreStalled},
 		{"Unreachable", testUnreachable},
 		{"Failover", testFailover},
@@ -305,9 +307,10 @@ func testWaiterSessionEnds(t *testing.T, env *env) {
 }
 
 // testAcquiredAfterWaiting: a candidate that waited reports as Acquired its
-// Grant's send time, before it queued: the backend does not renew on its
-// own (the runner renews a grant whose proof of life is old before it
-// starts the child), and the lease it won is alive and renewable.
+// Grant's send time, before it queued: the keep-alives of its wait do not
+// count once it leads (the runner renews a grant whose proof of life is
+// old before it starts the child), and the lease it won is alive and
+// renewable.
 func testAcquiredAfterWaiting(t *testing.T, env *env) {
 	lock := "acquired-after-waiting"
 	a, b := newBackend(t, env.eps, lock, 5*time.Second), newBackend(t, env.eps, lock, 5*time.Second)
@@ -343,8 +346,9 @@ func testAcquiredAfterWaiting(t *testing.T, env *env) {
 }
 
 // testCancelWhileStoreStalled: a waiting candidate whose connection to etcd
-// hangs still returns promptly when its context is cancelled; the
-// concurrency package's own clean-up must not block on the dead link.
+// hangs still returns promptly when its context is cancelled: the
+// withdrawal (revoking its lease) is bounded and must not block on the
+// dead link.
 func testCancelWhileStoreStalled(t *testing.T, env *env) {
 	lock := "cancel-stalled"
 	proxy := testenv.NewProxy(t, strings.TrimPrefix(env.eps[0], "http://"))
@@ -443,5 +447,91 @@ func testFailover(t *testing.T, env *env) {
 				}
 			}
 		})
+	}
+}
+
+// remaining is the time etcd says lease id has left, in whole seconds.
+func remaining(t *testing.T, cli *clientv3.Client, id int64) int64 {
+	t.Helper()
+	resp, err := cli.TimeToLive(context.Background(), clientv3.LeaseID(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.TTL
+}
+
+// testOnlyRenewRenews: once Campaign has returned, nothing but Renew
+// extends the lease (backends.Backend: one rule for who renews). etcd
+// reports the time left in whole seconds, rounded down: a lease of 3 s
+// that a keep-alive renewed every third of its TTL would never show 0 s
+// left; left alone it does after 2 s, and one Renew brings it back.
+func testOnlyRenewRenews(t *testing.T, env *env) {
+	for _, try := range []bool{false, true} {
+		t.Run(fmt.Sprintf("try=%v", try), func(t *testing.T) {
+			b := newBackend(t, env.eps, fmt.Sprintf("only-renew-%v", try), 3*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			got, err := b.Campaign(ctx, backends.CampaignOptions{Identity: "a", Try: try})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := got.(etcdLease)
+			defer l.Release(context.Background(), nil)
+			won := time.Now()
+			waitFor(t, "the lease to run down to less than 1 s left", func() bool { return remaining(t, env.cli, l.ID()) == 0 })
+			t.Logf("less than 1 s left %v after the campaign returned", time.Since(won).Round(time.Millisecond))
+			if err := l.Renew(context.Background()); err != nil {
+				t.Fatalf("renew: %v", err)
+			}
+			if left := remaining(t, env.cli, l.ID()); left < 2 {
+				t.Errorf("%d s left right after Renew, want the TTL back (3 s)", left)
+			}
+			select {
+			case <-l.Lost():
+				t.Fatalf("lost: %v", l.Err())
+			default:
+			}
+		})
+	}
+}
+
+// testWaiterKeptAlive: a candidate keeps its own lease alive while it
+// waits, for longer than its TTL, and wins with the key it queued with.
+func testWaiterKeptAlive(t *testing.T, env *env) {
+	lock := "waiter-kept-alive"
+	a, b := newBackend(t, env.eps, lock, 5*time.Second), newBackend(t, env.eps, lock, 2*time.Second)
+	la := campaign(t, a, "a")
+	got := make(chan backends.Lease, 1)
+	go func() {
+		l, err := b.Campaign(context.Background(), backends.CampaignOptions{Identity: "b"})
+		if err != nil {
+			t.Errorf("waiter: %v", err)
+		}
+		got <- l
+	}()
+	var queued string
+	waitFor(t, "the waiter to queue", func() bool {
+		if ks := keys(t, env.cli, lock); len(ks) == 2 {
+			queued = ks[1]
+		}
+		return queued != ""
+	})
+	start := time.Now()
+	waitFor(t, "the waiter to wait longer than twice its TTL", func() bool {
+		if ks := keys(t, env.cli, lock); len(ks) != 2 || ks[1] != queued {
+			t.Fatalf("keys %v while waiting, want the holder's and the waiter's first key %s", ks, queued)
+		}
+		return time.Since(start) > 5*time.Second
+	})
+	if err := la.Release(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	lb := <-got
+	if lb == nil {
+		return
+	}
+	defer lb.Release(context.Background(), nil)
+	if k := lb.(etcdLease).Key(); k != queued {
+		t.Errorf("won with %s, want the key it queued with, %s", k, queued)
 	}
 }

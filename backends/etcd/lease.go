@@ -8,18 +8,21 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/leaderrun/leaderrun/backends"
 )
 
 // lease is won leadership: the candidacy whose key leads the election.
 //
-// Two goroutines watch for its loss. One watches the key: etcd deletes it
-// when the lease is revoked or expires, or someone deletes or overwrites
-// it, and the watch reports that within a round trip. The other waits for the
-// candidacy's keep-alive to stop; that happens when etcd says the lease is
-// gone, but also when etcd did not answer for a whole TTL, so it asks etcd
-// before it calls the lease lost. A store that cannot be asked is the
-// runner's business: its renew deadline expires first.
+// Nothing renews it but Renew, the runner's: the candidacy's keep-alive
+// stopped when it won. A goroutine watches the key for its loss: etcd
+// deletes it when the lease is revoked or expires, or someone deletes or
+// overwrites it, and the watch reports that within a round trip. A lease
+// that etcd no longer knows is also reported by the next Renew. A store
+// that cannot be asked is the runner's business: its renew deadline
+// expires first.
 type lease struct {
 	c        *candidacy
 	key      string
@@ -27,15 +30,17 @@ type lease struct {
 	acquired time.Time
 
 	*backends.Loss                    // Lost and Err
-	stop           context.CancelFunc // ends the watchers
+	stop           context.CancelFunc // ends the watcher
 	wg             sync.WaitGroup
 }
 
 var _ backends.Lease = (*lease)(nil)
 
-// newLease starts watching for the loss of key from revision verified+1:
-// the key was seen held at verified, so any later deletion is replayed.
+// newLease stops the candidacy's keep-alive, and starts watching for the
+// loss of key from revision verified+1: the key was seen held at verified,
+// so any later deletion is replayed.
 func newLease(c *candidacy, key string, rev int64, acquired time.Time, verified int64) *lease {
+	c.stop()
 	ctx, stop := context.WithCancel(context.Background())
 	l := &lease{
 		c:        c,
@@ -45,14 +50,10 @@ func newLease(c *candidacy, key string, rev int64, acquired time.Time, verified 
 		Loss:     backends.NewLoss(),
 		stop:     stop,
 	}
-	l.wg.Add(2)
+	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
 		l.watchKey(ctx, verified+1)
-	}()
-	go func() {
-		defer l.wg.Done()
-		l.watchSession(ctx)
 	}()
 	return l
 }
@@ -65,7 +66,7 @@ func (l *lease) Acquired() time.Time { return l.acquired }
 func (l *lease) Key() string { return l.key }
 
 // ID is the etcd lease that the key is attached to.
-func (l *lease) ID() int64 { return l.c.id }
+func (l *lease) ID() int64 { return int64(l.c.id) }
 
 func (l *lease) String() string { return fmt.Sprintf("%s (lease %x)", l.key, l.ID()) }
 
@@ -80,7 +81,7 @@ func (l *lease) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
-	_, err := l.c.b.cli.keepAlive(ctx, l.ID())
+	err := l.c.b.keepAliveOnce(ctx, l.c.id)
 	switch {
 	case leaseNotFound(err):
 		l.Set(l.lostErr("lease %x of %s expired or was revoked", l.ID(), l.key))
@@ -95,15 +96,16 @@ func (l *lease) Renew(ctx context.Context) error {
 // the same step, so the next candidate wakes after a single round trip.
 // That revoke is what the next leader waits for, so it goes first; the term
 // goes to the history at the same time, in a request of its own (a revoke
-// cannot be part of a transaction), and the watchers are waited for after.
+// cannot be part of a transaction), and the watcher is waited for after.
 func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 	if !l.BeginRelease() {
 		return nil
 	}
 	l.stop()
+	b := l.c.b
 	recorded := make(chan error, 1)
 	if term != nil {
-		go func() { recorded <- l.c.b.record(ctx, *term) }()
+		go func() { recorded <- b.record(ctx, *term) }()
 	} else {
 		recorded <- nil
 	}
@@ -112,12 +114,11 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 		// A key overwritten without our lease would outlive it and
 		// block the election: delete it if it is still the one we
 		// created (as Election.Resign: compare the create revision).
-		_, resigned = l.c.b.cli.txn(ctx, txnRequest{
-			Compare: []compare{createdIs(l.key, int64(l.token))},
-			Success: []requestOp{{Delete: &deleteRequest{Key: []byte(l.key)}}},
-		})
+		_, resigned = b.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", int64(l.token))).
+			Then(clientv3.OpDelete(l.key)).
+			Commit()
 		if resigned != nil {
-			resigned = fmt.Errorf("etcd %s: delete %s: %w", l.c.b.endpoints, l.key, resigned)
+			resigned = fmt.Errorf("etcd %s: delete %s: %w", b.endpoints, l.key, resigned)
 		}
 	}
 	err := l.c.close(ctx)
@@ -128,7 +129,7 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 // Completed implements backends.Lease.
 func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, error) {
 	b := l.c.b
-	resp, err := b.cli.rangeKeys(ctx, &rangeRequest{Key: []byte(b.markerKey(key))})
+	resp, err := b.cli.Get(ctx, b.markerKey(key))
 	if err != nil {
 		return nil, fmt.Errorf("etcd %s: read %s: %w", b.endpoints, b.markerKey(key), err)
 	}
@@ -155,21 +156,19 @@ func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
 	if err != nil {
 		return err
 	}
-	keep := ttlSeconds(time.Until(m.Expires))
-	grant, _, err := b.cli.grant(ctx, keep)
+	grant, err := b.cli.Grant(ctx, ttlSeconds(time.Until(m.Expires)))
 	if err != nil {
 		return fmt.Errorf("etcd %s: grant a lease for marker %s: %w", b.endpoints, b.markerKey(m.Key), err)
 	}
-	resp, err := b.cli.txn(ctx, txnRequest{
-		Compare: []compare{createdIs(l.key, int64(l.token))},
-		Success: []requestOp{{Put: &putRequest{Key: []byte(b.markerKey(m.Key)), Value: data, Lease: grant}}},
-	})
+	resp, err := b.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", int64(l.token))).
+		Then(clientv3.OpPut(b.markerKey(m.Key), string(data), clientv3.WithLease(grant.ID))).
+		Commit()
 	if err == nil && resp.Succeeded {
 		return nil
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), withdrawTimeout)
 	defer cancel()
-	_ = b.cli.revoke(rctx, grant)
+	_, _ = b.cli.Revoke(rctx, grant.ID)
 	if err != nil {
 		return fmt.Errorf("etcd %s: write marker %s: %w", b.endpoints, b.markerKey(m.Key), err)
 	}
@@ -177,41 +176,21 @@ func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
 }
 
 // watchKey closes Lost when the key is deleted, or overwritten without our
-// lease. A watch that ends without either (a broken connection, its
-// history was compacted, etcd cancelled it) is replaced after a look at
-// the key.
+// lease. A watch that ends without either (its history was compacted, the
+// member lost its leader, etcd cancelled it) is replaced after a look at
+// the key; the client itself resumes a watch whose connection broke.
 func (l *lease) watchKey(ctx context.Context, from int64) {
 	cli := l.c.b.cli
 	retry := backends.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for {
-		lost := false
-		_ = cli.watch(ctx, l.key, from, func(evs []watchEvent, at int64) bool {
-			for _, ev := range evs {
-				switch {
-				case ev.Type == eventDelete:
-					l.Set(l.lostErr("key %s was deleted at revision %d (lease %x revoked or expired, or the key removed)",
-						l.key, ev.Kv.ModRevision, l.ID()))
-					lost = true
-					return false
-				case ev.Kv.Lease != l.ID():
-					// Overwritten without our lease: the key no
-					// longer ends with it, so it no longer proves
-					// anything about us.
-					l.Set(l.lostErr("key %s was overwritten at revision %d and detached from lease %x",
-						l.key, ev.Kv.ModRevision, l.ID()))
-					lost = true
-					return false
-				}
-			}
-			if at >= from {
-				from = at + 1
-			}
-			return true
-		})
+		lost, heard := l.watchOnce(ctx, &from)
 		if lost || ctx.Err() != nil {
 			return
 		}
-		resp, err := cli.rangeKeys(ctx, &rangeRequest{Key: []byte(l.key)})
+		if !heard && retry.Sleep(ctx) != nil {
+			return
+		}
+		resp, err := cli.Get(ctx, l.key)
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -226,35 +205,49 @@ func (l *lease) watchKey(ctx context.Context, from int64) {
 			l.Set(l.lostErr("key %s is gone", l.key))
 			return
 		}
-		retry.Reset()
-		from = resp.Header.Revision + 1
+		if heard {
+			retry.Reset()
+		}
+		from = resp.Header.GetRevision() + 1
 	}
 }
 
-// watchSession asks etcd about the lease once the candidacy's keep-alive
-// has stopped on its own, and closes Lost if etcd says that the lease is
-// gone.
-func (l *lease) watchSession(ctx context.Context) {
-	select {
-	case <-ctx.Done():
-		return
-	case <-l.c.ended:
-	}
-	retry := backends.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
-	for {
-		ttl, _, err := l.c.b.cli.timeToLive(ctx, l.ID())
-		switch {
-		case err == nil && ttl >= 0:
-			// Alive: the keep-alive stopped on a silence. Renew keeps
-			// the lease from here on, or its deadline stops the child.
-			return
-		case err == nil, leaseNotFound(err):
-			// TTL -1: etcd no longer knows the lease.
-			l.Set(l.lostErr("lease %x of %s expired or was revoked", l.ID(), l.key))
-			return
+// watchOnce watches the key from *from until it is lost (true) or the
+// watch ends; heard says whether any answer came, and *from moves past
+// every revision the watch reported.
+func (l *lease) watchOnce(ctx context.Context, from *int64) (lost, heard bool) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	for wr := range l.c.b.cli.Watch(wctx, l.key, clientv3.WithRev(*from)) {
+		if wr.Err() != nil {
+			return false, heard
 		}
-		if ctx.Err() != nil || retry.Sleep(ctx) != nil {
-			return
+		heard = true
+		for _, ev := range wr.Events {
+			if l.lostBy(ev) {
+				return true, heard
+			}
+		}
+		if wr.Header.Revision >= *from {
+			*from = wr.Header.Revision + 1
 		}
 	}
+	return false, heard
+}
+
+// lostBy closes Lost if ev deletes the key or detaches it from our lease.
+func (l *lease) lostBy(ev *clientv3.Event) bool {
+	switch {
+	case ev.Type == mvccpb.DELETE:
+		l.Set(l.lostErr("key %s was deleted at revision %d (lease %x revoked or expired, or the key removed)",
+			l.key, ev.Kv.GetModRevision(), l.ID()))
+		return true
+	case ev.Kv.GetLease() != l.ID():
+		// Overwritten without our lease: the key no longer ends with
+		// it, so it no longer proves anything about us.
+		l.Set(l.lostErr("key %s was overwritten at revision %d and detached from lease %x",
+			l.key, ev.Kv.GetModRevision(), l.ID()))
+		return true
+	}
+	return false
 }

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -21,6 +22,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // EtcdBinary finds etcd: $LEADERRUN_ETCD_BIN, the cache that
@@ -50,6 +56,10 @@ type Etcd struct {
 	Members []*EtcdMember
 	// TLS is set for a cluster started by StartEtcdTLS.
 	TLS *EtcdTLS
+
+	bin     string
+	token   string // the cluster's initial token
+	sockets bool
 }
 
 // EtcdTLS are the PEM files of a TLS cluster: the CA that signed the
@@ -67,9 +77,19 @@ type EtcdMember struct {
 	Name      string
 	ClientURL string
 	PeerURL   string
-	args      []string
-	log       string
-	http      *http.Client // for /health
+	// SocketURL is the member's unix socket (unix:///path, or
+	// unixs:///path with TLS) when the cluster was started with
+	// EtcdOptions.Sockets; "" otherwise.
+	SocketURL string
+	// Learner is set for a member added by AddLearner.
+	Learner bool
+	// removed is set once Remove took the member out of the cluster.
+	removed bool
+
+	args []string
+	dir  string // data, log and socket
+	log  string
+	http *http.Client // for /health
 	// shared: the member belongs to the process, not to a test (see
 	// dieWithParent).
 	shared bool
@@ -99,16 +119,44 @@ func StartEtcdTLS(t testing.TB) *Etcd {
 	return startEtcd(t, EtcdBinary(t), 1, newEtcdTLS(t))
 }
 
+// EtcdOptions shape a cluster started by StartEtcdWith.
+type EtcdOptions struct {
+	// Members is the number of voting members, 1 or 3.
+	Members int
+	// TLS: clients are served over TLS only, as by StartEtcdTLS.
+	TLS bool
+	// Sockets: every member also serves clients on a unix socket named
+	// etcd.sock (EtcdMember.SocketURL), over TLS with TLS; the server's
+	// certificate names etcd.sock, as etcd's client checks it.
+	Sockets bool
+}
+
+// StartEtcdWith starts a cluster shaped by o and waits until every member
+// reports itself healthy.
+func StartEtcdWith(t testing.TB, o EtcdOptions) *Etcd {
+	t.Helper()
+	var tlsFiles *EtcdTLS
+	if o.TLS {
+		tlsFiles = newEtcdTLS(t)
+	}
+	return startEtcdWith(t, EtcdBinary(t), o, tlsFiles)
+}
+
 // startEtcd starts a cluster that t stops when it ends; t is a test, or the
 // process for a server that a package's tests share (see SharedKube).
 func startEtcd(t scope, bin string, members int, tlsFiles *EtcdTLS) *Etcd {
 	t.Helper()
-	if members != 1 && members != 3 {
-		t.Fatalf("StartEtcd: %d members; want 1 or 3", members)
+	return startEtcdWith(t, bin, EtcdOptions{Members: members, TLS: tlsFiles != nil}, tlsFiles)
+}
+
+func startEtcdWith(t scope, bin string, o EtcdOptions, tlsFiles *EtcdTLS) *Etcd {
+	t.Helper()
+	if o.Members != 1 && o.Members != 3 {
+		t.Fatalf("StartEtcd: %d members; want 1 or 3", o.Members)
 	}
 	var lastErr error
 	for try := 0; try < 3; try++ {
-		e := newEtcd(t, bin, members, try, tlsFiles)
+		e := newEtcd(t, bin, o, try, tlsFiles)
 		if lastErr = e.start(); lastErr == nil {
 			t.Cleanup(e.stop)
 			return e
@@ -119,45 +167,66 @@ func startEtcd(t scope, bin string, members int, tlsFiles *EtcdTLS) *Etcd {
 	return nil
 }
 
-func newEtcd(t scope, bin string, members, try int, tlsFiles *EtcdTLS) *Etcd {
-	e := &Etcd{TLS: tlsFiles}
-	scheme, hc := "http", &http.Client{Timeout: time.Second}
-	if tlsFiles != nil {
-		scheme, hc = "https", tlsFiles.httpClient(t)
-	}
-	_, shared := t.(*procScope)
+func newEtcd(t scope, bin string, o EtcdOptions, try int, tlsFiles *EtcdTLS) *Etcd {
+	e := &Etcd{TLS: tlsFiles, bin: bin, sockets: o.Sockets, token: fmt.Sprintf("leaderrun-test-%d-%d-%d", os.Getpid(), time.Now().UnixNano(), try)}
 	var cluster []string
-	for i := range members {
-		m := &EtcdMember{
-			shared:    shared,
-			Name:      fmt.Sprintf("m%d", i+1),
-			ClientURL: fmt.Sprintf("%s://127.0.0.1:%d", scheme, freePort(t, "127.0.0.1")),
-			PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", freePort(t, "127.0.0.1")),
-			http:      hc,
-		}
+	for i := range o.Members {
+		m := e.newMember(t, fmt.Sprintf("m%d", i+1))
 		cluster = append(cluster, m.Name+"="+m.PeerURL)
 		e.Members = append(e.Members, m)
 	}
-	token := fmt.Sprintf("leaderrun-test-%d-%d-%d", os.Getpid(), time.Now().UnixNano(), try)
 	for _, m := range e.Members {
-		dir := t.TempDir()
-		m.log = filepath.Join(dir, "etcd.log")
-		m.args = []string{bin,
-			"--name", m.Name,
-			"--data-dir", filepath.Join(dir, "data"),
-			"--listen-client-urls", m.ClientURL, "--advertise-client-urls", m.ClientURL,
-			"--listen-peer-urls", m.PeerURL, "--initial-advertise-peer-urls", m.PeerURL,
-			"--initial-cluster", strings.Join(cluster, ","),
-			"--initial-cluster-state", "new", "--initial-cluster-token", token,
-			"--heartbeat-interval", "100", "--election-timeout", "1000",
-			"--log-level", "warn",
-		}
-		if tlsFiles != nil {
-			m.args = append(m.args, "--cert-file", tlsFiles.serverCert, "--key-file", tlsFiles.serverKey,
-				"--client-cert-auth", "--trusted-ca-file", tlsFiles.CACert)
-		}
+		m.setArgs(e, cluster, "new")
 	}
 	return e
+}
+
+// newMember names a member and chooses its ports, and its socket's path.
+func (e *Etcd) newMember(t scope, name string) *EtcdMember {
+	scheme, hc := "http", &http.Client{Timeout: time.Second}
+	if e.TLS != nil {
+		scheme, hc = "https", e.TLS.httpClient(t)
+	}
+	_, shared := t.(*procScope)
+	m := &EtcdMember{
+		shared:    shared,
+		Name:      name,
+		ClientURL: fmt.Sprintf("%s://127.0.0.1:%d", scheme, freePort(t, "127.0.0.1")),
+		PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", freePort(t, "127.0.0.1")),
+		http:      hc,
+		dir:       t.TempDir(),
+	}
+	if e.sockets {
+		m.SocketURL = "unix://" + filepath.Join(m.dir, "etcd.sock")
+		if e.TLS != nil {
+			m.SocketURL = "unixs://" + filepath.Join(m.dir, "etcd.sock")
+		}
+	}
+	m.log = filepath.Join(m.dir, "etcd.log")
+	return m
+}
+
+// setArgs sets the member's command line, for a cluster of the members
+// named in cluster (name=peerURL) in state "new" or "existing".
+func (m *EtcdMember) setArgs(e *Etcd, cluster []string, state string) {
+	listen := m.ClientURL
+	if m.SocketURL != "" {
+		listen += "," + m.SocketURL
+	}
+	m.args = []string{e.bin,
+		"--name", m.Name,
+		"--data-dir", filepath.Join(m.dir, "data"),
+		"--listen-client-urls", listen, "--advertise-client-urls", m.ClientURL,
+		"--listen-peer-urls", m.PeerURL, "--initial-advertise-peer-urls", m.PeerURL,
+		"--initial-cluster", strings.Join(cluster, ","),
+		"--initial-cluster-state", state, "--initial-cluster-token", e.token,
+		"--heartbeat-interval", "100", "--election-timeout", "1000",
+		"--log-level", "warn",
+	}
+	if e.TLS != nil {
+		m.args = append(m.args, "--cert-file", e.TLS.serverCert, "--key-file", e.TLS.serverKey,
+			"--client-cert-auth", "--trusted-ca-file", e.TLS.CACert)
+	}
 }
 
 func (e *Etcd) start() error {
@@ -196,10 +265,135 @@ func (e *Etcd) WaitHealthy(t testing.TB) {
 func (e *Etcd) waitHealthy(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for _, m := range e.Members {
+		if m.removed {
+			continue
+		}
 		if err := m.waitHealthy(deadline); err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// client is an etcd client of the members that vote, for membership
+// changes.
+func (e *Etcd) client(t testing.TB) *clientv3.Client {
+	t.Helper()
+	var eps []string
+	for _, m := range e.Members {
+		if !m.Learner && m.Pid() != 0 {
+			eps = append(eps, m.ClientURL)
+		}
+	}
+	cfg := clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
+	if e.TLS != nil {
+		tlsCfg, err := (transport.TLSInfo{TrustedCAFile: e.TLS.CACert, CertFile: e.TLS.Cert, KeyFile: e.TLS.Key}).ClientConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.TLS = tlsCfg
+	}
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cli
+}
+
+// AddLearner adds a member to the cluster as a learner (as `etcdctl member
+// add --learner` does), starts it and waits until it is healthy. It is
+// appended to Members with Learner set.
+func (e *Etcd) AddLearner(t testing.TB) *EtcdMember {
+	t.Helper()
+	cli := e.client(t)
+	defer cli.Close()
+	m := e.newMember(t, fmt.Sprintf("m%d", len(e.Members)+1))
+	m.Learner = true
+	ctx, cancel := context.WithTimeout(context.Background(), etcdStartTimeout)
+	defer cancel()
+	// etcd refuses a new member until every member has been connected
+	// for a while (its strict reconfiguration check): ask again until
+	// then.
+	for {
+		_, err := cli.MemberAddAsLearner(ctx, []string{m.PeerURL})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, rpctypes.ErrUnhealthy) || ctx.Err() != nil {
+			t.Fatalf("add learner %s: %v", m.Name, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cluster := []string{m.Name + "=" + m.PeerURL}
+	for _, o := range e.Members {
+		cluster = append(cluster, o.Name+"="+o.PeerURL)
+	}
+	m.setArgs(e, cluster, "existing")
+	e.Members = append(e.Members, m)
+	m.Start(t)
+	return m
+}
+
+// Remove removes the member from the cluster (as `etcdctl member remove`
+// does) and waits until its process, which stops when it learns of its
+// removal, is gone.
+func (e *Etcd) Remove(t testing.TB, m *EtcdMember) {
+	t.Helper()
+	cli := e.client(t)
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), etcdStartTimeout)
+	defer cancel()
+	id := e.memberID(ctx, t, cli, m)
+	if _, err := cli.MemberRemove(ctx, id); err != nil {
+		t.Fatalf("remove member %s: %v", m.Name, err)
+	}
+	m.removed = true
+	m.mu.Lock()
+	done := m.done
+	m.mu.Unlock()
+	select {
+	case <-done:
+	case <-time.After(etcdStartTimeout):
+		t.Fatalf("removed member %s still running after %v", m.Name, etcdStartTimeout)
+	}
+	m.terminate(syscall.SIGKILL, 0)
+}
+
+func (e *Etcd) memberID(ctx context.Context, t testing.TB, cli *clientv3.Client, m *EtcdMember) uint64 {
+	t.Helper()
+	resp, err := cli.MemberList(ctx)
+	if err != nil {
+		t.Fatalf("member list: %v", err)
+	}
+	for _, mm := range resp.Members {
+		if mm.Name == m.Name {
+			return mm.ID
+		}
+	}
+	t.Fatalf("member %s is not in the member list", m.Name)
+	return 0
+}
+
+// RaftLeader is the member that leads the cluster's raft group now.
+func (e *Etcd) RaftLeader(t testing.TB) *EtcdMember {
+	t.Helper()
+	cli := e.client(t)
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), etcdStartTimeout)
+	defer cancel()
+	for _, m := range e.Members {
+		if m.Pid() == 0 || m.Learner {
+			continue
+		}
+		st, err := cli.Status(ctx, m.ClientURL)
+		if err != nil {
+			t.Fatalf("status of %s: %v", m.Name, err)
+		}
+		if st.Leader != 0 && st.Leader == st.Header.MemberId {
+			return m
+		}
+	}
+	t.Fatalf("no member leads")
 	return nil
 }
 
@@ -350,6 +544,9 @@ func newEtcdTLS(t scope) *EtcdTLS {
 		c.Subject.CommonName = "etcd"
 		c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 		c.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
+		// etcd's client checks a unixs:// socket's certificate for
+		// the socket's file name.
+		c.DNSNames = []string{"etcd.sock"}
 	})
 	client := newCert(t, ca, func(c *x509.Certificate) {
 		c.Subject.CommonName = "leaderrun"
