@@ -10,3 +10,9 @@ import "syscall"
 func dieWithParent() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
+
+// withParentDeathSignal sets the signal the kernel sends attr's process
+// when the test process dies (a server's own clean shutdown signal, say).
+func withParentDeathSignal(attr *syscall.SysProcAttr, sig syscall.Signal) {
+	attr.Pdeathsig = sig
+}
