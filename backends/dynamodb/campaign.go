@@ -116,6 +116,10 @@ func (c *candidate) campaign(ctx context.Context, try bool) (*lease, error) {
 		case try && c.busy():
 			return nil, fmt.Errorf("dynamodb: lock %s is held by %q: %w", c.b.Key(), c.cur.holder, backends.ErrLocked)
 		default:
+			if !waited {
+				c.b.log.Debug("dynamodb: lock held; polling it", "lock", c.b.lock, "holder", c.cur.holder,
+					"token", c.cur.token, "lease", c.cur.lease(), "poll", c.b.poll)
+			}
 			waited = true
 			err = c.wait(ctx)
 		}
