@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs the whole test suite, as CI does. On first use it builds the test
-# servers (etcd v3.6.16, Consul v1.14.8 and kube-apiserver v1.37.2) into
-# $LEADERRUN_CACHE (default ~/.cache/leaderrun, outside the repo; minutes
-# cold, seconds after) and, as root, installs Debian's zookeeper,
-# postgresql and pgbouncer packages if they are missing; each test then
-# starts its own servers on free loopback ports.
+# servers (etcd v3.6.16, Consul v1.14.8, kube-apiserver v1.37.2 and the
+# DynamoDB emulator) into $LEADERRUN_CACHE (default ~/.cache/leaderrun,
+# outside the repo; minutes cold, seconds after) and, as root, installs
+# Debian's zookeeper, postgresql and pgbouncer packages if they are
+# missing; each test then starts its own servers on free loopback ports.
 #
 #   scripts/test.sh [go test flags, e.g. -run Local -v]
 set -euo pipefail
@@ -58,6 +58,10 @@ mkdir -p "$elector_dir"
 echo "== building the client-go elector (internal/testenv/k8selector)"
 (cd internal/testenv/k8selector && GOWORK=off go build -o "$elector_dir/k8selector.new" . && mv "$elector_dir/k8selector.new" "$elector_dir/k8selector")
 export LEADERRUN_K8SELECTOR_BIN="$elector_dir/k8selector"
+# The DynamoDB emulator (minidyn behind a front of ours) is a module of
+# its own too, built into the cache.
+ddb_dir=$(scripts/install-dynamodb.sh)
+export LEADERRUN_DYNAMODB_EMULATOR_BIN="$ddb_dir/ddbemu"
 LEADERRUN_ZOOKEEPER_CLASSPATH=$(scripts/install-zookeeper.sh)
 export LEADERRUN_ZOOKEEPER_CLASSPATH
 # Installing PostgreSQL needs root and apt-get; without them its tests are
@@ -71,6 +75,7 @@ fi
 echo "== go vet"
 go vet ./...
 (cd internal/testenv/k8selector && GOWORK=off go vet ./...)
+(cd internal/testenv/ddbemu && GOWORK=off go vet ./...)
 echo "== gofmt"
 unformatted=$(gofmt -l .)
 if [ -n "$unformatted" ]; then
