@@ -235,6 +235,8 @@ var storeColumns = []*storeColumn{
 		crashGoal: zkTimings.lease + time.Second, crashGoalText: "session timeout + 1 s",
 		crashBound: zkTimings.lease + 10*time.Second, crashTrials: 5, herdWoken: 1, sessions: true,
 		newStore: func() store { return &zkStore{} }},
+	{name: "dynamodb", title: "DynamoDB (emulator)", lr: lrDynamo, tm: ddbTimings,
+		newStore: func() store { return &ddbStore{} }},
 	{name: "local", title: "local", lr: lrLocal, tm: localTimings,
 		newStore: func() store { return &localStore{} }},
 }
