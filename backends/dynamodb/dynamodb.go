@@ -41,12 +41,12 @@
 //     a whole lease_ms, by a grant conditional on that rvn. A free item
 //     (released: no holder) or no item is taken at once.
 //   - Loss: DynamoDB cannot tell a holder that its item changed, so the
-//     lease reads its item every Config.PollInterval (leaderrun passes
-//     --retry-period) and closes Lost when the item is gone or its rvn is
-//     not one it wrote; each renewal checks too. A loss is therefore seen
-//     within a poll interval (plus one read), not at once as with a
-//     store that has watches, and a release reaches waiters at their next
-//     poll.
+//     lease reads its item every Config.PollInterval, but at least every
+//     500 ms, and closes Lost when the item is gone or its rvn is not one
+//     it wrote; each renewal checks too. A loss is therefore seen within
+//     half a second and a read (S3 allows a second), not within
+//     milliseconds as with a store that has watches; and a release
+//     reaches waiters at their next poll, within a poll interval.
 //   - Release: an UpdateItem (or, with a term to record, a transaction
 //     with the history item) that frees the item (no holder, a new rvn),
 //     conditional on its rvn being ours. The token stays in the item.
@@ -165,10 +165,10 @@ type Config struct {
 	Prefix, Lock string
 	// PollInterval is how often a waiter reads the lock item to see a
 	// release or an expiry, and how often a holder reads it to see a
-	// loss (DynamoDB has no watches). Shorter: faster handovers and loss
-	// reports, one strongly consistent read (one read unit) more per
-	// interval and process. Zero: DefaultPollInterval; leaderrun passes
-	// --retry-period.
+	// loss (DynamoDB has no watches), the holder at least every 500 ms.
+	// Shorter: faster handovers, one strongly consistent read (a read
+	// unit) more per interval and process. Zero: DefaultPollInterval;
+	// leaderrun passes --retry-period.
 	PollInterval time.Duration
 	// RequestTimeout bounds each HTTP attempt (the SDK retries within
 	// the caller's context). Zero: DefaultRequestTimeout.

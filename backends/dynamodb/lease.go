@@ -28,6 +28,11 @@ const (
 	// maxWriteAttempts bounds the retries of a write that met a
 	// concurrent write of the markers or history item.
 	maxWriteAttempts = 5
+	// maxLossPoll bounds the interval at which a lease reads its item:
+	// a loss is then seen within half a second and a read, inside the
+	// second that S3 (docs/safety.md) allows, whatever the retry period.
+	// Two strongly consistent reads a second per leader is the price.
+	maxLossPoll = 500 * time.Millisecond
 )
 
 // errNotOurs says that the lock item is no longer this lease's.
@@ -124,12 +129,12 @@ func (l *lease) lostTo(rec *record) error {
 		key, rec.holder, rec.token, l.token, backends.ErrLeaseLost)
 }
 
-// poll reads the lock item every poll interval until the lease is lost or
-// released. A read that fails says nothing: the runner's renewals and
+// poll reads the lock item every poll interval (at most maxLossPoll)
+// until the lease is lost or released. A read that fails says nothing: the runner's renewals and
 // their deadline deal with an unreachable table.
 func (l *lease) poll(ctx context.Context) {
 	defer close(l.pollDone)
-	t := time.NewTicker(l.b.poll)
+	t := time.NewTicker(min(l.b.poll, maxLossPoll))
 	defer t.Stop()
 	for {
 		select {
