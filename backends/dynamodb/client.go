@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
+	"github.com/aws/smithy-go/logging"
 )
 
 // Bounds on what the backend reads from the network. DynamoDB's largest
@@ -113,8 +115,8 @@ func newHTTPClient(timeout time.Duration) *awshttp.BuildableClient {
 // processes), web identity or the container or instance metadata service;
 // the region from region, else AWS_REGION or the profile. Nothing is sent
 // yet: credentials are fetched on the first request.
-func loadAWSConfig(ctx context.Context, region string, httpc *awshttp.BuildableClient) (aws.Config, error) {
-	opts := []func(*config.LoadOptions) error{config.WithHTTPClient(httpc)}
+func loadAWSConfig(ctx context.Context, region string, httpc *awshttp.BuildableClient, log *slog.Logger) (aws.Config, error) {
+	opts := []func(*config.LoadOptions) error{config.WithHTTPClient(httpc), config.WithLogger(sdkLogger(log))}
 	if region != "" {
 		opts = append(opts, config.WithRegion(region))
 	}
@@ -202,4 +204,17 @@ func isRefusal(err error) bool {
 		return false
 	}
 	return ae.ErrorFault() != smithy.FaultServer && !transient[ae.ErrorCode()]
+}
+
+// sdkLogger sends the SDK's own log lines (its warnings: a body it could
+// not close, a clock skew) to leaderrun's log, marked source=aws-sdk-go-v2,
+// instead of the SDK's default, a logger of its own on stderr.
+func sdkLogger(log *slog.Logger) logging.Logger {
+	return logging.LoggerFunc(func(c logging.Classification, format string, v ...any) {
+		level := slog.LevelDebug
+		if c == logging.Warn {
+			level = slog.LevelWarn
+		}
+		log.Log(context.Background(), level, fmt.Sprintf(format, v...), "source", "aws-sdk-go-v2")
+	})
 }

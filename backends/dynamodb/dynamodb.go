@@ -217,7 +217,7 @@ func New(cfg Config) (*Backend, error) {
 	httpc := newHTTPClient(cfg.RequestTimeout)
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
-	awsCfg, err := loadAWSConfig(ctx, cfg.Region, httpc)
+	awsCfg, err := loadAWSConfig(ctx, cfg.Region, httpc, cfg.Log)
 	if err != nil {
 		return nil, err
 	}
