@@ -3,7 +3,6 @@ package cmd
 import (
 	"net/url"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -34,21 +33,18 @@ var dynamodbStore = store{
 	flags:    dynamodbFlags,
 	selected: dynamodbSelected,
 	open:     newDynamoDBBackend,
-	address:  "--dynamodb-table, --dynamodb-endpoint or --dynamodb-region (LEADERRUN_DYNAMODB_*)",
+	address:  "--dynamodb-table, --dynamodb-endpoint or --dynamodb-region (LEADERRUN_DYNAMODB_TABLE, _ENDPOINT, _REGION)",
 	// AWS credentials are as often the job's own access to AWS: nothing
 	// is removed.
 }
 
-// dynamodbSelected: a DynamoDB flag, or any LEADERRUN_DYNAMODB_* variable,
-// selects the store; AWS_* variables never do.
+// dynamodbSelected: a DynamoDB flag, or its variable
+// (LEADERRUN_DYNAMODB_TABLE, _REGION, _ENDPOINT), selects the store; AWS_*
+// variables never do. Other variables that merely share the prefix (a
+// test's LEADERRUN_DYNAMODB_EMULATOR_BIN) do not either.
 func dynamodbSelected(c *cli.Context) bool {
 	for _, f := range []string{"dynamodb-table", "dynamodb-region", "dynamodb-endpoint"} {
 		if c.IsSet(f) {
-			return true
-		}
-	}
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "LEADERRUN_DYNAMODB_") {
 			return true
 		}
 	}
