@@ -483,6 +483,7 @@ func (r *results) markdown() string {
 	fmt.Fprintf(&b, "- PostgreSQL: one throwaway cluster (`fsync=off`, `max_connections=%d`); leaderrun connects as the superuser, listening for notifications.\n", postgresMaxConnections)
 	b.WriteString("- Kubernetes: one kube-apiserver with its own etcd, RBAC on; leaderrun as a user granted get, create, update and watch on leases in the benchmark's namespace, the client-go elector as one granted get, create and update.\n")
 	b.WriteString("- ZooKeeper: one standalone server, tickTime 200 ms (session timeouts 0.4–60 s).\n")
+	b.WriteString("- DynamoDB: the tests' emulator (`internal/testenv/ddbemu`: minidyn, in memory, over HTTP), its table created beforehand; start-to-child and memory only: an emulator's latencies say nothing of DynamoDB's.\n")
 	b.WriteString("- local: a state directory on the benchmark's file system.\n\n")
 	b.WriteString("**Settings**, as the rest of the project runs each store (e2e/, faults/), and as close to each other as the tools allow:\n\n")
 	for _, col := range storeColumns {

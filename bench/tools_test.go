@@ -236,6 +236,8 @@ var storeColumns = []*storeColumn{
 		crashBound: zkTimings.lease + 10*time.Second, crashTrials: 5, herdWoken: 1, sessions: true,
 		newStore: func() store { return &zkStore{} }},
 	azureColumn,
+	{name: "dynamodb", title: "DynamoDB (emulator)", lr: lrDynamo, tm: ddbTimings,
+		newStore: func() store { return &ddbStore{} }},
 	{name: "local", title: "local", lr: lrLocal, tm: localTimings,
 		newStore: func() store { return &localStore{} }},
 }

@@ -34,6 +34,8 @@ func newStore(t testing.TB, name string) store {
 		return newZooKeeperStore(t)
 	case "kubernetes":
 		return newKubeStore(t)
+	case "dynamodb":
+		return newDynamoStore(t)
 	case "azureblob":
 		return newAzureStore(t)
 	}
@@ -49,7 +51,7 @@ func TestFaults(t *testing.T) {
 	if trials <= 0 {
 		t.Skip("the fault suite runs through scripts/faults.sh (FAULTS_TRIALS not set)")
 	}
-	backends := []string{"etcd", "consul", "postgres", "zookeeper", "kubernetes", "azureblob"}
+	backends := []string{"etcd", "consul", "postgres", "zookeeper", "kubernetes", "dynamodb", "azureblob"}
 	backendFlag := "all"
 	if b := os.Getenv("FAULTS_BACKEND"); b != "" && b != "all" {
 		backends, backendFlag = strings.Split(b, ","), b
@@ -111,7 +113,7 @@ func runStore(t *testing.T, name string, trials int, bin, child, out string) []*
 	st := newStore(t, name)
 	var rows []*row
 	for _, f := range scenarios {
-		if f.only != nil && !slices.Contains(f.only, name) {
+		if f.only != nil && !slices.Contains(f.only, name) || slices.Contains(f.except, name) {
 			continue
 		}
 		r := &row{store: name, scenario: f.name, expectFailover: f.failover}

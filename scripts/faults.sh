@@ -2,14 +2,15 @@
 # Fault-injection suite: real leaderrun binaries against a real 3-member
 # etcd cluster, a real 3-server Consul cluster, a real PostgreSQL server, a
 # real 3-server ZooKeeper ensemble, two real kube-apiservers on one etcd
-# and Azurite (the Azure Storage emulator), each candidate's store traffic
-# through a TCP proxy that the suite stalls and resets, checked against a fencing ledger. Prints a table per
-# store and scenario and writes it, with one SVG timeline per scenario, to
-# --out. Exits non-zero on any violation.
+# a DynamoDB emulator and Azurite (the Azure Storage emulator), each
+# candidate's store traffic through a TCP proxy that the suite stalls and
+# resets, checked against a fencing ledger. Prints a table per store and
+# scenario and writes it, with one SVG timeline per scenario, to --out.
+# Exits non-zero on any violation.
 #
 #   scripts/faults.sh [--trials N] [--backend STORE[,STORE...]|all] [--parallel P] [--out DIR]
 #
-# STORE is one of: etcd consul postgres zookeeper kubernetes azureblob.
+# STORE is one of: etcd consul postgres zookeeper kubernetes dynamodb azureblob.
 #
 # --trials 1 --parallel 2 is the short mode that CI runs; the published
 # table in docs/faults/ comes from --trials 20 --backend all --parallel 3
@@ -27,7 +28,7 @@ while [ $# -gt 0 ]; do
 	*) echo "usage: $0 [--trials N] [--backend STORE[,STORE...]|all] [--parallel P] [--out DIR]" >&2; exit 64 ;;
 	esac
 done
-stores="etcd consul postgres zookeeper kubernetes azureblob"
+stores="etcd consul postgres zookeeper kubernetes dynamodb azureblob"
 case "$trials" in '' | *[!0-9]* | 0) echo "--trials $trials: want a positive number" >&2; exit 64 ;; esac
 case "$parallel" in '' | *[!0-9]* | 0) echo "--parallel $parallel: want a positive number" >&2; exit 64 ;; esac
 if [ "$backend" != all ]; then
@@ -49,6 +50,10 @@ export LEADERRUN_ETCD_BIN="$etcd_dir/etcd" LEADERRUN_ETCDCTL_BIN="$etcd_dir/etcd
 if wants kubernetes; then
 	kube_dir=$(scripts/install-kube-apiserver.sh)
 	export LEADERRUN_KUBE_APISERVER_BIN="$kube_dir/kube-apiserver"
+fi
+if wants dynamodb; then
+	ddb_dir=$(scripts/install-dynamodb.sh)
+	export LEADERRUN_DYNAMODB_EMULATOR_BIN="$ddb_dir/ddbemu"
 fi
 if wants zookeeper; then
 	LEADERRUN_ZOOKEEPER_CLASSPATH=$(scripts/install-zookeeper.sh)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite, as CI does. On first use it builds the test
-# servers (etcd v3.6.16, Consul v1.14.8 and kube-apiserver v1.37.2) and
-# installs Azurite 3.35.0 (npm) into
+# servers (etcd v3.6.16, Consul v1.14.8, kube-apiserver v1.37.2 and the
+# DynamoDB emulator) and installs Azurite 3.35.0 (npm) into
 # $LEADERRUN_CACHE (default ~/.cache/leaderrun, outside the repo; minutes
 # cold, seconds after) and, as root, installs Debian's zookeeper,
 # postgresql and pgbouncer packages if they are missing; each test then
@@ -59,6 +59,10 @@ mkdir -p "$elector_dir"
 echo "== building the client-go elector (internal/testenv/k8selector)"
 (cd internal/testenv/k8selector && GOWORK=off go build -o "$elector_dir/k8selector.new" . && mv "$elector_dir/k8selector.new" "$elector_dir/k8selector")
 export LEADERRUN_K8SELECTOR_BIN="$elector_dir/k8selector"
+# The DynamoDB emulator (minidyn behind a front of ours) is a module of
+# its own too, built into the cache.
+ddb_dir=$(scripts/install-dynamodb.sh)
+export LEADERRUN_DYNAMODB_EMULATOR_BIN="$ddb_dir/ddbemu"
 LEADERRUN_ZOOKEEPER_CLASSPATH=$(scripts/install-zookeeper.sh)
 export LEADERRUN_ZOOKEEPER_CLASSPATH
 # Azurite, the Azure Storage emulator, from the npm registry into the
@@ -76,6 +80,7 @@ fi
 echo "== go vet"
 go vet ./...
 (cd internal/testenv/k8selector && GOWORK=off go vet ./...)
+(cd internal/testenv/ddbemu && GOWORK=off go vet ./...)
 echo "== gofmt"
 unformatted=$(gofmt -l .)
 if [ -n "$unformatted" ]; then

@@ -1,0 +1,102 @@
+package cmd
+
+import (
+	"net/url"
+	"os"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/backends/dynamodb"
+)
+
+// dynamodbFlags are the flags of the DynamoDB backend. Credentials, the
+// Region and the endpoint are read as the AWS CLI reads them
+// (AWS_PROFILE, AWS_REGION, AWS_ENDPOINT_URL_DYNAMODB, SSO, instance
+// roles, ...), but the AWS_* variables never select the store: jobs
+// commonly have them set for their own work.
+func dynamodbFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "dynamodb-table", Category: categoryStore, EnvVars: []string{"LEADERRUN_DYNAMODB_TABLE"}, Value: dynamodb.DefaultTable,
+			Usage: "DynamoDB `TABLE` of the locks (partition key \"name\", a string), created on first use if missing and permitted; " +
+				"credentials, Region and endpoint as the AWS CLI reads them (AWS_PROFILE, AWS_REGION, AWS_ENDPOINT_URL_DYNAMODB, ...)"},
+		&cli.StringFlag{Name: "dynamodb-region", Category: categoryStore, EnvVars: []string{"LEADERRUN_DYNAMODB_REGION"},
+			Usage: "AWS `REGION` of the table (default: AWS_REGION, else the profile's)"},
+		&cli.StringFlag{Name: "dynamodb-endpoint", Category: categoryStore, EnvVars: []string{"LEADERRUN_DYNAMODB_ENDPOINT"},
+			Usage: "DynamoDB endpoint `URL` (a VPC endpoint, an emulator; default: AWS_ENDPOINT_URL_DYNAMODB, else the Region's)"},
+	}
+}
+
+var dynamodbStore = store{
+	name:     "dynamodb",
+	flags:    dynamodbFlags,
+	selected: dynamodbSelected,
+	open:     newDynamoDBBackend,
+	address:  "--dynamodb-table, --dynamodb-endpoint or --dynamodb-region (LEADERRUN_DYNAMODB_TABLE, _ENDPOINT, _REGION)",
+	// AWS credentials are as often the job's own access to AWS: nothing
+	// is removed.
+}
+
+// dynamodbSelected: a DynamoDB flag, or its variable
+// (LEADERRUN_DYNAMODB_TABLE, _REGION, _ENDPOINT), selects the store; AWS_*
+// variables never do. Other variables that merely share the prefix (a
+// test's LEADERRUN_DYNAMODB_EMULATOR_BIN) do not either.
+func dynamodbSelected(c *cli.Context) bool {
+	for _, f := range []string{"dynamodb-table", "dynamodb-region", "dynamodb-endpoint"} {
+		if c.IsSet(f) {
+			return true
+		}
+	}
+	return false
+}
+
+// newDynamoDBBackend validates the DynamoDB flags and builds the backend.
+// Nothing is sent: a table that cannot be reached, or an action refused,
+// shows in the first request, as exit 69 naming the action.
+func newDynamoDBBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
+	table := c.String("dynamodb-table")
+	if err := dynamodb.ValidateTable(table); err != nil {
+		return nil, usageErrorf("--dynamodb-table (LEADERRUN_DYNAMODB_TABLE): %v", err)
+	}
+	if err := dynamodb.ValidatePrefix(cfg.Prefix); err != nil {
+		return nil, usageErrorf("--prefix: %v", err)
+	}
+	endpoint := c.String("dynamodb-endpoint")
+	if endpoint != "" {
+		u, err := url.Parse(endpoint)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, usageErrorf("--dynamodb-endpoint %q: want an http:// or https:// URL", backends.Redact(endpoint))
+		}
+	}
+	log, err := newLogger(c, os.Stderr)
+	if err != nil {
+		return nil, err
+	}
+	b, err := dynamodb.New(dynamodb.Config{
+		Table:          table,
+		Region:         c.String("dynamodb-region"),
+		Endpoint:       endpoint,
+		Prefix:         cfg.Prefix,
+		Lock:           cfg.Lock,
+		PollInterval:   c.Duration("retry-period"),
+		RequestTimeout: dynamodbRequestTimeout(c.Duration("retry-period"), c.Duration("renew-deadline")),
+		Log:            log,
+	})
+	if err != nil {
+		return nil, usageErrorf("%v", err)
+	}
+	return b, nil
+}
+
+// dynamodbRequestTimeout bounds each HTTP attempt so that two fit in one
+// renewal attempt of the runner (max(--retry-period, --renew-deadline/3)):
+// a request stuck on a dead connection is retried on a fresh one within
+// the same renewal. Half a second at least; status and history, which
+// have no timings, get the backend's default.
+func dynamodbRequestTimeout(retry, deadline time.Duration) time.Duration {
+	if retry <= 0 {
+		return 0
+	}
+	return min(max(max(retry, deadline/3)/2, 500*time.Millisecond), dynamodb.DefaultRequestTimeout)
+}
