@@ -1,0 +1,5 @@
+package redis
+
+// Attempts is how many times the backend ran the acquire script: what a
+// waiter does when it acts on a release, an expiry or its heartbeat.
+func (b *Backend) Attempts() uint64 { return b.attempts.Load() }
