@@ -27,6 +27,13 @@ type TLSFiles struct {
 	CA, Cert, Key string
 }
 
+// Check reads the files as the backend will, for a configuration error
+// before anything is contacted.
+func (f TLSFiles) Check() error {
+	_, err := f.load()
+	return err
+}
+
 // load reads the files into a client configuration.
 func (f TLSFiles) load() (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
@@ -136,7 +143,7 @@ func parseURL(cfg Config) (*redis.Options, error) {
 	if err != nil {
 		// go-redis's messages quote query parameters and paths, not the
 		// user information; redact the password all the same.
-		msg := err.Error()
+		msg := strings.TrimPrefix(err.Error(), "redis: ")
 		if p, ok := u.User.Password(); ok && p != "" {
 			msg = strings.ReplaceAll(msg, p, "xxxxx")
 		}
