@@ -189,7 +189,7 @@ func (c *candidate) attempt(ctx context.Context, try bool) (attempt, error) {
 	a := attempt{sent: time.Now()}
 	b.attempts.Add(1)
 	c.maybeHeld = true
-	res, err := acquireScript.Run(ctx, b.c, b.keys, c.nonce, c.identity, millis(c.ttl), mode,
+	res, err := acquireScript().Run(ctx, b.c, b.keys, c.nonce, c.identity, millis(c.ttl), mode,
 		millis(aliveRetries*b.retry), b.wakePfx).Slice()
 	if err != nil {
 		return a, err
@@ -255,7 +255,7 @@ func (c *candidate) poke() {
 func (c *candidate) withdraw() {
 	ctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
 	defer cancel()
-	_ = withdrawScript.Run(ctx, c.b.c, c.b.keys, c.nonce, c.b.wakePfx).Err()
+	_ = withdrawScript().Run(ctx, c.b.c, c.b.keys, c.nonce, c.b.wakePfx).Err()
 }
 
 // heartbeat is how long a waiter sleeps at most: the retry period,

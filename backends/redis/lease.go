@@ -121,7 +121,7 @@ func (l *lease) Renew(ctx context.Context) error {
 	if l.b.minRepl > 0 {
 		return l.replicate(ctx)
 	}
-	res, err := renewScript.Run(ctx, l.b.c, []string{l.b.key}, l.value, millis(l.ttl)).Result()
+	res, err := renewScript().Run(ctx, l.b.c, []string{l.b.key}, l.value, millis(l.ttl)).Result()
 	if err != nil {
 		return l.b.redact(fmt.Errorf("redis at %s: renew %q (token %d): %w", l.b.addr, l.b.key, l.token, err))
 	}
@@ -149,7 +149,7 @@ func (l *lease) replicate(ctx context.Context) error {
 	var renew, wait *redis.Cmd
 	_, err := l.b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		// EVAL, not EVALSHA: a pipeline cannot fall back on NOSCRIPT.
-		renew = renewScript.Eval(ctx, p, []string{l.b.key}, l.value, millis(l.ttl))
+		renew = renewScript().Eval(ctx, p, []string{l.b.key}, l.value, millis(l.ttl))
 		wait = p.Do(ctx, "WAIT", l.b.minRepl, l.b.waitTimeout().Milliseconds())
 		return nil
 	})
@@ -201,7 +201,7 @@ func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
 		return err
 	}
 	keep := max(time.Until(m.Expires), time.Millisecond)
-	n, err := completeScript.Run(ctx, l.b.c, []string{l.b.key, l.markerKey(m.Key)}, l.value, string(data), millis(keep)).Int64()
+	n, err := completeScript().Run(ctx, l.b.c, []string{l.b.key, l.markerKey(m.Key)}, l.value, string(data), millis(keep)).Int64()
 	switch {
 	case err != nil:
 		return l.b.redact(fmt.Errorf("redis at %s: write the marker %q: %w", l.b.addr, l.markerKey(m.Key), err))
@@ -232,7 +232,7 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 		}
 		termToken = term.Token
 	}
-	err := releaseScript.Run(ctx, l.b.c, l.b.keys, l.value, string(termJSON), strconv.FormatUint(termToken, 10),
+	err := releaseScript().Run(ctx, l.b.c, l.b.keys, l.value, string(termJSON), strconv.FormatUint(termToken, 10),
 		strconv.Itoa(-(backends.HistoryLimit + 1)), l.b.wakePfx).Err()
 	if err != nil {
 		return l.b.redact(fmt.Errorf("redis at %s: release %q (token %d): %w", l.b.addr, l.b.key, l.token, err))

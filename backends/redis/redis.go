@@ -360,7 +360,7 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	st := backends.Status{Lock: b.lock, Backend: b.Name(), Key: b.key, Remaining: -1, Waiting: -1, Node: b.addr}
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	res, err := statusScript.Run(ctx, b.c, []string{b.key, b.keys[3]}).Slice()
+	res, err := statusScript().Run(ctx, b.c, []string{b.key, b.keys[3]}).Slice()
 	if err == nil && len(res) != 3 {
 		err = fmt.Errorf("status script answered %d values, want 3", len(res))
 	}

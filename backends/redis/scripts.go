@@ -1,6 +1,17 @@
 package redis
 
-import "github.com/redis/go-redis/v9"
+import (
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// script returns a script built on first use: building one hashes its
+// source, which every leaderrun would otherwise pay at start, whatever
+// its store.
+func script(src string) func() *redis.Script {
+	return sync.OnceValue(func() *redis.Script { return redis.NewScript(src) })
+}
 
 // The Lua scripts the backend runs: each is atomic on the server (Redis
 // runs one script at a time, and replicates its writes as one
@@ -57,7 +68,7 @@ end
 //
 // Returns {1, value, pttl} when won; {0, holder's value or false, pttl,
 // rank (-1 with try), live waiters} otherwise.
-var acquireScript = redis.NewScript(luaLib + `
+var acquireScript = script(luaLib + `
 local ms, t = now()
 local cur = redis.call('GET', KEYS[1])
 if cur then
@@ -110,7 +121,7 @@ return {0, cur, redis.call('PTTL', KEYS[1]), redis.call('ZRANK', KEYS[3], ARGV[1
 //	ARGV: value, lease ms
 //
 // Returns 1 when renewed, else the lock's current value ("" if none).
-var renewScript = redis.NewScript(`
+var renewScript = script(`
 local cur = redis.call('GET', KEYS[1])
 if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -127,7 +138,7 @@ return cur or ''
 //	ARGV: value, term JSON ("" for none), term token, -(limit+1), wake prefix
 //
 // Returns 1 if it freed the lock.
-var releaseScript = redis.NewScript(luaLib + `
+var releaseScript = script(luaLib + `
 local freed = 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -150,7 +161,7 @@ return freed
 //
 //	KEYS: lock, token (unused), waiters, alive
 //	ARGV: nonce, wake prefix
-var withdrawScript = redis.NewScript(luaLib + `
+var withdrawScript = script(luaLib + `
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 local cur = redis.call('GET', KEYS[1])
@@ -172,7 +183,7 @@ return 1
 //	ARGV: value, marker JSON, keep ms
 //
 // Returns 1 if written.
-var completeScript = redis.NewScript(`
+var completeScript = script(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 return 1
@@ -183,7 +194,7 @@ return 1
 //	KEYS: lock, alive
 //
 // Returns {value or false, pttl, live waiters}.
-var statusScript = redis.NewScript(`
+var statusScript = script(`
 local t = redis.call('TIME')
 local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]), redis.call('ZCOUNT', KEYS[2], string.format('%d', ms), '+inf')}
