@@ -57,6 +57,7 @@ func TestRedis(t *testing.T) {
 		{"Refused", testRefused},
 		{"StalledLink", testStalledLink},
 		{"HostileServer", testHostileServer},
+		{"ACL", testACL},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, e) })
 	}

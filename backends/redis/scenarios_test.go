@@ -479,3 +479,85 @@ func testHostileServer(t *testing.T, e *env) {
 		})
 	}
 }
+
+// aclRules is the smallest ACL of a leaderrun user on prefix: the
+// commands it sends (HELLO carries the client's name), the commands its
+// scripts run (Redis checks those too), its keys and its channels.
+// docs/backends/redis.md prints the same rules.
+func aclRules(prefix string) []any {
+	rules := []any{"reset", "on", ">" + password, "~" + prefix + "*", "&" + prefix + "*", "+hello", "+client|setname", "+ping"}
+	for _, c := range []string{"eval", "evalsha", "get", "zrevrange", "subscribe", "wait", "info",
+		"set", "incr", "pexpire", "pexpireat", "pttl", "del", "zadd", "zrem", "zrange", "zscore", "zrank", "zcount",
+		"zremrangebyrank", "publish", "time"} {
+		rules = append(rules, "+"+c)
+	}
+	return rules
+}
+
+// testACL: a user with the rules of aclRules on the prefix runs the whole
+// suite's operations; the same user on another prefix is refused at once
+// (NOPERM), and so is one without the scripts' commands.
+func testACL(t *testing.T, e *env) {
+	ctx := context.Background()
+	for user, rules := range map[string][]any{
+		"lr-ok":     aclRules(prefix),
+		"lr-other":  aclRules("elsewhere/"),
+		"lr-noincr": append(aclRules(prefix), "-incr"),
+	} {
+		if err := e.admin.Do(ctx, append([]any{"ACL", "SETUSER", user}, rules...)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.admin.Do(context.Background(), "ACL", "DELUSER", user) })
+	}
+	as := func(user string) redis.Config {
+		return redis.Config{URL: "redis://" + user + ":" + password + "@" + e.r.Addr(), RetryPeriod: 200 * time.Millisecond}
+	}
+	b := newBackend(t, e, "acl", as("lr-ok"))
+	w := newBackend(t, e, "acl", as("lr-ok"))
+	l := campaign(t, b, "a", 10*time.Second)
+	got := make(chan backends.Lease, 1)
+	go func() {
+		lw, err := w.Campaign(ctx, options("w", 10*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lw
+	}()
+	waitFor(t, "the waiter to queue", func() bool { st, err := b.Status(ctx); return err == nil && st.Waiting == 1 })
+	now := time.Now()
+	if err := l.Complete(ctx, backends.Marker{Key: "k", Identity: "a", Token: l.Token(), At: now, Expires: now.Add(time.Hour)}); err != nil {
+		t.Errorf("complete: %v", err)
+	}
+	if err := l.Renew(ctx); err != nil {
+		t.Errorf("renew: %v", err)
+	}
+	if err := l.Release(ctx, &backends.Term{Identity: "a", Token: l.Token(), Acquired: now, Ended: now, End: backends.EndExited}); err != nil {
+		t.Errorf("release: %v", err)
+	}
+	select {
+	case lw := <-got:
+		if lw != nil {
+			if m, err := lw.Completed(ctx, "k"); err != nil || m == nil {
+				t.Errorf("completed: %+v, %v", m, err)
+			}
+			lw.Release(ctx, nil)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter was not granted the lock")
+	}
+	if h, err := b.History(ctx, 0); err != nil || len(h) != 1 {
+		t.Errorf("history: %+v, %v", h, err)
+	}
+	// A command inside a script that the user may not run is refused
+	// as the script's error, not NOPERM.
+	for user, want := range map[string]string{"lr-other": "NOPERM", "lr-noincr": "can't run this command"} {
+		o := newBackend(t, e, "acl", as(user))
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		start := time.Now()
+		_, err := o.Campaign(cctx, options("x", 10*time.Second))
+		cancel()
+		if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), want) || time.Since(start) > time.Second {
+			t.Errorf("%s: %v after %v, want ErrUnavailable saying %q at once", user, err, time.Since(start), want)
+		}
+	}
+}
