@@ -42,7 +42,7 @@ func (s *redisStore) candidates(_ *tool, lock, _ string, _ []*proc) (int, error)
 	if err != nil {
 		return 0, err
 	}
-	waiting, err := s.admin.ZCount(ctx, key+":alive", strconv.FormatInt(time.Now().UnixMilli(), 10), "+inf").Result()
+	waiting, err := s.admin.ZCount(ctx, "leaderrun/:alive:"+lock, strconv.FormatInt(time.Now().UnixMilli(), 10), "+inf").Result()
 	return int(held + waiting), err
 }
 
@@ -224,7 +224,7 @@ func TestRedisInspector(t *testing.T) {
 		}
 		return s
 	}
-	keys := []string{"leaderrun/x", "leaderrun/x:token", "leaderrun/x:waiters", "leaderrun/x:alive", "leaderrun/x:history"}
+	keys := []string{"leaderrun/x", "leaderrun/x:token", "leaderrun/:waiters:x", "leaderrun/:alive:x", "leaderrun/x:history"}
 	acquire := func(mode string) string {
 		return cmd(append(append([]string{"EVALSHA", "sha", "5"}, keys...), "nonce", "id", "5000", mode, "1500", "leaderrun/x:wake:")...)
 	}

@@ -61,12 +61,22 @@ func (f TLSFiles) load() (*tls.Config, error) {
 	return cfg, nil
 }
 
-// newClient builds the go-redis client of cfg, and returns the address
+// clients are the go-redis clients of one configuration.
+type clients struct {
+	main *redis.Client
+	// tracker builds a client for a lease's tracking connection (see
+	// track.go): the same server, one connection, onConnect run on it.
+	tracker func(onConnect func(context.Context, *redis.Conn) error) *redis.Client
+	addr    string   // for messages
+	secrets []string // to redact
+}
+
+// newClient builds the go-redis clients of cfg, and returns the address
 // for messages and the secrets to redact from them.
-func newClient(cfg Config) (*redis.Client, string, []string, error) {
+func newClient(cfg Config) (clients, error) {
 	base, err := parseURL(cfg)
 	if err != nil {
-		return nil, "", nil, err
+		return clients{}, err
 	}
 	if base.Password == "" {
 		base.Password = cfg.Password
@@ -75,29 +85,35 @@ func newClient(cfg Config) (*redis.Client, string, []string, error) {
 	var tlsCfg *tls.Config
 	if base.TLSConfig != nil || cfg.TLS != nil {
 		if base.TLSConfig == nil {
-			return nil, "", nil, errors.New("redis: TLS files given for a redis:// or unix:// URL: use rediss://")
+			return clients{}, errors.New("redis: TLS files given for a redis:// or unix:// URL: use rediss://")
 		}
 		files := TLSFiles{}
 		if cfg.TLS != nil {
 			files = *cfg.TLS
 		}
 		if tlsCfg, err = files.load(); err != nil {
-			return nil, "", nil, fmt.Errorf("redis: %w", err)
+			return clients{}, fmt.Errorf("redis: %w", err)
 		}
 		tlsCfg.InsecureSkipVerify = base.TLSConfig.InsecureSkipVerify // skip_verify=true in the URL
 	}
 	dial := guardedDialer(base.DialTimeout, tlsCfg)
 	if cfg.SentinelMaster == "" && len(cfg.Sentinels) == 0 {
-		opt := base
-		tune(opt, dial)
-		return redis.NewClient(opt), endpoint(opt.Network, opt.Addr), secrets, nil
+		tune(base, dial)
+		tmpl := *base // NewClient changes what it is given
+		c := clients{main: redis.NewClient(base), addr: endpoint(base.Network, base.Addr), secrets: secrets}
+		c.tracker = func(onConnect func(context.Context, *redis.Conn) error) *redis.Client {
+			o := tmpl
+			o.PoolSize, o.MaxIdleConns, o.OnConnect = 1, 1, onConnect
+			return redis.NewClient(&o)
+		}
+		return c, nil
 	}
 	if cfg.SentinelMaster == "" || len(cfg.Sentinels) == 0 {
-		return nil, "", nil, errors.New("redis: Sentinel needs both the master name and the Sentinels' addresses")
+		return clients{}, errors.New("redis: Sentinel needs both the master name and the Sentinels' addresses")
 	}
 	for _, s := range cfg.Sentinels {
 		if _, port, err := net.SplitHostPort(s); err != nil || port == "" {
-			return nil, "", nil, fmt.Errorf("redis: Sentinel %q: want HOST:PORT", backends.Redact(s))
+			return clients{}, fmt.Errorf("redis: Sentinel %q: want HOST:PORT", backends.Redact(s))
 		}
 	}
 	fo := &redis.FailoverOptions{
@@ -112,8 +128,17 @@ func newClient(cfg Config) (*redis.Client, string, []string, error) {
 	fo.ReadBufferSize, fo.WriteBufferSize, fo.DisableIdentity, fo.ClientName = opt.ReadBufferSize, opt.WriteBufferSize, true, opt.ClientName
 	fo.ContextTimeoutEnabled, fo.Dialer = true, dial
 	fo.DialerRetries, fo.MaxRetries = opt.DialerRetries, opt.MaxRetries
-	addr := fmt.Sprintf("Sentinel master %q via %s", cfg.SentinelMaster, strings.Join(cfg.Sentinels, ","))
-	return redis.NewFailoverClient(fo), addr, secrets, nil
+	tmpl := *fo
+	c := clients{main: redis.NewFailoverClient(fo), secrets: secrets,
+		addr: fmt.Sprintf("Sentinel master %q via %s", cfg.SentinelMaster, strings.Join(cfg.Sentinels, ","))}
+	c.tracker = func(onConnect func(context.Context, *redis.Conn) error) *redis.Client {
+		o := tmpl
+		// Run on the Sentinels' connections too, where it fails, and
+		// says nothing: the tracker's probe finds out what works.
+		o.PoolSize, o.MaxIdleConns, o.OnConnect = 1, 1, onConnect
+		return redis.NewFailoverClient(&o)
+	}
+	return c, nil
 }
 
 // parseURL parses cfg.URL with go-redis's ParseURL. With Sentinels the

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -15,8 +16,8 @@ import (
 
 // lease is a held lock: the value the acquire script wrote, which every
 // later script compares. A goroutine started by newLease reads the lock
-// every lossCheck and closes Lost when it holds another value or none.
-// Release stops it and waits for it.
+// when it may have changed (see watch) and closes Lost when it holds
+// another value or none. Release stops it and waits for it.
 type lease struct {
 	b        *Backend
 	identity string
@@ -25,7 +26,9 @@ type lease struct {
 	ttl      time.Duration
 	acquired time.Time
 
-	*backends.Loss // Lost and Err
+	*backends.Loss               // Lost and Err
+	check          chan struct{} // poked when the lock may have changed
+	tracked        atomic.Bool   // the tracker proved announcements arrive, for tests
 	stop           context.CancelFunc
 	done           chan struct{}
 }
@@ -49,6 +52,7 @@ func (c *candidate) newLease(a attempt) (*lease, error) {
 		ttl:      time.Duration(v.LeaseMS) * time.Millisecond,
 		acquired: a.sent,
 		Loss:     backends.NewLoss(),
+		check:    make(chan struct{}, 1),
 		stop:     stop,
 		done:     make(chan struct{}),
 	}
@@ -66,19 +70,27 @@ func (l *lease) Key() string { return l.b.key }
 // Value is the lock's value as this lease wrote it.
 func (l *lease) Value() string { return l.value }
 
-// watch reads the lock every lossCheck until ctx ends, and records a
-// loss when it holds another value or none. A failed read records
-// nothing: whether the server can still be reached is for renewals and
-// the runner's deadline to judge.
+// watch checks the lock whenever the tracker (track.go) says it changed
+// or was re-tracked, and every lossCheck while tracking is not proved to
+// work, until ctx ends; it records a loss when the lock holds another
+// value or none. A failed read records nothing: whether the server can
+// still be reached is for renewals and the runner's deadline to judge.
 func (l *lease) watch(ctx context.Context) {
 	defer close(l.done)
+	tr := l.b.startTracker(l.poke)
+	defer tr.close()
 	t := time.NewTicker(lossCheck)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-l.check:
 		case <-t.C:
+			l.tracked.Store(tr.tracking())
+			if tr.tracking() {
+				continue
+			}
 		}
 		rctx, cancel := context.WithTimeout(ctx, lossCheck)
 		cur, err := l.b.c.Get(rctx, l.b.key).Result()
@@ -93,6 +105,14 @@ func (l *lease) watch(ctx context.Context) {
 			l.Set(l.lostErr(cur))
 			return
 		}
+	}
+}
+
+// poke asks the watcher to check the lock; it never blocks.
+func (l *lease) poke() {
+	select {
+	case l.check <- struct{}{}:
+	default:
 	}
 }
 

@@ -201,6 +201,7 @@ type Config struct {
 // concurrent use, but Campaign is meant for one campaign at a time.
 type Backend struct {
 	c         *redis.Client
+	tracker   func(func(context.Context, *redis.Conn) error) *redis.Client
 	addr      string   // the server or Sentinels, for messages; never a password
 	secrets   []string // to redact, should a message ever carry one
 	lock, key string
@@ -235,18 +236,24 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	c, addr, secrets, err := newClient(cfg)
+	cs, err := newClient(cfg)
 	if err != nil {
 		return nil, err
 	}
 	key := cfg.Prefix + cfg.Lock
 	b := &Backend{
-		c:       c,
-		addr:    addr,
-		secrets: secrets,
+		c:       cs.main,
+		tracker: cs.tracker,
+		addr:    cs.addr,
+		secrets: cs.secrets,
 		lock:    cfg.Lock,
 		key:     key,
-		keys:    []string{key, key + ":token", key + ":waiters", key + ":alive", key + ":history"},
+		// The queue's keys do not start with the lock's key: a leader
+		// tracks every key that does (track.go), and must not hear of
+		// every waiter's heartbeat. Lock names have no colon, so
+		// "<prefix>:" starts no lock's key.
+		keys: []string{key, key + ":token", cfg.Prefix + ":waiters:" + cfg.Lock, cfg.Prefix + ":alive:" + cfg.Lock,
+			key + ":history"},
 		wakePfx: key + ":wake:",
 		minRepl: cfg.MinReplicas,
 		retry:   cfg.RetryPeriod,

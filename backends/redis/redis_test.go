@@ -48,6 +48,7 @@ func TestRedis(t *testing.T) {
 		{"TokensAcrossDeletesByHand", testTokensAcrossDeletes},
 		{"CounterDeletedByHand", testCounterDeletedByHand},
 		{"LossByHand", testLossByHand},
+		{"LossSeenAtOnce", testLossSeenAtOnce},
 		{"RenewChecksValue", testRenewChecksValue},
 		{"Status", testStatus},
 		{"TryLeavesNoTrace", testTryLeavesNoTrace},

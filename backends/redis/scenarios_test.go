@@ -120,6 +120,41 @@ func testLossByHand(t *testing.T, e *env) {
 	}
 }
 
+// testLossSeenAtOnce (S3's aim): once the lease's tracker proved that
+// Redis announces changes of its key, a DEL or a SET of the key by hand
+// is seen within 100 ms, not at the next poll.
+func testLossSeenAtOnce(t *testing.T, e *env) {
+	ctx := context.Background()
+	var took []time.Duration
+	for i := range 5 {
+		b := newBackend(t, e, fmt.Sprintf("at-once-%d", i), redis.Config{})
+		l := campaign(t, b, "a", 10*time.Second)
+		tr := l.(interface{ Tracking() bool })
+		waitFor(t, "the lease to track its key", tr.Tracking)
+		changed := time.Now()
+		var err error
+		if i%2 == 0 {
+			err = e.admin.Del(ctx, l.Key()).Err()
+		} else {
+			err = e.admin.Set(ctx, l.Key(), "taken", 0).Err()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-l.Lost():
+			took = append(took, time.Since(changed))
+		case <-time.After(time.Second):
+			t.Fatal("loss not seen within 1s")
+		}
+	}
+	slices.Sort(took)
+	t.Logf("loss seen %v (median of 5), %v at most", took[2].Round(time.Microsecond), took[4].Round(time.Microsecond))
+	if took[4] > 100*time.Millisecond {
+		t.Errorf("a loss took %v to be seen with tracking, want under 100ms", took[4])
+	}
+}
+
 // testRenewChecksValue: a renewal that finds the key gone is a loss even
 // before the watcher saw it (S3 through Renew), and a renewal extends
 // the lease by the server's clock.
@@ -200,20 +235,20 @@ func testTryLeavesNoTrace(t *testing.T, e *env) {
 		t.Fatalf("try on a held lock: %v", err)
 	}
 	t.Logf("try on a held lock answered in %v", time.Since(start).Round(time.Microsecond))
-	if n, _ := e.admin.Exists(ctx, prefix+lock+":waiters", prefix+lock+":alive").Result(); n != 0 {
+	if n, _ := e.admin.Exists(ctx, prefix+":waiters:"+lock, prefix+":alive:"+lock).Result(); n != 0 {
 		t.Errorf("a --try left %d queue keys behind", n)
 	}
 	// A queue entry of a live waiter that has not taken the free lock yet.
 	ms := time.Now().Add(time.Minute).UnixMilli()
-	e.admin.ZAdd(ctx, prefix+lock+":waiters", goredis.Z{Score: 1, Member: "ffff"})
-	e.admin.ZAdd(ctx, prefix+lock+":alive", goredis.Z{Score: float64(ms), Member: "ffff"})
+	e.admin.ZAdd(ctx, prefix+":waiters:"+lock, goredis.Z{Score: 1, Member: "ffff"})
+	e.admin.ZAdd(ctx, prefix+":alive:"+lock, goredis.Z{Score: float64(ms), Member: "ffff"})
 	if err := la.Release(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.Campaign(ctx, try); !errors.Is(err, backends.ErrLocked) || !strings.Contains(err.Error(), "1 candidates wait") {
 		t.Errorf("try on a free lock with a waiter first: %v, want ErrLocked", err)
 	}
-	e.admin.Del(ctx, prefix+lock+":waiters", prefix+lock+":alive")
+	e.admin.Del(ctx, prefix+":waiters:"+lock, prefix+":alive:"+lock)
 	lb, err := b.Campaign(ctx, try)
 	if err != nil {
 		t.Fatalf("try on a free lock: %v", err)
@@ -231,8 +266,8 @@ func testDeadWaiterLeavesQueue(t *testing.T, e *env) {
 	la := campaign(t, a, "a", 10*time.Second)
 	ctx := context.Background()
 	deadline := time.Now().Add(time.Second)
-	e.admin.ZAdd(ctx, prefix+lock+":waiters", goredis.Z{Score: 1, Member: "dead"})
-	e.admin.ZAdd(ctx, prefix+lock+":alive", goredis.Z{Score: float64(deadline.UnixMilli()), Member: "dead"})
+	e.admin.ZAdd(ctx, prefix+":waiters:"+lock, goredis.Z{Score: 1, Member: "dead"})
+	e.admin.ZAdd(ctx, prefix+":alive:"+lock, goredis.Z{Score: float64(deadline.UnixMilli()), Member: "dead"})
 	b := newBackend(t, e, lock, redis.Config{RetryPeriod: retry})
 	got := make(chan backends.Lease, 1)
 	go func() {
@@ -243,7 +278,7 @@ func testDeadWaiterLeavesQueue(t *testing.T, e *env) {
 		got <- l
 	}()
 	waitFor(t, "b to queue behind the dead waiter", func() bool {
-		n, _ := e.admin.ZCard(ctx, prefix+lock+":waiters").Result()
+		n, _ := e.admin.ZCard(ctx, prefix+":waiters:"+lock).Result()
 		return n == 2
 	})
 	if err := la.Release(ctx, nil); err != nil {
@@ -485,7 +520,8 @@ func testHostileServer(t *testing.T, e *env) {
 // scripts run (Redis checks those too), its keys and its channels.
 // docs/backends/redis.md prints the same rules.
 func aclRules(prefix string) []any {
-	rules := []any{"reset", "on", ">" + password, "~" + prefix + "*", "&" + prefix + "*", "+hello", "+client|setname", "+ping"}
+	rules := []any{"reset", "on", ">" + password, "~" + prefix + "*", "&" + prefix + "*", "&__redis__:invalidate",
+		"+hello", "+client|setname", "+client|id", "+client|tracking", "+ping"}
 	for _, c := range []string{"eval", "evalsha", "get", "zrevrange", "subscribe", "wait", "info",
 		"set", "incr", "pexpire", "pexpireat", "pttl", "del", "zadd", "zrem", "zrange", "zscore", "zrank", "zcount",
 		"zremrangebyrank", "publish", "time"} {
@@ -500,9 +536,10 @@ func aclRules(prefix string) []any {
 func testACL(t *testing.T, e *env) {
 	ctx := context.Background()
 	for user, rules := range map[string][]any{
-		"lr-ok":     aclRules(prefix),
-		"lr-other":  aclRules("elsewhere/"),
-		"lr-noincr": append(aclRules(prefix), "-incr"),
+		"lr-ok":         aclRules(prefix),
+		"lr-other":      aclRules("elsewhere/"),
+		"lr-noincr":     append(aclRules(prefix), "-incr"),
+		"lr-notracking": append(aclRules(prefix), "-client|tracking"),
 	} {
 		if err := e.admin.Do(ctx, append([]any{"ACL", "SETUSER", user}, rules...)...).Err(); err != nil {
 			t.Fatal(err)
@@ -547,6 +584,26 @@ func testACL(t *testing.T, e *env) {
 	}
 	if h, err := b.History(ctx, 0); err != nil || len(h) != 1 {
 		t.Errorf("history: %+v, %v", h, err)
+	}
+	// Without CLIENT TRACKING, the tracker's probes go unanswered, it
+	// says so, and the lease polls its key: a loss is still seen within
+	// 1 s.
+	var log logBuffer
+	cfg := as("lr-notracking")
+	cfg.Log = log.logger()
+	n := newBackend(t, e, "acl-poll", cfg)
+	ln := campaign(t, n, "a", 10*time.Second)
+	waitFor(t, "the tracker to give up", func() bool { return strings.Contains(log.String(), "polling the lock's key") })
+	if ln.(interface{ Tracking() bool }).Tracking() {
+		t.Errorf("the lease says it tracks its key without CLIENT TRACKING")
+	}
+	e.admin.Del(ctx, ln.Key())
+	deleted := time.Now()
+	select {
+	case <-ln.Lost():
+		t.Logf("without CLIENT TRACKING: loss seen %v after the DEL", time.Since(deleted).Round(time.Millisecond))
+	case <-time.After(time.Second):
+		t.Errorf("without CLIENT TRACKING, the loss was not seen within 1s")
 	}
 	// A command inside a script that the user may not run is refused
 	// as the script's error, not NOPERM.
