@@ -13,14 +13,17 @@
 //	                with a PX expiry of the lease; absent when free
 //	P L :token      the token counter (INCR); never expired or deleted by
 //	                leaderrun
-//	P L :waiters    the queue: sorted set of waiting candidates' nonces,
-//	                by the server's clock (microseconds) when they joined
-//	P L :alive      each waiter's liveness deadline (server milliseconds)
 //	P L :history    sorted set of the last 100 terms (JSON), by token
 //	P L :done:KEY   a completion marker (JSON), with a PX expiry
+//	P L :probe      a lease's tracking probe (track.go), expiring in 2 s
+//	P :waiters: L   the queue: sorted set of waiting candidates' nonces,
+//	                by the server's clock (microseconds) when they joined
+//	P :alive: L     each waiter's liveness deadline (server milliseconds)
 //
 // and the pub/sub channels P L :wake:NONCE, one per waiting candidate.
-// Lock names have no colon, so no lock's keys can be another's.
+// Lock names have no colon, so no lock's keys can be another's, and the
+// queue's keys start with no lock's key (a leader tracks every key that
+// starts with its own).
 //
 // # Scripts
 //
@@ -76,13 +79,12 @@
 //
 // # Loss
 //
-// A lease reads the lock every 500 ms and closes Lost when it holds
-// another value or none: the key deleted or changed is seen within about
-// half a second (S3 promises 1 s). That is two GETs a second per leader;
-// Redis offers no notification of a key's change that is both on by
-// default and limited to one key (keyspace notifications are
-// server-wide and off by default; client tracking in broadcast mode
-// would also report every waiter's heartbeat to the leader).
+// A lease tracks its key (track.go): Redis announces every change of a
+// key under the lock's key on the lease's tracking connection, and the
+// lease then reads the key, and closes Lost when it holds another value
+// or none, within milliseconds (S3). Until tracking is proved to work, or
+// where it does not (a server before 6.0, an ACL without CLIENT TRACKING,
+// a proxy without pub/sub), the lease reads its key every 500 ms.
 //
 // # Replicas
 //
@@ -98,7 +100,8 @@
 // # Connections and bounds
 //
 // One pool of at most four connections (a renewal, the loss check, a
-// release), and one pub/sub connection while a candidate waits. The
+// release), one pub/sub connection while a candidate waits, and a
+// lease's tracking connection while it leads. The
 // backend speaks RESP2, and every connection passes what the server
 // sends through a guard (guard.go) that refuses a reply over 8 MiB, a
 // string over 1 MiB, or arrays nested deeper than 8, before go-redis
