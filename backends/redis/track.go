@@ -100,41 +100,18 @@ func (t *tracker) run(ctx context.Context) {
 	t.mu.Unlock()
 	var (
 		backoff backends.Backoff
-		probing time.Time // when the pending probe was written; zero: none
-		probes  int       // probes written since the last subscription
+		pr      probe
 	)
 	for {
 		wait := pubsubPing
-		if !probing.IsZero() {
-			wait = max(time.Until(probing.Add(probeTimeout)), time.Millisecond)
+		if !pr.at.IsZero() {
+			wait = max(time.Until(pr.at.Add(probeTimeout)), time.Millisecond)
 		}
 		msg, err := receive(ctx, ps, wait)
 		if ctx.Err() != nil {
 			return
 		}
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			// (Re)subscribed, tracking (re)enabled or not: until the
-			// probe comes back, the lease reads its key as it polls,
-			// and once now for what it may have missed.
-			t.live.Store(false)
-			t.poke()
-			probes = 0
-			probing, probes = t.writeProbe(ctx), probes+1
-		case *redis.Message:
-			keys := m.PayloadSlice
-			if m.Payload != "" {
-				keys = append(keys, m.Payload)
-			}
-			if !probing.IsZero() && slices.Contains(keys, t.probe) {
-				probing = time.Time{}
-				t.live.Store(true)
-				t.logMode(nil)
-			}
-			if slices.Contains(keys, t.b.key) {
-				t.poke()
-			}
-		}
+		t.handle(ctx, msg, &pr)
 		var ne net.Error
 		switch {
 		case err == nil:
@@ -144,7 +121,7 @@ func (t *tracker) run(ctx context.Context) {
 			t.logMode(err)
 			return
 		case errors.As(err, &ne) && ne.Timeout():
-			if probing.IsZero() {
+			if pr.at.IsZero() {
 				_ = ps.Ping(ctx) // idle: is the connection still there?
 			}
 		default:
@@ -156,18 +133,56 @@ func (t *tracker) run(ctx context.Context) {
 				return
 			}
 		}
-		if !probing.IsZero() && time.Since(probing) >= probeTimeout {
-			// A write may have failed, or an announcement been lost to a
-			// reconnection: three tries per subscription.
-			probing = time.Time{}
-			if probes < 3 {
-				probing, probes = t.writeProbe(ctx), probes+1
-			} else {
-				t.logMode(errors.New("the announcement of a probe key's change did not arrive " +
-					"(CLIENT TRACKING refused by the server or the ACL, or pub/sub not passed through)"))
-			}
+		t.expire(ctx, &pr)
+	}
+}
+
+// probe is the tracker's pending probe.
+type probe struct {
+	at time.Time // when it was written; zero: none pending
+	n  int       // probes written since the last subscription
+}
+
+// handle acts on one message of the tracking connection.
+func (t *tracker) handle(ctx context.Context, msg any, pr *probe) {
+	switch m := msg.(type) {
+	case *redis.Subscription:
+		// (Re)subscribed, tracking (re)enabled or not: until the probe
+		// comes back, the lease reads its key as it polls, and once now
+		// for what it may have missed.
+		t.live.Store(false)
+		t.poke()
+		*pr = probe{at: t.writeProbe(ctx), n: 1}
+	case *redis.Message:
+		keys := m.PayloadSlice
+		if m.Payload != "" {
+			keys = append(keys, m.Payload)
+		}
+		if !pr.at.IsZero() && slices.Contains(keys, t.probe) {
+			pr.at = time.Time{}
+			t.live.Store(true)
+			t.logMode(nil)
+		}
+		if slices.Contains(keys, t.b.key) {
+			t.poke()
 		}
 	}
+}
+
+// expire gives up on a probe whose announcement did not come in time: a
+// write may have failed, or an announcement been lost to a reconnection,
+// so it writes another, three in all per subscription.
+func (t *tracker) expire(ctx context.Context, pr *probe) {
+	if pr.at.IsZero() || time.Since(pr.at) < probeTimeout {
+		return
+	}
+	if pr.n < 3 {
+		pr.at, pr.n = t.writeProbe(ctx), pr.n+1
+		return
+	}
+	pr.at = time.Time{}
+	t.logMode(errors.New("the announcement of a probe key's change did not arrive " +
+		"(CLIENT TRACKING refused by the server or the ACL, or pub/sub not passed through)"))
 }
 
 // writeProbe writes the probe key, whose announcement proves that
