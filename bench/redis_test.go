@@ -87,7 +87,7 @@ func (m *redisMeter) how() string {
 	return "a TCP proxy in front of the server for each process, which reads the commands it sends and the pub/sub messages it is sent. " +
 		"A script is named by what it is (acquire, renew, release, ...), told apart by its numbers of keys and arguments. " +
 		"A waiter's acquire attempt (every retry period) counts as its keep-alive: it refreshes its place in the queue, and tries the lock once; " +
-		"the leader's GET of its key (every 500 ms, its loss check) counts as other"
+		"the leader's GET of its key (after each announcement of its change: every renewal is one) counts as other"
 }
 
 // redisScripts names leaderrun's scripts by their numbers of keys and
