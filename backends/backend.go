@@ -57,7 +57,7 @@ var (
 // for one at a time.
 type Backend interface {
 	// Name is the backend's name as the CLI spells it: "etcd", "consul",
-	// "postgres", "kubernetes", "zookeeper", "local".
+	// "postgres", "kubernetes", "zookeeper", "redis", "local".
 	Name() string
 
 	// Campaign blocks until this candidate holds the lock and returns the

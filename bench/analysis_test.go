@@ -140,6 +140,7 @@ var lossWhy = map[string]string{
 	"postgres":   "a trigger on the lease table sends a notification when a row is deleted or changes holder, and the leader's listening connection receives it at once; the row is then read to confirm.",
 	"kubernetes": "the leader watches its Lease; the apiserver sends the change of holder at once.",
 	"zookeeper":  "the leader's client watches its own znode; the server sends the deletion at once.",
+	"redis":      "the leader's tracking connection has Redis announce every change of a key under the lock's key (client tracking, broadcast mode); on the DEL's announcement the leader reads its key, finds it gone, and stops the child.",
 }
 
 // crashWhy says what decides the crash failover on each store.
@@ -150,6 +151,7 @@ var crashWhy = map[string]string{
 	"postgres":   "the database's clock decides: the row expires a lease duration after the leader's last renewal (at most a retry period before the kill), and the follower, which read the remaining time from the database, sleeps until then and takes the row in one statement.",
 	"kubernetes": "the follower times the record as client-go does, on its own monotonic clock from the moment it saw it change (every renewal, every retry period), and takes the Lease with a conditional update once leaseDurationSeconds passed without a change. The client-go elector follows the same rule but polls the Lease every retry period, so it notices up to a retry period (with client-go's jitter, 1.2×) later.",
 	"zookeeper":  "the server expires the dead leader's session once it has not heard from it for the negotiated session timeout (the lease asked, 6 s), deleting its ephemeral znode; the next candidate watches that znode and takes over at once.",
+	"redis":      "the server's clock decides: the key expires a lease duration after the leader's last renewal (at most a retry period before the kill); the first waiter in the queue read the key's PTTL at its last attempt and sleeps until then (plus 5 ms), and its SET NX succeeds at once.",
 }
 
 // herdWhy says why each store wakes as many followers as it does.
@@ -159,6 +161,7 @@ var herdWhy = map[string]string{
 	"postgres":   "PostgreSQL sends a notification to every listening connection: every waiter wakes and tries the row once (one statement each), and one wins. That is the cost of waiting on notifications without a queue; each waiter's cost while idle stays one statement per lease duration.",
 	"kubernetes": "Every follower watches the one Lease, and the apiserver sends every change of it to every watcher: the release, the new holder's grant and each renewal. The followers that see the Lease free try a conditional update; all but one get 409 Conflict.",
 	"zookeeper":  "Each candidate watches only the znode just below its own (the recipe's answer to the herd), so a change wakes the next one only.",
+	"redis":      "Waiters queue in a sorted set, each subscribed to a channel of its own; only the first may take a free lock, and the release script publishes to its channel alone.",
 }
 
 // idleWhy says what an idle follower sends on each store, and why.
@@ -168,6 +171,7 @@ var idleWhy = map[string]string{
 	"postgres":   "A follower listens for notifications and otherwise sleeps until the holder's expiry by the database's clock; the leader's renewals send no notification but keep moving the expiry, so the follower tries once per lease duration, and its listening connection is pinged every 30 s.",
 	"kubernetes": "A follower sends nothing but its watch of the Lease; it receives every renewal as a watch event.",
 	"zookeeper":  "A follower's client sends pings (every third of the session timeout) and holds a watch on the znode below its own.",
+	"redis":      "A follower runs the acquire script every retry period (jittered down by up to a quarter): that refreshes its liveness deadline in the queue (three retry periods), and tries the lock once; its pub/sub connection is pinged every 30 s. The leader renews, and reads its key once per renewal, whose change Redis announces to it.",
 }
 
 func columnTitled(title string) *storeColumn {

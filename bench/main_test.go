@@ -142,6 +142,7 @@ func TestBench(t *testing.T) {
 		{"start-to-child", b.measureStartToChild},
 		{"RSS while leading", b.measureRSS},
 		{"RSS after a long leadership", b.measureRSSLong},
+		{"Pss per instance", b.measurePss},
 		{"loss reaction", b.measureLoss},
 		{"graceful handover", b.measureHandover},
 		{"crash failover", b.measureCrash},
@@ -232,6 +233,7 @@ func versions(b *bench) map[string]string {
 		"postgres":       first(filepath.Join(testenv.PostgresBinDir(b.t), "postgres"), "--version"),
 		"zookeeper":      zookeeperVersion(b),
 		"kube-apiserver": first(testenv.KubeAPIServerBinary(b.t), "--version"),
+		"redis":          first(testenv.RedisBinary(b.t), "--version"),
 	}
 }
 

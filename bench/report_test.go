@@ -53,6 +53,7 @@ type results struct {
 	crashOld                            map[string]crashOld
 	cost                                map[string]*costRes
 	herd                                map[string]*herdRes // by store
+	pss                                 map[string]pssRec   // by tool id
 	notes                               map[string][]string // by tool id
 	versions                            map[string]string
 	machine                             machine
@@ -68,7 +69,7 @@ func newResults(runs int) *results {
 		handover: map[string]*sample{}, crash: map[string]*sample{}, segments: map[string]*sample{},
 		exit: map[string]*sample{}, faults: map[string]*sample{}, initTotal: map[string]*sample{}, initPkg: map[string]*sample{},
 		rss: map[string]rssRec{}, rssLong: map[string]rssRec{}, startupRSS: map[string]int{}, crashOld: map[string]crashOld{}, cost: map[string]*costRes{},
-		herd: map[string]*herdRes{}, notes: map[string][]string{}}
+		herd: map[string]*herdRes{}, pss: map[string]pssRec{}, notes: map[string][]string{}}
 }
 
 // sample returns m[id], created if needed. Safe for concurrent use.
@@ -475,14 +476,16 @@ func (r *results) markdown() string {
 	fmt.Fprintf(&b, "**Machine:** %d CPUs (%s), %s RAM, Linux %s, %s, %s. Load average (1, 5, 15 min) %s at the start and %s at the end (the end figure includes the benchmark's own 200-follower phases). Other engineers' test suites may run on this machine at any time, so absolute figures are noisy; the tools were alternated run by run so that the noise hit all alike.\n\n",
 		m.cpus, m.cpu, m.mem, m.kernel, m.os, m.goV, m.loadBefore, m.loadAfter)
 	fmt.Fprintf(&b, "Load average as each phase began: %s.\n\n", strings.Join(r.loads, "; "))
-	fmt.Fprintf(&b, "**Versions:** %s; %s (server %s); %s; %s; %s; %s. leaderrun is built as releases are (`CGO_ENABLED=0`, `-trimpath -ldflags='-s -w' -tags urfave_cli_no_docs`), without the race detector.\n\n",
-		r.versions["leaderrun"], r.versions["etcdctl"], r.versions["etcd"], r.versions["consul"], r.versions["postgres"], r.versions["kube-apiserver"], r.versions["zookeeper"])
+	fmt.Fprintf(&b, "**Versions:** %s; %s (server %s); %s; %s; %s; %s; %s. leaderrun is built as releases are (`CGO_ENABLED=0`, `-trimpath -ldflags='-s -w' -tags urfave_cli_no_docs`), without the race detector.\n\n",
+		r.versions["leaderrun"], r.versions["etcdctl"], r.versions["etcd"], r.versions["consul"], r.versions["postgres"], r.versions["kube-apiserver"], r.versions["zookeeper"],
+		r.versions["redis"])
 	b.WriteString("**Stores**, all on 127.0.0.1, started by the benchmark; every tool of a store runs against the same server:\n\n")
 	b.WriteString("- etcd: one member (`--heartbeat-interval 100 --election-timeout 1000`).\n")
 	b.WriteString("- Consul: one dev agent.\n")
 	fmt.Fprintf(&b, "- PostgreSQL: one throwaway cluster (`fsync=off`, `max_connections=%d`); leaderrun connects as the superuser, listening for notifications.\n", postgresMaxConnections)
 	b.WriteString("- Kubernetes: one kube-apiserver with its own etcd, RBAC on; leaderrun as a user granted get, create, update and watch on leases in the benchmark's namespace, the client-go elector as one granted get, create and update.\n")
 	b.WriteString("- ZooKeeper: one standalone server, tickTime 200 ms (session timeouts 0.4–60 s).\n")
+	b.WriteString("- Redis: one redis-server with a password, `appendonly yes`, `appendfsync always` (every write on disk before it is acknowledged), as docs/backends/redis.md asks.\n")
 	b.WriteString("- DynamoDB: the tests' emulator (`internal/testenv/ddbemu`: minidyn, in memory, over HTTP), its table created beforehand; start-to-child and memory only: an emulator's latencies say nothing of DynamoDB's.\n")
 	b.WriteString("- local: a state directory on the benchmark's file system.\n\n")
 	b.WriteString("**Settings**, as the rest of the project runs each store (e2e/, faults/), and as close to each other as the tools allow:\n\n")
@@ -545,6 +548,7 @@ func (r *results) markdown() string {
 		b.WriteString("\n")
 	}
 	b.WriteString(r.startupDetails())
+	b.WriteString(r.pssDetails())
 	b.WriteString(r.costDetails())
 	b.WriteString(r.herdDetails())
 

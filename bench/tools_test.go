@@ -48,7 +48,9 @@ var (
 	// client-go elector sees every one (faults/kubernetes_test.go).
 	kubeTimings = timings{lease: 8 * time.Second, deadline: 5 * time.Second, retry: time.Second, grace: 2 * time.Second}
 	// ZooKeeper on a tickTime-200 server (faults/zookeeper_test.go).
-	zkTimings    = timings{lease: 6 * time.Second, deadline: 4 * time.Second, retry: 500 * time.Millisecond, grace: time.Second}
+	zkTimings = timings{lease: 6 * time.Second, deadline: 4 * time.Second, retry: 500 * time.Millisecond, grace: time.Second}
+	// Redis: the fault suite's settings, as PostgreSQL's.
+	redisTimings = timings{lease: 5 * time.Second, deadline: 3 * time.Second, retry: 500 * time.Millisecond, grace: time.Second}
 	localTimings = timings{lease: 15 * time.Second, deadline: 10 * time.Second, retry: 2 * time.Second, grace: 3 * time.Second, defaults: true}
 	etcdctlTTL   = "5"
 )
@@ -165,6 +167,7 @@ var (
 		lossBound: kubeTimings.lease + 5*time.Second,
 	}
 	lrZK    = leaderrunOn("lrz", "leaderrun (ZooKeeper)", "zookeeper", func(addr string) []string { return []string{"--zk-servers", addr} }, zkTimings)
+	lrRedis = leaderrunOn("lrr", "leaderrun (Redis)", "redis", func(addr string) []string { return []string{"--redis-url", addr} }, redisTimings)
 	lrLocal = leaderrunOn("lrl", "leaderrun (local)", "local", func(addr string) []string { return []string{"--backend", "local", "--state-dir", addr} }, localTimings)
 	// direct is no wrapper at all: the cost of starting the child itself.
 	direct = &tool{id: "dir", name: "child alone (no lock)",
@@ -235,6 +238,12 @@ var storeColumns = []*storeColumn{
 		crashGoal: zkTimings.lease + time.Second, crashGoalText: "session timeout + 1 s",
 		crashBound: zkTimings.lease + 10*time.Second, crashTrials: 5, herdWoken: 1, sessions: true,
 		newStore: func() store { return &zkStore{} }},
+	{name: "redis", title: "Redis", lr: lrRedis, tm: redisTimings, latency: true,
+		// The first waiter sleeps until the lease expires by the
+		// server's clock: failover within the lease + 0.3 s.
+		crashGoal: redisTimings.lease + 300*time.Millisecond, crashGoalText: "lease + 0.3 s",
+		crashBound: redisTimings.lease + 10*time.Second, crashTrials: 5, herdWoken: 1, sessions: true,
+		newStore: func() store { return &redisStore{} }},
 	azureColumn,
 	{name: "dynamodb", title: "DynamoDB (emulator)", lr: lrDynamo, tm: ddbTimings,
 		newStore: func() store { return &ddbStore{} }},

@@ -34,6 +34,8 @@ func newStore(t testing.TB, name string) store {
 		return newZooKeeperStore(t)
 	case "kubernetes":
 		return newKubeStore(t)
+	case "redis":
+		return newRedisStore(t)
 	case "dynamodb":
 		return newDynamoStore(t)
 	case "azureblob":
@@ -51,7 +53,7 @@ func TestFaults(t *testing.T) {
 	if trials <= 0 {
 		t.Skip("the fault suite runs through scripts/faults.sh (FAULTS_TRIALS not set)")
 	}
-	backends := []string{"etcd", "consul", "postgres", "zookeeper", "kubernetes", "dynamodb", "azureblob"}
+	backends := []string{"etcd", "consul", "postgres", "zookeeper", "kubernetes", "redis", "dynamodb", "azureblob"}
 	backendFlag := "all"
 	if b := os.Getenv("FAULTS_BACKEND"); b != "" && b != "all" {
 		backends, backendFlag = strings.Split(b, ","), b

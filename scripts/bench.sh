@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks: leaderrun on every store (etcd, Consul, PostgreSQL,
-# Kubernetes, ZooKeeper, DynamoDB's emulator, local) side by side with `etcdctl lock`, `consul
+# Kubernetes, ZooKeeper, Redis, DynamoDB's emulator, local) side by side with `etcdctl lock`, `consul
 # lock` and client-go's elector, on local servers started for the run,
 # with the same child for every tool and the tools alternated run by run.
 # Prints the table and writes it, with the machine's description and an
@@ -42,13 +42,14 @@ consul_dir=$(scripts/install-consul.sh)
 kube_dir=$(scripts/install-kube-apiserver.sh)
 pg_dir=$(scripts/install-postgres.sh)
 LEADERRUN_ZOOKEEPER_CLASSPATH=$(scripts/install-zookeeper.sh)
+redis_bin=$(scripts/install-redis.sh)
 ddb_dir=$(scripts/install-dynamodb.sh)
 elector_dir="${LEADERRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/leaderrun}/k8selector"
 mkdir -p "$elector_dir"
 (cd internal/testenv/k8selector && GOWORK=off go build -o "$elector_dir/k8selector.new" . && mv "$elector_dir/k8selector.new" "$elector_dir/k8selector")
 export LEADERRUN_ETCD_BIN="$etcd_dir/etcd" LEADERRUN_ETCDCTL_BIN="$etcd_dir/etcdctl" LEADERRUN_CONSUL_BIN="$consul_dir/consul" \
 	LEADERRUN_KUBE_APISERVER_BIN="$kube_dir/kube-apiserver" LEADERRUN_POSTGRES_BIN="$pg_dir" \
-	LEADERRUN_ZOOKEEPER_CLASSPATH LEADERRUN_K8SELECTOR_BIN="$elector_dir/k8selector" LEADERRUN_DYNAMODB_EMULATOR_BIN="$ddb_dir/ddbemu"
+	LEADERRUN_ZOOKEEPER_CLASSPATH LEADERRUN_K8SELECTOR_BIN="$elector_dir/k8selector" LEADERRUN_DYNAMODB_EMULATOR_BIN="$ddb_dir/ddbemu" LEADERRUN_REDIS_BIN="$redis_bin"
 export BENCH=1 BENCH_RUNS=$runs BENCH_OUT=$out BENCH_CMD="scripts/bench.sh${args[*]:+ ${args[*]}}"
 
 log=$(mktemp -t leaderrun-bench.XXXXXX.log)

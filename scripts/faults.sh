@@ -2,15 +2,16 @@
 # Fault-injection suite: real leaderrun binaries against a real 3-member
 # etcd cluster, a real 3-server Consul cluster, a real PostgreSQL server, a
 # real 3-server ZooKeeper ensemble, two real kube-apiservers on one etcd
-# a DynamoDB emulator and Azurite (the Azure Storage emulator), each
-# candidate's store traffic through a TCP proxy that the suite stalls and
-# resets, checked against a fencing ledger. Prints a table per store and
-# scenario and writes it, with one SVG timeline per scenario, to --out.
-# Exits non-zero on any violation.
+# a real redis-server (append-only file, appendfsync always), a DynamoDB
+# emulator and Azurite (the Azure Storage emulator), each candidate's store
+# traffic through a TCP proxy that the suite stalls and resets, checked
+# against a fencing ledger. Prints a table per store and scenario and
+# writes it, with one SVG timeline per scenario, to --out. Exits non-zero
+# on any violation.
 #
 #   scripts/faults.sh [--trials N] [--backend STORE[,STORE...]|all] [--parallel P] [--out DIR]
 #
-# STORE is one of: etcd consul postgres zookeeper kubernetes dynamodb azureblob.
+# STORE is one of: etcd consul postgres zookeeper kubernetes redis dynamodb azureblob.
 #
 # --trials 1 --parallel 2 is the short mode that CI runs; the published
 # table in docs/faults/ comes from --trials 20 --backend all --parallel 3
@@ -28,7 +29,7 @@ while [ $# -gt 0 ]; do
 	*) echo "usage: $0 [--trials N] [--backend STORE[,STORE...]|all] [--parallel P] [--out DIR]" >&2; exit 64 ;;
 	esac
 done
-stores="etcd consul postgres zookeeper kubernetes dynamodb azureblob"
+stores="etcd consul postgres zookeeper kubernetes redis dynamodb azureblob"
 case "$trials" in '' | *[!0-9]* | 0) echo "--trials $trials: want a positive number" >&2; exit 64 ;; esac
 case "$parallel" in '' | *[!0-9]* | 0) echo "--parallel $parallel: want a positive number" >&2; exit 64 ;; esac
 if [ "$backend" != all ]; then
@@ -70,6 +71,14 @@ if wants postgres; then
 		export LEADERRUN_POSTGRES_BIN="$pg_dir"
 	else
 		echo "PostgreSQL not installed: its trials will be skipped (failed under CI=true)" >&2
+	fi
+fi
+# Installing Redis needs root and apt-get too.
+if wants redis; then
+	if redis_bin=$(scripts/install-redis.sh); then
+		export LEADERRUN_REDIS_BIN="$redis_bin"
+	else
+		echo "Redis not installed: its trials will be skipped (failed under CI=true)" >&2
 	fi
 fi
 export FAULTS_TRIALS=$trials FAULTS_BACKEND=$backend FAULTS_OUT=$out FAULTS_PARALLEL=$parallel

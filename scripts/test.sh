@@ -4,7 +4,7 @@
 # DynamoDB emulator) and installs Azurite 3.35.0 (npm) into
 # $LEADERRUN_CACHE (default ~/.cache/leaderrun, outside the repo; minutes
 # cold, seconds after) and, as root, installs Debian's zookeeper,
-# postgresql and pgbouncer packages if they are missing; each test then
+# postgresql, pgbouncer and redis-server packages if they are missing; each test then
 # starts its own servers on free loopback ports.
 #
 #   scripts/test.sh [go test flags, e.g. -run Local -v]
@@ -75,6 +75,13 @@ if pg_dir=$(scripts/install-postgres.sh); then
 	export LEADERRUN_POSTGRES_BIN="$pg_dir"
 else
 	echo "PostgreSQL not installed: its tests will be skipped (failed under CI=true)" >&2
+fi
+
+# Redis the same way (Debian's redis-server; Sentinel is the same binary).
+if redis_bin=$(scripts/install-redis.sh); then
+	export LEADERRUN_REDIS_BIN="$redis_bin"
+else
+	echo "Redis not installed: its tests will be skipped (failed under CI=true)" >&2
 fi
 
 echo "== go vet"
