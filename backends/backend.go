@@ -81,6 +81,24 @@ type Backend interface {
 	// HistoryLimit). A lock that was never held has an empty history.
 	History(ctx context.Context, limit int) ([]Term, error)
 
+	// Completed returns the completion marker recorded for a once-key by a
+	// lease of this backend's lock (see Lease.Complete), or nil if there
+	// is none or it has expired. It is a plain read and needs no lease, so
+	// that a candidate can read the markers of every slot of a pool (see
+	// Slot) while it holds one of them.
+	Completed(ctx context.Context, key string) (*Marker, error)
+
+	// Slot returns the backend for slot i of this backend's lock: the lock
+	// named SlotLock(lock, i), a lock of its own with its own lease and
+	// its own tokens, reached through this backend's connections (client,
+	// pool, session), so that a candidate for N slots does not open N
+	// connections. Slot(0) returns the backend itself; the slots of a slot
+	// backend are those of the lock it was made from. i must not be
+	// negative. Closing this backend closes what its slot backends share
+	// with it, so it is closed last; closing a slot backend releases only
+	// what is its own.
+	Slot(i int) Backend
+
 	// Close releases the backend's connections. Leases must be released first.
 	Close() error
 }
@@ -108,6 +126,14 @@ type CampaignOptions struct {
 	// timing (see docs/safety.md); the store may grant something else, which
 	// Lease.TTL reports. Required for stores whose leases expire.
 	LeaseDuration time.Duration
+
+	// Holders is the size of the pool this candidate campaigns in
+	// (--holders N: slots 0 to N-1, see SlotLock). It is recorded in the
+	// holder's record at the grant, so that Status.Holders tells every
+	// other candidate the N of the holder and they can all agree on it.
+	// Zero value: 1, a lock of one holder, for which nothing is recorded:
+	// its record is exactly what leaderrun wrote before pools existed.
+	Holders int
 }
 
 // Lease is held leadership. Its methods are safe for concurrent use.
@@ -146,11 +172,8 @@ type Lease interface {
 	// Err says why Lost was closed; nil while the lease is believed held.
 	Err() error
 
-	// Completed returns the completion marker recorded for a once-key
-	// (see Complete), or nil if there is none or it has expired.
-	Completed(ctx context.Context, key string) (*Marker, error)
-
-	// Complete records m, fenced: in one conditional write (a transaction,
+	// Complete records m for the lease's lock (Backend.Completed reads it
+	// back), fenced: in one conditional write (a transaction,
 	// or a write conditional on the lease's record) that succeeds only
 	// while this lease still holds the lock. If the lease no longer holds,
 	// nothing is written and the error wraps ErrLeaseLost; any other error
@@ -255,4 +278,9 @@ type Status struct {
 	Waiting int `json:"waiting"`
 	// Node is the store node or host the holder is attached to, if known.
 	Node string `json:"node,omitempty"`
+	// Holders is the pool size the holder campaigned with
+	// (CampaignOptions.Holders), as recorded at its grant; 0 when none is
+	// recorded (a lock of one holder, or a holder of a leaderrun that
+	// predates pools), which means 1.
+	Holders int `json:"holders,omitempty"`
 }

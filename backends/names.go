@@ -1,13 +1,31 @@
 package backends
 
-import "fmt"
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// MaxLockName is the length of the longest lock name ValidateLockName
+// accepts.
+const MaxLockName = 128
+
+// slotSuffix separates a lock's name from the number of one of its slots
+// (see SlotLock).
+const slotSuffix = ".slot"
+
+// MaxSlotLockName is the length of the longest name SlotLock returns: a
+// lock name of MaxLockName and the suffix of the largest slot. Stores that
+// bound the names they are given leave room for it.
+const MaxSlotLockName = MaxLockName + len(slotSuffix) + 19 // the digits of the largest int
 
 // ValidateLockName returns an error unless name is 1 to 128 characters from
 // [A-Za-z0-9._-]. The same name must be safe as a file name, an etcd key and
 // a Consul key, hence the narrow alphabet; "." and ".." are refused because
-// they name directories.
+// they name directories. Names that end in ".slot" and digits are refused
+// too: they are the names of slots of other locks (see SlotLock).
 func ValidateLockName(name string) error {
-	ok := len(name) >= 1 && len(name) <= 128 && name != "." && name != ".."
+	ok := len(name) >= 1 && len(name) <= MaxLockName && name != "." && name != ".."
 	for i := 0; ok && i < len(name); i++ {
 		c := name[i]
 		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
@@ -15,5 +33,39 @@ func ValidateLockName(name string) error {
 	if !ok {
 		return fmt.Errorf("invalid lock name %q: want 1-128 characters from [A-Za-z0-9._-]", name)
 	}
+	if isSlotName(name) {
+		return fmt.Errorf("invalid lock name %q: names that end in %s and digits are reserved for the slots of --holders", name, slotSuffix)
+	}
 	return nil
+}
+
+// isSlotName reports whether name ends in ".slot" and at least one digit.
+func isSlotName(name string) bool {
+	i := strings.LastIndex(name, slotSuffix)
+	if i < 0 || i+len(slotSuffix) == len(name) {
+		return false
+	}
+	for _, c := range name[i+len(slotSuffix):] {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// SlotLock is the name of slot i of lock: with --holders N, each of the
+// slots 0 to N-1 is a lock of its own, with its own lease and its own
+// sequence of tokens. Slot 0 is lock itself, so that a pool of one holder
+// is exactly the lock it always was; slot i >= 1 is lock + ".slot" + i,
+// a name that ValidateLockName refuses, so that no user's lock is ever
+// another lock's slot. i must not be negative: SlotLock panics then, as
+// an index out of range does.
+func SlotLock(lock string, i int) string {
+	if i < 0 {
+		panic(fmt.Sprintf("backends: slot %d of lock %q: slots are numbered from 0", i, lock))
+	}
+	if i == 0 {
+		return lock
+	}
+	return lock + slotSuffix + strconv.Itoa(i)
 }

@@ -29,6 +29,11 @@ func printStatus(st *state, s backends.Status, last *backends.Term) {
 	} else {
 		fmt.Fprintf(w, "leader:\t%s\n", escape(s.Identity))
 		fmt.Fprintf(w, "token:\t%d\n", s.Token)
+		if s.Holders > 1 {
+			// A pool's slot (--holders): the holder's N, as it recorded
+			// it. Nothing recorded means one holder.
+			fmt.Fprintf(w, "holders:\t%d\n", s.Holders)
+		}
 		if s.TTL > 0 {
 			fmt.Fprintf(w, "ttl:\t%v\n", s.TTL)
 		}

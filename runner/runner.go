@@ -324,7 +324,7 @@ func (l *leadership) run(ctx context.Context, lease backends.Lease) {
 func (r *run) completed(ctx context.Context, lease backends.Lease) (*backends.Marker, error) {
 	rctx, cancel := context.WithTimeout(ctx, markerTimeout)
 	defer cancel()
-	m, err := lease.Completed(rctx, r.cfg.OnceKey)
+	m, err := r.cfg.Backend.Completed(rctx, r.cfg.OnceKey)
 	if err != nil {
 		return nil, fmt.Errorf("read the completion marker of %q for lock %q: %w", r.cfg.OnceKey, r.cfg.Lock, err)
 	}

@@ -9,15 +9,17 @@
 //   - the lock blob, <prefix><lock>: its lease is the lock. Its metadata
 //     names the holder and its grant (leaderrun_holder, the identity
 //     URL-escaped; leaderrun_token; leaderrun_ttl, the lease duration in
-//     seconds), written under the lease at each grant; its content is the
-//     completion markers, JSON, at most 64 KiB.
+//     seconds; leaderrun_holders, the pool's size N, only in a pool of
+//     N > 1 holders), written under the lease at each grant; its content
+//     is the completion markers, JSON, at most 64 KiB.
 //   - the state blob, <prefix><lock>~state: never leased. Its metadata
 //     holds the token's high-water mark (leaderrun_token); its content is
 //     the history, the last backends.HistoryLimit terms, JSON, at most
 //     128 KiB.
 //
 // A lock name cannot contain "~", so no lock's blob is another's state
-// blob. The container must exist, or the credentials must allow creating
+// blob. The slots of a pool (--holders) are locks of their own, blobs
+// <prefix><lock>.slot<i> beside the lock's. The container must exist, or the credentials must allow creating
 // it.
 //
 // # Lease
@@ -186,12 +188,17 @@ type Backend struct {
 	transport *transport
 	endpoint  string // the container's URL, without a query
 	name      string // the container's name
+	prefix    string // Config.Prefix
 	lock      string
 	blob      string // the lock blob's name
 	lockBlob  *blockblob.Client
 	stateBlob *blockblob.Client
 	retry     time.Duration
 	log       *slog.Logger
+	logBase   *slog.Logger // log, without the lock
+	// root is the backend this one is a slot of (see Slot), nil for one
+	// that New made: the container's client is root's.
+	root *Backend
 }
 
 var (
@@ -229,13 +236,36 @@ func New(cfg Config) (*Backend, error) {
 		transport: tr,
 		endpoint:  endpoint,
 		name:      cfg.Container,
+		prefix:    cfg.Prefix,
 		lock:      cfg.Lock,
 		blob:      name,
 		lockBlob:  c.NewBlockBlobClient(name),
 		stateBlob: c.NewBlockBlobClient(name + stateSuffix),
 		retry:     cfg.RetryPeriod,
 		log:       cfg.Log.With("backend", "azureblob", "lock", cfg.Lock),
+		logBase:   cfg.Log.With("backend", "azureblob"),
 	}, nil
+}
+
+// Slot implements backends.Backend: slot i is the lock
+// backends.SlotLock(lock, i), whose lock and state blobs sit beside the
+// lock's in the same container, reached through b's client.
+func (b *Backend) Slot(i int) backends.Backend {
+	r := b
+	if b.root != nil {
+		r = b.root
+	}
+	if i == 0 {
+		return r
+	}
+	s := *r
+	s.lock = backends.SlotLock(r.lock, i)
+	s.blob = r.prefix + s.lock
+	s.lockBlob = r.container.NewBlockBlobClient(s.blob)
+	s.stateBlob = r.container.NewBlockBlobClient(s.blob + stateSuffix)
+	s.log = r.logBase.With("lock", s.lock)
+	s.root = r
+	return &s
 }
 
 // ValidateContainer returns an error unless name is a valid container
@@ -256,9 +286,9 @@ func ValidateContainer(name string) error {
 
 // ValidatePrefix returns an error unless prefix can start a blob's name:
 // no control characters, no backslash (which the service turns into a
-// slash), and room left for a lock name.
+// slash), and room left for the name of any slot of a lock.
 func ValidatePrefix(prefix string) error {
-	if len(prefix)+128+len(stateSuffix) > maxBlobName {
+	if len(prefix)+backends.MaxSlotLockName+len(stateSuffix) > maxBlobName {
 		return fmt.Errorf("azureblob: prefix %q is too long: blob names are at most %d characters", prefix, maxBlobName)
 	}
 	for _, r := range prefix {
@@ -278,10 +308,13 @@ func (b *Backend) Key() string { return b.name + "/" + b.blob }
 // Endpoint is the container's URL, without a query.
 func (b *Backend) Endpoint() string { return b.endpoint }
 
-// Close implements backends.Backend: it closes idle connections. Leases
-// must be released first.
+// Close implements backends.Backend: it closes idle connections, unless
+// b is a slot backend, which has nothing of its own to close. Leases must
+// be released first.
 func (b *Backend) Close() error {
-	b.transport.closeIdle()
+	if b.root == nil {
+		b.transport.closeIdle()
+	}
 	return nil
 }
 
@@ -328,7 +361,7 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	}
 	g := grantOf(p.Metadata)
 	st.Held = true
-	st.Identity, st.Token = g.holder, g.token
+	st.Identity, st.Token, st.Holders = g.holder, g.token, g.holders
 	st.TTL = time.Duration(g.seconds) * time.Second
 	return st, nil
 }
@@ -349,21 +382,28 @@ type grant struct {
 	holder  string
 	token   uint64
 	seconds int32
+	holders int // the size of the holder's pool; 0 for one holder
 }
 
 // Metadata keys. The service keeps their case but compares them without
 // it, and the SDK hands them back capitalised: they are looked up
 // without case (meta).
 const (
-	metaHolder = "leaderrun_holder"
-	metaToken  = "leaderrun_token"
-	metaTTL    = "leaderrun_ttl"
+	metaHolder  = "leaderrun_holder"
+	metaToken   = "leaderrun_token"
+	metaTTL     = "leaderrun_ttl"
+	metaHolders = "leaderrun_holders" // only in a pool of more than one holder
 )
 
 // metadata is g as the lock blob's metadata.
 func (g grant) metadata() map[string]*string {
 	holder, token, ttl := url.QueryEscape(g.holder), strconv.FormatUint(g.token, 10), strconv.Itoa(int(g.seconds))
-	return map[string]*string{metaHolder: &holder, metaToken: &token, metaTTL: &ttl}
+	m := map[string]*string{metaHolder: &holder, metaToken: &token, metaTTL: &ttl}
+	if g.holders > 1 {
+		holders := strconv.Itoa(g.holders)
+		m[metaHolders] = &holders
+	}
+	return m
 }
 
 // grantOf reads a grant from metadata; what is missing or unreadable is
@@ -374,6 +414,7 @@ func grantOf(m map[string]*string) grant {
 	g.token, _ = strconv.ParseUint(meta(m, metaToken), 10, 64)
 	s, _ := strconv.ParseInt(meta(m, metaTTL), 10, 32)
 	g.seconds = int32(s)
+	g.holders = backends.ParseHolders(meta(m, metaHolders))
 	return g
 }
 

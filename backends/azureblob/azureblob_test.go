@@ -245,7 +245,7 @@ func testStaleHolder(t *testing.T, e *env) {
 	if err := la.Complete(ctx, backends.Marker{Key: "k", Identity: "a", Token: la.Token(), At: now, Expires: now.Add(time.Hour)}); !errors.Is(err, backends.ErrLeaseLost) {
 		t.Errorf("stale complete: %v, want ErrLeaseLost", err)
 	}
-	if m, err := lb.Completed(ctx, "k"); err != nil || m != nil {
+	if m, err := b.Completed(ctx, "k"); err != nil || m != nil {
 		t.Errorf("the stale holder's marker: %+v, %v", m, err)
 	}
 	term := backends.Term{Identity: "a", Token: la.Token(), Acquired: now, Ended: now, End: backends.EndLost, ExitCode: 143, Reason: "broken"}

@@ -39,7 +39,8 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 	if err := b.CheckLeaseDuration(opts.LeaseDuration); err != nil {
 		return nil, err
 	}
-	c := &candidate{b: b, identity: opts.Identity, seconds: leaseSeconds(opts.LeaseDuration), leaseID: newLeaseID()}
+	c := &candidate{b: b, identity: opts.Identity, holders: opts.RecordedHolders(), seconds: leaseSeconds(opts.LeaseDuration),
+		leaseID: newLeaseID()}
 	lc, err := azlease.NewBlobClient(b.lockBlob, &azlease.BlobClientOptions{LeaseID: &c.leaseID})
 	if err != nil {
 		return nil, fmt.Errorf("azureblob: lease client: %w", err)
@@ -60,6 +61,7 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 type candidate struct {
 	b        *Backend
 	identity string
+	holders  int // recorded with the grant (see grant.holders)
 	seconds  int32
 	leaseID  string
 	lc       *azlease.BlobClient
@@ -230,7 +232,7 @@ func (c *candidate) grant(ctx context.Context) (grant, error) {
 			return grant{}, err
 		}
 		mark, _ := strconv.ParseUint(meta(st.meta, metaToken), 10, 64)
-		g := grant{holder: c.identity, token: max(mark, grantOf(lockProps.Metadata).token) + 1, seconds: c.seconds}
+		g := grant{holder: c.identity, token: max(mark, grantOf(lockProps.Metadata).token) + 1, seconds: c.seconds, holders: c.holders}
 		if err = c.raiseMark(ctx, st, g.token); has(err, conflict...) {
 			continue
 		}

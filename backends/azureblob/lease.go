@@ -188,11 +188,13 @@ func (l *lease) Renew(ctx context.Context) error {
 	return fmt.Errorf("azureblob at %s: renew the lease on %s (token %d): %w", l.b.endpoint, l.b.blob, l.g.token, clean(err))
 }
 
-// Completed implements backends.Lease from a read of the lock blob.
-func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, error) {
-	d, err := read(ctx, l.b.lockBlob)
+// Completed implements backends.Backend from a read of the lock blob.
+func (b *Backend) Completed(ctx context.Context, key string) (*backends.Marker, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	d, err := read(ctx, b.lockBlob)
 	if err != nil {
-		return nil, fmt.Errorf("azureblob at %s: read the completion markers in %s: %w", l.b.endpoint, l.b.blob, clean(err))
+		return nil, fmt.Errorf("azureblob at %s: read the completion markers in %s: %w", b.endpoint, b.blob, clean(err))
 	}
 	now := time.Now()
 	for _, m := range parseMarkers(d.body) {

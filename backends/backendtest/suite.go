@@ -1,12 +1,14 @@
 // Package backendtest is the conformance suite that every backend passes:
 // mutual exclusion, monotonic tokens, loss detection, release, try, wait and
-// cancellation. Each backend's tests call Run against a real store.
+// cancellation, completion markers and history, and the slots of a pool
+// (--holders). Each backend's tests call Run against a real store.
 package backendtest
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,6 +30,9 @@ type Harness struct {
 	// LeaseDuration is asked of the store in every campaign. Zero: 10 s
 	// (Consul's smallest session TTL).
 	LeaseDuration time.Duration
+	// SlotGrants is the number of grants per slot in the test of a pool's
+	// slots (three slots, two candidates each). Zero: 10.
+	SlotGrants int
 }
 
 var lockSeq atomic.Int64
@@ -45,6 +50,9 @@ func Run(t *testing.T, h Harness) {
 	if h.LeaseDuration == 0 {
 		h.LeaseDuration = 10 * time.Second
 	}
+	if h.SlotGrants == 0 {
+		h.SlotGrants = 10
+	}
 	leaseDuration = h.LeaseDuration
 	t.Run("MutualExclusionAndMonotonicTokens", func(t *testing.T) { testExclusion(t, h) })
 	t.Run("Try", func(t *testing.T) { testTry(t, h) })
@@ -57,6 +65,10 @@ func Run(t *testing.T, h Harness) {
 	t.Run("MarkerExpires", func(t *testing.T) { testMarkerExpires(t, h) })
 	t.Run("History", func(t *testing.T) { testHistory(t, h) })
 	t.Run("HistoryIsBounded", func(t *testing.T) { testHistoryBounded(t, h) })
+	t.Run("Holders", func(t *testing.T) { testHolders(t, h) })
+	t.Run("SlotsAreLocks", func(t *testing.T) { testSlotsAreLocks(t, h) })
+	t.Run("SlotTokens", func(t *testing.T) { testSlotTokens(t, h) })
+	t.Run("MarkersOfSlots", func(t *testing.T) { testMarkersOfSlots(t, h) })
 }
 
 // leaseDuration is Harness.LeaseDuration for the helpers below; Run sets it
@@ -105,60 +117,74 @@ func ReleaseTerm(t *testing.T, l backends.Lease, term *backends.Term) {
 // grant's token is greater than the one before.
 func testExclusion(t *testing.T, h Harness) {
 	lock := lockName(t)
-	const candidates = 5
-	var (
-		holders atomic.Int32
-		mu      sync.Mutex
-		tokens  []uint64
-		grants  atomic.Int32
-		wg      sync.WaitGroup
-		errs    = make(chan error, candidates)
-	)
+	var bs []backends.Backend
+	for range 5 {
+		bs = append(bs, newBackend(t, h, lock))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	for i := range candidates {
-		b := newBackend(t, h, lock)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	tokens := contend(ctx, t, bs, h.Handovers, 0)
+	if len(tokens) < h.Handovers {
+		t.Fatalf("only %d grants, want %d", len(tokens), h.Handovers)
+	}
+	increasing(t, "grant", tokens)
+}
+
+// contend runs one candidate on each of bs, all backends for the same
+// lock, campaigning with holders as CampaignOptions.Holders, until grants
+// grants were made between them. It reports to the test any moment when
+// two held the lock at once, and returns the tokens in the order they
+// were granted.
+func contend(ctx context.Context, t *testing.T, bs []backends.Backend, grants, holders int) []uint64 {
+	var (
+		held   atomic.Int32
+		mu     sync.Mutex
+		tokens []uint64
+		n      atomic.Int32
+		wg     sync.WaitGroup
+	)
+	for i, b := range bs {
+		wg.Go(func() {
 			id := fmt.Sprintf("candidate-%d", i)
-			for grants.Load() < int32(h.Handovers) {
-				l, err := b.Campaign(ctx, Options(id))
+			opts := Options(id)
+			opts.Holders = holders
+			for n.Load() < int32(grants) {
+				l, err := b.Campaign(ctx, opts)
 				if err != nil {
-					errs <- fmt.Errorf("%s: campaign: %w", id, err)
+					t.Errorf("%s: campaign: %v", id, err)
 					return
 				}
-				if n := holders.Add(1); n != 1 {
-					errs <- fmt.Errorf("%s: %d holders at once (token %d)", id, n, l.Token())
+				if k := held.Add(1); k != 1 {
+					t.Errorf("%s: %d holders at once (token %d)", id, k, l.Token())
 				}
 				mu.Lock()
 				tokens = append(tokens, l.Token())
 				mu.Unlock()
-				grants.Add(1)
+				n.Add(1)
 				// Hold long enough for the others to be queued on it.
 				time.Sleep(2 * time.Millisecond)
-				holders.Add(-1)
+				held.Add(-1)
 				rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
 				err = l.Release(rctx, nil)
 				rcancel()
 				if err != nil {
-					errs <- fmt.Errorf("%s: release: %w", id, err)
+					t.Errorf("%s: release: %v", id, err)
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	if len(tokens) < h.Handovers {
-		t.Fatalf("only %d grants, want %d", len(tokens), h.Handovers)
-	}
+	return tokens
+}
+
+// increasing fails the test unless every token is greater than the one
+// before it.
+func increasing(t *testing.T, what string, tokens []uint64) {
+	t.Helper()
 	for i := 1; i < len(tokens); i++ {
 		if tokens[i] <= tokens[i-1] {
-			t.Fatalf("grant %d has token %d, not greater than the previous grant's %d (all: %v)", i, tokens[i], tokens[i-1], tokens)
+			t.Fatalf("%s %d has token %d, not greater than the previous one's %d (all: %v)", what, i, tokens[i], tokens[i-1], tokens)
 		}
 	}
 }
@@ -356,7 +382,7 @@ func testCompletion(t *testing.T, h Harness) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	la := Campaign(t, a, "a")
-	if m, err := la.Completed(ctx, "period-1"); err != nil || m != nil {
+	if m, err := a.Completed(ctx, "period-1"); err != nil || m != nil {
 		t.Fatalf("marker of a key never completed: %+v, %v; want nil, nil", m, err)
 	}
 	want, err := complete(ctx, la, "period-1", "a", time.Hour)
@@ -366,7 +392,7 @@ func testCompletion(t *testing.T, h Harness) {
 	Release(t, la)
 	lb := Campaign(t, b, "b")
 	defer Release(t, lb)
-	got, err := lb.Completed(ctx, "period-1")
+	got, err := b.Completed(ctx, "period-1")
 	if err != nil || got == nil {
 		t.Fatalf("next leader reads the marker: %+v, %v", got, err)
 	}
@@ -374,7 +400,7 @@ func testCompletion(t *testing.T, h Harness) {
 		absDiff(got.At, want.At) > time.Millisecond || absDiff(got.Expires, want.Expires) > time.Second {
 		t.Errorf("marker read back as %+v, want %+v", *got, want)
 	}
-	if m, err := lb.Completed(ctx, "period-2"); err != nil || m != nil {
+	if m, err := b.Completed(ctx, "period-2"); err != nil || m != nil {
 		t.Errorf("marker of another key: %+v, %v; want nil, nil", m, err)
 	}
 }
@@ -395,7 +421,7 @@ func testCompleteFenced(t *testing.T, h Harness) {
 	Release(t, la)
 	lb := Campaign(t, b, "b")
 	defer Release(t, lb)
-	if m, err := lb.Completed(ctx, "fenced"); err != nil || m != nil {
+	if m, err := b.Completed(ctx, "fenced"); err != nil || m != nil {
 		t.Errorf("a fenced-out marker was written: %+v, %v", m, err)
 	}
 }
@@ -411,11 +437,11 @@ func testMarkerExpires(t *testing.T, h Harness) {
 	if _, err := complete(ctx, la, "short", "a", 1500*time.Millisecond); err != nil {
 		t.Fatalf("complete: %v", err)
 	}
-	if m, err := la.Completed(ctx, "short"); err != nil || m == nil {
+	if m, err := a.Completed(ctx, "short"); err != nil || m == nil {
 		t.Fatalf("marker right after writing it: %+v, %v", m, err)
 	}
 	WaitFor(t, "the marker to expire", func() bool {
-		m, err := la.Completed(ctx, "short")
+		m, err := a.Completed(ctx, "short")
 		return err == nil && m == nil
 	})
 }
@@ -519,4 +545,194 @@ func absDiff(a, b time.Time) time.Duration {
 		return d
 	}
 	return b.Sub(a)
+}
+
+// slot is slot i of b, closed when the test ends (before b, which was
+// made first) unless it is b itself.
+func slot(t *testing.T, b backends.Backend, i int) backends.Backend {
+	s := b.Slot(i)
+	if i != 0 {
+		t.Cleanup(func() { s.Close() })
+	}
+	return s
+}
+
+// campaignIn campaigns as id in a pool of holders, and fails the test if
+// that does not succeed within 30 s. With try, it does not wait.
+func campaignIn(t *testing.T, b backends.Backend, id string, holders int, try bool) backends.Lease {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	opts := Options(id)
+	opts.Holders, opts.Try = holders, try
+	l, err := b.Campaign(ctx, opts)
+	if err != nil {
+		t.Fatalf("%s: campaign: %v", id, err)
+	}
+	return l
+}
+
+// testHolders: the pool size a holder campaigned with is in its record,
+// where Status reads it from any backend of the lock; a holder that named
+// none (or 1) reads as 0 or 1, whatever the grant before it recorded.
+func testHolders(t *testing.T, h Harness) {
+	lock := lockName(t)
+	a, b := newBackend(t, h, lock), newBackend(t, h, lock)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		name          string
+		slot, holders int
+		want          []int
+	}{
+		{"pool of 3, slot 0", 0, 3, []int{3}},
+		{"none named after a pool", 0, 0, []int{0, 1}},
+		{"pool of 3, slot 2", 2, 3, []int{3}},
+		{"one holder after a pool", 2, 1, []int{0, 1}},
+		{"pool of 7", 0, 7, []int{7}},
+	} {
+		l := campaignIn(t, slot(t, a, tc.slot), "holder", tc.holders, false)
+		st, err := slot(t, b, tc.slot).Status(ctx)
+		Release(t, l)
+		switch {
+		case err != nil:
+			t.Errorf("%s: status: %v", tc.name, err)
+		case !st.Held || st.Token != l.Token():
+			t.Errorf("%s: status = %+v, want held with token %d", tc.name, st, l.Token())
+		case !slices.Contains(tc.want, st.Holders):
+			t.Errorf("%s: status reports %d holders, want one of %v", tc.name, st.Holders, tc.want)
+		}
+	}
+}
+
+// testSlotsAreLocks: the slots of one lock are locks of their own: two
+// can be held at once, a held slot is refused to --try while another is
+// free, Status of each names its own holder, releasing one frees only it,
+// and a slot backend's Close leaves the backend it came from usable.
+func testSlotsAreLocks(t *testing.T, h Harness) {
+	lock := lockName(t)
+	a, b := newBackend(t, h, lock), newBackend(t, h, lock)
+	if a.Slot(0) != a {
+		t.Errorf("Slot(0) is not the backend itself")
+	}
+	a1, b1, b2 := slot(t, a, 1), slot(t, b, 1), slot(t, b, 2)
+	l0 := campaignIn(t, a, "a0", 3, true)
+	l1 := campaignIn(t, a1, "a1", 3, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	try := Options("b1")
+	try.Holders, try.Try = 3, true
+	if l, err := b1.Campaign(ctx, try); !errors.Is(err, backends.ErrLocked) {
+		if l != nil {
+			Release(t, l)
+		}
+		t.Fatalf("try on slot 1 while it is held: got %v, want ErrLocked", err)
+	}
+	l2 := campaignIn(t, b2, "b2", 3, true)
+	for i, want := range []backends.Lease{l0, l1, l2} {
+		st, err := slot(t, b, i).Status(ctx)
+		if err != nil {
+			t.Fatalf("status of slot %d: %v", i, err)
+		}
+		if id := []string{"a0", "a1", "b2"}[i]; !st.Held || st.Identity != id || st.Token != want.Token() {
+			t.Errorf("status of slot %d = %+v, want held by %s with token %d", i, st, id, want.Token())
+		}
+	}
+	Release(t, l1)
+	l1b := campaignIn(t, b1, "b1", 3, true)
+	if l1b.Token() <= l1.Token() {
+		t.Errorf("slot 1's next token %d is not greater than its last %d", l1b.Token(), l1.Token())
+	}
+	if st, err := a.Status(ctx); err != nil || !st.Held || st.Identity != "a0" {
+		t.Errorf("slot 0 after slot 1 changed hands: %+v, %v; want still held by a0", st, err)
+	}
+	Release(t, l2)
+	if err := b2.Close(); err != nil {
+		t.Errorf("close slot 2's backend: %v", err)
+	}
+	if st, err := b.Status(ctx); err != nil || !st.Held || st.Identity != "a0" {
+		t.Errorf("status through a backend whose slot 2 was closed: %+v, %v", st, err)
+	}
+	if err := l0.Renew(ctx); err != nil {
+		t.Errorf("renew slot 0: %v", err)
+	}
+	Release(t, l0)
+	Release(t, l1b)
+	l := campaignIn(t, b, "b0", 3, true)
+	if l.Token() <= l0.Token() {
+		t.Errorf("slot 0's next token %d is not greater than its last %d", l.Token(), l0.Token())
+	}
+	Release(t, l)
+}
+
+// testSlotTokens: three slots of one lock, two candidates on each (every
+// candidate a backend of its own), all at once, until SlotGrants grants
+// per slot: no slot ever has two holders, and each slot's tokens strictly
+// increase.
+func testSlotTokens(t *testing.T, h Harness) {
+	lock := lockName(t)
+	const slots, candidates = 3, 2
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second)
+	defer cancel()
+	tokens := make([][]uint64, slots)
+	var wg sync.WaitGroup
+	for i := range slots {
+		var bs []backends.Backend
+		for range candidates {
+			bs = append(bs, slot(t, newBackend(t, h, lock), i))
+		}
+		wg.Go(func() { tokens[i] = contend(ctx, t, bs, h.SlotGrants, slots) })
+	}
+	wg.Wait()
+	for i, ts := range tokens {
+		if len(ts) < h.SlotGrants {
+			t.Fatalf("slot %d: only %d grants, want %d", i, len(ts), h.SlotGrants)
+		}
+		increasing(t, fmt.Sprintf("slot %d: grant", i), ts)
+	}
+	t.Logf("%d grants per slot, tokens strictly increasing in each of %d slots", h.SlotGrants, slots)
+}
+
+// testMarkersOfSlots: Backend.Completed reads, without a lease, the
+// markers that the leases of its lock wrote, and only those: a marker
+// written through slot 1 is read through another backend's Slot(1), and
+// is not slot 0's.
+func testMarkersOfSlots(t *testing.T, h Harness) {
+	lock := lockName(t)
+	a, b := newBackend(t, h, lock), newBackend(t, h, lock)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	la := Campaign(t, a, "a")
+	if m, err := b.Completed(ctx, "k0"); err != nil || m != nil {
+		t.Fatalf("marker of a key never completed: %+v, %v; want nil, nil", m, err)
+	}
+	want, err := complete(ctx, la, "k0", "a", time.Hour)
+	if err != nil {
+		t.Fatalf("complete: %v", err)
+	}
+	// While a holds the lock, and once nobody does.
+	for _, when := range []string{"held", "released"} {
+		if when == "released" {
+			Release(t, la)
+		}
+		if m, err := b.Completed(ctx, "k0"); err != nil || m == nil || m.Token != want.Token || m.Identity != "a" {
+			t.Errorf("%s: another backend reads the marker as %+v, %v; want %+v", when, m, err, want)
+		}
+	}
+	l1 := campaignIn(t, slot(t, a, 1), "a1", 2, false)
+	want1, err := complete(ctx, l1, "k1", "a1", time.Hour)
+	if err != nil {
+		t.Fatalf("complete through slot 1: %v", err)
+	}
+	Release(t, l1)
+	b1 := slot(t, b, 1)
+	if m, err := b1.Completed(ctx, "k1"); err != nil || m == nil || m.Token != want1.Token || m.Identity != "a1" {
+		t.Errorf("another backend's Slot(1) reads slot 1's marker as %+v, %v; want %+v", m, err, want1)
+	}
+	if m, err := b.Completed(ctx, "k1"); err != nil || m != nil {
+		t.Errorf("slot 0 reads slot 1's marker: %+v, %v; want nil, nil", m, err)
+	}
+	if m, err := b1.Completed(ctx, "k0"); err != nil || m != nil {
+		t.Errorf("slot 1 reads slot 0's marker: %+v, %v; want nil, nil", m, err)
+	}
 }

@@ -39,7 +39,7 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 		return nil, fmt.Errorf("consul: --lease-duration %v: %w", opts.LeaseDuration, err)
 	}
 	for {
-		c, err := b.newCandidate(ctx, opts.Identity, opts.LeaseDuration)
+		c, err := b.newCandidate(ctx, opts)
 		switch {
 		case errors.Is(err, errSessionGone) && ctx.Err() == nil:
 			continue
@@ -73,6 +73,7 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 type candidate struct {
 	b        *Backend
 	identity string
+	holders  int           // recorded in the lock key's record (see record.Holders)
 	check    string        // the ID of its TTL check on the agent
 	lease    time.Duration // the lease duration: its check's TTL while ready
 	kick     chan struct{} // parked or readied: for the keep-alive
@@ -181,7 +182,7 @@ func (c *candidate) attempt(ctx context.Context) (*lease, error) {
 	// of both the session and the check that was acknowledged before the
 	// acquisition was sent: neither can expire sooner than a TTL after it.
 	acked := c.acked()
-	rec := record{Identity: c.identity, TTL: c.ttl.String(), LockDelay: c.b.lockDelay.String()}
+	rec := record{Identity: c.identity, TTL: c.ttl.String(), LockDelay: c.b.lockDelay.String(), Holders: c.holders}
 	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVLock, Key: c.b.key, Value: rec.encode(), Flags: recordFlags, Session: c.session}}}
 	if c.queueSession != "" {
 		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: c.b.queueKey(c.queueSession)}})

@@ -84,16 +84,17 @@ func (b *Backend) renew(ctx context.Context, check string, sessions ...string) e
 // The session is created even if ctx is cancelled meanwhile (the request
 // takes a round trip), so that a cancelled campaign can always destroy it
 // rather than leave it to expire.
-func (b *Backend) newCandidate(ctx context.Context, identity string, lease time.Duration) (*candidate, error) {
+func (b *Backend) newCandidate(ctx context.Context, opts backends.CampaignOptions) (*candidate, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
 	defer cancel()
 	b.dropDeadChecks(ctx)
-	c := &candidate{b: b, identity: identity, check: newCheckID(), lease: lease, kick: make(chan struct{}, 1)}
+	c := &candidate{b: b, identity: opts.Identity, holders: opts.RecordedHolders(), check: newCheckID(),
+		lease: opts.LeaseDuration, kick: make(chan struct{}, 1)}
 	c.lastAck = time.Now()
-	if err := c.registerCheck(ctx, lease); err != nil {
+	if err := c.registerCheck(ctx, c.lease); err != nil {
 		return nil, err
 	}
 	id, ttl, err := c.lockSession(ctx)

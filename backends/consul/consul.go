@@ -13,7 +13,10 @@
 // # The record, and failover within the lease
 //
 // The key's value is a JSON record of its holder (identity, token, session
-// TTL and lock-delay), marked by recordFlags in the entry's flags.
+// TTL and lock-delay, and in a pool of N > 1 holders (--holders) N), marked
+// by recordFlags in the entry's flags. The slots of a pool are keys of
+// their own, <prefix><lock>.slot<i> (Backend.Slot), reached through the
+// one client.
 //
 // Each candidate registers a TTL check of its own on the agent, of the
 // lease duration, and creates its session bound to that check alone. Every
@@ -133,9 +136,13 @@ type Backend struct {
 	client    *api.Client
 	http      *http.Client
 	addr      string
+	prefix    string // Config.Prefix
 	lock      string
 	key       string
 	lockDelay time.Duration
+	// root is the backend this one is a slot of (see Slot), nil for one
+	// that New made: the client is root's.
+	root *Backend
 }
 
 var (
@@ -186,6 +193,7 @@ func New(cfg Config) (*Backend, error) {
 		client:    client,
 		http:      hc,
 		addr:      addr,
+		prefix:    cfg.Prefix,
 		lock:      cfg.Lock,
 		key:       cfg.Prefix + cfg.Lock,
 		lockDelay: cfg.LockDelay,
@@ -201,10 +209,29 @@ func (b *Backend) Key() string { return b.key }
 // LockDelay is the lock-delay of the sessions this backend creates.
 func (b *Backend) LockDelay() time.Duration { return b.lockDelay }
 
+// Slot implements backends.Backend: slot i is the key of the lock
+// backends.SlotLock(lock, i), with its own queue, markers and history,
+// reached through b's client. Each candidacy has its own check and
+// sessions whatever the slot; the connections to the agent are shared.
+func (b *Backend) Slot(i int) backends.Backend {
+	r := b
+	if b.root != nil {
+		r = b.root
+	}
+	if i == 0 {
+		return r
+	}
+	s := *r
+	s.lock = backends.SlotLock(r.lock, i)
+	s.key, s.root = r.prefix+s.lock, r
+	return &s
+}
+
 // Close implements backends.Backend: it closes idle connections to the
-// agent. Leases must be released first.
+// agent, unless b is a slot backend, which has nothing of its own to
+// close. Leases must be released first.
 func (b *Backend) Close() error {
-	if b.http != nil {
+	if b.http != nil && b.root == nil {
 		b.http.CloseIdleConnections()
 	}
 	return nil

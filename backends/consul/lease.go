@@ -201,20 +201,20 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 	return termErr
 }
 
-// Completed implements backends.Lease.
-func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, error) {
+// Completed implements backends.Backend.
+func (b *Backend) Completed(ctx context.Context, key string) (*backends.Marker, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	pair, _, err := l.b.client.KV().Get(l.b.markerKey(key), (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
+	pair, _, err := b.client.KV().Get(b.markerKey(key), (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
 	if err != nil {
-		return nil, fmt.Errorf("consul at %s: read %s: %w", l.b.addr, l.b.markerKey(key), err)
+		return nil, fmt.Errorf("consul at %s: read %s: %w", b.addr, b.markerKey(key), err)
 	}
 	if pair == nil {
 		return nil, nil
 	}
 	var m backends.Marker
 	if err := json.Unmarshal(pair.Value, &m); err != nil {
-		return nil, fmt.Errorf("consul: marker %s is corrupt: %v", l.b.markerKey(key), err)
+		return nil, fmt.Errorf("consul: marker %s is corrupt: %v", b.markerKey(key), err)
 	}
 	if !time.Now().Before(m.Expires) {
 		return nil, nil

@@ -33,6 +33,9 @@ type record struct {
 	// tells the first in line how long an invalidated key stays refused.
 	TTL       string `json:"ttl"`
 	LockDelay string `json:"lock_delay"`
+	// Holders is the size of the holder's pool (--holders), absent for a
+	// lock of one holder.
+	Holders int `json:"holders,omitempty"`
 }
 
 func (r record) encode() []byte {
@@ -49,6 +52,8 @@ type holder struct {
 	ttl time.Duration
 	// lockDelay is the holder's lock-delay, -1 if not known.
 	lockDelay time.Duration
+	// holders is the size of the holder's pool, 0 if none is recorded.
+	holders int
 }
 
 // parseHolder reads a held key's value: a record, or a plain identity.
@@ -67,6 +72,9 @@ func parseHolder(pair *api.KVPair) holder {
 	}
 	if d, err := time.ParseDuration(r.TTL); err == nil && d > 0 {
 		h.ttl = d
+	}
+	if r.Holders > 1 {
+		h.holders = r.Holders
 	}
 	return h
 }

@@ -43,6 +43,7 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	st.Identity = h.identity
 	st.Token = h.token
 	st.TTL = h.ttl
+	st.Holders = h.holders
 	ictx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	if info, _, err := b.client.Session().Info(h.session, (&api.QueryOptions{}).WithContext(ictx)); err == nil && info != nil {

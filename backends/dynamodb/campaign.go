@@ -55,7 +55,8 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 	if ttl <= 0 {
 		ttl = DefaultLeaseDuration
 	}
-	c := &candidate{b: b, identity: opts.Identity, ttl: ttl, leaseMS: int64((ttl + time.Millisecond - 1) / time.Millisecond)}
+	c := &candidate{b: b, identity: opts.Identity, holders: opts.RecordedHolders(), ttl: ttl,
+		leaseMS: int64((ttl + time.Millisecond - 1) / time.Millisecond)}
 	l, err := c.campaign(ctx, opts.Try)
 	if err != nil {
 		c.withdraw()
@@ -71,6 +72,7 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 type candidate struct {
 	b        *Backend
 	identity string
+	holders  int // recorded with the grant (see attrPool)
 	ttl      time.Duration
 	leaseMS  int64 // ttl in whole milliseconds, rounded up
 
@@ -291,13 +293,19 @@ func (c *candidate) keep(ctx, wctx context.Context, l *lease) (*lease, error) {
 func (c *candidate) grant(rvn string, token uint64, hasCounter bool, counter uint64) *dynamodb.TransactWriteItemsInput {
 	now := str(formatTime(time.Now()))
 	lock := &types.Update{
-		TableName:        aws.String(c.b.table),
-		Key:              key(c.b.key),
-		UpdateExpression: aws.String("SET #h = :h, #r = :r, #t = :t, #l = :l, #a = :now, #rn = :now"),
+		TableName: aws.String(c.b.table),
+		Key:       key(c.b.key),
 		ExpressionAttributeNames: map[string]string{"#h": attrHolder, "#r": attrRVN, "#t": attrToken, "#l": attrLease,
-			"#a": attrAcquired, "#rn": attrRenewed},
+			"#a": attrAcquired, "#rn": attrRenewed, "#p": attrPool},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":h": str(c.identity), ":r": str(rvn), ":t": unum(token),
 			":l": num(c.leaseMS), ":now": now},
+	}
+	set := "SET #h = :h, #r = :r, #t = :t, #l = :l, #a = :now, #rn = :now"
+	if c.holders > 0 {
+		lock.UpdateExpression = aws.String(set + ", #p = :p")
+		lock.ExpressionAttributeValues[":p"] = poolAttr(c.holders, token)
+	} else {
+		lock.UpdateExpression = aws.String(set + " REMOVE #p")
 	}
 	old := ""
 	if c.cur != nil {

@@ -11,7 +11,7 @@
 // missing (on-demand capacity) and the credentials may create it. Each
 // lock has up to four items, <prefix><lock> and three beside it:
 //
-//	<prefix><lock>           the lock: holder, rvn, token, lease_ms, acquired, renewed
+//	<prefix><lock>           the lock: holder, rvn, token, lease_ms, acquired, renewed, pool
 //	<prefix><lock>#token     the token counter: token (never deleted by leaderrun)
 //	<prefix><lock>#markers   the completion markers: rvn, markers (JSON)
 //	<prefix><lock>#history   the last terms: rvn, terms (JSON)
@@ -20,7 +20,11 @@
 // of the item. holder is the holder's identity, "" when the lock is free.
 // lease_ms is the holder's lease duration; acquired and renewed are the
 // holder's wall clock, read by status and --try only, never to decide that
-// a lease expired. The items are small and few: a lock costs no storage
+// a lease expired. pool, only in a pool of N > 1 holders (--holders), is
+// a map of N and the token of the grant that wrote it: an older
+// leaderrun's grant leaves the attribute as it finds it, and the token
+// tells it is not that grant's. The slots of a pool are locks of their
+// own, items <prefix><lock>.slot<i> beside the lock's. The items are small and few: a lock costs no storage
 // that grows.
 //
 // # Holding and waiting
@@ -180,13 +184,17 @@ type Config struct {
 // Backend campaigns for one lock. Its methods are safe for concurrent use,
 // but Campaign is meant for one campaign at a time.
 type Backend struct {
-	db    *dynamodb.Client
-	table string
-	where string // the Region, and the endpoint if one was set
-	lock  string
-	key   string // the lock item's name
-	poll  time.Duration
-	log   *slog.Logger
+	db     *dynamodb.Client
+	table  string
+	where  string // the Region, and the endpoint if one was set
+	prefix string // Config.Prefix
+	lock   string
+	key    string // the lock item's name
+	poll   time.Duration
+	log    *slog.Logger
+	// root is the backend this one is a slot of (see Slot), nil for one
+	// that New made: the client is root's.
+	root *Backend
 }
 
 // New returns a backend for cfg.Lock. It validates cfg and reads the AWS
@@ -229,9 +237,26 @@ func New(cfg Config) (*Backend, error) {
 		where += " at " + backends.Redact(cfg.Endpoint)
 	}
 	return &Backend{
-		db: newDynamoDB(awsCfg, cfg.Endpoint), table: cfg.Table, where: where, lock: cfg.Lock,
+		db: newDynamoDB(awsCfg, cfg.Endpoint), table: cfg.Table, where: where, prefix: cfg.Prefix, lock: cfg.Lock,
 		key: cfg.Prefix + cfg.Lock, poll: cfg.PollInterval, log: cfg.Log,
 	}, nil
+}
+
+// Slot implements backends.Backend: slot i is the lock
+// backends.SlotLock(lock, i), whose items sit beside the lock's in the
+// same table, reached through b's client.
+func (b *Backend) Slot(i int) backends.Backend {
+	r := b
+	if b.root != nil {
+		r = b.root
+	}
+	if i == 0 {
+		return r
+	}
+	s := *r
+	s.lock = backends.SlotLock(r.lock, i)
+	s.key, s.root = r.prefix+s.lock, r
+	return &s
 }
 
 // ValidatePrefix returns an error unless p can start the name of a lock
@@ -321,6 +346,7 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	st.Held = true
 	st.Identity = rec.holder
 	st.Token = rec.token
+	st.Holders = rec.holders
 	st.TTL = rec.lease()
 	if renewed := parseTime(rec.renewed); !renewed.IsZero() {
 		st.Remaining = max(time.Until(renewed.Add(st.TTL)), 0)

@@ -176,7 +176,7 @@ func testStaleHolder(t *testing.T, e *env) {
 	if err != nil || !st.Held || st.Identity != "c" || st.Token != lc.Token() {
 		t.Errorf("after the stale holder's release: %+v, %v; want held by c", st, err)
 	}
-	if m, err := lc.Completed(ctx, "k"); err != nil || m != nil {
+	if m, err := c.Completed(ctx, "k"); err != nil || m != nil {
 		t.Errorf("the stale holder's marker was written: %+v, %v", m, err)
 	}
 	terms, err := c.History(ctx, 0)
@@ -343,7 +343,7 @@ func testLeastPrivilege(t *testing.T, e *env) {
 	if err := la.Complete(ctx, backends.Marker{Key: "k", Identity: "a", Token: la.Token(), At: now, Expires: now.Add(time.Hour)}); err != nil {
 		t.Fatalf("complete: %v", err)
 	}
-	if m, err := la.Completed(ctx, "k"); err != nil || m == nil {
+	if m, err := a.Completed(ctx, "k"); err != nil || m == nil {
 		t.Fatalf("completed: %+v, %v", m, err)
 	}
 	if st, err := b.Status(ctx); err != nil || !st.Held {

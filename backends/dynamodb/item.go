@@ -24,6 +24,7 @@ const (
 	attrLease    = "lease_ms" // the holder's lease duration, in milliseconds
 	attrAcquired = "acquired" // wall clock of the holder at the grant, for status only
 	attrRenewed  = "renewed"  // wall clock of the holder at its last renewal, for status and --try only
+	attrPool     = "pool"     // lock item, in a pool of more than one holder: the pool's size and the grant's token
 	attrMarkers  = "markers"  // markers item: the completion markers, JSON
 	attrTerms    = "terms"    // history item: the terms, JSON, oldest first
 )
@@ -53,6 +54,7 @@ type record struct {
 	leaseMS  int64
 	acquired string
 	renewed  string
+	holders  int // the size of the holder's pool; 0 if its grant recorded none
 }
 
 // held reports whether the record names a holder.
@@ -81,7 +83,42 @@ func parseRecord(item map[string]types.AttributeValue) (*record, error) {
 		return nil, err
 	}
 	r.leaseMS = int64(min(lease, 1<<53))
+	r.holders = poolOf(item, r.token)
 	return r, nil
+}
+
+// Keys of the pool attribute's map.
+const (
+	poolHolders = "holders"
+	poolToken   = "token"
+)
+
+// poolAttr is the pool attribute of a grant of token in a pool of holders:
+// the pool's size, with the token of the grant that recorded it.
+func poolAttr(holders int, token uint64) types.AttributeValue {
+	return &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
+		poolHolders: num(int64(holders)),
+		poolToken:   unum(token),
+	}}
+}
+
+// poolOf is the pool size that item records for the grant of token; 0 if
+// it records none, or one of another grant (an older leaderrun's grant
+// leaves the attribute as it finds it), or one that does not read.
+func poolOf(item map[string]types.AttributeValue, token uint64) int {
+	m, ok := item[attrPool].(*types.AttributeValueMemberM)
+	if !ok {
+		return 0
+	}
+	t, err := numberAttr(m.Value, poolToken)
+	if err != nil || t != token {
+		return 0
+	}
+	n, ok := m.Value[poolHolders].(*types.AttributeValueMemberN)
+	if !ok {
+		return 0
+	}
+	return backends.ParseHolders(n.Value)
 }
 
 // stringAttr is the string attribute attr of item, "" if it has none.

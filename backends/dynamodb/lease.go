@@ -217,12 +217,17 @@ func (l *lease) Renew(ctx context.Context) error {
 	return l.failed("renew", err)
 }
 
-// Completed implements backends.Lease from a fresh read of the markers
-// item.
-func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, error) {
-	item, err := l.b.getItem(ctx, l.b.key+suffixMarkers)
-	if err != nil {
-		return nil, l.failed("read completion markers of", err)
+// Completed implements backends.Backend from a fresh read of the markers
+// item. A table that does not exist holds no marker.
+func (b *Backend) Completed(ctx context.Context, key string) (*backends.Marker, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	item, err := b.getItem(ctx, b.key+suffixMarkers)
+	switch {
+	case isNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("dynamodb table %s in %s: read completion markers of %s: %w", b.table, b.where, b.key, err)
 	}
 	now := time.Now()
 	for _, m := range parseMarkers(item) {

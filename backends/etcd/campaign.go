@@ -46,12 +46,13 @@ var errFinal = errors.New("etcd: final")
 // at once if another key came first.
 func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (backends.Lease, error) {
 	ttl := ttlSeconds(opts.LeaseDuration)
+	value := candidateValue(opts)
 	if opts.Try {
-		return b.try(ctx, opts.Identity, ttl)
+		return b.try(ctx, value, ttl)
 	}
 	var retry backends.Backoff
 	for attempt := 0; ; attempt++ {
-		l, err := b.campaign(ctx, opts.Identity, ttl)
+		l, err := b.campaign(ctx, value, ttl)
 		switch {
 		case err == nil:
 			return l, nil
@@ -115,9 +116,10 @@ func (b *Backend) candidateKey(id clientv3.LeaseID) string {
 	return fmt.Sprintf("%s%x", b.prefix(), int64(id))
 }
 
-// campaign is one candidacy: it waits in the election's queue until it
-// leads, its lease's keep-alive stops or ctx ends.
-func (b *Backend) campaign(ctx context.Context, identity string, ttl int64) (*lease, error) {
+// campaign is one candidacy, whose key holds value (see candidateValue):
+// it waits in the election's queue until it leads, its lease's keep-alive
+// stops or ctx ends.
+func (b *Backend) campaign(ctx context.Context, value string, ttl int64) (*lease, error) {
 	c, err := b.newCandidacy(ctx, ttl)
 	if err != nil {
 		return nil, err
@@ -125,7 +127,7 @@ func (b *Backend) campaign(ctx context.Context, identity string, ttl int64) (*le
 	// Cancelling ctx ends the candidacy's context: the wait returns at
 	// once, leaving withdraw to revoke the lease on a bounded context.
 	stop := context.AfterFunc(ctx, c.end)
-	key, rev, verified, err := c.elect(identity)
+	key, rev, verified, err := c.elect(value)
 	if !stop() || ctx.Err() != nil {
 		c.withdraw()
 		return nil, ctx.Err()
@@ -153,13 +155,13 @@ func (b *Backend) campaign(ctx context.Context, identity string, ttl int64) (*le
 	return c.confirm(ctx, key, rev)
 }
 
-// elect puts the candidacy's key in the election's queue, with the
-// identity as its value, and waits until every key created before it is
+// elect puts the candidacy's key in the election's queue, with value (see
+// candidateValue), and waits until every key created before it is
 // gone. rev is the key's create revision. verified is the revision at
 // which the key was seen leading if the transaction that created it
 // already saw no older key; 0 if the candidacy waited (confirm must then
 // look at the key again).
-func (c *candidacy) elect(identity string) (key string, rev, verified int64, err error) {
+func (c *candidacy) elect(value string) (key string, rev, verified int64, err error) {
 	b := c.b
 	key = b.candidateKey(c.id)
 	// Ours is the newest key under the prefix once the put is done: the
@@ -167,7 +169,7 @@ func (c *candidacy) elect(identity string) (key string, rev, verified int64, err
 	newest := clientv3.OpGet(b.prefix(), clientv3.WithPrefix(),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2))
 	resp, err := b.cli.Txn(c.ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, identity, clientv3.WithLease(c.id)), newest).
+		Then(clientv3.OpPut(key, value, clientv3.WithLease(c.id)), newest).
 		Else(clientv3.OpGet(key), newest).
 		Commit()
 	if err != nil {
@@ -185,8 +187,8 @@ func (c *candidacy) elect(identity string) (key string, rev, verified int64, err
 			return key, 0, 0, fmt.Errorf("%s vanished while campaigning", key)
 		}
 		rev = kvs[0].CreateRevision
-		if string(kvs[0].Value) != identity {
-			if err := c.proclaim(c.ctx, key, rev, identity); err != nil {
+		if string(kvs[0].Value) != value {
+			if err := c.proclaim(c.ctx, key, rev, value); err != nil {
 				return key, rev, 0, err
 			}
 		}
@@ -206,9 +208,9 @@ func (c *candidacy) elect(identity string) (key string, rev, verified int64, err
 
 // proclaim sets the value of the candidacy's key, if it is still the one
 // created at rev.
-func (c *candidacy) proclaim(ctx context.Context, key string, rev int64, identity string) error {
+func (c *candidacy) proclaim(ctx context.Context, key string, rev int64, value string) error {
 	resp, err := c.b.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
-		Then(clientv3.OpPut(key, identity, clientv3.WithLease(c.id))).
+		Then(clientv3.OpPut(key, value, clientv3.WithLease(c.id))).
 		Commit()
 	if err != nil {
 		return err
@@ -282,8 +284,9 @@ func (c *candidacy) waitDelete(key string, at int64) (bool, error) {
 }
 
 // try takes the lock only if nobody holds it and nobody is ahead in the
-// queue. Every request is bounded (see reach): a --try never waits.
-func (b *Backend) try(ctx context.Context, identity string, ttl int64) (backends.Lease, error) {
+// queue, with a key that holds value (see candidateValue). Every request
+// is bounded (see reach): a --try never waits.
+func (b *Backend) try(ctx context.Context, value string, ttl int64) (backends.Lease, error) {
 	var resp *clientv3.GetResponse
 	err := b.reach(ctx, "read "+b.prefix(), func(ctx context.Context) (err error) {
 		resp, err = b.cli.Get(ctx, b.prefix(), clientv3.WithFirstCreate()...)
@@ -294,7 +297,7 @@ func (b *Backend) try(ctx context.Context, identity string, ttl int64) (backends
 	}
 	if len(resp.Kvs) > 0 {
 		kv := resp.Kvs[0]
-		return nil, fmt.Errorf("etcd: %s is held by %q (token %d): %w", b.pfx, kv.Value, kv.CreateRevision, backends.ErrLocked)
+		return nil, fmt.Errorf("etcd: %s is held by %q (token %d): %w", b.pfx, parseValue(kv.Value).identity, kv.CreateRevision, backends.ErrLocked)
 	}
 	c, err := b.newCandidacy(ctx, ttl)
 	if err != nil {
@@ -303,10 +306,10 @@ func (b *Backend) try(ctx context.Context, identity string, ttl int64) (backends
 	key := b.candidateKey(c.id)
 	var tr *clientv3.TxnResponse
 	err = b.reach(ctx, "take "+b.prefix(), func(ctx context.Context) (err error) {
-		// Mutex.TryLock's transaction, with the identity as the value:
-		// create the key and read the oldest one in the same step.
+		// Mutex.TryLock's transaction, with our value: create the key
+		// and read the oldest one in the same step.
 		tr, err = b.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, identity, clientv3.WithLease(c.id)), clientv3.OpGet(b.prefix(), clientv3.WithFirstCreate()...)).
+			Then(clientv3.OpPut(key, value, clientv3.WithLease(c.id)), clientv3.OpGet(b.prefix(), clientv3.WithFirstCreate()...)).
 			Commit()
 		return err
 	})

@@ -2,7 +2,8 @@
 // (go.etcd.io/etcd/client/v3). Candidates campaign as etcd's concurrency
 // package does (etcdctl elect and etcdctl lock use it): one lease per
 // candidacy and an election on <prefix><lock>, whose candidates are the keys
-// <prefix><lock>/<lease ID in hex> with the identity as value. The
+// <prefix><lock>/<lease ID in hex> with the identity as value (and, in a
+// pool of N > 1 holders, a second line "holders=N": see candidateValue). The
 // candidate whose key has the lowest create revision leads; each of the
 // others waits for the deletion of the key created just before its own, so
 // that a change wakes one waiter. The lock is therefore the one `etcdctl
@@ -22,6 +23,10 @@
 // Who renews (backends.Backend): a waiting candidate keeps its own lease
 // alive; that stops before Campaign returns, and from then on the runner's
 // Lease.Renew, one keep-alive request per call, is the only renewal.
+//
+// The slots of a pool (--holders) are elections of their own, on
+// <prefix><lock>.slot<i>/ (Backend.Slot), on the one client: a candidate
+// for several slots holds one connection, and an etcd lease per candidacy.
 package etcd
 
 import (
@@ -56,10 +61,15 @@ type Backend struct {
 	cli         *clientv3.Client
 	endpoints   string // for messages
 	nEndpoints  int
+	cfgPrefix   string // Config.Prefix
 	lock        string
 	pfx         string // the election's prefix, <prefix><lock>
 	dialTimeout time.Duration
 	log         *slog.Logger
+	logBase     *slog.Logger // log, without the lock
+	// root is the backend this one is a slot of (see Slot), nil for one
+	// that New made: the client is root's.
+	root *Backend
 }
 
 var _ backends.Backend = (*Backend)(nil)
@@ -84,11 +94,13 @@ func New(cfg Config) (*Backend, error) {
 	b := &Backend{
 		endpoints:   backends.Redact(strings.Join(cfg.Endpoints, ",")),
 		nEndpoints:  len(cfg.Endpoints),
+		cfgPrefix:   cfg.Prefix,
 		lock:        cfg.Lock,
 		pfx:         cfg.Prefix + cfg.Lock,
 		dialTimeout: cfg.DialTimeout,
-		log:         cfg.Log.With("backend", "etcd", "lock", cfg.Lock),
+		logBase:     cfg.Log.With("backend", "etcd"),
 	}
+	b.log = b.logBase.With("lock", cfg.Lock)
 	ccfg, err := clientConfig(cfg, b.log)
 	if err != nil {
 		return nil, err
@@ -112,8 +124,30 @@ func New(cfg Config) (*Backend, error) {
 // Name implements backends.Backend.
 func (b *Backend) Name() string { return "etcd" }
 
-// Close implements backends.Backend.
+// Slot implements backends.Backend: slot i is the election of the lock
+// backends.SlotLock(lock, i), on b's client. Each candidacy has an etcd
+// lease of its own whatever the slot; the connection is shared.
+func (b *Backend) Slot(i int) backends.Backend {
+	r := b
+	if b.root != nil {
+		r = b.root
+	}
+	if i == 0 {
+		return r
+	}
+	lock := backends.SlotLock(r.lock, i)
+	s := *r
+	s.lock, s.pfx, s.root = lock, r.cfgPrefix+lock, r
+	s.log = r.logBase.With("lock", lock)
+	return &s
+}
+
+// Close implements backends.Backend: it closes the client, unless b is a
+// slot backend, which has nothing of its own to close.
 func (b *Backend) Close() error {
+	if b.root != nil {
+		return nil
+	}
 	if err := b.cli.Close(); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
@@ -146,7 +180,8 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	kv := leader[0]
 	st.Held = true
 	st.Key = string(kv.Key)
-	st.Identity = string(kv.Value)
+	v := parseValue(kv.Value)
+	st.Identity, st.Holders = v.identity, v.holders
 	st.Token = uint64(kv.CreateRevision)
 	st.Waiting = int(rangeAt(resp, 1).Count) - 1
 	if kv.Lease == 0 {

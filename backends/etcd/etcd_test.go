@@ -97,6 +97,7 @@ func testConformance(t *testing.T, env *env) {
 			return b
 		},
 		LeaseDuration: 5 * time.Second,
+		SlotGrants:    200,
 		Drop: func(t *testing.T, l backends.Lease) {
 			if _, err := env.cli.Revoke(context.Background(), clientv3.LeaseID(l.(etcdLease).ID())); err != nil {
 				t.Fatal(err)

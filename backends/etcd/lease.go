@@ -126,9 +126,8 @@ func (l *lease) Release(ctx context.Context, term *backends.Term) error {
 	return errors.Join(err, resigned, <-recorded)
 }
 
-// Completed implements backends.Lease.
-func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, error) {
-	b := l.c.b
+// Completed implements backends.Backend.
+func (b *Backend) Completed(ctx context.Context, key string) (*backends.Marker, error) {
 	resp, err := b.cli.Get(ctx, b.markerKey(key))
 	if err != nil {
 		return nil, fmt.Errorf("etcd %s: read %s: %w", b.endpoints, b.markerKey(key), err)

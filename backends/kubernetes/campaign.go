@@ -49,7 +49,7 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 	if err := b.CheckLeaseDuration(opts.LeaseDuration); err != nil {
 		return nil, err
 	}
-	c := &candidate{b: b, identity: opts.Identity, seconds: leaseSeconds(opts.LeaseDuration)}
+	c := &candidate{b: b, identity: opts.Identity, holders: opts.RecordedHolders(), seconds: leaseSeconds(opts.LeaseDuration)}
 	l, err := c.campaign(ctx, opts.Try)
 	if err != nil {
 		c.withdraw()
@@ -65,6 +65,7 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 type candidate struct {
 	b        *Backend
 	identity string
+	holders  int   // recorded with the grant (see grant.Holders)
 	seconds  int32 // the leaseDurationSeconds it writes
 
 	// w follows the Lease once the candidate first needs it (to wait, or
@@ -261,7 +262,7 @@ func (c *candidate) acquire(ctx context.Context) (*lease, error) {
 		LeaseTransitions:     recordOf(obj).LeaseTransitions + 1,
 	}
 	setRecord(obj, rec)
-	setGrant(obj, grant{Token: token, Holder: c.identity, Transitions: rec.LeaseTransitions})
+	setGrant(obj, grant{Token: token, Holder: c.identity, Transitions: rec.LeaseTransitions, Holders: c.holders})
 	// The watch goes out with the update: the lease needs it from its
 	// first moment, and it must be allowed (RBAC) before the lease is
 	// handed out.

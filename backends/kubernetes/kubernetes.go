@@ -54,7 +54,9 @@
 // The token of a grant is one more than the resourceVersion of the Lease
 // that the acquiring update was conditional on, or one more than the token
 // recorded on the Lease if that is larger. It is recorded in the
-// leaderrun/token annotation with the grant it belongs to.
+// leaderrun/token annotation with the grant it belongs to, and with the
+// size of the holder's pool when it is more than one (--holders; the
+// slots of a pool are Leases of their own, <lock>.slot<i>).
 //
 // Why it cannot go backwards: kube-apiserver stores every object in etcd
 // under a key of its own, and an object's resourceVersion is the etcd
@@ -146,6 +148,9 @@ type Backend struct {
 	namespace string
 	lock      string
 	retry     time.Duration
+	// root is the backend this one is a slot of (see Slot), nil for one
+	// that New made: the REST client is root's.
+	root *Backend
 }
 
 // New returns a backend for cfg.Lock. It validates cfg and builds
@@ -239,10 +244,28 @@ func (b *Backend) Namespace() string { return b.namespace }
 // Key is where the lock lives: namespace/leases/name.
 func (b *Backend) Key() string { return b.namespace + "/leases/" + b.lock }
 
+// Slot implements backends.Backend: slot i is the Lease named
+// backends.SlotLock(lock, i) (lock.slotI, a valid Lease name whenever lock
+// is one) in the same namespace, reached through b's REST client.
+func (b *Backend) Slot(i int) backends.Backend {
+	r := b
+	if b.root != nil {
+		r = b.root
+	}
+	if i == 0 {
+		return r
+	}
+	lock := backends.SlotLock(r.lock, i)
+	c := *r.client
+	c.name = lock
+	return &Backend{client: &c, namespace: r.namespace, lock: lock, retry: r.retry, root: r}
+}
+
 // Close implements backends.Backend: it closes idle connections to the
-// apiserver. Leases must be released first.
+// apiserver, unless b is a slot backend, which has nothing of its own to
+// close. Leases must be released first.
 func (b *Backend) Close() error {
-	if hc := b.client.rest.Client; hc != nil {
+	if hc := b.client.rest.Client; hc != nil && b.root == nil {
 		hc.CloseIdleConnections()
 	}
 	return nil
@@ -305,6 +328,7 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	st.Held = true
 	st.Identity = rec.HolderIdentity
 	st.Token = holderToken(obj)
+	st.Holders = holderGrant(obj).Holders
 	st.TTL = ttl
 	st.Remaining = remaining
 	return st, nil

@@ -281,11 +281,11 @@ func sameSecondWait(prev, now time.Time) time.Duration {
 	return time.Unix(prev.Unix()+1, 0).Sub(now)
 }
 
-// Completed implements backends.Lease from a fresh read of the Lease.
-func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, error) {
-	obj, err := l.b.get(ctx)
+// Completed implements backends.Backend from a fresh read of the Lease.
+func (b *Backend) Completed(ctx context.Context, key string) (*backends.Marker, error) {
+	obj, err := b.get(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes at %s: read completion markers of lease %s: %w", l.b.client.host, l.b.Key(), err)
+		return nil, fmt.Errorf("kubernetes at %s: read completion markers of lease %s: %w", b.client.host, b.Key(), err)
 	}
 	if obj == nil {
 		return nil, nil

@@ -31,15 +31,17 @@ const (
 	maxMarkerBytes  = 64 << 10
 )
 
-// grant is the annotationToken: the token and the grant it was issued to.
+// grant is the annotationToken: the token and the grant it was issued to,
+// with the size of the holder's pool (--holders) when it is more than 1.
 // A token belongs to the current holder only if the holder and the count of
 // transitions still match: an elector that does not know the annotation
 // (client-go) changes the holder and counts a transition, and so disowns
-// it.
+// it, pool size and all.
 type grant struct {
 	Token       uint64 `json:"token,string"`
 	Holder      string `json:"holder"`
 	Transitions int32  `json:"transitions"`
+	Holders     int    `json:"holders,omitempty"`
 }
 
 // lastGrant is the grant recorded in o, if any (it may be a past one).
@@ -54,13 +56,21 @@ func lastGrant(o *coordinationv1.Lease) (grant, bool) {
 
 // holderToken is the fencing token of the current holder, 0 if there is no
 // holder or it holds a grant that leaderrun did not make.
-func holderToken(o *coordinationv1.Lease) uint64 {
+func holderToken(o *coordinationv1.Lease) uint64 { return holderGrant(o).Token }
+
+// holderGrant is the grant of the current holder, zero if there is no
+// holder or it holds a grant that leaderrun did not make. A pool size
+// that is not one leaderrun writes reads as 0.
+func holderGrant(o *coordinationv1.Lease) grant {
 	g, ok := lastGrant(o)
 	rec := recordOf(o)
 	if !ok || !rec.held() || g.Holder != rec.HolderIdentity || g.Transitions != rec.LeaseTransitions {
-		return 0
+		return grant{}
 	}
-	return g.Token
+	if g.Holders < 2 {
+		g.Holders = 0
+	}
+	return g
 }
 
 // setGrant records g.

@@ -13,7 +13,10 @@
 // never wraps (it refuses to go past its top), and a missing counter file
 // next to a lock file that records an earlier grant is refused rather than
 // restarted at 1: the holder record in <lock>.lock is kept after release for
-// that reason, and the history in <lock>.state says the same.
+// that reason, and the history in <lock>.state says the same. The record
+// names the identity, the token, the pid, and in a pool of N > 1 holders
+// (--holders) N; the slots of a pool are locks of their own,
+// <lock>.slot<i>.lock and the rest, in the same directory.
 //
 // The local backend is for development and for several instances on one
 // machine. It coordinates nothing across hosts.
@@ -50,6 +53,9 @@ type Config struct {
 type Backend struct {
 	path string
 	lock string
+	// root is the backend this one is a slot of (see Slot), nil for one
+	// that New made: a slot backend uses root's state directory.
+	root *Backend
 
 	mu sync.Mutex
 	d  *dir // opened and checked at first use
@@ -61,8 +67,25 @@ func New(cfg Config) *Backend {
 	return &Backend{path: cfg.Dir, lock: cfg.Lock}
 }
 
+// Slot implements backends.Backend: slot i is the lock
+// backends.SlotLock(lock, i), with files of its own in the same state
+// directory, which the slot backend shares with b.
+func (b *Backend) Slot(i int) backends.Backend {
+	r := b
+	if b.root != nil {
+		r = b.root
+	}
+	if i == 0 {
+		return r
+	}
+	return &Backend{path: r.path, lock: backends.SlotLock(r.lock, i), root: r}
+}
+
 // state opens and checks the state directory once.
 func (b *Backend) state() (*dir, error) {
+	if b.root != nil {
+		return b.root.state()
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.d != nil {
@@ -79,8 +102,12 @@ func (b *Backend) state() (*dir, error) {
 // Name implements backends.Backend.
 func (b *Backend) Name() string { return "local" }
 
-// Close implements backends.Backend: it closes the state directory.
+// Close implements backends.Backend: it closes the state directory,
+// unless b is a slot backend, which has nothing of its own to close.
 func (b *Backend) Close() error {
+	if b.root != nil {
+		return nil
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.d == nil {
@@ -163,7 +190,7 @@ func (b *Backend) campaignFile(ctx context.Context, d *dir, opts backends.Campai
 				f.Close()
 				return nil, errReplaced
 			}
-			l, err := b.grant(d, f, opts.Identity, acquired)
+			l, err := b.grant(d, f, opts, acquired)
 			if err != nil {
 				f.Close()
 				return nil, err
@@ -210,14 +237,18 @@ func (b *Backend) campaignFile(ctx context.Context, d *dir, opts backends.Campai
 }
 
 // grant runs with the lock held: it bumps the token durably and writes the
-// holder's identity into the lock file for Status. The record stays after
-// release, as proof of the last token granted.
-func (b *Backend) grant(d *dir, f *os.File, identity string, acquired time.Time) (*lease, error) {
+// holder's record into the lock file for Status: its identity, token, pid
+// and, in a pool of more than one holder, the pool's size. The record
+// stays after release, as proof of the last token granted.
+func (b *Backend) grant(d *dir, f *os.File, opts backends.CampaignOptions, acquired time.Time) (*lease, error) {
 	token, err := b.nextToken(d, f)
 	if err != nil {
 		return nil, err
 	}
-	info := fmt.Sprintf("identity=%s\ntoken=%d\npid=%d\n", identity, token, os.Getpid())
+	info := fmt.Sprintf("identity=%s\ntoken=%d\npid=%d\n", opts.Identity, token, os.Getpid())
+	if n := opts.RecordedHolders(); n > 0 {
+		info += fmt.Sprintf("holders=%d\n", n)
+	}
 	if err := f.Truncate(0); err == nil {
 		_, err = f.WriteAt([]byte(info), 0)
 	}
@@ -325,6 +356,7 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	st.Held = true
 	st.Identity = info["identity"]
 	st.Token, _ = strconv.ParseUint(info["token"], 10, 64)
+	st.Holders = backends.ParseHolders(info["holders"])
 	if host, err := os.Hostname(); err == nil {
 		st.Node = host
 	}

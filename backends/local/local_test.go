@@ -15,6 +15,7 @@ func TestConformance(t *testing.T) {
 		New: func(t *testing.T, lock string) backends.Backend {
 			return local.New(local.Config{Dir: dir, Lock: lock})
 		},
+		SlotGrants: 200,
 		Drop: func(t *testing.T, l backends.Lease) {
 			// Removing the lock file lets a newcomer lock a new one.
 			if err := os.Remove(l.(interface{ String() string }).String()); err != nil {

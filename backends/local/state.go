@@ -71,9 +71,13 @@ func (b *Backend) updateState(d *dir, f func(*state) error) error {
 	return d.writeFile(b.stateName(), data)
 }
 
-// Completed implements backends.Lease.
-func (l *lease) Completed(_ context.Context, key string) (*backends.Marker, error) {
-	st, err := l.b.readState(l.d)
+// Completed implements backends.Backend.
+func (b *Backend) Completed(_ context.Context, key string) (*backends.Marker, error) {
+	d, err := b.state()
+	if err != nil {
+		return nil, err
+	}
+	st, err := b.readState(d)
 	if err != nil {
 		return nil, fmt.Errorf("local: read completion of %q: %w", key, err)
 	}

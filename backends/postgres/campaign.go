@@ -50,7 +50,7 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 		}
 		return nil, err
 	}
-	c := &candidate{b: b, identity: opts.Identity, owner: randomID(), ttl: ttl, wake: make(chan struct{}, 1)}
+	c := &candidate{b: b, identity: opts.Identity, owner: newOwner(opts), ttl: ttl, wake: make(chan struct{}, 1)}
 	if !opts.Try {
 		// Subscribe before the first attempt, so that a release committed
 		// after it was answered wakes us.
@@ -73,7 +73,7 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 type candidate struct {
 	b        *Backend
 	identity string
-	owner    string // random: tells our own grant from another's
+	owner    string // random: tells our own grant from another's (see newOwner)
 	ttl      time.Duration
 	wake     chan struct{} // poked when the row may have changed
 

@@ -157,22 +157,23 @@ func (l *lease) Renew(ctx context.Context) error {
 	return l.Err()
 }
 
-// Completed implements backends.Lease.
-func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, error) {
+// Completed implements backends.Backend. A table that does not exist yet
+// holds no marker.
+func (b *Backend) Completed(ctx context.Context, key string) (*backends.Marker, error) {
 	var (
 		m       = backends.Marker{Key: key}
 		token   int64
 		at, exp time.Time
 	)
-	err := l.b.do(ctx, func(c *conn) error {
-		return c.queryRow(ctx, l.b.sql.completed, []any{l.b.key, key}, &m.Identity, &token, &at, &exp)
+	err := b.do(ctx, func(c *conn) error {
+		return c.queryRow(ctx, b.sql.completed, []any{b.key, key}, &m.Identity, &token, &at, &exp)
 	})
 	switch {
-	case errors.Is(err, errNoRows):
+	case errors.Is(err, errNoRows), pgCode(err) == "42P01": // undefined_table
 		return nil, nil
 	case err != nil:
-		return nil, l.b.redact(fmt.Errorf("postgres at %s: read the marker %q of %q in table %s_markers: %w",
-			l.b.addr, key, l.b.key, l.b.sql.ids.tableName, err))
+		return nil, b.redact(fmt.Errorf("postgres at %s: read the marker %q of %q in table %s_markers: %w",
+			b.addr, key, b.key, b.sql.ids.tableName, err))
 	}
 	m.Token, m.At, m.Expires = uint64(token), at, exp
 	return &m, nil

@@ -30,19 +30,20 @@ const (
 var errNoDelivery = errors.New("a notification sent with pg_notify did not arrive on the listening connection " +
 	"(a pooler in transaction mode?)")
 
-// listener is a Backend's dedicated connection that LISTENs on the table's
-// channel and calls the subscribers when a notification names the lock's
-// row, when the table is truncated, and whenever it starts or stops
-// listening (so that a lease checks its row, and a waiter recomputes its
-// sleep). It reconnects with backoff, except after errNoDelivery: the
-// connection path cannot deliver, and the backend polls from then on.
+// listener is a Backend's dedicated connection, shared with its slot
+// backends, that LISTENs on the table's channel and calls the subscribers
+// when a notification names their row, when the table is truncated, and
+// whenever it starts or stops listening (so that a lease checks its row,
+// and a waiter recomputes its sleep). It reconnects with backoff, except
+// after errNoDelivery: the connection path cannot deliver, and the
+// backend polls from then on.
 type listener struct {
-	b      *Backend
+	b      *Backend // the root backend (see shared)
 	cancel context.CancelFunc
 	done   chan struct{}
 
 	mu        sync.Mutex
-	subs      map[int]func()
+	subs      map[int]subscriber
 	next      int
 	listening bool
 	mode      string // as last logged: "notify" or "poll"
@@ -50,7 +51,13 @@ type listener struct {
 	probeID   string
 }
 
-// subscribe calls poke whenever the row may have changed, until the
+// subscriber is a poke for the row named key.
+type subscriber struct {
+	key  string
+	poke func()
+}
+
+// subscribe calls poke whenever b's row may have changed, until the
 // returned function is called. It starts the listener on first use, if the
 // triggers are installed.
 func (b *Backend) subscribe(poke func()) (unsubscribe func()) {
@@ -61,7 +68,7 @@ func (b *Backend) subscribe(poke func()) (unsubscribe func()) {
 	l.mu.Lock()
 	id := l.next
 	l.next++
-	l.subs[id] = poke
+	l.subs[id] = subscriber{key: b.key, poke: poke}
 	l.mu.Unlock()
 	return func() {
 		l.mu.Lock()
@@ -85,7 +92,7 @@ func (b *Backend) notifying() bool {
 
 // startListener starts the listener on first use and returns it; nil when
 // the triggers are not installed (the backend polls, which it logs once).
-func (b *Backend) startListener() *listener {
+func (b *shared) startListener() *listener {
 	b.schemaMu.Lock()
 	notify := b.notify
 	b.schemaMu.Unlock()
@@ -97,13 +104,13 @@ func (b *Backend) startListener() *listener {
 	if !notify {
 		if !b.pollLogged {
 			b.pollLogged = true
-			b.log.Info("postgres: polling: the notification triggers are not installed on the table",
+			b.logBase.Info("postgres: polling: the notification triggers are not installed on the table",
 				"mode", "poll", "table", b.sql.ids.tableName, "poll_interval", b.poll)
 		}
 		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &listener{b: b, cancel: cancel, done: make(chan struct{}), subs: map[int]func(){}}
+	l := &listener{b: b.root, cancel: cancel, done: make(chan struct{}), subs: map[int]subscriber{}}
 	b.listener = l
 	go l.run(ctx)
 	return l
@@ -115,11 +122,17 @@ func (l *listener) close() {
 }
 
 // pokeAll calls every subscriber.
-func (l *listener) pokeAll() {
+func (l *listener) pokeAll() { l.pokeKey("") }
+
+// pokeKey calls the subscribers of the row named key, or every
+// subscriber if key is "".
+func (l *listener) pokeKey(key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, poke := range l.subs {
-		poke()
+	for _, s := range l.subs {
+		if key == "" || s.key == key {
+			s.poke()
+		}
 	}
 }
 
@@ -303,7 +316,9 @@ func (l *listener) handle(n *pgconn.Notification) {
 			l.probe = nil
 		}
 		l.mu.Unlock()
-	case p.Op == "truncate" || p.Name == l.b.key:
+	case p.Op == "truncate":
 		l.pokeAll()
+	case p.Name != "":
+		l.pokeKey(p.Name)
 	}
 }

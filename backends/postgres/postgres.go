@@ -9,7 +9,8 @@
 //
 //	name      text PRIMARY KEY  -- <prefix><lock>
 //	holder    text              -- the holder's identity; '' when free
-//	owner     text              -- a random id of the holder's candidacy
+//	owner     text              -- a random id of the holder's candidacy,
+//	                            -- and ";holders=N" in a pool of N > 1
 //	token     bigint            -- the holder's fencing token
 //	ttl       interval          -- the lease duration granted
 //	acquired  timestamptz       -- when the holder got it (database clock)
@@ -90,8 +91,10 @@
 // when its expiry is moved earlier, when it is deleted, and when the table
 // is truncated; renewals send none. Each Backend keeps one dedicated
 // connection that LISTENs on it (besides the pool that runs the statements:
-// usually one connection, at most two), and makes sure, each time it
-// connects, that a pg_notify sent from another connection arrives on it.
+// usually one connection, at most two), both shared with its slot backends
+// (the rows <prefix><lock>.slot<i> of a pool, --holders), and makes sure,
+// each time it connects, that a pg_notify sent from another connection
+// arrives on it.
 // It pings that connection every 30 s, so that one that died silently is
 // replaced.
 //
@@ -174,6 +177,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -254,22 +258,31 @@ type Config struct {
 // are safe for concurrent use, but Campaign is meant for one campaign at a
 // time.
 type Backend struct {
-	pool     *pool
+	*shared
+	lock string
+	key  string // the row's name
+	log  *slog.Logger
+}
+
+// shared is what a backend and its slot backends (see Slot) have in
+// common: the connections, and what is known of the tables.
+type shared struct {
+	root     *Backend       // the backend New made
+	prefix   string         // Config.Prefix
+	pool     *pool          // the connections of every slot
 	connCfg  *pgconn.Config // for the listener's connection
 	addr     string         // host:port of the server(s), for messages
 	password string         // to redact, should a message ever carry it
-	lock     string
-	key      string // the row's name
 	sql      statements
 	poll     time.Duration
-	log      *slog.Logger
+	logBase  *slog.Logger // without the lock
 
 	schemaMu    sync.Mutex // held while the schema is checked
 	schemaReady bool
 	notify      bool // the triggers are installed, with our channel
 
 	mu         sync.Mutex
-	listener   *listener // nil until a campaign needs it
+	listener   *listener // nil until a campaign needs it; one for every slot
 	pollLogged bool
 	closed     bool
 }
@@ -310,18 +323,34 @@ func New(cfg Config) (*Backend, error) {
 	// Every leaderrun on a host costs the server's max_connections at
 	// most maxConns (a renewal and a check after a notification may
 	// overlap; nothing else does), plus the listening connection.
-	b := &Backend{
+	sh := &shared{
+		prefix:   cfg.Prefix,
 		pool:     newPool(cc, maxConns),
 		connCfg:  cc,
 		addr:     endpoints(cc),
 		password: cc.Password,
-		lock:     cfg.Lock,
-		key:      cfg.Prefix + cfg.Lock,
 		sql:      newStatements(ids),
 		poll:     cfg.PollInterval,
-		log:      cfg.Log.With("backend", "postgres", "lock", cfg.Lock),
+		logBase:  cfg.Log.With("backend", "postgres"),
 	}
-	return b, nil
+	sh.root = sh.backend(cfg.Lock)
+	return sh.root, nil
+}
+
+// backend is the backend of lock, on these connections.
+func (sh *shared) backend(lock string) *Backend {
+	return &Backend{shared: sh, lock: lock, key: sh.prefix + lock, log: sh.logBase.With("lock", lock)}
+}
+
+// Slot implements backends.Backend: slot i is the row of the lock
+// backends.SlotLock(lock, i), in the same table, reached through b's pool
+// and listening connection: a candidate for several slots still holds at
+// most two connections and a listening one.
+func (b *Backend) Slot(i int) backends.Backend {
+	if i == 0 {
+		return b.root
+	}
+	return b.backend(backends.SlotLock(b.root.lock, i))
 }
 
 // endpoints is host:port (or the socket's path) of every server the
@@ -347,8 +376,12 @@ func (b *Backend) Key() string { return b.key }
 func (b *Backend) Table() string { return b.sql.ids.tableName }
 
 // Close implements backends.Backend: it stops the listening connection and
-// closes the pool. Leases must be released first.
+// closes the pool, unless b is a slot backend, which has nothing of its
+// own to close. Leases must be released first.
 func (b *Backend) Close() error {
+	if b != b.root {
+		return nil
+	}
 	b.mu.Lock()
 	l := b.listener
 	b.closed = true
@@ -467,6 +500,37 @@ func randomID() string {
 	return hex.EncodeToString(b)
 }
 
+// ownerHolders separates, in the owner column, the candidacy's random id
+// from the size of its pool (see newOwner).
+const ownerHolders = ";holders="
+
+// newOwner is the owner column of a candidacy for opts: a random id that
+// tells its grant from any other, and in a pool of more than one holder
+// (--holders) the pool's size after it, so that Status can tell every
+// candidate the holder's N. The pool's size lives there rather than in a
+// column of its own because the owner column is written whole by every
+// grant, by every version of leaderrun (so no older holder's record can
+// carry a stale size), and because a new column would have to be added
+// to existing tables, which takes their owner: the roles that only
+// campaign have SELECT, INSERT and UPDATE (docs/backends/postgres.md).
+func newOwner(opts backends.CampaignOptions) string {
+	owner := randomID()
+	if n := opts.RecordedHolders(); n > 0 {
+		owner += ownerHolders + strconv.Itoa(n)
+	}
+	return owner
+}
+
+// holdersOf reads the pool's size from an owner column; 0 if it records
+// none.
+func holdersOf(owner string) int {
+	_, n, ok := strings.Cut(owner, ownerHolders)
+	if !ok {
+		return 0
+	}
+	return backends.ParseHolders(n)
+}
+
 // Status implements backends.Status from one SELECT of the row. TTL is the
 // lease duration the holder was granted, Remaining the time to its expiry
 // by the database's clock. Waiting is -1: waiters leave no trace in the
@@ -476,12 +540,12 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	var (
-		holder              string
+		holder, owner       string
 		token, ttl, remains int64
 		held                bool
 	)
 	err := b.do(ctx, func(c *conn) error {
-		return c.queryRow(ctx, b.sql.status, []any{b.key}, &holder, &token, &ttl, &remains, &held)
+		return c.queryRow(ctx, b.sql.status, []any{b.key}, &holder, &owner, &token, &ttl, &remains, &held)
 	})
 	switch {
 	case errors.Is(err, errNoRows) || pgCode(err) == "42P01": // undefined_table
@@ -493,6 +557,7 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	}
 	st.Held = true
 	st.Identity = holder
+	st.Holders = holdersOf(owner)
 	st.Token = uint64(token)
 	st.TTL = time.Duration(ttl) * time.Microsecond
 	st.Remaining = time.Duration(remains) * time.Microsecond

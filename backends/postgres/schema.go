@@ -254,7 +254,7 @@ SELECT EXISTS (SELECT FROM rel)`, t, h, historyKeep-1)
 	RETURNING 1
 )
 SELECT EXISTS (SELECT FROM up)`, t, m)
-	s.status = fmt.Sprintf(`SELECT holder, token, (extract(epoch FROM ttl) * 1000000)::bigint, `+
+	s.status = fmt.Sprintf(`SELECT holder, owner, token, (extract(epoch FROM ttl) * 1000000)::bigint, `+
 		fmt.Sprintf(remainingMicros, "expires")+`, holder <> '' AND expires > now() FROM %s WHERE name = $1`, t)
 	s.history = fmt.Sprintf(`SELECT identity, token, %s, %s, %s, how, exit_code, signal, reason, once_key
 FROM %s WHERE name = $1 ORDER BY token DESC LIMIT $2`, epochMicros("acquired"), epochMicros("started"), epochMicros("ended"), h)

@@ -90,7 +90,7 @@ func (b *Backend) campaign(ctx context.Context, opts backends.CampaignOptions) (
 	if err != nil {
 		return nil, err
 	}
-	c := &candidacy{b: b, s: s, identity: opts.Identity, guid: newGUID(),
+	c := &candidacy{b: b, s: s, identity: opts.Identity, data: candidateData(opts), guid: newGUID(),
 		ttl: leaseTTL(s.Timeout(), b.retry, p.min)}
 	// The session's id is what the servers' logs show; the TTL is what
 	// the runner checks its timings against, and not the timeout.
@@ -120,6 +120,7 @@ type candidacy struct {
 	b        *Backend
 	s        *session
 	identity string
+	data     []byte // its znode's (see candidateData)
 	guid     string
 	name     string        // our znode's name in the lock's znode, once created
 	ttl      time.Duration // what a lease of this session reports as its TTL
@@ -219,11 +220,13 @@ func (c *candidacy) locked(ctx context.Context, leader candidate, how string) er
 	if err != nil {
 		return fmt.Errorf("zookeeper: %s %s by another candidate: %w", c.b.dir, how, backends.ErrLocked)
 	}
-	return fmt.Errorf("zookeeper: %s %s by %q (token %d): %w", c.b.dir, how, z.data, z.stat.Czxid, backends.ErrLocked)
+	identity, _ := parseData(z.data)
+	return fmt.Errorf("zookeeper: %s %s by %q (token %d): %w", c.b.dir, how, identity, z.stat.Czxid, backends.ErrLocked)
 }
 
 // create queues the candidate: an ephemeral sequential znode named with the
-// candidacy's guid, holding its identity, its parents created as needed.
+// candidacy's guid, holding its identity (see candidateData), its parents
+// created as needed.
 // If the answer to a create is lost with its connection, the znode may
 // exist: it looks for its guid before it creates again. It gives up after
 // the connect timeout, with an error wrapping backends.ErrUnavailable.
@@ -234,7 +237,7 @@ func (c *candidacy) create(ctx context.Context) error {
 	backoff := backends.Backoff{Min: 20 * time.Millisecond, Max: 500 * time.Millisecond}
 	for {
 		path, err := call(rctx, c.s, func(z *zk.Conn) (string, error) {
-			path, err := z.Create(prefix, []byte(c.identity), zk.FlagEphemeralSequential, c.b.acl)
+			path, err := z.Create(prefix, c.data, zk.FlagEphemeralSequential, c.b.acl)
 			if testHookCreate != nil {
 				path, err = testHookCreate(z, prefix, path, err)
 			}

@@ -182,26 +182,33 @@ func (l *lease) Renew(ctx context.Context) error {
 // markerPath is where the marker of key lives. A key may hold any byte;
 // what a znode name cannot hold, or would read as a path (".", ".."), is
 // escaped as %XX.
-func (l *lease) markerPath(key string) string {
-	var b strings.Builder
+func (b *Backend) markerPath(key string) string {
+	var name strings.Builder
 	for i := 0; i < len(key); i++ {
 		c := key[i]
 		if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.' && i > 0 {
-			b.WriteByte(c)
+			name.WriteByte(c)
 		} else {
-			fmt.Fprintf(&b, "%%%02X", c)
+			fmt.Fprintf(&name, "%%%02X", c)
 		}
 	}
-	if b.Len() == 0 {
-		b.WriteByte('%')
+	if name.Len() == 0 {
+		name.WriteByte('%')
 	}
-	return l.c.b.doneDir() + "/" + b.String()
+	return b.doneDir() + "/" + name.String()
 }
 
-// Completed implements backends.Lease.
-func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, error) {
-	path := l.markerPath(key)
-	data, err := call(ctx, l.c.s, func(z *zk.Conn) ([]byte, error) {
+// Completed implements backends.Backend, with the session Status reads
+// with.
+func (b *Backend) Completed(ctx context.Context, key string) (*backends.Marker, error) {
+	s, err := b.readSession(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, b.connectTimeout)
+	defer cancel()
+	path := b.markerPath(key)
+	data, err := call(rctx, s, func(z *zk.Conn) ([]byte, error) {
 		data, _, err := z.Get(path)
 		return data, err
 	})
@@ -209,7 +216,7 @@ func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, er
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("zookeeper %s: read marker %s: %w", l.c.b.list, path, err)
+		return nil, b.failed(ctx, rctx, "read marker "+path, err)
 	}
 	var m backends.Marker
 	if err := json.Unmarshal(data, &m); err != nil {
@@ -234,7 +241,7 @@ func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
 	if err != nil {
 		return err
 	}
-	path, ours := l.markerPath(m.Key), l.path()
+	path, ours := l.c.b.markerPath(m.Key), l.path()
 	fail := func(err error) error {
 		return fmt.Errorf("zookeeper %s: write marker %s: %w", l.c.b.list, path, err)
 	}

@@ -892,7 +892,7 @@ func testLockNames(t *testing.T, env *env) {
 		t.Fatalf("try on names.done: %v", err)
 	}
 	defer lad.Release(ctx, nil)
-	if m, err := lad.Completed(ctx, "k"); err != nil || m != nil {
+	if m, err := ad.Completed(ctx, "k"); err != nil || m != nil {
 		t.Errorf("names.done reads a marker of names: %+v, %v", m, err)
 	}
 	if terms, err := ad.History(ctx, 0); err != nil || len(terms) != 0 {
@@ -921,7 +921,7 @@ func testMarkerKeys(t *testing.T, env *env) {
 		}
 	}
 	for _, k := range keys {
-		m, err := l.Completed(ctx, k)
+		m, err := b.Completed(ctx, k)
 		if err != nil || m == nil || m.Key != k {
 			t.Errorf("marker %q read back as %+v, %v", k, m, err)
 		}

@@ -52,10 +52,11 @@ func leaseTTL(timeout, retry, minTimeout time.Duration) time.Duration {
 }
 
 // minSessionTimeout is the ensemble's minimum session timeout, learned once
-// per backend from a session that asks for probeTimeout and is closed at
+// per backend (and its slots) from a session that asks for probeTimeout and is closed at
 // once. A failure wraps backends.ErrUnavailable (or is ctx's error).
 func (b *Backend) minSessionTimeout(ctx context.Context) (time.Duration, error) {
-	if d := time.Duration(b.minTimeout.Load()); d > 0 {
+	known := &b.top().minTimeout // one ensemble for a backend and its slots
+	if d := time.Duration(known.Load()); d > 0 {
 		return d, nil
 	}
 	s, err := b.connectShare(ctx, probeTimeout, b.connectTimeout)
@@ -64,6 +65,6 @@ func (b *Backend) minSessionTimeout(ctx context.Context) (time.Duration, error) 
 	}
 	d := s.Timeout()
 	b.closeLater(s)
-	b.minTimeout.Store(int64(d))
+	known.Store(int64(d))
 	return d, nil
 }

@@ -8,7 +8,8 @@
 // Its children are:
 //
 //	_c_<uuid>-latch-<seq>   one ephemeral sequential znode per candidate,
-//	                        holding the candidate's identity
+//	                        holding the candidate's identity (and in a pool
+//	                        of N > 1 holders a second line, holders=N)
 //	done/<key>              persistent completion markers (JSON), one per once-key
 //	history/term-<seq>      persistent sequential terms (JSON), about the last 100
 //
@@ -50,6 +51,14 @@
 // it builds the backend. Ending the session when the lease is released (or
 // the campaign withdrawn) deletes every ephemeral znode it owns in the
 // same step, so no candidate of ours outlives its campaign.
+//
+// The slots of a pool (--holders) are locks of their own, znodes
+// /<prefix><lock>.slot<i> beside the lock's (Backend.Slot). Status,
+// History and Completed of every slot read through one session; each
+// candidacy still opens its own, whatever its slot, because the session
+// is the lease: one session shared by several slots would end all their
+// leases when it ends, and a candidate's znode that could not be deleted
+// would keep its slot blocked for as long as a sibling kept the session.
 //
 // Renew sends a sync through the ensemble leader and then reads the
 // leader's znode: the answer proves that the znode, and so the session,
@@ -220,11 +229,13 @@ type Backend struct {
 	list           string // the servers, for messages
 	digest         Digest
 	acl            []zk.ACL
+	base           string // the lock's znode without the lock: "/" + prefix
 	lock           string
 	dir            string // the lock's znode
 	connectTimeout time.Duration
 	retry          time.Duration
 	log            *slog.Logger
+	logBase        *slog.Logger // log, without the lock
 	wakes          atomic.Uint64
 	minTimeout     atomic.Int64 // the ensemble's minimum session timeout, in ns, once learned
 
@@ -234,10 +245,15 @@ type Backend struct {
 	// rmu is held while the reader connects, which can take the connect
 	// timeout: nothing else waits for it.
 	rmu    sync.Mutex
-	reader *session // Status and History, connected on first use
+	reader *session // Status, History and Completed, connected on first use
 	closed bool
 
 	bg sync.WaitGroup // closes of sessions left to finish in the background
+
+	// root is the backend this one is a slot of (see Slot), nil for one
+	// that New made: the reading session and what is learned of the
+	// ensemble are root's.
+	root *Backend
 }
 
 var _ backends.Backend = (*Backend)(nil)
@@ -264,7 +280,8 @@ func New(cfg Config) (*Backend, error) {
 	if err := backends.ValidateLockName(cfg.Lock); err != nil {
 		return nil, fmt.Errorf("zookeeper: %w", err)
 	}
-	dir := "/" + strings.TrimLeft(cfg.Prefix, "/") + cfg.Lock
+	base := "/" + strings.TrimLeft(cfg.Prefix, "/")
+	dir := base + cfg.Lock
 	if err := validatePath(dir); err != nil {
 		return nil, fmt.Errorf("zookeeper: prefix %q: %w", cfg.Prefix, err)
 	}
@@ -289,11 +306,13 @@ func New(cfg Config) (*Backend, error) {
 		list:           backends.Redact(strings.Join(cfg.Servers, ",")),
 		digest:         cfg.Digest,
 		acl:            acl,
+		base:           base,
 		lock:           cfg.Lock,
 		dir:            dir,
 		connectTimeout: cfg.ConnectTimeout,
 		retry:          cfg.RetryPeriod,
 		log:            cfg.Log.With("backend", "zookeeper", "lock", cfg.Lock),
+		logBase:        cfg.Log.With("backend", "zookeeper"),
 	}, nil
 }
 
@@ -325,9 +344,50 @@ func (b *Backend) Name() string { return "zookeeper" }
 // waiter; tests read it to show that no change wakes a herd.
 func (b *Backend) Wakes() uint64 { return b.wakes.Load() }
 
-// Close implements backends.Backend: it ends the session that Status and
-// History read with. Leases must be released first.
+// Slot implements backends.Backend: slot i is the lock
+// backends.SlotLock(lock, i), a znode of its own beside the lock's, whose
+// Status, History and Completed read through b's session. Each candidacy
+// opens a session of its own whatever the slot (see the package doc):
+// ZooKeeper's session is the lease.
+func (b *Backend) Slot(i int) backends.Backend {
+	r := b.top()
+	if i == 0 {
+		return r
+	}
+	lock := backends.SlotLock(r.lock, i)
+	return &Backend{
+		servers:        r.servers,
+		list:           r.list,
+		digest:         r.digest,
+		acl:            r.acl,
+		base:           r.base,
+		lock:           lock,
+		dir:            r.base + lock,
+		connectTimeout: r.connectTimeout,
+		retry:          r.retry,
+		log:            r.logBase.With("lock", lock),
+		logBase:        r.logBase,
+		root:           r,
+	}
+}
+
+// top is the backend that New made: b, or the one b is a slot of.
+func (b *Backend) top() *Backend {
+	if b.root != nil {
+		return b.root
+	}
+	return b
+}
+
+// Close implements backends.Backend: it ends the session that Status,
+// History and Completed read with, unless b is a slot backend, which
+// reads with its root's; either way it waits for the sessions its own
+// campaigns left to close. Leases must be released first.
 func (b *Backend) Close() error {
+	if b.root != nil {
+		b.bg.Wait()
+		return nil
+	}
 	b.rmu.Lock()
 	r := b.reader
 	b.reader, b.closed = nil, true
@@ -343,9 +403,13 @@ func (b *Backend) Close() error {
 func (b *Backend) doneDir() string    { return b.dir + "/done" }
 func (b *Backend) historyDir() string { return b.dir + "/history" }
 
-// readSession is the session Status and History read with, connected on
-// first use and again if the last one expired.
+// readSession is the session Status, History and Completed read with,
+// connected on first use and again if the last one expired; one for a
+// backend and its slots.
 func (b *Backend) readSession(ctx context.Context) (*session, error) {
+	if b.root != nil {
+		return b.root.readSession(ctx)
+	}
 	b.rmu.Lock()
 	defer b.rmu.Unlock()
 	if b.closed {
@@ -462,7 +526,7 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 		}
 		st.Held = true
 		st.Key = path
-		st.Identity = string(z.data)
+		st.Identity, st.Holders = parseData(z.data)
 		st.Token = uint64(z.stat.Czxid)
 		st.Waiting = len(cs) - 1
 		b.mu.Lock()
