@@ -62,7 +62,7 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 	b.startChecks()
 	var refusals int
 	for {
-		c := &candidate{b: b, identity: opts.Identity, nonce: randomNonce(), ttl: ttl, wake: make(chan struct{}, 1)}
+		c := &candidate{b: b, identity: opts.Identity, holders: max(opts.Holders, 1), nonce: randomNonce(), ttl: ttl, wake: make(chan struct{}, 1)}
 		l, err := c.campaign(ctx, opts.Try)
 		if err != nil {
 			if c.queued || c.maybeHeld {
@@ -108,6 +108,7 @@ func (b *Backend) Campaign(ctx context.Context, opts backends.CampaignOptions) (
 type candidate struct {
 	b        *Backend
 	identity string
+	holders  int // the pool size, recorded in the lock's value when more than 1
 	nonce    string
 	ttl      time.Duration
 	wake     chan struct{} // poked when the wake channel says the lock is free
@@ -190,7 +191,7 @@ func (c *candidate) attempt(ctx context.Context, try bool) (attempt, error) {
 	b.attempts.Add(1)
 	c.maybeHeld = true
 	res, err := acquireScript().Run(ctx, b.c, b.keys, c.nonce, c.identity, millis(c.ttl), mode,
-		millis(aliveRetries*b.retry), b.wakePfx).Slice()
+		millis(aliveRetries*b.retry), b.wakePfx, c.holders).Slice()
 	if err != nil {
 		return a, err
 	}

@@ -287,6 +287,9 @@ func setLibraryLog(log *slog.Logger, redact func(string) string) {
 // grant), fewer replicas than waited for (no child will start), and no
 // append-only file (a restart can repeat tokens).
 func (b *Backend) startChecks() {
+	if b.root != nil {
+		b = b.root // once per connection, not per slot
+	}
 	b.checks.Do(func() {
 		b.checkWG.Add(1)
 		go func() {

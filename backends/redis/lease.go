@@ -193,26 +193,6 @@ func (l *lease) replicate(ctx context.Context) error {
 	return nil
 }
 
-// markerKey is where the marker of a once-key lives.
-func (l *lease) markerKey(key string) string { return l.b.key + ":done:" + key }
-
-// Completed implements backends.Lease. The server forgets an expired
-// marker by itself.
-func (l *lease) Completed(ctx context.Context, key string) (*backends.Marker, error) {
-	s, err := l.b.c.Get(ctx, l.markerKey(key)).Result()
-	switch {
-	case errors.Is(err, redis.Nil):
-		return nil, nil
-	case err != nil:
-		return nil, l.b.redact(fmt.Errorf("redis at %s: read the marker %q: %w", l.b.addr, l.markerKey(key), err))
-	}
-	var m backends.Marker
-	if err := json.Unmarshal([]byte(s), &m); err != nil {
-		return nil, fmt.Errorf("redis: the marker %q is not leaderrun's JSON: %w", l.markerKey(key), err)
-	}
-	return &m, nil
-}
-
 // Complete implements backends.Lease with one script that writes the
 // marker only while the lock holds our value, expiring when m does.
 func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
@@ -221,10 +201,10 @@ func (l *lease) Complete(ctx context.Context, m backends.Marker) error {
 		return err
 	}
 	keep := max(time.Until(m.Expires), time.Millisecond)
-	n, err := completeScript().Run(ctx, l.b.c, []string{l.b.key, l.markerKey(m.Key)}, l.value, string(data), millis(keep)).Int64()
+	n, err := completeScript().Run(ctx, l.b.c, []string{l.b.key, l.b.markerKey(m.Key)}, l.value, string(data), millis(keep)).Int64()
 	switch {
 	case err != nil:
-		return l.b.redact(fmt.Errorf("redis at %s: write the marker %q: %w", l.b.addr, l.markerKey(m.Key), err))
+		return l.b.redact(fmt.Errorf("redis at %s: write the marker %q: %w", l.b.addr, l.b.markerKey(m.Key), err))
 	case n != 1:
 		l.Set(fmt.Errorf("redis: the lock %q no longer holds token %d; marker %q not written: %w",
 			l.b.key, l.token, m.Key, backends.ErrLeaseLost))

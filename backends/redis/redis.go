@@ -205,6 +205,9 @@ type Config struct {
 type Backend struct {
 	c         *redis.Client
 	tracker   func(func(context.Context, *redis.Conn) error) *redis.Client
+	root      *Backend // the backend of slot 0, for a slot's backend (Slot); nil for slot 0 itself
+	prefix    string
+	baseLog   *slog.Logger // the configured log, before the lock is named
 	addr      string   // the server or Sentinels, for messages; never a password
 	secrets   []string // to redact, should a message ever carry one
 	lock, key string
@@ -243,25 +246,17 @@ func New(cfg Config) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	key := cfg.Prefix + cfg.Lock
 	b := &Backend{
 		c:       cs.main,
 		tracker: cs.tracker,
+		prefix:  cfg.Prefix,
 		addr:    cs.addr,
 		secrets: cs.secrets,
-		lock:    cfg.Lock,
-		key:     key,
-		// The queue's keys do not start with the lock's key: a leader
-		// tracks every key that does (track.go), and must not hear of
-		// every waiter's heartbeat. Lock names have no colon, so
-		// "<prefix>:" starts no lock's key.
-		keys: []string{key, key + ":token", cfg.Prefix + ":waiters:" + cfg.Lock, cfg.Prefix + ":alive:" + cfg.Lock,
-			key + ":history"},
-		wakePfx: key + ":wake:",
 		minRepl: cfg.MinReplicas,
 		retry:   cfg.RetryPeriod,
-		log:     cfg.Log.With("backend", "redis", "lock", cfg.Lock),
+		baseLog: cfg.Log,
 	}
+	b.bind(cfg.Lock, cfg.Log)
 	b.checkCtx, b.stop = context.WithCancel(context.Background())
 	setLibraryLog(b.log, b.redactString)
 	return b, nil
@@ -275,10 +270,62 @@ func (b *Backend) Key() string { return b.key }
 
 // Close implements backends.Backend. Leases must be released first.
 func (b *Backend) Close() error {
+	if b.root != nil {
+		return nil // a slot's backend: the connections are slot 0's
+	}
 	b.stop()
 	b.checkWG.Wait()
 	return b.c.Close()
 }
+
+// bind names b's lock and the keys that follow from it.
+func (b *Backend) bind(lock string, log *slog.Logger) {
+	key := b.prefix + lock
+	b.lock, b.key = lock, key
+	// The queue's keys do not start with the lock's key: a leader tracks
+	// every key that does (track.go), and must not hear of every waiter's
+	// heartbeat. Lock names have no colon, so "<prefix>:" starts no lock's
+	// key.
+	b.keys = []string{key, key + ":token", b.prefix + ":waiters:" + lock, b.prefix + ":alive:" + lock, key + ":history"}
+	b.wakePfx = key + ":wake:"
+	b.log = log.With("backend", "redis", "lock", lock)
+}
+
+// Slot implements backends.Backend: slot i's backend shares b's
+// connections, and its Close leaves them to slot 0's.
+func (b *Backend) Slot(i int) backends.Backend {
+	r := b
+	if b.root != nil {
+		r = b.root
+	}
+	if i == 0 {
+		return r
+	}
+	s := &Backend{c: r.c, tracker: r.tracker, root: r, prefix: r.prefix, addr: r.addr, secrets: r.secrets,
+		minRepl: r.minRepl, retry: r.retry, baseLog: r.baseLog, checkCtx: r.checkCtx, stop: r.stop}
+	s.bind(backends.SlotLock(r.lock, i), r.baseLog)
+	return s
+}
+
+// Completed implements backends.Backend. The server forgets an expired
+// marker by itself.
+func (b *Backend) Completed(ctx context.Context, key string) (*backends.Marker, error) {
+	s, err := b.c.Get(ctx, b.markerKey(key)).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return nil, nil
+	case err != nil:
+		return nil, b.redact(fmt.Errorf("redis at %s: read the marker %q: %w", b.addr, b.markerKey(key), err))
+	}
+	var m backends.Marker
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		return nil, fmt.Errorf("redis: the marker %q is not leaderrun's JSON: %w", b.markerKey(key), err)
+	}
+	return &m, nil
+}
+
+// markerKey is where the marker of a once-key lives.
+func (b *Backend) markerKey(key string) string { return b.key + ":done:" + key }
 
 // waitTimeout is how long a WAIT for replicas may take.
 func (b *Backend) waitTimeout() time.Duration { return min(b.retry, maxWaitTimeout) }
@@ -289,6 +336,9 @@ type value struct {
 	Nonce    string `json:"nonce"`
 	Token    uint64 `json:"token"`
 	LeaseMS  int64  `json:"lease_ms"`
+	// Holders is the pool size the holder campaigned with, when more
+	// than 1 (--holders).
+	Holders int `json:"holders,omitempty"`
 }
 
 func parseValue(s string) (value, error) {
@@ -396,6 +446,7 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	st.Token = v.Token
 	st.TTL = time.Duration(v.LeaseMS) * time.Millisecond
 	st.Remaining = time.Duration(max(pttl, -1)) * time.Millisecond
+	st.Holders = v.Holders
 	return st, nil
 }
 

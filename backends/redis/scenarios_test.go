@@ -574,7 +574,7 @@ func testACL(t *testing.T, e *env) {
 	select {
 	case lw := <-got:
 		if lw != nil {
-			if m, err := lw.Completed(ctx, "k"); err != nil || m == nil {
+			if m, err := b.Completed(ctx, "k"); err != nil || m == nil {
 				t.Errorf("completed: %+v, %v", m, err)
 			}
 			lw.Release(ctx, nil)

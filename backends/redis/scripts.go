@@ -25,6 +25,9 @@ func script(src string) func() *redis.Script {
 // reads and that renew, release and complete compare byte for byte:
 //
 //	{"identity":"host:123","nonce":"<32 hex>","token":42,"lease_ms":15000}
+//
+// with ,"holders":N before the brace when the holder campaigned for a
+// pool of N > 1 (--holders).
 
 // luaLib is shared by the scripts that read the queue. now() is the
 // server's clock in milliseconds; head(now) is the first waiter whose
@@ -57,7 +60,7 @@ end
 // acquireScript is one attempt of a candidate.
 //
 //	KEYS: lock, token, waiters, alive, history
-//	ARGV: nonce, identity, lease ms, "try" or "wait", liveness window ms, wake prefix
+//	ARGV: nonce, identity, lease ms, "try" or "wait", liveness window ms, wake prefix, holders
 //
 // It grants the lock if it is free and the candidate is first in the
 // queue (or the queue is empty): INCR of the token and SET NX PX of the
@@ -88,8 +91,12 @@ else
         redis.call('SET', KEYS[2], string.format('%d', tonumber(top) + 1))
       end
     end
+    local pool = ''
+    if tonumber(ARGV[7]) > 1 then
+      pool = ',"holders":' .. ARGV[7]
+    end
     local v = '{"identity":' .. cjson.encode(ARGV[2]) .. ',"nonce":"' .. ARGV[1] ..
-      '","token":' .. redis.call('GET', KEYS[2]) .. ',"lease_ms":' .. ARGV[3] .. '}'
+      '","token":' .. redis.call('GET', KEYS[2]) .. ',"lease_ms":' .. ARGV[3] .. pool .. '}'
     redis.call('SET', KEYS[1], v, 'NX', 'PX', ARGV[3])
     redis.call('ZREM', KEYS[3], ARGV[1])
     redis.call('ZREM', KEYS[4], ARGV[1])
