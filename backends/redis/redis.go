@@ -208,8 +208,8 @@ type Backend struct {
 	root      *Backend // the backend of slot 0, for a slot's backend (Slot); nil for slot 0 itself
 	prefix    string
 	baseLog   *slog.Logger // the configured log, before the lock is named
-	addr      string   // the server or Sentinels, for messages; never a password
-	secrets   []string // to redact, should a message ever carry one
+	addr      string       // the server or Sentinels, for messages; never a password
+	secrets   []string     // to redact, should a message ever carry one
 	lock, key string
 	keys      []string // lock, token, waiters, alive, history
 	wakePfx   string
