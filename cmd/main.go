@@ -17,8 +17,10 @@ import (
 
 // Main runs leaderrun with args (os.Args) and returns the process's exit code.
 func Main(args []string) int {
-	if signals.IsWatchdog() {
-		return signals.Watchdog()
+	// The watchdog (leaderrun re-executed): before anything else is
+	// built, so that it touches no more memory than it needs.
+	if signals.IsWatchdog(args) {
+		return signals.Watchdog(args)
 	}
 	return run(args, os.Stdout, os.Stderr)
 }

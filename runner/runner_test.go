@@ -20,12 +20,12 @@ import (
 	"github.com/leaderrun/leaderrun/signals"
 )
 
-// TestMain lets the test binary act as the watchdog where there is no
-// /bin/sh, and as a child that records when it starts and when it is
-// signalled.
+// TestMain lets the test binary act as the watchdog (it is what the
+// runner re-executes), and as a child that records when it starts and when
+// it is signalled.
 func TestMain(m *testing.M) {
-	if signals.IsWatchdog() {
-		os.Exit(signals.Watchdog())
+	if signals.IsWatchdog(os.Args) {
+		os.Exit(signals.Watchdog(os.Args))
 	}
 	if path := os.Getenv("RUNNER_TEST_CHILD"); path != "" {
 		os.Exit(child(path))

@@ -35,7 +35,7 @@ func startEscapee(t *testing.T, script string, grace time.Duration, pidFile stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := sup.Start(os.Environ())
+	c, err := sup.Start(os.Environ(), time.Time{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
