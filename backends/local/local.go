@@ -366,6 +366,13 @@ func (l *lease) Acquired() time.Time         { return l.acquired }
 func (l *lease) String() string              { return l.b.lockPath() }
 func (l *lease) Renew(context.Context) error { return l.check() }
 
+// LockFile is the locked lock file. The runner hands it to the command's
+// watchdog, which holds it until the command's whole tree is gone: a
+// flock belongs to the open file, and the kernel drops it only with the
+// file's last descriptor, so no candidate can take the lock while any of
+// the tree runs, even after leaderrun died (docs/safety.md, S10).
+func (l *lease) LockFile() *os.File { return l.f }
+
 // check verifies that the lock file we hold is still the one at the path.
 // If it was removed or replaced, a newcomer can lock the new file while we
 // hold the old one: that is loss of leadership, the one way to lose a flock.
@@ -385,8 +392,10 @@ func (l *lease) check() error {
 }
 
 // Release implements backends.Lease: it appends term to the history,
-// clears the holder record and closes the file, which drops the flock and
-// wakes waiters.
+// unlocks the file and closes it, which wakes waiters. Unlocked
+// explicitly, not by the close: the watchdog may still hold a descriptor of
+// the same open file (see LockFile), and a waiter that the close wakes
+// must find the lock free.
 func (l *lease) Release(_ context.Context, term *backends.Term) error {
 	if !l.BeginRelease() {
 		return nil
@@ -405,8 +414,12 @@ func (l *lease) Release(_ context.Context, term *backends.Term) error {
 	}
 	// The holder record stays: it is the proof of the last token should
 	// the token file go missing.
+	uerr := flock(l.f, syscall.LOCK_UN)
 	if err := l.f.Close(); err != nil {
 		return err
+	}
+	if uerr != nil {
+		return fmt.Errorf("local: unlock %s: %w", l.b.lockPath(), uerr)
 	}
 	if herr != nil {
 		return fmt.Errorf("local: record the term in %s: %w", l.b.statePath(), herr)
