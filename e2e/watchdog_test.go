@@ -370,6 +370,14 @@ while :; do sleep 0.05; done`
 					return errors.Is(err, os.ErrNotExist)
 				})
 			}
+			if tc.delegate {
+				// The watchdog itself ran in the delegated cgroup, as
+				// leaderrun did: it leaves once the tree is gone.
+				waitFor(t, 5*time.Second, "the watchdog to leave the delegated cgroup", func() bool {
+					data, _ := os.ReadFile(filepath.Join(delegated, "cgroup.events"))
+					return strings.Contains(string(data), "populated 0")
+				})
+			}
 		})
 	}
 }

@@ -17,9 +17,10 @@ import (
 // Stopping it is one sequence on one clock (docs/safety.md, S9), and it
 // runs in the watchdog: the first kill signal, whether leaderrun asked for
 // it (Stop), the deadline passed in the watchdog (SetDeadline), or the
-// command exited and left processes behind, fixes the SIGKILL instant for
-// the whole tree; a later request can only bring it forward. Done closes
-// only once every process of the tree is gone.
+// command exited and left processes behind, is sent there and fixes the
+// SIGKILL instant for the whole tree, KillGrace later; a later request
+// changes neither. Done closes only once every process of the tree is
+// gone.
 type Child struct {
 	s   *Supervisor
 	pid int
@@ -31,14 +32,14 @@ type Child struct {
 	status Status
 
 	mu sync.Mutex
-	// killAt is the SIGKILL instant of the stop sequence, zero before it
-	// started; asked is set once leaderrun asked for it; expired, if the
-	// watchdog started it because the deadline passed.
+	// killAt is the SIGKILL instant of the stop sequence, zero until the
+	// watchdog says it started; asked is set once leaderrun asked for it;
+	// expired, if the watchdog started it because the deadline passed.
 	killAt         time.Time
-	killAtI        instant // killAt on the shared clock, as sent and received
 	asked, expired bool
 	deadline       time.Time // the last deadline sent
 	backstop       *time.Timer
+	sigkilled      bool // the watchdog sent SIGKILL to the tree
 	isDone         bool
 
 	// done is closed once the tree is gone and the watchdog was told to
@@ -73,11 +74,12 @@ func (c *Child) SetDeadline(t time.Time) {
 	_ = c.s.send(newFrame(msgDeadline).i64(int64(max(instantOf(t), 1))), nil)
 }
 
-// Stop starts the stop sequence with sig: sig now to the command's group
-// and to every descendant that left it, SIGKILL to the whole tree at the
-// latest KillGrace after the first Stop, or earlier if the watchdog's
-// sequence began earlier. A later Stop sends its signal to the group as
-// Signal does, and changes no deadline. Done closes once the tree is gone.
+// Stop starts the stop sequence with sig: the watchdog sends sig to the
+// command's group and to every descendant that left it, and SIGKILL to the
+// whole tree KillGrace after that, unless its sequence began earlier (its
+// deadline passed first), whose SIGKILL instant then stands. A later Stop
+// sends its signal to the group as Signal does, and changes no deadline.
+// Done closes once the tree is gone.
 func (c *Child) Stop(sig syscall.Signal) {
 	c.mu.Lock()
 	if c.asked || c.isDone {
@@ -86,37 +88,40 @@ func (c *Child) Stop(sig syscall.Signal) {
 		return
 	}
 	c.asked = true
-	at := time.Now().Add(c.s.spec.KillGrace)
-	if c.killAt.IsZero() || at.Before(c.killAt) {
-		c.killAt, c.killAtI = at, instantOf(at)
+	if c.killAt.IsZero() {
+		// Until the watchdog says when: the latest it can be.
+		c.armBackstop(time.Now().Add(c.s.spec.KillGrace))
 	}
-	atI := c.killAtI
-	c.armBackstop()
 	c.mu.Unlock()
-	_ = c.s.send(newFrame(msgStop).u32(uint32(sig)).i64(int64(atI)), nil)
+	_ = c.s.send(newFrame(msgStop).u32(uint32(sig)), nil)
 	// A stopped watchdog would sit on it.
 	_ = c.s.dog.Process.Signal(syscall.SIGCONT)
 }
 
-// stopping is the watchdog's word that the sequence runs, with sig, and
-// SIGKILL at killAt.
+// stopping is the watchdog's word that the sequence runs: it sent sig,
+// and SIGKILLs the tree at killAt.
 func (c *Child) stopping(sig syscall.Signal, killAt instant, why stopReason) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.killAt.IsZero() || killAt < c.killAtI {
-		c.killAt, c.killAtI = killAt.time(), killAt
+	if c.killAt.IsZero() {
+		c.killAt = killAt.time()
+		c.armBackstop(c.killAt)
 	}
 	if why == stopDeadline {
 		c.expired = true
 	}
-	c.armBackstop()
 }
 
+// backstopDelay is how long after the SIGKILL instant leaderrun kills the
+// tree itself if the watchdog has not said it did: only a watchdog that is
+// frozen when its sequence is due leaves it anything to do.
+const backstopDelay = 100 * time.Millisecond
+
 // armBackstop sets leaderrun's own SIGKILL for the group (and the cgroup)
-// at killAt, for a watchdog that is frozen when its sequence is due; a
-// SIGKILL twice does no harm. c.mu is held.
-func (c *Child) armBackstop() {
-	d := time.Until(c.killAt)
+// backstopDelay after killAt, for a watchdog that is frozen when its
+// sequence is due. c.mu is held.
+func (c *Child) armBackstop(killAt time.Time) {
+	d := time.Until(killAt.Add(backstopDelay))
 	if c.backstop != nil {
 		c.backstop.Reset(d)
 		return
@@ -124,14 +129,26 @@ func (c *Child) armBackstop() {
 	c.backstop = time.AfterFunc(d, func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if c.isDone {
+		if c.isDone || c.sigkilled {
 			return
 		}
+		dir := c.cgroupDir()
 		_ = syscall.Kill(-c.pid, syscall.SIGKILL)
-		if dir := c.cgroupDir(); dir != "" {
+		if dir != "" {
 			_ = os.WriteFile(dir+"/cgroup.kill", []byte("1"), 0)
 		}
+		c.log.Warn("the watchdog did not end the command's tree at the end of --kill-grace; leaderrun sent SIGKILL", "pid", c.pid)
 	})
+}
+
+// killed is the watchdog's word that it sent SIGKILL to the tree.
+func (c *Child) killed() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sigkilled = true
+	if c.backstop != nil {
+		c.backstop.Stop()
+	}
 }
 
 // cgroupDir is the command's cgroup's path, "" without one.
@@ -152,8 +169,8 @@ func (c *Child) Expired() bool {
 	return c.expired
 }
 
-// KillAt is the SIGKILL instant of the stop sequence, zero before it
-// started.
+// KillAt is the SIGKILL instant of the stop sequence, zero until the
+// watchdog has said that it started it (a moment after Stop).
 func (c *Child) KillAt() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()

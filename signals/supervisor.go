@@ -233,6 +233,10 @@ func (s *Supervisor) handle(kind byte, f *fields, ready func()) {
 		if c != nil && !f.bad {
 			c.stopping(sig, at, why)
 		}
+	case msgKilled:
+		if c != nil {
+			c.killed()
+		}
 	case msgExited:
 		code, sig := int(f.u32()), syscall.Signal(f.u32())
 		if c != nil && !f.bad {

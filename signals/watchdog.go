@@ -196,6 +196,7 @@ func (d *dog) step(now instant) {
 	case !d.killed && now >= d.killAt:
 		d.killed = true
 		d.t.kill(d.last)
+		d.send(newFrame(msgKilled))
 		d.logger().Warn("still running at the end of --kill-grace; sent SIGKILL", "pgid", d.pid, "pids", pidsOf(d.last), "grace", d.grace)
 	case d.killed && now >= d.killAt+instant(survivalBound):
 		d.logger().Error("processes of the command survived SIGKILL; giving up on them", "pgid", d.pid, "pids", pidsOf(d.last))
@@ -469,18 +470,17 @@ func (d *dog) handle(kind byte, f *fields) {
 			d.deadline = at
 		}
 	case msgStop:
-		sig, at := syscall.Signal(f.u32()), instant(f.i64())
+		sig := syscall.Signal(f.u32())
 		if f.bad || !d.started || d.gone {
 			return
 		}
 		if d.killAt == 0 {
-			d.startStop(sig, at, stopAsked)
+			d.startStop(sig, clockNow()+instant(d.grace), stopAsked)
 			return
 		}
 		// The sequence runs already (the deadline passed here first):
-		// the earlier SIGKILL instant stands; another signal is
-		// forwarded to the group as leaderrun would forward it.
-		d.killAt = min(d.killAt, at)
+		// its SIGKILL instant stands; another signal is forwarded to the
+		// group as leaderrun would forward it.
 		if sig != d.stopSig && !d.killed {
 			d.signalGroup(sig)
 		}

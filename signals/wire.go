@@ -23,9 +23,8 @@ const (
 	// msgDeadline: a newer deadline (i64 instant): the child must have had
 	// the kill signal by then, unless a still newer one comes.
 	msgDeadline = 'D'
-	// msgStop: start the stop sequence with a signal (u32), SIGKILL at
-	// the latest at an instant (i64), or keep the earlier one if the
-	// sequence is already running.
+	// msgStop: start the stop sequence with a signal (u32), SIGKILL the
+	// grace after it; a sequence already running keeps its instant.
 	msgStop = 'K'
 	// msgDone: stand down; nothing of the tree runs any more, or nothing
 	// was started.
@@ -43,6 +42,9 @@ const (
 	// msgStopping: the stop sequence runs: its signal (u32), the SIGKILL
 	// instant (i64), and who started it (u32, a stopReason).
 	msgStopping = 'T'
+	// msgKilled: the watchdog sent SIGKILL to the tree at the end of the
+	// grace.
+	msgKilled = 'Z'
 	// msgExited: the command was reaped: exit code (u32), signal (u32).
 	msgExited = 'X'
 	// msgGone: every process of the tree is gone.

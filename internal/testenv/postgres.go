@@ -358,7 +358,7 @@ func (p *Postgres) startServer() error {
 	// Its own group, so that a test's signals never reach it; SIGQUIT
 	// (immediate shutdown) if the test process dies first.
 	cmd.SysProcAttr.Setpgid = true
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGQUIT
+	withParentDeathSignal(cmd.SysProcAttr, syscall.SIGQUIT)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start postgres: %w", err)
 	}
@@ -587,7 +587,8 @@ log_disconnections = 0
 func (b *PgBouncer) start(bin, dir string, cred *syscall.Credential) error {
 	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
 	cmd.Dir = dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
+	withParentDeathSignal(cmd.SysProcAttr, syscall.SIGTERM)
 	out, err := os.OpenFile(filepath.Join(dir, "pgbouncer.out"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return err

@@ -10,3 +10,9 @@ import "syscall"
 func dieWithParent() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
+
+// withParentDeathSignal has the kernel send sig to the process that attr
+// starts if the test process dies first.
+func withParentDeathSignal(attr *syscall.SysProcAttr, sig syscall.Signal) {
+	attr.Pdeathsig = sig
+}
