@@ -37,9 +37,9 @@ type Spec struct {
 	Log *slog.Logger
 }
 
-// readyTimeout bounds the waits for the watchdog's answers (ready, the
-// command forked), which come within milliseconds; dismissTimeout, the
-// wait for it to go.
+// readyTimeout bounds the wait for the watchdog's word that it forked the
+// command, which comes within milliseconds of its start; dismissTimeout,
+// the wait for it to go.
 const (
 	readyTimeout   = 10 * time.Second
 	dismissTimeout = 2 * time.Second
@@ -80,11 +80,10 @@ type Supervisor struct {
 	started chan struct{} // closed once the watchdog was forked, or failed to be
 	err     error         // why it could not be
 
-	ready   chan struct{} // closed at msgReady, or when the watchdog is gone
-	replies chan reply    // msgStarted, msgFailed, or the socket's end, for Start
+	replies chan reply // msgStarted, msgFailed, or the socket's end, for Start
 
 	mu            sync.Mutex
-	guard, detail string // from msgReady
+	guard, detail string // from msgStarted
 	child         *Child // once Start sent msgStart
 
 	reaped chan struct{} // closed once the watchdog is reaped
@@ -123,7 +122,7 @@ func Prepare(spec Spec) (*Supervisor, error) {
 		return nil, fmt.Errorf("socketpair: %w", err)
 	}
 	s := &Supervisor{spec: spec, conn: os.NewFile(uintptr(fds[0]), "watchdog"), started: make(chan struct{}),
-		ready: make(chan struct{}), replies: make(chan reply, 1), reaped: make(chan struct{})}
+		replies: make(chan reply, 1), reaped: make(chan struct{})}
 	theirs := os.NewFile(uintptr(fds[1]), "leaderrun")
 	// The socket is its fd 3. In a group of its own, so that nothing
 	// meant for leaderrun's group reaches it.
@@ -149,7 +148,6 @@ func Prepare(spec Spec) (*Supervisor, error) {
 		if err != nil {
 			s.err = fmt.Errorf("start the watchdog (%s): %w", self, err)
 			close(s.started)
-			close(s.ready)
 			s.conn.Close()
 			return
 		}
@@ -164,7 +162,6 @@ func Prepare(spec Spec) (*Supervisor, error) {
 func (s *Supervisor) read() {
 	var buf []byte
 	tmp := make([]byte, 512)
-	readyOnce := sync.OnceFunc(func() { close(s.ready) })
 	for {
 		n, err := s.conn.Read(tmp)
 		buf = append(buf, tmp[:n]...)
@@ -178,13 +175,12 @@ func (s *Supervisor) read() {
 				break
 			}
 			buf = rest
-			s.handle(kind, &fields{b: body}, readyOnce)
+			s.handle(kind, &fields{b: body})
 		}
 		if err != nil {
 			break
 		}
 	}
-	readyOnce()
 	select {
 	case s.replies <- reply{}:
 	default:
@@ -205,19 +201,16 @@ func (s *Supervisor) read() {
 }
 
 // handle acts on one frame from the watchdog.
-func (s *Supervisor) handle(kind byte, f *fields, ready func()) {
+func (s *Supervisor) handle(kind byte, f *fields) {
 	s.mu.Lock()
 	c := s.child
 	s.mu.Unlock()
 	switch kind {
-	case msgReady:
-		guard, detail := f.str(), f.str()
+	case msgStarted:
+		pid, guard, detail := int(f.u32()), f.str(), f.str()
 		s.mu.Lock()
 		s.guard, s.detail = guard, detail
 		s.mu.Unlock()
-		ready()
-	case msgStarted:
-		pid := int(f.u32())
 		if c != nil {
 			// Tracked at once: should the watchdog die, the command is
 			// re-parented to us, and waited for here, not by the
@@ -281,7 +274,8 @@ func (s *Supervisor) send(f frame, hold *os.File) error {
 	return nil
 }
 
-// Abort dismisses an unused watchdog. Nothing was started.
+// Abort dismisses an unused watchdog. Nothing was started; it removes the
+// cgroup it prepared and exits.
 func (s *Supervisor) Abort() { s.dismiss() }
 
 // dismiss tells the watchdog that it is no longer needed, and waits until
@@ -320,17 +314,6 @@ func (s *Supervisor) standDown() {
 func (s *Supervisor) Start(env []string, deadline time.Time, hold *os.File) (*Child, error) {
 	if <-s.started; s.err != nil {
 		return nil, s.err
-	}
-	select {
-	case <-s.ready:
-	case <-time.After(readyTimeout):
-	}
-	s.mu.Lock()
-	guard := s.guard
-	s.mu.Unlock()
-	if guard == "" {
-		s.dismiss()
-		return nil, fmt.Errorf("the watchdog (pid %d) is not ready to guard the command", s.dog.Process.Pid)
 	}
 	c := &Child{s: s, log: s.spec.Log, exited: make(chan struct{}), done: make(chan struct{})}
 	s.mu.Lock()

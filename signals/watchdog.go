@@ -72,7 +72,7 @@ type dog struct {
 	format string
 	level  slog.Level
 
-	guard  string // the guard, for msgReady
+	guard  string // the guard, for msgStarted
 	detail string
 	cg     *cgroupTree // nil without a cgroup
 	t      tree        // the tree, once started
@@ -132,8 +132,9 @@ func Watchdog(args []string) int {
 		return 70
 	}
 	d.al = al
+	// Prepared now, while leaderrun campaigns: winning the lock is then
+	// followed by nothing but the command's fork and exec.
 	d.guard, d.detail, d.cg = prepareGuard()
-	d.send(newFrame(msgReady).str(d.guard).str(d.detail))
 	return d.run()
 }
 

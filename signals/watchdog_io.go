@@ -151,7 +151,7 @@ func (d *dog) start(f *fields) {
 		if pid, pidfd, err = forkCommand(path, argv, env, nil); err == nil {
 			d.logger().Warn("the command could not be started in its cgroup; the watchdog guards it as a subreaper", "cgroup", d.cg.dir)
 			d.cg.remove(d.logger())
-			d.cg, d.guard = nil, guardSubreaper
+			d.cg, d.guard, d.detail = nil, guardSubreaper, "clone3 into "+d.detail+" refused"
 		}
 	}
 	if err != nil {
@@ -159,13 +159,17 @@ func (d *dog) start(f *fields) {
 		if !errors.As(err, &errno) {
 			errno = syscall.EINVAL
 		}
+		if d.cg != nil {
+			d.cg.remove(d.logger())
+			d.cg = nil
+		}
 		d.send(newFrame(msgFailed).u32(uint32(errno)))
 		return
 	}
 	d.started, d.pid, d.pidfd = true, pid, pidfd
 	d.t = newTree(d.cg, pid)
 	d.log = d.log.With("pid", pid)
-	d.send(newFrame(msgStarted).u32(uint32(pid)))
+	d.send(newFrame(msgStarted).u32(uint32(pid)).str(d.guard).str(d.detail))
 }
 
 // logAttrs are the log attributes that leaderrun's own lines carry,

@@ -32,10 +32,9 @@ const (
 
 	// watchdog → leaderrun.
 
-	// msgReady: the watchdog guards from now on; the guard (str) and its
-	// detail (str: the cgroup's path, or why there is none).
-	msgReady = 'R'
-	// msgStarted: the command runs, with this pid (u32).
+	// msgStarted: the command runs, with this pid (u32), under this guard
+	// (str) and its detail (str: the cgroup's path, or why there is
+	// none).
 	msgStarted = 'P'
 	// msgFailed: the fork or the exec failed with this errno (u32).
 	msgFailed = 'E'
