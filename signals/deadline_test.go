@@ -37,15 +37,17 @@ func TestWatchdogHoldsDeadline(t *testing.T) {
 	cases := []struct {
 		name string
 		// renew: leaderrun renews (every 100 ms, 400 ms ahead) for a
-		// second before it is frozen.
+		// second before it is frozen; else the first deadline is 2 s
+		// after the start, time enough for the command to start (a
+		// race-enabled binary on a loaded machine).
 		renew bool
 	}{{name: "first deadline"}, {name: "renewed deadlines", renew: true}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "record")
-			env := []string{"SIGNALS_TEST_DEADLINE=400ms"}
+			env := []string{"SIGNALS_TEST_DEADLINE=2s"}
 			if tc.renew {
-				env = append(env, "SIGNALS_TEST_RENEW=100ms")
+				env = []string{"SIGNALS_TEST_DEADLINE=400ms", "SIGNALS_TEST_RENEW=100ms"}
 			}
 			l := startLeader(t, recorderScript(t, file), env...)
 			command := testenv.Watch(t, l.child)
@@ -67,6 +69,9 @@ func TestWatchdogHoldsDeadline(t *testing.T) {
 			latest := l.deadline
 			if tc.renew {
 				latest = frozen.Add(400 * time.Millisecond)
+			}
+			if !tc.renew && frozen.After(l.deadline) {
+				t.Fatalf("the command took %v to start: frozen after the deadline", frozen.Sub(l.deadline.Add(-2*time.Second)))
 			}
 			t.Logf("from the first deadline: frozen at %v, signalled at %v, SIGKILLed at %v", frozen.Sub(l.deadline),
 				signalled.Sub(l.deadline), died.Sub(l.deadline))
@@ -97,13 +102,15 @@ func TestStopAfterWatchdogKeepsItsKillAt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(300 * time.Millisecond)
-	c, err := sup.Start(os.Environ(), deadline, nil)
+	c, err := sup.Start(os.Environ(), time.Time{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Wait()
 	recorded(t, file, "start")
+	// Once the command has started (and caught SIGTERM): a deadline it
+	// reaches before leaderrun's own Stop.
+	c.SetDeadline(time.Now().Add(300 * time.Millisecond))
 	waitUntil(t, "the watchdog to start the sequence", func() bool { return !c.KillAt().IsZero() })
 	killAt := c.KillAt()
 	c.Stop(syscall.SIGTERM)

@@ -181,10 +181,7 @@ func (s *Supervisor) read() {
 			break
 		}
 	}
-	select {
-	case s.replies <- reply{}:
-	default:
-	}
+	s.reply(reply{})
 	// The socket closes when the watchdog exits (or we killed it): make
 	// sure, and reap it, so that a command it forked is re-parented to
 	// this process before we look for it.
@@ -218,9 +215,9 @@ func (s *Supervisor) handle(kind byte, f *fields) {
 			track(pid)
 			c.pid = pid
 		}
-		s.replies <- reply{kind: kind, value: uint32(pid)}
+		s.reply(reply{kind: kind, value: uint32(pid)})
 	case msgFailed:
-		s.replies <- reply{kind: kind, value: f.u32()}
+		s.reply(reply{kind: kind, value: f.u32()})
 	case msgStopping:
 		sig, at, why := syscall.Signal(f.u32()), instant(f.i64()), stopReason(f.u32())
 		if c != nil && !f.bad {
@@ -239,6 +236,15 @@ func (s *Supervisor) handle(kind byte, f *fields) {
 		if c != nil {
 			c.gone()
 		}
+	}
+}
+
+// reply hands Start the watchdog's answer; there is one answer per
+// start, and Start may have given up waiting.
+func (s *Supervisor) reply(r reply) {
+	select {
+	case s.replies <- r:
+	default:
 	}
 }
 

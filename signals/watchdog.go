@@ -217,6 +217,7 @@ func (d *dog) pollSet() ([]unix.PollFd, instant) {
 		events |= unix.POLLOUT
 	}
 	fds := append(d.pfds[:0], unix.PollFd{Fd: int32(d.sock), Events: events})
+	d.pfds = fds
 	if d.peerGone {
 		fds[0].Fd = -1 // it would be ready for ever
 	}

@@ -37,15 +37,12 @@ func (d *dog) receive() {
 		return
 	}
 	for {
-		n, oobn, flags, _, err := unix.Recvmsg(d.sock, d.rbuf[:], d.oob[:], unix.MSG_DONTWAIT|msgCmsgCloexec)
+		n, err := d.read()
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if errors.Is(err, unix.EAGAIN) {
 			return
-		}
-		if oobn > 0 {
-			d.hold(d.oob[:oobn], flags)
 		}
 		if err != nil || n == 0 {
 			if !d.dismissed {
@@ -54,9 +51,10 @@ func (d *dog) receive() {
 			d.peerGone = true
 			return
 		}
-		d.in = append(d.in, d.rbuf[:n]...)
+		buf := append(d.in, d.rbuf[:n]...)
+		rest := buf
 		for {
-			kind, body, rest, ok, ferr := nextFrame(d.in, maxStartFrame)
+			kind, body, tail, ok, ferr := nextFrame(rest, maxStartFrame)
 			if ferr != nil {
 				d.logger().Error("the watchdog cannot read leaderrun's message", "error", ferr)
 				d.orphaned()
@@ -65,19 +63,31 @@ func (d *dog) receive() {
 			if !ok {
 				break
 			}
-			d.in = rest
+			rest = tail
 			f := fields{b: body}
 			d.handle(kind, &f)
 		}
-		if len(d.in) == 0 {
-			// Keep a small buffer; let a start frame's go.
-			if cap(d.in) > 256 {
-				d.in = nil
-			} else {
-				d.in = d.in[:0]
-			}
+		// What is left of a frame moves to the front of the buffer,
+		// which is kept, unless a start frame made it large.
+		d.in = buf[:copy(buf, rest)]
+		if len(d.in) == 0 && cap(d.in) > 4096 {
+			d.in = nil
 		}
 	}
+}
+
+// read reads what the socket has. Until the command started, a
+// descriptor may come with it (the lock file: see hold), so it is a
+// recvmsg; then a plain read, which allocates nothing.
+func (d *dog) read() (int, error) {
+	if d.started {
+		return unix.Read(d.sock, d.rbuf[:])
+	}
+	n, oobn, flags, _, err := unix.Recvmsg(d.sock, d.rbuf[:], d.oob[:], unix.MSG_DONTWAIT|msgCmsgCloexec)
+	if oobn > 0 {
+		d.hold(d.oob[:oobn], flags)
+	}
+	return n, err
 }
 
 // hold keeps the descriptors that came with a message.
