@@ -71,7 +71,7 @@ func (c *Child) SetDeadline(t time.Time) {
 	}
 	c.deadline = t
 	c.mu.Unlock()
-	_ = c.s.send(newFrame(msgDeadline).i64(int64(max(instantOf(t), 1))), nil)
+	_ = c.s.send(newFrame(msgDeadline).i64(int64(max(instantOf(t), 1))), nil, sendTimeout)
 }
 
 // Stop starts the stop sequence with sig: the watchdog sends sig to the
@@ -93,7 +93,7 @@ func (c *Child) Stop(sig syscall.Signal) {
 		c.armBackstop(time.Now().Add(c.s.spec.KillGrace))
 	}
 	c.mu.Unlock()
-	_ = c.s.send(newFrame(msgStop).u32(uint32(sig)), nil)
+	_ = c.s.send(newFrame(msgStop).u32(uint32(sig)), nil, sendTimeout)
 	// A stopped watchdog would sit on it.
 	_ = c.s.dog.Process.Signal(syscall.SIGCONT)
 }

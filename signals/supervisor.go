@@ -248,11 +248,19 @@ func (s *Supervisor) reply(r reply) {
 	}
 }
 
+// sendTimeout bounds the write of a frame: the watchdog reads all the
+// time, and one that has not read for this long (frozen) must not hold
+// up leaderrun's own loop. A deadline that is not delivered leaves the
+// watchdog an earlier one; a stop, leaderrun's backstop SIGKILL.
+const sendTimeout = time.Second
+
 // send writes one frame to the watchdog, with a descriptor for it to hold
-// if hold is not nil.
-func (s *Supervisor) send(f frame, hold *os.File) error {
+// if hold is not nil, waiting at most timeout for the socket to take it.
+func (s *Supervisor) send(f frame, hold *os.File, timeout time.Duration) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	_ = s.conn.SetWriteDeadline(time.Now().Add(timeout))
+	defer s.conn.SetWriteDeadline(time.Time{})
 	rc, err := s.conn.SyscallConn()
 	if err != nil {
 		return err
@@ -262,6 +270,7 @@ func (s *Supervisor) send(f frame, hold *os.File) error {
 	if hold != nil {
 		oob = unix.UnixRights(int(hold.Fd()))
 	}
+	whole := len(b)
 	for len(b) > 0 {
 		var n int
 		var serr error
@@ -269,11 +278,14 @@ func (s *Supervisor) send(f frame, hold *os.File) error {
 			n, serr = unix.SendmsgN(int(fd), b, oob, nil, msgNoSignal)
 			return !errors.Is(serr, unix.EAGAIN)
 		})
-		if werr != nil {
-			return werr
-		}
-		if serr != nil {
-			return serr
+		if err := errors.Join(werr, serr); err != nil {
+			if len(b) < whole {
+				// Half a frame is on its way: the protocol is broken,
+				// and a watchdog that cannot be told anything guards
+				// nothing. Its death ends the tree (see read).
+				_ = s.dog.Process.Kill()
+			}
+			return err
 		}
 		b, oob = b[n:], nil
 	}
@@ -303,7 +315,7 @@ func (s *Supervisor) standDown() {
 	if <-s.started; s.err != nil {
 		return
 	}
-	_ = s.send(newFrame(msgDone), nil)
+	_ = s.send(newFrame(msgDone), nil, sendTimeout)
 	// A stopped watchdog (SIGSTOP of its group) would never read it.
 	_ = s.dog.Process.Signal(syscall.SIGCONT)
 }
@@ -336,7 +348,7 @@ func (s *Supervisor) Start(env []string, deadline time.Time, hold *os.File) (*Ch
 		s.dismiss()
 		return nil, execError(s.spec.Path, syscall.E2BIG)
 	}
-	if err := s.send(f, hold); err != nil {
+	if err := s.send(f, hold, readyTimeout); err != nil {
 		s.dismiss()
 		return nil, fmt.Errorf("start %s: tell the watchdog: %w", s.spec.Path, err)
 	}
