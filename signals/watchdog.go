@@ -68,7 +68,7 @@ type dog struct {
 	held []int // descriptors held until the tree is gone
 	al   *alarm
 	log  *slog.Logger
-	// format and level of the log; attrs, what every line says.
+	// format and level of leaderrun's log, which the watchdog's follows.
 	format string
 	level  slog.Level
 
