@@ -152,11 +152,11 @@ func (b *Backend) campaignFile(ctx context.Context, d *dir, opts backends.Campai
 		return nil, b.unavailable("watch lock file", err)
 	}
 	defer w.close()
-	for {
+	for woken := false; ; woken = true {
 		// A flock never expires: the attempt that wins is the lease's
 		// proof of life, however long we waited before it.
 		acquired := time.Now()
-		err := flock(f, syscall.LOCK_EX|syscall.LOCK_NB)
+		err := tryLock(f, woken)
 		if err == nil {
 			if same, serr := d.sameFile(f, b.lockName()); serr != nil || !same {
 				// Our lock is on an orphan file.
@@ -207,6 +207,21 @@ func (b *Backend) campaignFile(ctx context.Context, d *dir, opts backends.Campai
 			return nil, errReplaced
 		}
 	}
+}
+
+// tryLock tries the lock once, or, woken by a close of the lock file, a
+// few times within some 30 ms: the kernel reports the close of a file
+// before it drops the flock that goes with it, so a waiter woken by a
+// holder that died without unlocking (killed before it handed its lock
+// file to its command's watchdog) may try a moment too early, and would
+// then wait for an event that never comes.
+func tryLock(f *os.File, woken bool) error {
+	err := flock(f, syscall.LOCK_EX|syscall.LOCK_NB)
+	for delay := time.Millisecond; woken && errors.Is(err, syscall.EWOULDBLOCK) && delay <= 16*time.Millisecond; delay *= 2 {
+		time.Sleep(delay)
+		err = flock(f, syscall.LOCK_EX|syscall.LOCK_NB)
+	}
+	return err
 }
 
 // grant runs with the lock held: it bumps the token durably and writes the
