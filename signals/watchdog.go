@@ -45,9 +45,22 @@ const watchdogArg = "_leaderrun_watchdog"
 // watchdogName is the watchdog's argv[0] and its name in ps.
 const watchdogName = "leaderrun-dog"
 
-// IsWatchdog reports whether args (os.Args) start this process as a
-// watchdog. main must then call Watchdog, and nothing else.
-func IsWatchdog(args []string) bool { return len(args) > 1 && args[1] == watchdogArg }
+// init makes any binary that links this package its own watchdog when
+// Prepare re-executes it as one: leaderrun, and every test binary that
+// starts a command, with no TestMain to remember. It runs before main and
+// before the packages that import this one are initialised: the watchdog
+// parses nothing, builds nothing, and skips their initialisation (the
+// command line's, the stores' clients') wherever the order of package
+// initialisation allows.
+func init() {
+	if isWatchdog(os.Args) {
+		os.Exit(watchdog(os.Args))
+	}
+}
+
+// isWatchdog reports whether args (os.Args) start this process as a
+// watchdog.
+func isWatchdog(args []string) bool { return len(args) > 1 && args[1] == watchdogArg }
 
 // survivalBound is how long the stop sequence waits for processes that
 // SIGKILL has not ended (stuck in uninterruptible sleep) before it gives up
@@ -97,9 +110,9 @@ type dog struct {
 	dismissed bool // msgDone
 }
 
-// Watchdog runs this process as a command's watchdog (see IsWatchdog) and
-// returns its exit code.
-func Watchdog(args []string) int {
+// watchdog runs this process as a command's watchdog and returns its exit
+// code.
+func watchdog(args []string) int {
 	runtime.LockOSThread() // the command's parent-death signal is this thread's
 	d := &dog{sock: 3, pidfd: -1, format: "text", signalled: map[int]bool{}}
 	if len(args) >= 5 {

@@ -17,15 +17,12 @@ import (
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
-// TestMain lets the test binary act as the watchdog (it is what
-// Prepare re-executes), as a stand-in for leaderrun in a process of its
-// own (leaderMain), which a test can freeze or kill, and as a command
-// that records the signals it gets (recorderMain). Like leaderrun, the
-// tests run as a subreaper.
+// TestMain lets the test binary act as a stand-in for leaderrun in a
+// process of its own (leaderMain), which a test can freeze or kill, and as
+// a command that records the signals it gets (recorderMain); it is its own
+// watchdog through this package's init. Like leaderrun, the tests run as
+// a subreaper.
 func TestMain(m *testing.M) {
-	if IsWatchdog(os.Args) {
-		os.Exit(Watchdog(os.Args))
-	}
 	if file := os.Getenv("SIGNALS_TEST_RECORD"); file != "" {
 		os.Exit(recorderMain(file))
 	}
