@@ -219,8 +219,11 @@ func (c *Child) watchdogGone() {
 		return
 	}
 	c.log.Warn("the command's watchdog died; killing the command's tree", "pid", c.pid)
-	if left := sweep(fallbackTree(c.cgroupDir(), c.pid), survivalBound); len(left) > 0 {
+	t := fallbackTree(c.cgroupDir(), c.pid)
+	if left := sweep(t, survivalBound); len(left) > 0 {
 		c.log.Error("processes of the command survived SIGKILL; giving up on them", "pid", c.pid, "pids", pidsOf(left))
+	} else if cg, ok := t.(interface{ remove(*slog.Logger) }); ok {
+		cg.remove(c.log) // the cgroup the watchdog could not remove
 	}
 	select {
 	case <-c.exited:

@@ -307,6 +307,12 @@ func TestWatchdogDeathKillsTree(t *testing.T) {
 	if !gone(helper.Pid) {
 		t.Errorf("helper %d alive after Done", helper.Pid)
 	}
+	// The cgroup the dead watchdog made is removed too.
+	if dir := c.cgroupDir(); dir != "" {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("the command's cgroup %s is left behind (%v)", dir, err)
+		}
+	}
 }
 
 // TestGroupClearedBeforeDone: a signal to the group ends the command; what
