@@ -13,15 +13,12 @@ import (
 	"strings"
 
 	"github.com/urfave/cli/v2"
-
-	"github.com/leaderrun/leaderrun/signals"
 )
 
-// Main runs leaderrun with args (os.Args) and returns the process's exit code.
+// Main runs leaderrun with args (os.Args) and returns the process's exit
+// code. leaderrun re-executed as a command's watchdog never gets here: the
+// signals package's init takes it over first.
 func Main(args []string) int {
-	if signals.IsWatchdog() {
-		return signals.Watchdog()
-	}
 	return run(args, os.Stdout, os.Stderr)
 }
 

@@ -112,6 +112,15 @@ func (tr *trial) check() verdict {
 	for _, pid := range tr.orphans {
 		v.outlived = append(v.outlived, fmt.Sprintf("(d) child pid %d still alive after every leaderrun exited", pid))
 	}
+	if tr.fault.treeGone != nil {
+		bound := tr.fault.treeGone(tr.timing)
+		for _, lf := range lives {
+			if lf.Identity == tr.leaderAtFault && lf.Start.Before(tr.faultStart) && lf.End.After(tr.faultStart.Add(bound)) {
+				v.outlived = append(v.outlived, fmt.Sprintf("(d) %s of the leader's tree ran %v after the fault began, more than %v",
+					lf.Writer, lf.End.Sub(tr.faultStart).Round(time.Millisecond), bound))
+			}
+		}
+	}
 	// (e) No failover where none is expected: count changes of leader
 	// between the fault and the teardown.
 	changes := 0

@@ -162,12 +162,12 @@ func runStore(t *testing.T, name string, trials int, bin, child, out string) []*
 
 const legend = `
 Invariants, checked on every trial from the ledger and the process records:
-(a) two leaders' trees (a child, and any helper it started that left its process group) never run at the same time, except after a whole-group pause, where every write of the stale child after the takeover must be rejected;
+(a) two leaders' trees (a child, and any helper it started that left its process group) never run at the same time, except after a whole-group pause, where every write of the stale child after the takeover must be rejected (leaderrun alone stopped is no such pause: its watchdog holds the deadline);
 (b) the token strictly increases at every change of leader;
 (c) no write is accepted with a token lower than one already accepted;
-(d) no child outlives its leaderrun (by more than 1 s: the ledger sees a closed connection a moment late);
+(d) no child outlives its leaderrun (by more than 1 s: the ledger sees a closed connection a moment late), and after a kill -9 of leaderrun with an escaped helper, every process of its tree is gone within --kill-grace + 100 ms of the kill;
 (e) no failover where none is expected (short link resets, store node restarts, raft leader killed).
-Failover time is from the fault's start to the new leader's child starting; for the pause and stall rows it includes the 2× lease of the fault window only as far as the store waits out the lease.
+Failover time is from the fault's start to the new leader's child starting; for the pause, stop and stall rows it includes the 2× lease of the fault window only as far as the store waits out the lease.
 `
 
 func slug(s string) string {

@@ -90,6 +90,9 @@ type fault struct {
 	// child's token (S9: it must die within --kill-grace of the first
 	// kill signal, before the lease can expire).
 	escape bool
+	// treeGone, if set, is how soon after the fault's start the whole
+	// tree of the leader at fault must be gone (invariant (d)).
+	treeGone func(timing) time.Duration
 }
 
 var scenarios = []fault{
@@ -151,6 +154,22 @@ var scenarios = []fault{
 	{name: "SIGTERM handover", failover: true, inject: func(tr *trial, c *candidate, _ int) {
 		_ = c.cmd.Process.Signal(syscall.SIGTERM)
 	}},
+	// leaderrun alone frozen (not its watchdog, not its child): the
+	// watchdog holds the renew deadline on its own clock, so the child is
+	// dead before the lease can expire (S10), and no overlap is allowed.
+	{name: "stop leaderrun alone 2x lease", failover: true, inject: func(tr *trial, c *candidate, _ int) {
+		_ = c.cmd.Process.Signal(syscall.SIGSTOP)
+		time.Sleep(2 * tr.timing.lease) // the fault itself
+		_ = c.cmd.Process.Signal(syscall.SIGCONT)
+	}},
+	// leaderrun killed while its child runs a helper that left its
+	// session and ignores SIGTERM: the watchdog kills the whole tree at
+	// once (S4, S10), well within --kill-grace + 100 ms.
+	{name: "kill -9 leader, escaped helper", failover: true, escape: true,
+		treeGone: func(tm timing) time.Duration { return tm.grace + 100*time.Millisecond },
+		inject: func(tr *trial, c *candidate, _ int) {
+			_ = c.cmd.Process.Signal(syscall.SIGKILL)
+		}},
 }
 
 // trial is one run of one scenario: three candidates, one fault.

@@ -3,7 +3,7 @@
 // release the lease only once the child is gone.
 //
 // The runner owns time; backends only speak to their store. The promises it
-// keeps are S1-S9 of docs/safety.md, which also argues why they hold. It
+// keeps are S1-S10 of docs/safety.md, which also argues why they hold. It
 // measures the renew deadline on the monotonic clock from the send time of
 // the last renewal the store acknowledged (S2), so that the child is
 // stopped before the store can let another candidate take over.

@@ -14,12 +14,17 @@ import (
 // child is what the leadership loop needs of the running command;
 // *signals.Child is the real one. Stop starts the one stop sequence (kill
 // signal now, SIGKILL to the whole tree by --kill-grace later; a later Stop
-// only forwards its signal); Done closes once the command and everything it
-// started are gone; Status is then how the command ended.
+// only forwards its signal); SetDeadline hands the watchdog the newest
+// renew deadline, which it holds on its own clock should leaderrun be
+// frozen or dead (S10), and Expired says whether it had to; Done closes
+// once the command and everything it started are gone; Status is then how
+// the command ended.
 type child interface {
 	Pid() int
 	Stop(sig syscall.Signal)
 	Signal(sig syscall.Signal) error
+	SetDeadline(t time.Time)
+	Expired() bool
 	Done() <-chan struct{}
 	Status() signals.Status
 }
@@ -117,6 +122,9 @@ func (l *leadership) renewed(now time.Time, rn renewal) {
 		if rn.sent.After(l.lastAck) {
 			l.lastAck = rn.sent
 			l.deadline = l.lastAck.Add(l.cfg.RenewDeadline)
+			if !unsafeLateKill {
+				l.child.SetDeadline(l.deadline)
+			}
 		}
 		l.log.Debug("lease renewed", "latency", rn.latency)
 		l.observe(Event{Kind: Renewed, Latency: rn.latency, Deadline: l.deadline})
@@ -187,6 +195,12 @@ func (l *leadership) lateStopDue(now time.Time) {
 // status. After a stop, or with no --min-hold left, leadership is done;
 // otherwise the lock is held until --min-hold has passed since the start.
 func (l *leadership) childExited(now time.Time, status signals.Status) {
+	if l.child.Expired() {
+		// The watchdog stopped the child at the deadline, before this
+		// process noticed (it was frozen or starved): the same loss.
+		l.lose(now, fmt.Errorf("no renewal acknowledged for --renew-deadline %v; the watchdog stopped the child (last renewal sent %v ago)",
+			l.cfg.RenewDeadline, now.Sub(l.lastAck).Round(time.Millisecond)))
+	}
 	l.exited, l.status = true, status
 	l.log.Info("child exited", "status", status.String(), "exit_code", status.ExitCode(), "ran", now.Sub(l.started).Round(time.Millisecond))
 	l.observe(Event{Kind: ChildExited, Pid: l.child.Pid(), Status: status})

@@ -23,11 +23,13 @@ import (
 
 // fakeChild records what the leadership asks of the command.
 type fakeChild struct {
-	mu     sync.Mutex
-	stops  []syscall.Signal
-	sigs   []syscall.Signal
-	done   chan struct{}
-	status signals.Status
+	mu        sync.Mutex
+	stops     []syscall.Signal
+	sigs      []syscall.Signal
+	deadlines []time.Time
+	expired   bool
+	done      chan struct{}
+	status    signals.Status
 	// signalled is told of every Signal, for tests that run the loop.
 	signalled chan syscall.Signal
 }
@@ -48,6 +50,16 @@ func (c *fakeChild) Signal(sig syscall.Signal) error {
 	c.mu.Unlock()
 	c.signalled <- sig
 	return nil
+}
+func (c *fakeChild) SetDeadline(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.deadlines = append(c.deadlines, t)
+}
+func (c *fakeChild) Expired() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.expired
 }
 func (c *fakeChild) Done() <-chan struct{}  { return c.done }
 func (c *fakeChild) Status() signals.Status { <-c.done; return c.status }
@@ -156,6 +168,45 @@ func TestStaleAcknowledgementKeepsDeadline(t *testing.T) {
 	l.renewed(after(4*time.Second), renewal{sent: after(1 * time.Second)})
 	if want := after(12 * time.Second); !l.deadline.Equal(want) {
 		t.Fatalf("deadline %v, want %v", l.deadline, want)
+	}
+}
+
+// TestWatchdogGetsEveryDeadline (S10): every renewal that moves the
+// deadline hands the new one to the watchdog, which holds it should
+// leaderrun freeze; one that does not move it (out of order) sends
+// nothing.
+func TestWatchdogGetsEveryDeadline(t *testing.T) {
+	l, c, _ := fixture(t, nil)
+	l.renewed(after(3*time.Second), renewal{sent: after(2 * time.Second)})
+	l.renewed(after(4*time.Second), renewal{sent: after(1 * time.Second)})
+	l.renewed(after(5*time.Second), renewal{sent: after(4 * time.Second)})
+	l.renewed(after(6*time.Second), renewal{sent: after(6 * time.Second), err: errors.New("timeout")})
+	c.mu.Lock()
+	got := append([]time.Time(nil), c.deadlines...)
+	c.mu.Unlock()
+	want := []time.Time{after(12 * time.Second), after(14 * time.Second)}
+	if len(got) != len(want) || !got[0].Equal(want[0]) || !got[1].Equal(want[1]) {
+		t.Fatalf("deadlines sent to the watchdog %v, want %v", got, want)
+	}
+}
+
+// TestWatchdogStoppedChildIsLoss (S10): the watchdog stopped the child at
+// the deadline while leaderrun was frozen; on resume the child's end is
+// the first event leaderrun sees, and it is the loss it is, not a child
+// that exited by itself.
+func TestWatchdogStoppedChildIsLoss(t *testing.T) {
+	l, c, ev := fixture(t, nil)
+	c.expired = true
+	l.childExited(after(30*time.Second), signals.Status{Signal: syscall.SIGTERM})
+	if _, err := l.result(); !errors.Is(err, ErrLeadershipLost) || !ev.has(Lost) {
+		t.Fatalf("result %v (Lost observed %v), want ErrLeadershipLost", err, ev.has(Lost))
+	}
+	if term := l.term("me", t0, after(30*time.Second), ""); term.End != backends.EndLost ||
+		!strings.Contains(term.Reason, "the watchdog stopped the child") {
+		t.Fatalf("term %+v, want lost, stopped by the watchdog", term)
+	}
+	if l.phase != done {
+		t.Fatalf("phase %v, want done", l.phase)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -194,7 +195,13 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 		}
 	}
 
-	c, err := sup.Start(childEnv(cfg.Env, *cfg, token))
+	// The watchdog holds the deadline from the first instant (S10); the
+	// deliberately unsafe build gives it none (unsafe_on.go).
+	firstDeadline := deadline
+	if unsafeLateKill {
+		firstDeadline = time.Time{}
+	}
+	c, err := sup.Start(childEnv(cfg.Env, *cfg, token), firstDeadline, heldFile(lease))
 	if err != nil {
 		r.release(lease, notStarted(err))
 		return signals.Status{}, err
@@ -204,7 +211,7 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 	defer c.Wait()
 	started := time.Now()
 	log = log.With("pid", c.Pid())
-	log.Info("child started", "command", cfg.Args)
+	log.Info("child started", "command", cfg.Args, "guard", c.Guard())
 	cfg.Observer.Observe(Event{Kind: ChildStarted, Token: token, Pid: c.Pid(), Deadline: deadline})
 
 	l := newLeadership(cfg, log, token, c, lastAck, started)
@@ -222,6 +229,21 @@ func (r *run) lead(ctx context.Context, lease backends.Lease, sup *signals.Super
 	// is released only once the child's tree is gone (S8).
 	r.release(lease, term)
 	return l.result()
+}
+
+// lockHolder is a lease whose lock is an open file (the local backend's
+// flock): the command's watchdog holds it too, so that the kernel cannot
+// hand the lock on while any of the command's tree runs, even after
+// leaderrun died (docs/safety.md, S10).
+type lockHolder interface {
+	LockFile() *os.File
+}
+
+func heldFile(lease backends.Lease) *os.File {
+	if h, ok := lease.(lockHolder); ok {
+		return h.LockFile()
+	}
+	return nil
 }
 
 // fresh returns the send time from which the first renew deadline counts.

@@ -17,16 +17,12 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/local"
 	"github.com/leaderrun/leaderrun/runner"
-	"github.com/leaderrun/leaderrun/signals"
 )
 
-// TestMain lets the test binary act as the watchdog where there is no
-// /bin/sh, and as a child that records when it starts and when it is
-// signalled.
+// TestMain lets the test binary act as a child that records when it
+// starts and when it is signalled (it is its own watchdog through the
+// signals package's init).
 func TestMain(m *testing.M) {
-	if signals.IsWatchdog() {
-		os.Exit(signals.Watchdog())
-	}
 	if path := os.Getenv("RUNNER_TEST_CHILD"); path != "" {
 		os.Exit(child(path))
 	}

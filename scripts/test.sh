@@ -24,7 +24,6 @@ command -v systemd-analyze >/dev/null || missing+=(systemd)
 command -v strace >/dev/null || missing+=(strace)
 [ -x /usr/sbin/cron ] || missing+=(cron)
 command -v curl >/dev/null || missing+=(curl)
-command -v as >/dev/null && command -v ld >/dev/null || missing+=(binutils) # signals: the built-in watchdog is rebuilt from its source
 if [ ${#missing[@]} -gt 0 ]; then
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
 		# Install, never start: policy-rc.d 101 forbids maintainer scripts

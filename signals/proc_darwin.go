@@ -6,43 +6,61 @@ import (
 	"os"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// childAttr makes the command the leader of a new process group. Without a
-// parent-death signal, the watchdog alone kills the group when leaderrun
-// dies.
-func childAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true}
-}
+// Flags of the watchdog's socket calls: the watchdog and leaderrun catch
+// SIGPIPE instead.
+const (
+	msgNoSignal    = 0
+	msgCmsgCloexec = 0
+)
 
 func executable() (string, error) { return os.Executable() }
 
 // BecomeSubreaper is a no-op where the OS has no subreapers.
 func BecomeSubreaper() error { return nil }
 
-// member is a live process of the command's tree.
-type member struct{ pid, pgid int }
+// prepareGuard: without cgroups or subreapers, the command's process group
+// is all there is (Linux is the supported platform).
+func prepareGuard() (string, string, *cgroupTree) {
+	return guardGroup, "no cgroups or subreapers on this OS", nil
+}
 
-// members is the command's process group, while it has members: without
-// subreapers and /proc, descendants that left the group are not found
-// here (Linux is the supported platform).
-func (c *Child) members() []member {
-	if syscall.Kill(-c.pid, 0) != nil {
+// cgroupTree does not exist here.
+type cgroupTree struct{ dir string }
+
+func (*cgroupTree) remove(any) {}
+
+// forkCommand forks and execs the command as the leader of a new process
+// group. There is no parent-death signal here: the watchdog's socket
+// closing is what tells it leaderrun died.
+func forkCommand(path string, argv, env []string, _ *cgroupTree) (pid, pidfd int, err error) {
+	pid, err = syscall.ForkExec(path, argv, &syscall.ProcAttr{Env: env, Files: []uintptr{0, 1, 2},
+		Sys: &syscall.SysProcAttr{Setpgid: true}})
+	return pid, -1, err
+}
+
+func newTree(_ *cgroupTree, pid int) tree { return groupTree{pgid: pid} }
+
+func fallbackTree(_ string, pid int) tree { return groupTree{pgid: pid} }
+
+// groupTree is the command's process group, while it has members: without
+// subreapers and /proc, descendants that left the group are not found.
+type groupTree struct{ pgid int }
+
+func (t groupTree) members() []member {
+	if syscall.Kill(-t.pgid, 0) != nil {
 		return nil
 	}
-	return []member{{pid: c.pid, pgid: c.pid}}
+	return []member{{pid: t.pgid, pgid: t.pgid}}
 }
 
-// exitWaiter looks again every 10 ms: there are no pidfds here.
-type exitWaiter struct{}
+func (t groupTree) kill([]member) { _ = syscall.Kill(-t.pgid, syscall.SIGKILL) }
 
-func newExitWaiter() *exitWaiter { return &exitWaiter{} }
-
-func (*exitWaiter) wait(_ []member, until time.Time) {
-	time.Sleep(min(time.Until(until), 10*time.Millisecond))
-}
-
-func (*exitWaiter) close() {}
+// fds: no pidfds here; look again every 10 ms.
+func (groupTree) fds([]member) ([]unix.PollFd, time.Duration) { return nil, 10 * time.Millisecond }
 
 func socketpair() ([2]int, error) {
 	syscall.ForkLock.RLock()

@@ -15,18 +15,98 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// childAttr makes the command the leader of a new process group, and has
-// the kernel SIGKILL it when the forking thread dies.
-func childAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-}
+// Flags of the watchdog's socket calls.
+const (
+	msgNoSignal    = unix.MSG_NOSIGNAL
+	msgCmsgCloexec = unix.MSG_CMSG_CLOEXEC
+)
 
+// executable is what leaderrun re-executes as the watchdog:
+// /proc/self/exe, the very file this process runs, even if an upgrade
+// replaced it on disk since, so that both share its pages.
 func executable() (string, error) {
-	// /proc/self/exe survives the binary being replaced on disk by an upgrade.
 	if _, err := os.Stat("/proc/self/exe"); err == nil {
 		return "/proc/self/exe", nil
 	}
 	return os.Executable()
+}
+
+// prepareGuard decides, in the watchdog, what keeps the command's tree
+// together: a cgroup of its own where one can be made, else the watchdog
+// itself as a child subreaper (PR_SET_CHILD_SUBREAPER, Linux 3.4). It
+// returns the guard and its detail: the cgroup's path, or why there is
+// none.
+func prepareGuard() (string, string, *cgroupTree) {
+	reaperErr := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	cg, err := makeCgroup()
+	if err == nil {
+		return guardCgroup, cg.dir, cg
+	}
+	if reaperErr != nil {
+		return guardGroup, "no cgroup (" + err.Error() + "), no subreaper (" + reaperErr.Error() + ")", nil
+	}
+	return guardSubreaper, "no cgroup: " + err.Error(), nil
+}
+
+// forkCommand forks and execs the command as the leader of a new process
+// group, with SIGKILL as its parent-death signal (this thread is locked:
+// see Watchdog), in cg if not nil. pidfd is -1 where the kernel has none.
+func forkCommand(path string, argv, env []string, cg *cgroupTree) (pid, pidfd int, err error) {
+	pidfd = -1
+	sys := &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL, PidFD: &pidfd}
+	if cg != nil {
+		sys.UseCgroupFD, sys.CgroupFD = true, cg.dirFD
+	}
+	pid, err = syscall.ForkExec(path, argv, &syscall.ProcAttr{Env: env, Files: []uintptr{0, 1, 2}, Sys: sys})
+	if err != nil {
+		return 0, -1, err
+	}
+	if pidfd < 0 {
+		pidfd, _ = unix.PidfdOpen(pid, 0)
+		pidfd = max(pidfd, -1)
+	}
+	return pid, pidfd, nil
+}
+
+// newTree is the watchdog's view of the tree of the command pid: its
+// cgroup, or the watchdog's descendants.
+func newTree(cg *cgroupTree, pid int) tree {
+	if cg != nil {
+		cg.pgid = pid
+		return cg
+	}
+	return &procTree{root: os.Getpid(), pgid: pid, withKids: true, pidfds: map[int]int{}}
+}
+
+// fallbackTree is leaderrun's view of the tree of the command pid once
+// its watchdog died: the cgroup at dir if it had one, else the command's
+// group and, as a subreaper, the orphans re-parented to leaderrun.
+func fallbackTree(dir string, pid int) tree {
+	if dir != "" {
+		cg := &cgroupTree{dir: dir, dirFD: -1, killFD: -1, events: -1, pgid: pid}
+		var err error
+		if cg.killFD, err = unix.Open(dir+"/cgroup.kill", unix.O_WRONLY|unix.O_CLOEXEC, 0); err == nil {
+			if cg.events, err = unix.Open(dir+"/cgroup.events", unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+				return cg
+			}
+			unix.Close(cg.killFD)
+		}
+	}
+	skip := func(p int) bool { return tracked.pids[p] && p != pid || ownHelper(p) }
+	return &procTree{root: os.Getpid(), pgid: pid, withKids: subreaper.Load(), skip: skip, lock: true, pidfds: map[int]int{}}
+}
+
+// ownHelper reports whether pid, a child of this process, is in this
+// process's own process group: one it started for its own needs, such as
+// the exec credential plugin that client-go runs and waits for, which must
+// not be reaped from under it nor stopped with the command. The command
+// leads a group of its own, and its descendants stay in it or make new
+// ones; an orphan of the command's tree is never in ours unless it moved
+// there on purpose (setpgid into leaderrun's group, in the same session),
+// which this rule does not cover.
+func ownHelper(pid int) bool {
+	p, ok := readStat(pid, make([]byte, 512))
+	return ok && p.pgid == syscall.Getpgrp()
 }
 
 // subreaper is set once BecomeSubreaper succeeded: orphaned descendants
@@ -37,6 +117,8 @@ var subreaper atomic.Bool
 // (PR_SET_CHILD_SUBREAPER) and reaps them as they exit, leaving alone the
 // processes that this package waits for itself. Call it once, from main: in
 // a library or test process it would reap children that others wait for.
+// leaderrun needs it only if its watchdog dies while a command runs: the
+// command's tree is then re-parented to leaderrun, which ends it.
 func BecomeSubreaper() error {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		return err
@@ -66,7 +148,7 @@ func socketpair() ([2]int, error) {
 }
 
 // orphans are this process's children that this package does not wait for
-// itself: as a subreaper, the orphans of the command's tree. Read from
+// itself: as a subreaper, the orphans of a command's tree. Read from
 // every thread's /proc/self/task/TID/children (a child is listed under the
 // thread that forked it, or under the main thread once inherited).
 func orphans() []int {
@@ -79,80 +161,69 @@ func orphans() []int {
 	tracked.Lock()
 	defer tracked.Unlock()
 	var pids []int
-	buf := make([]byte, 512)
 	for _, t := range tasks {
 		data, _ := os.ReadFile("/proc/self/task/" + t.Name() + "/children")
 		for _, field := range strings.Fields(string(data)) {
-			pid, err := strconv.Atoi(field)
-			if err != nil || tracked.pids[pid] {
-				continue
+			if pid, err := strconv.Atoi(field); err == nil && !tracked.pids[pid] && !ownHelper(pid) {
+				pids = append(pids, pid)
 			}
-			if p, ok := readStat(pid, buf); ok && ownHelper(p) {
-				continue
-			}
-			pids = append(pids, pid)
 		}
 	}
 	return pids
 }
 
-// ownHelper reports whether p, a child of this process, is in this
-// process's own process group: one it started for its own needs, such as
-// the exec credential plugin that client-go runs and waits for, which
-// must not be reaped from under it nor stopped with the command. The
-// command leads a group of its own, and its descendants stay in it or
-// make new ones; an orphan of the command's tree is never in ours unless
-// it moved there on purpose (setpgid into the group of leaderrun, in the
-// same session), which this rule does not cover.
-func ownHelper(p procInfo) bool { return p.pgid == syscall.Getpgrp() }
+// procTree is the command's tree as the descendants of root, a child
+// subreaper, and the members of the command's process group (pgid): every
+// orphan of the tree is re-parented to root, so none can leave it. It reads
+// the whole process table from /proc (about a millisecond for a few hundred
+// processes): the per-thread children lists are documented as approximate
+// while processes exit, and a missed orphan would outlive the sequence.
+type procTree struct {
+	root, pgid int
+	// withKids: root's children are the tree's (root is a subreaper);
+	// without it, the group and the command's descendants are.
+	withKids bool
+	// skip names root's children that are not the tree (leaderrun's
+	// watchdogs), read under tracked's lock if lock is set.
+	skip   func(pid int) bool
+	lock   bool
+	pidfds map[int]int // pidfds of the members, kept across looks
+}
 
-// member is a live process of the command's tree.
-type member struct{ pid, pgid int }
-
-// members lists the live processes of the command's tree: the members of
-// its process group, and every descendant of the command or, as a
-// subreaper, of this process, whichever group it is in; zombies (which can
-// no longer run) and this package's own processes (watchdogs) excluded.
-// Zombies that were inherited are reaped on the way.
-//
-// It reads the whole process table from /proc (about a millisecond for a
-// few hundred processes): the per-thread children lists that orphans reads
-// are documented as approximate while processes exit, and a stop sequence
-// that missed an orphan would release the lease with it still running.
-func (c *Child) members() []member {
+func (t *procTree) members() []member {
 	procs := readProcs()
-	self := os.Getpid()
 	kids := map[int][]int{}
 	for pid, p := range procs {
 		kids[p.ppid] = append(kids[p.ppid], pid)
 	}
-	var roots []int
-	select {
-	case <-c.exited:
-	default:
-		roots = append(roots, c.pid)
+	if t.lock {
+		tracked.Lock()
+		defer tracked.Unlock()
 	}
-	tracked.Lock()
-	defer tracked.Unlock()
-	if subreaper.Load() {
-		for _, pid := range kids[self] {
-			if tracked.pids[pid] || ownHelper(procs[pid]) {
-				continue
-			}
-			if procs[pid].zombie {
+	var roots []int
+	if p, ok := procs[t.pgid]; ok && !p.zombie {
+		roots = append(roots, t.pgid)
+	}
+	if t.withKids {
+		for _, pid := range kids[t.root] {
+			switch {
+			case t.skip != nil && t.skip(pid):
+			case procs[pid].zombie && pid != t.pgid:
+				// An orphan that exited: reap it on the way. The
+				// command is left to whoever waits for its status.
 				var ws unix.WaitStatus
 				_, _ = unix.Wait4(pid, &ws, unix.WNOHANG, nil)
-				continue
+			default:
+				roots = append(roots, pid)
 			}
-			roots = append(roots, pid)
 		}
 	}
-	seen := map[int]bool{}
+	seen := map[int]bool{t.root: true}
 	var out []member
 	var visit func(pid int)
 	visit = func(pid int) {
 		p, ok := procs[pid]
-		if !ok || seen[pid] || (tracked.pids[pid] && pid != c.pid) {
+		if !ok || seen[pid] || (t.skip != nil && t.skip(pid)) {
 			return
 		}
 		seen[pid] = true
@@ -167,11 +238,56 @@ func (c *Child) members() []member {
 		visit(pid)
 	}
 	for pid, p := range procs {
-		if p.pgid == c.pid {
+		if p.pgid == t.pgid {
 			visit(pid)
 		}
 	}
 	return out
+}
+
+// kill sends SIGKILL to the command's group and to every one of ms.
+func (t *procTree) kill(ms []member) {
+	_ = syscall.Kill(-t.pgid, syscall.SIGKILL)
+	for _, m := range ms {
+		_ = syscall.Kill(m.pid, syscall.SIGKILL)
+	}
+}
+
+// fds are pidfds (pidfd_open(2), Linux 5.3) of ms, which work for
+// processes that are not this process's children too. Without pidfds,
+// look again every 10 ms.
+func (t *procTree) fds(ms []member) ([]unix.PollFd, time.Duration) {
+	live := map[int]bool{}
+	var pfds []unix.PollFd
+	limit := time.Duration(-1)
+	for _, m := range ms {
+		live[m.pid] = true
+		fd, ok := t.pidfds[m.pid]
+		if !ok {
+			var err error
+			if fd, err = unix.PidfdOpen(m.pid, 0); err != nil {
+				if errors.Is(err, unix.ESRCH) {
+					limit = 0 // gone already: look again
+				}
+				fd = -1
+			}
+			t.pidfds[m.pid] = fd
+		}
+		if fd >= 0 {
+			pfds = append(pfds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+		} else if limit < 0 {
+			limit = 10 * time.Millisecond
+		}
+	}
+	for pid, fd := range t.pidfds {
+		if !live[pid] {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+			delete(t.pidfds, pid)
+		}
+	}
+	return pfds, limit
 }
 
 type procInfo struct {
@@ -227,73 +343,4 @@ func readStat(pid int, buf []byte) (procInfo, bool) {
 	ppid, _ := strconv.Atoi(f[1])
 	pgid, _ := strconv.Atoi(f[2])
 	return procInfo{ppid: ppid, pgid: pgid, zombie: f[0] == "Z" || f[0] == "X"}, true
-}
-
-// exitWaiter waits for any of a set of processes to exit, with pidfds
-// (pidfd_open(2), Linux 5.3), which also work for processes that are not
-// this process's children. It keeps a pidfd per process across waits.
-type exitWaiter struct {
-	fds map[int]int
-}
-
-func newExitWaiter() *exitWaiter { return &exitWaiter{fds: map[int]int{}} }
-
-// wait returns when one of members exits, or at until. Without pidfds it
-// returns after a short pause, and the caller looks again.
-func (w *exitWaiter) wait(members []member, until time.Time) {
-	live := map[int]bool{}
-	var pfds []unix.PollFd
-	for _, m := range members {
-		live[m.pid] = true
-		fd, ok := w.fds[m.pid]
-		if !ok {
-			var err error
-			if fd, err = unix.PidfdOpen(m.pid, 0); err != nil {
-				if errors.Is(err, unix.ESRCH) {
-					return // gone already: look again
-				}
-				fd = -1
-			}
-			w.fds[m.pid] = fd
-		}
-		if fd >= 0 {
-			pfds = append(pfds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
-		}
-	}
-	for pid, fd := range w.fds {
-		if !live[pid] {
-			if fd >= 0 {
-				unix.Close(fd)
-			}
-			delete(w.fds, pid)
-		}
-	}
-	d := time.Until(until)
-	if len(pfds) < len(members) {
-		// A process we hold no pidfd for (no pidfd support): look
-		// again soon.
-		d = min(d, 10*time.Millisecond)
-	}
-	if d <= 0 {
-		return
-	}
-	ts := unix.NsecToTimespec(d.Nanoseconds())
-	for {
-		_, err := unix.Ppoll(pfds, &ts, nil)
-		if !errors.Is(err, unix.EINTR) {
-			return
-		}
-		if d = time.Until(until); d <= 0 {
-			return
-		}
-		ts = unix.NsecToTimespec(d.Nanoseconds())
-	}
-}
-
-func (w *exitWaiter) close() {
-	for _, fd := range w.fds {
-		if fd >= 0 {
-			unix.Close(fd)
-		}
-	}
 }

@@ -1,3 +1,5 @@
+//go:build linux
+
 package signals
 
 import (
@@ -35,7 +37,7 @@ func startEscapee(t *testing.T, script string, grace time.Duration, pidFile stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := sup.Start(os.Environ())
+	c, err := sup.Start(os.Environ(), time.Time{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,9 +81,7 @@ func TestStopSequenceOneDeadline(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			pidFile := filepath.Join(t.TempDir(), "helper")
 			c, helper := startEscapee(t, escapeeScript(pidFile, tc.trap, tc.rest), grace, pidFile)
-			var first time.Time
 			if tc.stop {
-				first = time.Now()
 				c.Stop(syscall.SIGTERM)
 			} else {
 				select {
@@ -89,9 +89,11 @@ func TestStopSequenceOneDeadline(t *testing.T) {
 				case <-time.After(10 * time.Second):
 					t.Fatal("the command did not exit")
 				}
-				waitUntil(t, "the stop sequence to start", func() bool { return !c.KillAt().IsZero() })
-				first = c.KillAt().Add(-grace)
 			}
+			// The watchdog sends the first kill signal and fixes the
+			// SIGKILL instant, --kill-grace later.
+			waitUntil(t, "the stop sequence to start", func() bool { return !c.KillAt().IsZero() })
+			first := c.KillAt().Add(-grace)
 			died := helper.Died(t, 10*time.Second)
 			after := died.Sub(first)
 			t.Logf("helper %d died %v after the first kill signal (grace %v)", helper.Pid, after.Round(time.Millisecond), grace)
@@ -153,6 +155,7 @@ func TestLaterStopKeepsDeadline(t *testing.T) {
 	c, helper := startEscapee(t, escapeeScript(pidFile, `trap "" TERM INT`, `while :; do sleep 0.05; done`), 800*time.Millisecond, pidFile)
 	first := time.Now()
 	c.Stop(syscall.SIGTERM)
+	waitUntil(t, "the stop sequence to start", func() bool { return !c.KillAt().IsZero() })
 	killAt := c.KillAt()
 	time.Sleep(300 * time.Millisecond) // a deliberate pause: the second signal comes later
 	c.Stop(syscall.SIGINT)

@@ -1,133 +1,271 @@
 package signals
 
 import (
-	"bufio"
 	"errors"
+	"fmt"
+	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
+	"runtime"
 	"strconv"
-	"strings"
-	"sync/atomic"
 	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// The watchdog stands by the command in case leaderrun dies. It says
-// "ready" on its socket (its fd 3), then reads it: "pgid N" names the
-// command's process group, as soon as the command is forked; "done"
-// dismisses it; the socket closing without "done" means that leaderrun is
-// gone, and it kills group N with SIGKILL.
+// The watchdog is this binary re-executed (the same file, so the same
+// pages in memory) with watchdogArg as its first argument. leaderrun
+// starts it while it campaigns; once it leads, the watchdog forks and
+// execs the command, as its parent, and from then on it holds what must
+// hold even if leaderrun is frozen, starved or killed (docs/safety.md,
+// S10):
 //
-// It is, by preference, watchdogScript as a tiny static executable built
-// into this binary (watchdog/watchdog_amd64.asm; Linux on x86-64), which
-// starts in a fraction of a millisecond and stays resident in two pages;
-// else /bin/sh running watchdogScript: a shell starts in about a
-// millisecond and 1.7 MiB. Either is ready long before a campaign ends,
-// and takes no CPU from it. Where there is neither (no memfd can be
-// executed, and no /bin/sh in a container image without a shell), it is
-// this binary re-executed (see Watchdog). It lives in a process group of
-// its own, and ignores the signals that could reach it by mistake: the
-// built-in one every signal that can be ignored, the others their
-// arguments (the forwarded ones, SIGPIPE and the kill signal).
-const watchdogScript = `trap '' "$@"
-echo ready >&3
-pgid=
-while read -r word arg <&3; do
-	case $word in
-	pgid) pgid=$arg ;;
-	done) exit 0 ;;
-	esac
-done
-[ -z "$pgid" ] || kill -s KILL -- "-$pgid"
-`
+//   - the renew deadline: leaderrun sends it after every acknowledged
+//     renewal; if it passes with no newer one, the watchdog starts the stop
+//     sequence itself;
+//   - the stop sequence: kill signal to the whole tree, SIGKILL at the
+//     SIGKILL instant, whoever asked first (S9): it runs here, once;
+//   - the tree: in a cgroup of its own where the kernel allows it, else
+//     below the watchdog, a child subreaper, which every orphan of the tree
+//     is re-parented to; when leaderrun dies, the whole tree gets SIGKILL at
+//     once;
+//   - a descriptor leaderrun hands it (the local backend's lock file),
+//     until the tree is gone.
+//
+// It runs one loop on one locked OS thread (the command's parent-death
+// signal belongs to the thread that forks it), polling its socket, a
+// timerfd and the tree's descriptors. See wire.go for the protocol.
 
-// watchdogEnv marks a process started as a watchdog from this binary; its
-// value lists the signals to ignore.
-const watchdogEnv = "_LEADERRUN_WATCHDOG"
+// watchdogArg, as the first argument, makes this binary the watchdog.
+// The arguments after it are the log format, the log level and the kill
+// signal.
+const watchdogArg = "_leaderrun_watchdog"
 
-// shell is the watchdog's interpreter, and builtin whether the built-in
-// watchdog is tried first; variables for the tests of the fallbacks.
-var (
-	shell   = "/bin/sh"
-	builtin = true
-)
+// watchdogName is the watchdog's argv[0] and its name in ps.
+const watchdogName = "leaderrun-dog"
 
-// machineFailed is set once the built-in watchdog could not be executed,
-// so that later commands go straight to the shell.
-var machineFailed atomic.Bool
+// init makes any binary that links this package its own watchdog when
+// Prepare re-executes it as one: leaderrun, and every test binary that
+// starts a command, with no TestMain to remember. It runs before main and
+// before the packages that import this one are initialised: the watchdog
+// parses nothing, builds nothing, and skips their initialisation (the
+// command line's, the stores' clients') wherever the order of package
+// initialisation allows.
+func init() {
+	if isWatchdog(os.Args) {
+		os.Exit(watchdog(os.Args))
+	}
+}
 
-// watchdogCommands are the watchdogs to try, in order: the built-in one,
-// then the shell or this binary. Each ignores at least the forwarded
-// signals, SIGPIPE and killSignal.
-func watchdogCommands(killSignal syscall.Signal) ([]*exec.Cmd, error) {
-	var cmds []*exec.Cmd
-	if builtin && !machineFailed.Load() {
-		if path, err := machineWatchdog(); err == nil {
-			cmds = append(cmds, &exec.Cmd{Path: path, Args: []string{"leaderrun-watchdog"}, Env: []string{}})
+// isWatchdog reports whether args (os.Args) start this process as a
+// watchdog.
+func isWatchdog(args []string) bool { return len(args) > 1 && args[1] == watchdogArg }
+
+// survivalBound is how long the stop sequence waits for processes that
+// SIGKILL has not ended (stuck in uninterruptible sleep) before it gives up
+// on them and says so.
+const survivalBound = 5 * time.Second
+
+// dog is the watchdog's state.
+type dog struct {
+	sock int    // the socket to leaderrun
+	in   []byte // what was read of it, not yet a whole frame
+	out  []byte // what is still to be written to it
+	// The loop's buffers, reused: an idle watchdog allocates nothing, so
+	// that its collector never runs and its heap stays what package
+	// initialisation left.
+	rbuf [4096]byte
+	oob  [64]byte
+	pfds []unix.PollFd
+	held []int // descriptors held until the tree is gone
+	al   *alarm
+	log  *slog.Logger
+	// format and level of leaderrun's log, which the watchdog's follows.
+	format string
+	level  slog.Level
+
+	guard  string // the guard, for msgStarted
+	detail string
+	cg     *cgroupTree // nil without a cgroup
+	t      tree        // the tree, once started
+
+	started, reaped bool
+	pid, pidfd      int
+	status          Status
+	sig             syscall.Signal
+	grace           time.Duration
+	deadline        instant // 0: none
+
+	// The stop sequence: killAt is 0 until it starts.
+	killAt    instant
+	stopSig   syscall.Signal
+	killed    bool
+	gaveUp    bool // SIGKILL did not end some processes within survivalBound
+	signalled map[int]bool
+	last      []member // the tree as the sequence last saw it
+	gone      bool
+
+	peerGone  bool // leaderrun's end closed without msgDone
+	dismissed bool // msgDone
+}
+
+// watchdog runs this process as a command's watchdog and returns its exit
+// code.
+func watchdog(args []string) int {
+	runtime.LockOSThread() // the command's parent-death signal is this thread's
+	d := &dog{sock: 3, pidfd: -1, format: "text", signalled: map[int]bool{}}
+	if len(args) >= 5 {
+		d.format = args[2]
+		_ = d.level.UnmarshalText([]byte(args[3]))
+	}
+	// Not ignored (a child would inherit SIG_IGN): caught and dropped.
+	// These could reach the watchdog by mistake: a unit's KillMode=
+	// control-group sends SIGTERM to every process of the unit.
+	absorb := append([]os.Signal{syscall.SIGPIPE}, Forwarded...)
+	if len(args) >= 5 {
+		if n, err := strconv.Atoi(args[4]); err == nil {
+			absorb = append(absorb, syscall.Signal(n))
 		}
 	}
-	var ignore []string
-	for _, sig := range append(Forwarded, syscall.SIGPIPE, killSignal) {
-		ignore = append(ignore, strconv.Itoa(int(sig.(syscall.Signal))))
+	signal.Notify(make(chan os.Signal, 1), absorb...)
+	_ = os.WriteFile("/proc/self/comm", []byte(watchdogName), 0)
+	var st unix.Stat_t
+	if err := unix.Fstat(d.sock, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		fmt.Fprintln(os.Stderr, "leaderrun: "+watchdogArg+" is leaderrun's own watchdog, not a command to run")
+		return 64
 	}
-	if fi, err := os.Stat(shell); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
-		// Called sh, so that a bash behind /bin/sh acts as sh and reads
-		// no start-up files.
-		return append(cmds, &exec.Cmd{Path: shell, Args: append([]string{"sh", "-c", watchdogScript, "sh"}, ignore...), Env: []string{}}), nil
+	unix.CloseOnExec(d.sock)
+	if err := unix.SetNonblock(d.sock, true); err != nil {
+		return 70
 	}
-	self, err := executable()
+	al, err := newAlarm()
 	if err != nil {
-		if len(cmds) > 0 {
-			return cmds, nil
-		}
-		return nil, errors.New("no " + shell + " and no path to this binary for the watchdog: " + err.Error())
+		d.logger().Error("the watchdog has no timer", "error", err)
+		return 70
 	}
-	return append(cmds, &exec.Cmd{Path: self, Args: []string{"leaderrun-watchdog"}, Env: []string{watchdogEnv + "=" + strings.Join(ignore, " ")}}), nil
+	d.al = al
+	// Prepared now, while leaderrun campaigns: winning the lock is then
+	// followed by nothing but the command's fork and exec.
+	d.guard, d.detail, d.cg = prepareGuard()
+	return d.run()
 }
 
-// IsWatchdog reports whether this process was started as a watchdog. main
-// must then call Watchdog and nothing else.
-func IsWatchdog() bool {
-	_, ok := os.LookupEnv(watchdogEnv)
-	return ok
-}
-
-// Watchdog is watchdogScript in Go, for a host without /bin/sh.
-func Watchdog() int {
-	var ignore []os.Signal
-	for _, f := range strings.Fields(os.Getenv(watchdogEnv)) {
-		if n, err := strconv.Atoi(f); err == nil {
-			ignore = append(ignore, syscall.Signal(n))
-		}
-	}
-	signal.Ignore(ignore...)
-	conn := os.NewFile(3, "leaderrun")
-	_, _ = conn.WriteString("ready\n")
-	pgid := 0
-	r := bufio.NewReader(conn)
+// run is the loop: look at the tree, then wait for the socket, the
+// alarm or the tree, until there is nothing left to guard.
+func (d *dog) run() int {
 	for {
-		line, err := r.ReadString('\n')
-		if err != nil {
-			break
-		}
-		word, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
-		switch word {
-		case "pgid":
-			pgid, _ = strconv.Atoi(arg)
-		case "done":
+		d.reap()
+		d.step(clockNow())
+		if d.finished() {
+			d.finish()
 			return 0
 		}
+		d.flush()
+		fds, due := d.pollSet()
+		if err := d.al.wait(fds, due); err != nil {
+			// Nothing could be guarded any more: end it all.
+			d.logger().Error("the watchdog cannot wait; killing the command's tree", "error", err)
+			d.orphaned()
+			d.finish()
+			return 70
+		}
+		d.receive()
 	}
-	if pgid > 0 {
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
-	}
-	return 0
 }
 
-// Forwarded are the signals that leaderrun passes on to the command's
-// process group as they are (S6). SIGTERM and SIGINT also start the stop
-// sequence in the runner.
-var Forwarded = []os.Signal{
-	syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM,
-	syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH,
+// finished reports whether there is nothing left to guard, or nobody to
+// guard it for.
+func (d *dog) finished() bool {
+	return (!d.started || d.gone) && (d.dismissed || d.peerGone)
+}
+
+// finish lets go of the held descriptors. After leaderrun's death they
+// are the last of their open files: their locks are dropped explicitly
+// first (a flock goes with the last descriptor, and a waiter woken by the
+// close must find the lock free). Dismissed, leaderrun still holds the
+// lock and releases it itself.
+func (d *dog) finish() {
+	for _, fd := range d.held {
+		if !d.dismissed {
+			_ = unix.Flock(fd, unix.LOCK_UN)
+		}
+		unix.Close(fd)
+	}
+	if d.cg != nil && !d.gone {
+		d.cg.remove(d.logger())
+	}
+	d.flush()
+}
+
+// reap collects the watchdog's exited children: the command, whose status
+// it reports, and the orphans of its tree.
+func (d *dog) reap() {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			return
+		}
+		if d.started && pid == d.pid && !d.reaped {
+			d.reaped = true
+			d.status = statusOf(syscall.WaitStatus(ws))
+			if d.pidfd >= 0 {
+				unix.Close(d.pidfd)
+				d.pidfd = -1
+			}
+			d.send(newFrame(msgExited).u32(uint32(d.status.Code)).u32(uint32(d.status.Signal)))
+		}
+	}
+}
+
+// pollSet is what to wait for: the socket, the command's exit, the tree
+// during the stop sequence, and the instant of the next step.
+func (d *dog) pollSet() ([]unix.PollFd, instant) {
+	events := int16(unix.POLLIN)
+	if len(d.out) > 0 {
+		events |= unix.POLLOUT
+	}
+	fds := append(d.pfds[:0], unix.PollFd{Fd: int32(d.sock), Events: events})
+	d.pfds = fds
+	if d.peerGone {
+		fds[0].Fd = -1 // it would be ready for ever
+	}
+	if !d.started || d.gone {
+		return fds, 0
+	}
+	var due instant
+	limit := time.Duration(-1)
+	if !d.reaped {
+		if d.pidfd >= 0 {
+			fds = append(fds, unix.PollFd{Fd: int32(d.pidfd), Events: unix.POLLIN})
+		} else {
+			limit = 10 * time.Millisecond
+		}
+	}
+	switch {
+	case d.gaveUp:
+	case d.killAt == 0:
+		due = d.deadline
+	default:
+		due = d.killAt
+		if d.killed {
+			due += instant(survivalBound)
+		}
+		tfds, tlimit := d.t.fds(d.last)
+		fds = append(fds, tfds...)
+		if tlimit >= 0 && (limit < 0 || tlimit < limit) {
+			limit = tlimit
+		}
+	}
+	if limit >= 0 {
+		if soon := clockNow() + instant(limit); due == 0 || soon < due {
+			due = max(soon, 1)
+		}
+	}
+	d.pfds = fds
+	return fds, due
 }

@@ -1,12 +1,13 @@
+//go:build linux
+
 package signals
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,17 +17,192 @@ import (
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
-// TestMain lets the test binary act as the watchdog when the tests take
-// /bin/sh away. Like leaderrun, the tests run as a subreaper: orphans of
-// the commands are theirs to reap, not init's.
+// TestMain lets the test binary act as a stand-in for leaderrun in a
+// process of its own (leaderMain), which a test can freeze or kill, and as
+// a command that records the signals it gets (recorderMain); it is its own
+// watchdog through this package's init. Like leaderrun, the tests run as
+// a subreaper.
 func TestMain(m *testing.M) {
-	if IsWatchdog() {
-		os.Exit(Watchdog())
+	if file := os.Getenv("SIGNALS_TEST_RECORD"); file != "" {
+		os.Exit(recorderMain(file))
+	}
+	if dir := os.Getenv("SIGNALS_TEST_LEADER"); dir != "" {
+		os.Exit(leaderMain(dir))
+	}
+	// A race-enabled watchdog or recorder would sleep a second at exit.
+	if os.Getenv("GORACE") == "" {
+		os.Setenv("GORACE", "atexit_sleep_ms=0")
 	}
 	if err := BecomeSubreaper(); err != nil {
 		panic(err)
 	}
 	os.Exit(m.Run())
+}
+
+// leaderMain stands in for leaderrun: it starts $SIGNALS_TEST_SCRIPT
+// (sh -c) under a watchdog, with --kill-grace $SIGNALS_TEST_GRACE, a first
+// deadline $SIGNALS_TEST_DEADLINE from now (none if unset), renewed to
+// that much from now every $SIGNALS_TEST_RENEW (never if unset), and the
+// file $SIGNALS_TEST_HOLD flocked and handed to the watchdog (if set). It
+// writes the pids and the guard to dir/started, and, once the tree is
+// gone, whether the watchdog stopped it for the deadline to dir/done.
+func leaderMain(dir string) int {
+	grace, _ := time.ParseDuration(os.Getenv("SIGNALS_TEST_GRACE"))
+	sup, err := Prepare(Spec{Path: "/bin/sh", Args: []string{"sh", "-c", os.Getenv("SIGNALS_TEST_SCRIPT")}, KillGrace: grace})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	var hold *os.File
+	if path := os.Getenv("SIGNALS_TEST_HOLD"); path != "" {
+		if hold, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600); err == nil {
+			err = syscall.Flock(int(hold.Fd()), syscall.LOCK_EX)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	var deadline time.Time
+	offset, _ := time.ParseDuration(os.Getenv("SIGNALS_TEST_DEADLINE"))
+	if offset > 0 {
+		deadline = time.Now().Add(offset)
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SIGNALS_TEST_LEADER=") {
+			env = append(env, kv)
+		}
+	}
+	c, err := sup.Start(env, deadline, hold)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	info := fmt.Sprintf("child %d\nwatchdog %d\ndeadline %d\nguard %s\n", c.Pid(), sup.dog.Process.Pid, deadline.UnixNano(), c.Guard())
+	writeAtomic(filepath.Join(dir, "started"), info)
+	var tick <-chan time.Time
+	if every, _ := time.ParseDuration(os.Getenv("SIGNALS_TEST_RENEW")); every > 0 {
+		tick = time.Tick(every)
+	}
+	for {
+		select {
+		case <-tick:
+			c.SetDeadline(time.Now().Add(offset))
+		case <-c.Done():
+			writeAtomic(filepath.Join(dir, "done"), fmt.Sprintf("expired %v\n", c.Expired()))
+			c.Wait()
+			return 0
+		}
+	}
+}
+
+func writeAtomic(path, data string) {
+	_ = os.WriteFile(path+".tmp", []byte(data), 0o644)
+	_ = os.Rename(path+".tmp", path)
+}
+
+// recorderMain is a command that appends "<event> <unix-ns>" lines to file
+// ("start", then "signal" at every SIGTERM) and runs until SIGKILL.
+func recorderMain(file string) int {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM)
+	rec := func(what string) {
+		f, err := os.OpenFile(file, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err == nil {
+			fmt.Fprintf(f, "%s %d\n", what, time.Now().UnixNano())
+			f.Close()
+		}
+	}
+	rec("start")
+	for range sigs {
+		rec("signal")
+	}
+	return 0
+}
+
+// recorded is the time of the first line for what in file, waiting for it.
+func recorded(t *testing.T, file, what string) time.Time {
+	t.Helper()
+	var at time.Time
+	waitUntil(t, what+" in "+file, func() bool {
+		data, _ := os.ReadFile(file)
+		for _, line := range strings.Split(string(data), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == what {
+				ns, _ := strconv.ParseInt(f[1], 10, 64)
+				at = time.Unix(0, ns)
+				return true
+			}
+		}
+		return false
+	})
+	return at
+}
+
+// leader is a leaderMain process.
+type leader struct {
+	cmd             *exec.Cmd
+	dir             string
+	child, watchdog int
+	deadline        time.Time
+	guard           string
+}
+
+// startLeader runs leaderMain with script and env (SIGNALS_TEST_*), and
+// waits for its command to start.
+func startLeader(t *testing.T, script string, env ...string) *leader {
+	t.Helper()
+	l := &leader{dir: t.TempDir()}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.cmd = exec.Command(self)
+	l.cmd.Env = append(append(os.Environ(), "SIGNALS_TEST_LEADER="+l.dir, "SIGNALS_TEST_SCRIPT="+script,
+		"SIGNALS_TEST_GRACE=1s"), env...)
+	l.cmd.Stderr = os.Stderr
+	if err := l.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = l.cmd.Process.Kill()
+		_ = l.cmd.Wait()
+	})
+	var info string
+	waitUntil(t, "the leader's command to start", func() bool {
+		data, err := os.ReadFile(filepath.Join(l.dir, "started"))
+		info = string(data)
+		return err == nil
+	})
+	for _, line := range strings.Split(info, "\n") {
+		k, v, _ := strings.Cut(line, " ")
+		switch k {
+		case "child":
+			l.child, _ = strconv.Atoi(v)
+		case "watchdog":
+			l.watchdog, _ = strconv.Atoi(v)
+		case "deadline":
+			ns, _ := strconv.ParseInt(v, 10, 64)
+			l.deadline = time.Unix(0, ns)
+		case "guard":
+			l.guard = v
+		}
+	}
+	t.Logf("leader %d, watchdog %d, command %d; guard %s", l.cmd.Process.Pid, l.watchdog, l.child, l.guard)
+	return l
+}
+
+// expired waits for the leader to see the tree gone and reports what the
+// watchdog told it.
+func (l *leader) expired(t *testing.T) bool {
+	t.Helper()
+	var data []byte
+	waitUntil(t, "the leader to see its command's tree gone", func() bool {
+		var err error
+		data, err = os.ReadFile(filepath.Join(l.dir, "done"))
+		return err == nil
+	})
+	return strings.TrimSpace(string(data)) == "expired true"
 }
 
 // startTree starts, under a new Supervisor, a command that leaves a
@@ -39,12 +215,12 @@ func startTree(t *testing.T) (*Child, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := sup.Start(os.Environ())
+	c, err := sup.Start(os.Environ(), time.Time{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = c.Signal(syscall.SIGKILL)
+		c.Stop(syscall.SIGKILL)
 		c.Wait()
 	})
 	var grandchild int
@@ -59,71 +235,99 @@ func startTree(t *testing.T) (*Child, int) {
 	return c, grandchild
 }
 
-// TestWatchdogKillsGroupWhenLeaderrunGoes: when leaderrun's end of the
-// socket closes without a word, as at its death, the watchdog kills the
-// command's whole group, grandchildren included. Before that, it ignores
-// the signals that could reach it by mistake: the forwarded ones, SIGPIPE
-// and the kill signal. With the built-in watchdog, with the shell, with
-// bash as the shell (which must act as sh and read no start-up files), and
-// with the Go fallback.
-func TestWatchdogKillsGroupWhenLeaderrunGoes(t *testing.T) {
-	for _, sh := range []string{"built-in", "/bin/sh", "/bin/bash", "/nonexistent/sh"} {
-		t.Run(sh, func(t *testing.T) {
-			if _, err := os.Stat(sh); err != nil && sh == "/bin/bash" {
-				testenv.Missing(t, "bash is not installed")
-			}
-			if _, err := machineWatchdog(); err != nil && sh == "built-in" {
-				t.Skipf("no built-in watchdog on %s/%s: %v", runtime.GOOS, runtime.GOARCH, err)
-			}
-			defer func(old string, b bool) { shell, builtin = old, b }(shell, builtin)
-			if sh != "built-in" {
-				shell, builtin = sh, false
-			}
-			c, grandchild := startTree(t)
-			if sh == "built-in" && !strings.HasPrefix(c.s.dog.Path, "/proc/self/fd/") {
-				t.Fatalf("the watchdog is %s, want the built-in one", c.s.dog.Path)
-			}
-			status, err := os.ReadFile("/proc/" + strconv.Itoa(c.s.dog.Process.Pid) + "/status")
-			if err != nil {
-				t.Fatal(err)
-			}
-			var ignored uint64
-			for _, line := range strings.Split(string(status), "\n") {
-				if v, ok := strings.CutPrefix(line, "SigIgn:"); ok {
-					ignored, _ = strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-				}
-			}
-			for _, sig := range append(Forwarded, syscall.SIGPIPE, syscall.SIGALRM) {
-				if n := sig.(syscall.Signal); ignored&(1<<(n-1)) == 0 {
-					t.Errorf("the watchdog does not ignore %v (SigIgn %x)", Name(n), ignored)
-				}
-			}
-			c.s.conn.Close() // what the kernel does when leaderrun dies
-			if st := waitChild(t, c); st.Signal != syscall.SIGKILL {
-				t.Errorf("command ended with %v, want SIGKILL", st)
-			}
-			waitUntil(t, "the grandchild to die", func() bool { return gone(grandchild) })
-		})
+// signalMask reads a Sig* mask (SigIgn, SigCgt) of pid.
+func signalMask(t *testing.T, pid int, name string) uint64 {
+	t.Helper()
+	status, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, name+":"); ok {
+			mask, _ := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return mask
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/status", name, pid)
+	return 0
+}
+
+// TestLeaderrunDeathKillsTree (S4, S10): when leaderrun dies by SIGKILL,
+// the watchdog kills the command's whole tree at once: the command, a
+// grandchild in its group and a helper that left the group (setsid) and
+// ignores SIGTERM, within --kill-grace + 100 ms. Until then the watchdog
+// catches, without ignoring (its command would inherit SIG_IGN), the
+// signals that could reach it by mistake: the forwarded ones, SIGPIPE and
+// the kill signal; and it is called leaderrun-dog in ps.
+func TestLeaderrunDeathKillsTree(t *testing.T) {
+	dir := t.TempDir()
+	pidFile, groupFile := filepath.Join(dir, "helper"), filepath.Join(dir, "grandchild")
+	script := escapeeScript(pidFile, "", `sleep 300 & echo $! > `+groupFile+`.tmp; mv `+groupFile+`.tmp `+groupFile+`; wait`)
+	l := startLeader(t, script)
+	helperPid := readPidFile(t, pidFile)
+	grandchild := readPidFile(t, groupFile)
+	caught, ignored := signalMask(t, l.watchdog, "SigCgt"), signalMask(t, l.watchdog, "SigIgn")
+	for _, sig := range append(Forwarded, syscall.SIGPIPE) {
+		n := sig.(syscall.Signal)
+		if caught&(1<<(n-1)) == 0 || ignored&(1<<(n-1)) != 0 {
+			t.Errorf("the watchdog does not catch %v (SigCgt %x, SigIgn %x)", Name(n), caught, ignored)
+		}
+	}
+	if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(l.watchdog) + "/comm"); strings.TrimSpace(string(comm)) != watchdogName {
+		t.Errorf("the watchdog is called %q in ps, want %s", comm, watchdogName)
+	}
+	procs := map[string]*testenv.Process{"command": testenv.Watch(t, l.child), "grandchild": testenv.Watch(t, grandchild),
+		"helper": testenv.Watch(t, helperPid), "watchdog": testenv.Watch(t, l.watchdog)}
+	killed := time.Now()
+	if err := l.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	const grace = time.Second
+	for name, p := range procs {
+		after := p.Died(t, 10*time.Second).Sub(killed)
+		t.Logf("%s %d gone %v after the SIGKILL of leaderrun", name, p.Pid, after.Round(time.Millisecond))
+		if name != "watchdog" && after > grace+100*time.Millisecond {
+			t.Errorf("%s %d gone %v after the SIGKILL of leaderrun: more than --kill-grace %v + 100ms", name, p.Pid, after, grace)
+		}
 	}
 }
 
-// TestWatchdogDeathKillsGroup: a watchdog killed on its own can no longer
-// protect the group, so the group is killed.
-func TestWatchdogDeathKillsGroup(t *testing.T) {
-	c, grandchild := startTree(t)
+// TestWatchdogDeathKillsTree: a watchdog killed on its own can no longer
+// guard the tree: the command dies of its parent-death signal, and
+// leaderrun kills the rest, the helper that left the group included.
+func TestWatchdogDeathKillsTree(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "helper")
+	c, helper := startEscapee(t, escapeeScript(pidFile, "", `sleep 300 & wait`), time.Second, pidFile)
 	if err := syscall.Kill(c.s.dog.Process.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	if st := waitChild(t, c); st.Signal != syscall.SIGKILL {
 		t.Errorf("command ended with %v, want SIGKILL", st)
 	}
-	waitUntil(t, "the grandchild to die", func() bool { return gone(grandchild) })
+	if !gone(helper.Pid) {
+		t.Errorf("helper %d alive after Done", helper.Pid)
+	}
+	// The cgroup the dead watchdog made is removed too.
+	if dir := c.cgroupDir(); dir != "" {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("the command's cgroup %s is left behind (%v)", dir, err)
+		}
+	}
 }
 
 // TestGroupClearedBeforeDone: a signal to the group ends the command; what
 // it left in the group is stopped, and the watchdog dismissed, before Done.
+// The command depends on SIGHUP's default action, which the test process
+// may have been started without (nohup, some CI runners): the watchdog
+// catches SIGHUP, so that its child starts with the default, whatever it
+// inherited; the test ignores SIGHUP itself to prove it.
 func TestGroupClearedBeforeDone(t *testing.T) {
+	signal.Ignore(syscall.SIGHUP)
+	defer signal.Reset(syscall.SIGHUP)
 	c, grandchild := startTree(t)
+	if ignored := signalMask(t, c.Pid(), "SigIgn"); ignored&(1<<(syscall.SIGHUP-1)) != 0 {
+		t.Errorf("the command ignores SIGHUP (SigIgn %x): it inherited leaderrun's disposition", ignored)
+	}
 	if err := c.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
@@ -133,8 +337,9 @@ func TestGroupClearedBeforeDone(t *testing.T) {
 	if !gone(grandchild) {
 		t.Errorf("grandchild %d still alive after Done", grandchild)
 	}
+	c.Wait()
 	if !gone(c.s.dog.Process.Pid) {
-		t.Errorf("watchdog %d still alive after Done", c.s.dog.Process.Pid)
+		t.Errorf("watchdog %d still alive after Wait", c.s.dog.Process.Pid)
 	}
 }
 
@@ -150,7 +355,7 @@ func TestCommandCannotLeaveItsGroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := sup.Start(os.Environ())
+	c, err := sup.Start(os.Environ(), time.Time{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,73 +408,13 @@ func waitUntil(t *testing.T, what string, ok func() bool) {
 	}
 }
 
-// TestBuiltinWatchdogIsSmall: on Linux x86-64 the watchdog is the built-in
-// executable, which keeps a few pages resident instead of a shell's 1.7
-// MiB; and where it cannot be executed, the shell takes its place.
-func TestBuiltinWatchdogIsSmall(t *testing.T) {
-	if runtime.GOOS != "linux" || runtime.GOARCH != "amd64" {
-		t.Skipf("no built-in watchdog on %s/%s", runtime.GOOS, runtime.GOARCH)
-	}
-	c, _ := startTree(t)
-	pid := strconv.Itoa(c.s.dog.Process.Pid)
-	exe, err := os.Readlink("/proc/" + pid + "/exe")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.HasPrefix(exe, "/memfd:leaderrun-watchdog") {
-		t.Errorf("the watchdog runs %s, want the built-in /memfd:leaderrun-watchdog", exe)
-	}
-	if comm, _ := os.ReadFile("/proc/" + pid + "/comm"); strings.TrimSpace(string(comm)) != "leaderrun-dog" {
-		t.Errorf("the watchdog is called %q in ps, want leaderrun-dog", comm)
-	}
-	hwm, _, err := testenv.Memory(c.s.dog.Process.Pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if hwm > 64 {
-		t.Errorf("the built-in watchdog's peak RSS is %d KiB, want at most 64", hwm)
-	}
-	t.Logf("built-in watchdog: peak RSS %d KiB", hwm)
-
-	// A path that cannot be executed in place of the memfd: the shell
-	// serves, and is tried first from then on.
-	defer func(p string) { machine.path = p; machineFailed.Store(false) }(machine.path)
-	machine.path = t.TempDir()
-	c, grandchild := startTree(t)
-	if c.s.dog.Path != shell {
-		t.Errorf("with the built-in watchdog failing to start, the watchdog is %s, want %s", c.s.dog.Path, shell)
-	}
-	if dogs, err := watchdogCommands(syscall.SIGTERM); err != nil || dogs[0].Path != shell {
-		t.Errorf("after the built-in watchdog failed once, the first to try is %v (%v), want %s", dogs, err, shell)
-	}
-	c.s.conn.Close()
-	if st := waitChild(t, c); st.Signal != syscall.SIGKILL {
-		t.Errorf("command ended with %v, want SIGKILL", st)
-	}
-	waitUntil(t, "the grandchild to die", func() bool { return gone(grandchild) })
-}
-
-// TestBuiltinWatchdogIsBuilt: the committed executable is what
-// watchdog/build.sh makes of watchdog/watchdog_amd64.asm.
-func TestBuiltinWatchdogIsBuilt(t *testing.T) {
-	for _, tool := range []string{"as", "ld"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			testenv.Missing(t, tool+" from GNU binutils is not installed")
-		}
-	}
-	out := filepath.Join(t.TempDir(), "dog")
-	if b, err := exec.Command("watchdog/build.sh", out).CombinedOutput(); err != nil {
-		t.Fatalf("watchdog/build.sh: %v\n%s", err, b)
-	}
-	built, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	committed, err := os.ReadFile("watchdog_linux_amd64.bin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(built, committed) {
-		t.Errorf("watchdog_linux_amd64.bin (%d bytes) is not what watchdog/build.sh makes of the source (%d bytes): run it", len(committed), len(built))
-	}
+func readPidFile(t *testing.T, path string) int {
+	t.Helper()
+	var pid int
+	waitUntil(t, "a pid in "+path, func() bool {
+		data, err := os.ReadFile(path)
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+		return err == nil && pid > 0
+	})
+	return pid
 }

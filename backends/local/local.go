@@ -179,11 +179,11 @@ func (b *Backend) campaignFile(ctx context.Context, d *dir, opts backends.Campai
 		return nil, b.unavailable("watch lock file", err)
 	}
 	defer w.close()
-	for {
+	for woken := false; ; woken = true {
 		// A flock never expires: the attempt that wins is the lease's
 		// proof of life, however long we waited before it.
 		acquired := time.Now()
-		err := flock(f, syscall.LOCK_EX|syscall.LOCK_NB)
+		err := tryLock(f, woken)
 		if err == nil {
 			if same, serr := d.sameFile(f, b.lockName()); serr != nil || !same {
 				// Our lock is on an orphan file.
@@ -234,6 +234,21 @@ func (b *Backend) campaignFile(ctx context.Context, d *dir, opts backends.Campai
 			return nil, errReplaced
 		}
 	}
+}
+
+// tryLock tries the lock once, or, woken by a close of the lock file, a
+// few times within some 30 ms: the kernel reports the close of a file
+// before it drops the flock that goes with it, so a waiter woken by a
+// holder that died without unlocking (killed before it handed its lock
+// file to its command's watchdog) may try a moment too early, and would
+// then wait for an event that never comes.
+func tryLock(f *os.File, woken bool) error {
+	err := flock(f, syscall.LOCK_EX|syscall.LOCK_NB)
+	for delay := time.Millisecond; woken && errors.Is(err, syscall.EWOULDBLOCK) && delay <= 16*time.Millisecond; delay *= 2 {
+		time.Sleep(delay)
+		err = flock(f, syscall.LOCK_EX|syscall.LOCK_NB)
+	}
+	return err
 }
 
 // grant runs with the lock held: it bumps the token durably and writes the
@@ -398,6 +413,13 @@ func (l *lease) Acquired() time.Time         { return l.acquired }
 func (l *lease) String() string              { return l.b.lockPath() }
 func (l *lease) Renew(context.Context) error { return l.check() }
 
+// LockFile is the locked lock file. The runner hands it to the command's
+// watchdog, which holds it until the command's whole tree is gone: a
+// flock belongs to the open file, and the kernel drops it only with the
+// file's last descriptor, so no candidate can take the lock while any of
+// the tree runs, even after leaderrun died (docs/safety.md, S10).
+func (l *lease) LockFile() *os.File { return l.f }
+
 // check verifies that the lock file we hold is still the one at the path.
 // If it was removed or replaced, a newcomer can lock the new file while we
 // hold the old one: that is loss of leadership, the one way to lose a flock.
@@ -417,8 +439,10 @@ func (l *lease) check() error {
 }
 
 // Release implements backends.Lease: it appends term to the history,
-// clears the holder record and closes the file, which drops the flock and
-// wakes waiters.
+// unlocks the file and closes it, which wakes waiters. Unlocked
+// explicitly, not by the close: the watchdog may still hold a descriptor of
+// the same open file (see LockFile), and a waiter that the close wakes
+// must find the lock free.
 func (l *lease) Release(_ context.Context, term *backends.Term) error {
 	if !l.BeginRelease() {
 		return nil
@@ -437,8 +461,12 @@ func (l *lease) Release(_ context.Context, term *backends.Term) error {
 	}
 	// The holder record stays: it is the proof of the last token should
 	// the token file go missing.
+	uerr := flock(l.f, syscall.LOCK_UN)
 	if err := l.f.Close(); err != nil {
 		return err
+	}
+	if uerr != nil {
+		return fmt.Errorf("local: unlock %s: %w", l.b.lockPath(), uerr)
 	}
 	if herr != nil {
 		return fmt.Errorf("local: record the term in %s: %w", l.b.statePath(), herr)

@@ -1,8 +1,12 @@
 package local_test
 
 import (
+	"context"
 	"os"
+	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/backendtest"
@@ -23,4 +27,58 @@ func TestConformance(t *testing.T) {
 			}
 		},
 	})
+}
+
+// TestWaiterWokenTooEarlyTriesAgain: the kernel reports the close of a
+// lock file before it drops the flock that goes with it (a holder that
+// died without unlocking). Here the same order, made slow: another open
+// file of the lock is closed (waking the waiter) while the holder still
+// locks it, and the holder unlocks 5 ms later, which wakes nobody. The
+// waiter must still get the lock, not wait for an event that never comes.
+func TestWaiterWokenTooEarlyTriesAgain(t *testing.T) {
+	dir := t.TempDir()
+	b := local.New(local.Config{Dir: dir, Lock: "early"})
+	defer b.Close()
+	holder, err := b.Campaign(context.Background(), backends.CampaignOptions{Identity: "holder"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		w := local.New(local.Config{Dir: dir, Lock: "early"})
+		defer w.Close()
+		l, err := w.Campaign(context.Background(), backends.CampaignOptions{Identity: "waiter"})
+		if err == nil {
+			err = l.Release(context.Background(), nil)
+		}
+		got <- err
+	}()
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st, err := b.Status(context.Background())
+		if err == nil && st.Waiting == 1 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the waiter never queued")
+		}
+	}
+	other, err := os.OpenFile(filepath.Join(dir, "early.lock"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other.Close()                    // the close event, with the lock still held
+	time.Sleep(5 * time.Millisecond) // the kernel's window, made long
+	lf := holder.(interface{ LockFile() *os.File }).LockFile()
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_UN); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter, woken while the lock was still held, never took it once it was free")
+	}
+	_ = holder.Release(context.Background(), nil)
 }

@@ -11,8 +11,8 @@ func dieWithParent() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
 
-// withParentDeathSignal sets the signal the kernel sends attr's process
-// when the test process dies (a server's own clean shutdown signal, say).
+// withParentDeathSignal has the kernel send sig to the process that attr
+// starts if the test process dies first.
 func withParentDeathSignal(attr *syscall.SysProcAttr, sig syscall.Signal) {
 	attr.Pdeathsig = sig
 }

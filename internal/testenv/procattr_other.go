@@ -8,5 +8,5 @@ import "syscall"
 // process that dies without stopping it.
 func dieWithParent() *syscall.SysProcAttr { return nil }
 
-// withParentDeathSignal is Linux only.
+// withParentDeathSignal: there is no parent-death signal here.
 func withParentDeathSignal(*syscall.SysProcAttr, syscall.Signal) {}

@@ -1,0 +1,114 @@
+package signals
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+)
+
+// execError turns a failed fork and exec into what a shell would say.
+func execError(path string, err error) error {
+	switch {
+	case errors.Is(err, syscall.ENOENT):
+		return &ExecError{Command: path, Reason: err.Error(), Err: ErrNotFound}
+	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EPERM),
+		errors.Is(err, syscall.ENOEXEC), errors.Is(err, syscall.EISDIR):
+		return &ExecError{Command: path, Reason: err.Error(), Err: ErrNotExecutable}
+	}
+	return fmt.Errorf("start %s: %w", path, err)
+}
+
+// Name is a signal's conventional name, SIGTERM rather than "terminated".
+func Name(sig syscall.Signal) string {
+	for name, s := range byName {
+		if s == sig {
+			return "SIG" + name
+		}
+	}
+	return strconv.Itoa(int(sig))
+}
+
+// ExecError is a command that cannot be run. It unwraps to ErrNotFound or
+// ErrNotExecutable.
+type ExecError struct {
+	Command string
+	Reason  string // as a shell would say it: "command not found", "permission denied"
+	Err     error
+}
+
+func (e *ExecError) Error() string { return e.Command + ": " + e.Reason }
+func (e *ExecError) Unwrap() error { return e.Err }
+
+// Resolve finds the executable for name the way a shell would, and reports
+// ErrNotFound (exit 127) or ErrNotExecutable (exit 126) before anything is
+// started, so that a typo in a crontab line never takes leadership.
+func Resolve(name string) (string, error) {
+	notFound := &ExecError{Command: name, Reason: "command not found", Err: ErrNotFound}
+	if name == "" {
+		return "", notFound
+	}
+	path, err := exec.LookPath(name)
+	if err == nil {
+		return path, nil
+	}
+	if strings.Contains(name, "/") {
+		fi, serr := os.Stat(name)
+		switch {
+		case serr != nil:
+			return "", &ExecError{Command: name, Reason: "no such file", Err: ErrNotFound}
+		case fi.IsDir():
+			return "", &ExecError{Command: name, Reason: "is a directory", Err: ErrNotExecutable}
+		default:
+			return "", &ExecError{Command: name, Reason: "permission denied", Err: ErrNotExecutable}
+		}
+	}
+	if errors.Is(err, exec.ErrNotFound) {
+		// A match in PATH without the execute bit is "permission denied" to
+		// a shell, not "not found".
+		for _, dir := range strings.Split(os.Getenv("PATH"), ":") {
+			if dir == "" {
+				dir = "."
+			}
+			if fi, serr := os.Stat(dir + "/" + name); serr == nil && !fi.IsDir() {
+				return "", &ExecError{Command: dir + "/" + name, Reason: "permission denied", Err: ErrNotExecutable}
+			}
+		}
+	}
+	return "", notFound
+}
+
+// tracked holds the pids of the processes this package waits for itself
+// or learns the end of from a watchdog (watchdogs, commands), so that the
+// orphan reaper (see BecomeSubreaper) leaves them alone, and a command
+// re-parented to leaderrun after its watchdog died is waited for here.
+var tracked = struct {
+	sync.Mutex
+	pids map[int]bool
+}{pids: map[int]bool{}}
+
+func startTracked(cmd *exec.Cmd) error {
+	tracked.Lock()
+	defer tracked.Unlock()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	tracked.pids[cmd.Process.Pid] = true
+	return nil
+}
+
+func track(pid int) {
+	tracked.Lock()
+	defer tracked.Unlock()
+	tracked.pids[pid] = true
+}
+
+func untrack(pid int) {
+	tracked.Lock()
+	defer tracked.Unlock()
+	delete(tracked.pids, pid)
+}

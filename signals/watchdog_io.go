@@ -1,0 +1,250 @@
+package signals
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The watchdog's side of the protocol (wire.go), and its log.
+
+// logger is the watchdog's log: the format and level of leaderrun's, and
+// the lock, identity, backend, token and pid of the command once known.
+func (d *dog) logger() *slog.Logger {
+	if d.log != nil {
+		return d.log
+	}
+	opts := &slog.HandlerOptions{Level: d.level}
+	var h slog.Handler = slog.NewTextHandler(os.Stderr, opts)
+	if d.format == "json" {
+		h = slog.NewJSONHandler(os.Stderr, opts)
+	}
+	d.log = slog.New(h).With("watchdog", os.Getpid())
+	return d.log
+}
+
+// receive reads what leaderrun sent and acts on every whole frame; the
+// socket closing without msgDone is leaderrun's death.
+func (d *dog) receive() {
+	if d.peerGone {
+		return
+	}
+	for {
+		n, err := d.read()
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if errors.Is(err, unix.EAGAIN) {
+			return
+		}
+		if err != nil || n == 0 {
+			if !d.dismissed {
+				d.orphaned()
+			}
+			d.peerGone = true
+			return
+		}
+		buf := append(d.in, d.rbuf[:n]...)
+		rest := buf
+		for {
+			kind, body, tail, ok, ferr := nextFrame(rest, maxStartFrame)
+			if ferr != nil {
+				d.logger().Error("the watchdog cannot read leaderrun's message", "error", ferr)
+				d.orphaned()
+				return
+			}
+			if !ok {
+				break
+			}
+			rest = tail
+			f := fields{b: body}
+			d.handle(kind, &f)
+		}
+		// What is left of a frame moves to the front of the buffer,
+		// which is kept, unless a start frame made it large.
+		d.in = buf[:copy(buf, rest)]
+		if len(d.in) == 0 && cap(d.in) > 4096 {
+			d.in = nil
+		}
+	}
+}
+
+// read reads what the socket has. Until the command started, a
+// descriptor may come with it (the lock file: see hold), so it is a
+// recvmsg; then a plain read, which allocates nothing.
+func (d *dog) read() (int, error) {
+	if d.started {
+		return unix.Read(d.sock, d.rbuf[:])
+	}
+	n, oobn, flags, _, err := unix.Recvmsg(d.sock, d.rbuf[:], d.oob[:], unix.MSG_DONTWAIT|msgCmsgCloexec)
+	if oobn > 0 {
+		d.hold(d.oob[:oobn], flags)
+	}
+	return n, err
+}
+
+// hold keeps the descriptors that came with a message.
+func (d *dog) hold(oob []byte, flags int) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return
+	}
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err == nil {
+			for _, fd := range fds {
+				unix.CloseOnExec(fd) // where MSG_CMSG_CLOEXEC is unknown
+				d.held = append(d.held, fd)
+			}
+		}
+	}
+	if flags&unix.MSG_CTRUNC != 0 {
+		d.logger().Error("a descriptor from leaderrun was lost")
+	}
+}
+
+// handle acts on one frame from leaderrun.
+func (d *dog) handle(kind byte, f *fields) {
+	switch kind {
+	case msgStart:
+		if !d.started {
+			d.start(f)
+		}
+	case msgDeadline:
+		if at := instant(f.i64()); !f.bad && d.killAt == 0 {
+			d.deadline = at
+		}
+	case msgStop:
+		sig := syscall.Signal(f.u32())
+		if f.bad || !d.started || d.gone {
+			return
+		}
+		if d.killAt == 0 {
+			d.startStop(sig, clockNow()+instant(d.grace), stopAsked)
+			return
+		}
+		// The sequence runs already (the deadline passed here first):
+		// its SIGKILL instant stands; another signal is forwarded to the
+		// group as leaderrun would forward it.
+		if sig != d.stopSig && !d.killed {
+			d.signalGroup(sig)
+		}
+		d.send(newFrame(msgStopping).u32(uint32(d.stopSig)).i64(int64(d.killAt)).u32(uint32(stopAsked)))
+	case msgDone:
+		d.dismissed = true
+	}
+}
+
+// start forks and execs the command that the frame describes.
+func (d *dog) start(f *fields) {
+	d.sig = syscall.Signal(f.u32())
+	d.grace = time.Duration(f.i64())
+	d.deadline = instant(f.i64())
+	path, argv, env := f.str(), f.strs(), f.strs()
+	if f.bad {
+		d.send(newFrame(msgFailed).u32(uint32(unix.EINVAL)))
+		return
+	}
+	d.log = d.logger().With(logAttrs(env)...)
+	pid, pidfd, err := forkCommand(path, argv, env, d.cg)
+	if err != nil && d.cg != nil {
+		// clone3 into the cgroup may be refused where the cgroup was
+		// made (seccomp filters clone3 in some container runtimes):
+		// the command runs without it if it runs at all.
+		if pid, pidfd, err = forkCommand(path, argv, env, nil); err == nil {
+			d.logger().Warn("the command could not be started in its cgroup; the watchdog guards it as a subreaper", "cgroup", d.cg.dir)
+			d.cg.remove(d.logger())
+			d.cg, d.guard, d.detail = nil, guardSubreaper, "clone3 into "+d.detail+" refused"
+		}
+	}
+	if err != nil {
+		var errno syscall.Errno
+		if !errors.As(err, &errno) {
+			errno = syscall.EINVAL
+		}
+		if d.cg != nil {
+			d.cg.remove(d.logger())
+			d.cg = nil
+		}
+		d.send(newFrame(msgFailed).u32(uint32(errno)))
+		return
+	}
+	d.started, d.pid, d.pidfd = true, pid, pidfd
+	d.t = newTree(d.cg, pid)
+	d.log = d.log.With("pid", pid)
+	d.send(newFrame(msgStarted).u32(uint32(pid)).str(d.guard).str(d.detail))
+}
+
+// logAttrs are the log attributes that leaderrun's own lines carry,
+// taken from the command's environment (see runner.childEnv).
+func logAttrs(env []string) []any {
+	var attrs []any
+	for _, kv := range env {
+		name, value, _ := strings.Cut(kv, "=")
+		switch name {
+		case "LEADERRUN_LOCK":
+			attrs = append(attrs, "lock", value)
+		case "LEADERRUN_IDENTITY":
+			attrs = append(attrs, "identity", value)
+		case "LEADERRUN_BACKEND":
+			attrs = append(attrs, "backend", value)
+		case "FENCE_TOKEN":
+			if t, err := strconv.ParseUint(value, 10, 64); err == nil {
+				attrs = append(attrs, "token", t)
+			}
+		}
+	}
+	return attrs
+}
+
+// send queues a frame for leaderrun; flush writes what the socket takes
+// without blocking (the loop must never wait on a frozen leaderrun).
+func (d *dog) send(f frame) {
+	d.out = append(d.out, f.bytes()...)
+	d.flush()
+}
+
+func (d *dog) flush() {
+	for len(d.out) > 0 && !d.peerGone {
+		n, err := unix.SendmsgN(d.sock, d.out, nil, nil, unix.MSG_DONTWAIT|msgNoSignal)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			if !errors.Is(err, unix.EAGAIN) {
+				d.out = nil // leaderrun is gone; receive will see it
+			}
+			return
+		}
+		d.out = d.out[n:]
+	}
+	if len(d.out) == 0 {
+		d.out = nil
+	}
+}
+
+// levelOf is the lowest level at which log writes, for the watchdog's
+// own log.
+func levelOf(log *slog.Logger) slog.Level {
+	for _, l := range []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn, slog.LevelError} {
+		if log.Enabled(context.Background(), l) {
+			return l
+		}
+	}
+	return slog.LevelError + 4
+}
+
+// formatOf is "json" for a log that writes JSON, else "text".
+func formatOf(log *slog.Logger) string {
+	if _, ok := log.Handler().(*slog.JSONHandler); ok {
+		return "json"
+	}
+	return "text"
+}
