@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package e2e runs the leaderrun binary as users do: real processes, real
 // signals, real stores. The test binary doubles as the child command (see
 // childMain), which records what it sees in an events file.

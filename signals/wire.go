@@ -60,8 +60,6 @@ const (
 	stopDeadline
 	// stopLeftovers: the command exited and left processes behind.
 	stopLeftovers
-	// stopOrphaned: leaderrun is gone; everything got SIGKILL at once.
-	stopOrphaned
 )
 
 // Frame size bounds: a start frame carries the command's argv and

@@ -35,9 +35,6 @@ const (
 	maxLossPoll = 500 * time.Millisecond
 )
 
-// errNotOurs says that the lock item is no longer this lease's.
-var errNotOurs = errors.New("dynamodb: lock item not ours")
-
 // lease is a grant of the lock. A goroutine started by newLease reads the
 // lock item every poll interval and closes Lost when it is gone or not
 // ours; Release stops it and waits for it.

@@ -264,7 +264,8 @@ func (b *Backend) grant(d *dir, f *os.File, opts backends.CampaignOptions, acqui
 	if n := opts.RecordedHolders(); n > 0 {
 		info += fmt.Sprintf("holders=%d\n", n)
 	}
-	if err := f.Truncate(0); err == nil {
+	err = f.Truncate(0)
+	if err == nil {
 		_, err = f.WriteAt([]byte(info), 0)
 	}
 	if err != nil {

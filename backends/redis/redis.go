@@ -458,7 +458,7 @@ func (b *Backend) History(ctx context.Context, limit int) ([]backends.Term, erro
 	}
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	raw, err := b.c.ZRevRange(ctx, b.keys[4], 0, int64(limit-1)).Result()
+	raw, err := b.c.ZRangeArgs(ctx, redis.ZRangeArgs{Key: b.keys[4], Start: 0, Stop: int64(limit - 1), Rev: true}).Result()
 	if err != nil {
 		return nil, b.redact(fmt.Errorf("redis at %s: read the history %q: %w: %w", b.addr, b.keys[4], backends.ErrUnavailable, err))
 	}

@@ -717,6 +717,7 @@ func (p *Postgres) ClientCert(t testing.TB, role, passphrase string) (certFile, 
 		}
 		// Deprecated in crypto/x509 (the format is weak), but it is the
 		// one that sslpassword decrypts.
+		//lint:ignore SA1019 the legacy PEM encryption is what the test needs
 		keyPEM, err = x509.EncryptPEMBlock(rand.Reader, "RSA PRIVATE KEY", x509.MarshalPKCS1PrivateKey(key),
 			[]byte(passphrase), x509.PEMCipherAES256)
 		if err != nil {

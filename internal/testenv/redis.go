@@ -148,7 +148,8 @@ func (r *Redis) start() error {
 	cmd.Dir = r.dir
 	// Its own group, so that a test's signals never reach it; killed if
 	// the test process dies first.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	withParentDeathSignal(cmd.SysProcAttr, syscall.SIGKILL)
 	out, err := os.OpenFile(filepath.Join(r.dir, "redis.out"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
@@ -428,7 +429,8 @@ func StartSentinel(t testing.TB, primary *Redis, master string) *Sentinel {
 func (s *Sentinel) start(bin, conf string) error {
 	cmd := exec.Command(bin, conf, "--sentinel")
 	cmd.Dir = s.dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	withParentDeathSignal(cmd.SysProcAttr, syscall.SIGKILL)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start redis-server --sentinel: %w", err)
 	}
