@@ -85,6 +85,8 @@ fi
 
 echo "== go vet"
 go vet ./...
+# The binary builds for macOS (development), so its packages must vet there.
+GOOS=darwin go vet ./...
 (cd internal/testenv/k8selector && GOWORK=off go vet ./...)
 (cd internal/testenv/ddbemu && GOWORK=off go vet ./...)
 echo "== gofmt"
@@ -93,5 +95,12 @@ if [ -n "$unformatted" ]; then
 	echo "not gofmt'ed: $unformatted" >&2
 	exit 1
 fi
+echo "== staticcheck"
+# Built once into the cache, outside the repo, from the module proxy.
+staticcheck_bin="${LEADERRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/leaderrun}/staticcheck-v0.8.2"
+if [ ! -x "$staticcheck_bin/staticcheck" ]; then
+	GOBIN="$staticcheck_bin" GOFLAGS=-mod=mod go install honnef.co/go/tools/cmd/staticcheck@v0.8.2
+fi
+"$staticcheck_bin/staticcheck" ./...
 echo "== go test -race"
 go test -race -count=1 -timeout 30m ./... "$@"
