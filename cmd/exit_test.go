@@ -21,7 +21,7 @@ func TestExitCode(t *testing.T) {
 	}{
 		{name: "success", err: nil, want: 0},
 		{name: "usage", err: usageErrorf("--lock is required"), want: 64},
-		{name: "timing configuration", err: runner.ValidateTimings(1, 2, 1, 1), want: 64},
+		{name: "configuration the runner refuses", err: configError(t), want: 64},
 		{name: "store unreachable", err: fmt.Errorf("etcd http://127.0.0.1:1: %w", backends.ErrUnavailable), want: 69},
 		{name: "not acquired", err: fmt.Errorf("%w: held", runner.ErrNotAcquired), want: 75},
 		{name: "leadership lost", err: &runner.LostError{Reason: backends.ErrLeaseLost}, want: 76},
@@ -53,4 +53,13 @@ func TestExitCode(t *testing.T) {
 	if got := exitCode(&runner.DoneError{}, codes{conflict: 75, done: 9}); got != 9 {
 		t.Errorf("--done-exit-code 9: got %d", got)
 	}
+}
+
+// configError is what runner.New says of a configuration it refuses.
+func configError(t *testing.T) error {
+	_, err := runner.New(runner.Config{})
+	if !errors.As(err, new(*runner.ConfigError)) {
+		t.Fatalf("runner.New of an empty configuration: %v, want a *runner.ConfigError", err)
+	}
+	return err
 }

@@ -226,12 +226,11 @@ func commandLineFlags(c *cli.Context) map[string]bool {
 const argsKey = "args"
 
 // openBackend validates the store flags and builds the chosen backend.
-func openBackend(c *cli.Context) (backends.Backend, storeConfig, error) {
-	cfg := storeConfig{Lock: c.String("lock"), Prefix: c.String("prefix")}
+func openBackend(c *cli.Context) (backends.Backend, store, error) {
 	s, err := chooseStore(c)
 	if err != nil {
-		return nil, cfg, err
+		return nil, s, err
 	}
-	b, err := s.open(c, cfg)
-	return b, cfg, err
+	b, err := s.open(c, storeConfig{Lock: c.String("lock"), Prefix: c.String("prefix")})
+	return b, s, err
 }

@@ -15,8 +15,7 @@ import (
 
 // observers builds what watches a run: the check socket, the memory
 // keeper, sd_notify when under systemd, and metrics when --metrics-addr is
-// set. cleanup stops them
-// all; call it after runner.Run returns.
+// set. cleanup stops them all; call it after the runner's Run returns.
 func observers(c *cli.Context, cfg *runner.Config, backend backends.Backend, log *slog.Logger) (runner.Observer, func(), error) {
 	var (
 		obs     runner.Observers

@@ -2,8 +2,8 @@ package cmd
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -68,175 +68,159 @@ func runCommand(st *state) *cli.Command {
 	}
 }
 
+// runAction runs the command under the lock: read the flags into the
+// runner's configuration, catch signals, open the store, set up what
+// observes the run, start the runner (and with it the command's
+// watchdog), run, and say how it ended.
 func runAction(c *cli.Context, st *state) error {
 	st.command = "run "
-	for _, f := range []struct {
-		name string
-		code *int
-	}{{"conflict-exit-code", &st.codes.conflict}, {"done-exit-code", &st.codes.done}} {
-		code := c.Int(f.name)
-		if code < 0 || code > 255 {
-			return usageErrorf("--%s %d: want 0-255", f.name, code)
-		}
-		*f.code = code
-	}
-	log, err := newLogger(c, os.Stderr)
+	log, cfg, chosen, err := readRun(c, st)
 	if err != nil {
 		return err
 	}
-	cfg, err := runConfig(c, time.Now())
-	if err != nil {
-		return err
-	}
-	if _, err := chooseStore(c); err != nil {
-		return err
-	}
-	// Catching signals costs the runtime a thread round trip per signal, a
-	// millisecond or more in all: let that overlap with connecting, and
-	// wait for it before campaigning.
-	caught := make(chan struct{})
-	sigs := make(chan os.Signal, 8)
-	// A closed stderr (leaderrun ... 2>&1 | head) must fail writes, not
-	// kill leaderrun with SIGPIPE while it holds a child and a lease.
-	// Notify, not Ignore, so that the child does not inherit SIG_IGN.
-	pipes := make(chan os.Signal, 1)
-	var reaperErr error
-	go func() {
-		defer close(caught)
-		reaperErr = signals.BecomeSubreaper()
-		signal.Notify(sigs, signals.Forwarded...)
-		signal.Notify(pipes, syscall.SIGPIPE)
-	}()
-	defer func() {
-		<-caught
-		signal.Stop(sigs)
-		signal.Stop(pipes)
-	}()
-	// Resolve before campaigning: a typo must never take leadership.
-	path, err := signals.Resolve(cfg.Args[0])
-	if err != nil {
-		return err
-	}
-	cfg.Path = path
-	cfg.Log = log
-	cfg.Lock = c.String("lock")
-	backend, store, err := openBackend(c)
+	sigs := catchSignals()
+	defer sigs.stop()
+	cfg.Signals = sigs.ch
+	backend, err := chosen.open(c, storeConfig{Lock: cfg.Lock, Prefix: c.String("prefix")})
 	if err != nil {
 		return err
 	}
 	defer backend.Close()
 	cfg.Backend = backend
-	cfg.Lock = store.Lock
-	if s, _ := chooseStore(c); !c.Bool("pass-credentials") {
-		cfg.Unset = s.credentials
-	}
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	// The command's watchdog starts while we connect and campaign.
-	// runner.Run starts the command or aborts the watchdog; until it has
-	// it, an early return aborts it here.
-	sup, err := signals.Prepare(runner.SupervisorSpec(cfg))
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if sup != nil {
-			sup.Abort()
-		}
-	}()
-
 	obs, cleanup, err := observers(c, &cfg, backend, log)
 	if err != nil {
 		return err
 	}
 	defer cleanup()
 	cfg.Observer = obs
-
-	<-caught
-	if reaperErr != nil {
-		log.Warn("cannot become child subreaper; orphaned grandchildren go to init", "error", reaperErr)
+	r, err := runner.New(cfg)
+	if err != nil {
+		return err
 	}
-	cfg.Signals = sigs
-	cfg.Supervisor, sup = sup, nil
-	status, err := runner.Run(context.Background(), cfg)
-	switch {
-	case err == nil:
-		return &childExit{status: status}
-	case errors.Is(err, runner.ErrNotAcquired):
-		// The normal outcome for all but one host of a cron job: one line
-		// at info level, nothing at all with --quiet.
-		log.Info("not acquired; not running the command", "lock", cfg.Lock, "identity", cfg.Identity,
-			"backend", backend.Name(), "reason", err)
-	case errors.As(err, new(*runner.DoneError)):
-		// Logged by the runner, with who completed it.
-	case errors.As(err, new(*runner.InterruptedError)):
-		// A standby stopped by systemctl stop: nothing went wrong. The
-		// runner logged the withdrawal.
-	case errors.Is(err, runner.ErrLeadershipLost):
-		// The runner logged the loss, with its reason, where it happened.
-	default:
-		log.Error("leaderrun failed", "lock", cfg.Lock, "identity", cfg.Identity, "backend", backend.Name(), "error", err)
+	defer r.Close()
+	sigs.ready(log)
+	status, err := r.Run(context.Background())
+	if err != nil {
+		st.logged = true // by the runner, with its reason
+		return err
 	}
-	st.logged = true
-	return err
+	return &childExit{status: status}
 }
 
-// runConfig reads and validates the flags of run that do not depend on the
-// store; now fixes the period of --once-per.
+// readRun reads what the user chose for the run, touching nothing: the
+// exit codes, the log, the runner's configuration, the store and the
+// command, resolved as a shell would (a typo must never take leadership).
+// Everything that depends on how the values relate is the runner's to
+// validate (runner.New).
+func readRun(c *cli.Context, st *state) (*slog.Logger, runner.Config, store, error) {
+	var cfg runner.Config
+	if err := readExitCodes(c, &st.codes); err != nil {
+		return nil, cfg, store{}, err
+	}
+	log, err := newLogger(c, os.Stderr)
+	if err != nil {
+		return nil, cfg, store{}, err
+	}
+	if cfg, err = runConfig(c, time.Now()); err != nil {
+		return nil, cfg, store{}, err
+	}
+	chosen, err := chooseStore(c)
+	if err != nil {
+		return nil, cfg, store{}, err
+	}
+	if !c.Bool("pass-credentials") {
+		cfg.Unset = chosen.credentials
+	}
+	if cfg.Child.Path, err = signals.Resolve(cfg.Child.Args[0]); err != nil {
+		return nil, cfg, store{}, err
+	}
+	cfg.Log = log
+	return log, cfg, chosen, nil
+}
+
+// readExitCodes reads --conflict-exit-code and --done-exit-code.
+func readExitCodes(c *cli.Context, codes *codes) error {
+	for _, f := range []struct {
+		name string
+		code *int
+	}{{"conflict-exit-code", &codes.conflict}, {"done-exit-code", &codes.done}} {
+		code := c.Int(f.name)
+		if code < 0 || code > 255 {
+			return usageErrorf("--%s %d: want 0-255", f.name, code)
+		}
+		*f.code = code
+	}
+	return nil
+}
+
+// caught are the signals leaderrun passes on to the runner.
+type caught struct {
+	ch    chan os.Signal
+	pipes chan os.Signal
+	done  chan struct{}
+	// reaperErr says why leaderrun could not become a child subreaper.
+	reaperErr error
+}
+
+// catchSignals starts catching the signals that the runner handles (S6),
+// and SIGPIPE. Catching signals costs the runtime a thread round trip per
+// signal, a millisecond or more in all: it overlaps with opening the store
+// and starting the runner, and ready waits for it before the campaign.
+func catchSignals() *caught {
+	s := &caught{ch: make(chan os.Signal, 8), pipes: make(chan os.Signal, 1), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		s.reaperErr = signals.BecomeSubreaper()
+		signal.Notify(s.ch, signals.Forwarded...)
+		// A closed stderr (leaderrun ... 2>&1 | head) must fail writes,
+		// not kill leaderrun with SIGPIPE while it holds a child and a
+		// lease. Notify, not Ignore, so that the child does not inherit
+		// SIG_IGN.
+		signal.Notify(s.pipes, syscall.SIGPIPE)
+	}()
+	return s
+}
+
+// ready waits until the signals are caught.
+func (s *caught) ready(log *slog.Logger) {
+	<-s.done
+	if s.reaperErr != nil {
+		log.Warn("cannot become child subreaper; orphaned grandchildren go to init", "error", s.reaperErr)
+	}
+}
+
+func (s *caught) stop() {
+	<-s.done
+	signal.Stop(s.ch)
+	signal.Stop(s.pipes)
+}
+
+// runConfig reads the flags of run that do not depend on the store into
+// the runner's configuration; now fixes the period of --once-per. It
+// parses and checks each flag's own syntax; how the values relate is the
+// runner's to check.
 func runConfig(c *cli.Context, now time.Time) (runner.Config, error) {
 	cfg := runner.Config{
+		Lock:          c.String("lock"),
 		Identity:      c.String("identity"),
 		LeaseDuration: c.Duration("lease-duration"),
 		RenewDeadline: c.Duration("renew-deadline"),
 		RetryPeriod:   c.Duration("retry-period"),
-		KillGrace:     c.Duration("kill-grace"),
 		Try:           c.Bool("try"),
 		Wait:          c.Duration("wait"),
 		MinHold:       c.Duration("min-hold"),
-	}
-	if err := runner.ValidateTimings(cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod, cfg.KillGrace); err != nil {
-		return cfg, usageErrorf("%v", err)
-	}
-	if cfg.Wait < 0 {
-		return cfg, usageErrorf("--wait %v: must not be negative", cfg.Wait)
-	}
-	if cfg.MinHold < 0 {
-		return cfg, usageErrorf("--min-hold %v: must not be negative", cfg.MinHold)
-	}
-	if cfg.Try && cfg.Wait > 0 {
-		return cfg, usageErrorf("--try and --wait %v exclude each other", cfg.Wait)
-	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"--wait", cfg.Wait}, {"--min-hold", cfg.MinHold}} {
-		if d.v > maxWait {
-			return cfg, usageErrorf("%s %v is longer than the %v this tool accepts", d.name, d.v, maxWait)
-		}
+		Child:         signals.Spec{KillGrace: c.Duration("kill-grace")},
 	}
 	key, keep, err := onceKey(c, now)
 	if err != nil {
 		return cfg, err
 	}
 	cfg.OnceKey, cfg.OnceKeep = key, keep
-	sig, err := signals.Parse(c.String("kill-signal"))
-	if err != nil {
+	if cfg.Child.KillSignal, err = signals.Parse(c.String("kill-signal")); err != nil {
 		return cfg, usageErrorf("--kill-signal: %v", err)
 	}
-	if sig == syscall.SIGSTOP || sig == syscall.SIGCONT {
-		return cfg, usageErrorf("--kill-signal %s: would not stop the command", c.String("kill-signal"))
-	}
-	cfg.KillSignal = sig
 	if err := validIdentity(cfg.Identity); err != nil {
 		return cfg, err
-	}
-	if cfg.Identity == "" {
-		host, err := os.Hostname()
-		if err != nil {
-			host = "unknown"
-		}
-		cfg.Identity = fmt.Sprintf("%s:%d", host, os.Getpid())
 	}
 	args := c.Args().Slice()
 	if len(args) == 0 {
@@ -245,13 +229,9 @@ func runConfig(c *cli.Context, now time.Time) (runner.Config, error) {
 	if c.Bool("shell") {
 		args = []string{"sh", "-c", strings.Join(args, " ")}
 	}
-	cfg.Args = args
+	cfg.Child.Args = args
 	return cfg, nil
 }
-
-// maxWait bounds --wait and --min-hold, so that no deadline computed from
-// them can overflow.
-const maxWait = 366 * 24 * time.Hour
 
 // Marker lifetimes: about seven periods for --once-per, a week at least
 // for --once-key (markers expire on their own; README, "Once per period").
@@ -274,8 +254,8 @@ func onceKey(c *cli.Context, now time.Time) (string, time.Duration, error) {
 		if per < time.Second || per%time.Second != 0 {
 			return "", 0, usageErrorf("--once-per %v: want a whole number of seconds, at least 1s", per)
 		}
-		if per > maxWait {
-			return "", 0, usageErrorf("--once-per %v is longer than the %v this tool accepts", per, maxWait)
+		if per > runner.MaxWait {
+			return "", 0, usageErrorf("--once-per %v is longer than the %v this tool accepts", per, runner.MaxWait)
 		}
 		return periodKey(per, now), markerPeriods * per, nil
 	case key != "":

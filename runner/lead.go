@@ -171,15 +171,15 @@ func (l *leadership) lose(now time.Time, reason error) {
 	if unsafeLateKill {
 		// The deliberately broken build of unsafe_on.go: let the child
 		// run on well past the lease.
-		l.lateStop = now.Add(l.cfg.LeaseDuration + l.cfg.KillGrace)
+		l.lateStop = now.Add(l.cfg.LeaseDuration + l.cfg.Child.KillGrace)
 	} else if l.phase == leading {
 		// Signal first, log after: a slow stderr must not delay S2/S3.
-		l.child.Stop(l.cfg.KillSignal)
+		l.child.Stop(l.cfg.Child.KillSignal)
 	}
 	if l.phase == leading {
 		l.phase = stopping
 	}
-	l.log.Error("leadership lost; stopping child", "reason", reason, "signal", signals.Name(l.cfg.KillSignal))
+	l.log.Error("leadership lost; stopping child", "reason", reason, "signal", signals.Name(l.cfg.Child.KillSignal))
 	l.observe(Event{Kind: Lost, Err: reason})
 }
 
@@ -187,7 +187,7 @@ func (l *leadership) lose(now time.Time, reason error) {
 func (l *leadership) lateStopDue(now time.Time) {
 	if !l.lateStop.IsZero() && !now.Before(l.lateStop) && !l.exited {
 		l.lateStop = time.Time{}
-		l.child.Stop(l.cfg.KillSignal)
+		l.child.Stop(l.cfg.Child.KillSignal)
 	}
 }
 
@@ -252,7 +252,7 @@ func (l *leadership) signalled(now time.Time, sig syscall.Signal) {
 func (l *leadership) cancelled(now time.Time) {
 	switch l.phase {
 	case leading:
-		l.child.Stop(l.cfg.KillSignal)
+		l.child.Stop(l.cfg.Child.KillSignal)
 		l.phase = stopping
 		l.observe(Event{Kind: Stopping})
 	case holding:

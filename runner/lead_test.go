@@ -108,8 +108,7 @@ func fixture(t *testing.T, mutate func(*Config)) (*leadership, *fakeChild, *even
 		LeaseDuration: 15 * time.Second,
 		RenewDeadline: 10 * time.Second,
 		RetryPeriod:   2 * time.Second,
-		KillGrace:     3 * time.Second,
-		KillSignal:    syscall.SIGTERM,
+		Child:         signals.Spec{KillGrace: 3 * time.Second, KillSignal: syscall.SIGTERM},
 		Observer:      ev,
 		Log:           slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
@@ -263,7 +262,7 @@ func TestStoreReportsLoss(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l, c, ev := fixture(t, func(c *Config) { c.KillSignal = syscall.SIGINT })
+			l, c, ev := fixture(t, func(c *Config) { c.Child.KillSignal = syscall.SIGINT })
 			tc.do(l)
 			wantStops(t, c, syscall.SIGINT)
 			if l.phase != stopping || !ev.has(Lost) {
@@ -385,7 +384,7 @@ func TestRunWaitsForChildTree(t *testing.T) {
 	sigs := make(chan os.Signal, 1)
 	cfg := Config{
 		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
-		KillGrace: 3 * time.Second, KillSignal: syscall.SIGTERM, Observer: ev,
+		Child: signals.Spec{KillGrace: 3 * time.Second, KillSignal: syscall.SIGTERM}, Observer: ev,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Signals: sigs,
 	}
 	c := newFakeChild()
@@ -441,8 +440,8 @@ func (l *staleLease) Renew(context.Context) error {
 // is gone starts nothing; a fresh grant is not renewed.
 func TestFreshBeforeStart(t *testing.T) {
 	cfg := Config{LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
-		KillGrace: 3 * time.Second, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	r := &run{cfg: cfg, log: cfg.Log}
+		Child: signals.Spec{KillGrace: 3 * time.Second}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	r := &Runner{cfg: cfg, log: cfg.Log}
 	cases := []struct {
 		name    string
 		age     time.Duration

@@ -17,6 +17,7 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/local"
 	"github.com/leaderrun/leaderrun/runner"
+	"github.com/leaderrun/leaderrun/signals"
 )
 
 // TestMain lets the test binary act as a child that records when it
@@ -25,6 +26,11 @@ import (
 func TestMain(m *testing.M) {
 	if path := os.Getenv("RUNNER_TEST_CHILD"); path != "" {
 		os.Exit(child(path))
+	}
+	// A race-enabled watchdog would sleep a second at exit, and the
+	// runner waits for it.
+	if os.Getenv("GORACE") == "" {
+		os.Setenv("GORACE", "atexit_sleep_ms=0")
 	}
 	os.Exit(m.Run())
 }
@@ -73,6 +79,8 @@ type flaky struct {
 	backends.Backend
 	mu    sync.Mutex
 	fail  func(n int) error // nil: pass through
+	// complete, if set, is what Complete returns instead of writing.
+	complete error
 	delay time.Duration
 	sends []time.Time // send time of each acknowledged renewal
 	n     int
@@ -120,6 +128,15 @@ func (l *flakyLease) Renew(ctx context.Context) error {
 	return nil
 }
 
+// Complete fails as the store's fenced write does when the lease was lost
+// after the command exited, if the test says so.
+func (l *flakyLease) Complete(ctx context.Context, m backends.Marker) error {
+	if err := l.f.complete; err != nil {
+		return err
+	}
+	return l.Lease.Complete(ctx, m)
+}
+
 func (f *flaky) lastAck(before time.Time) time.Time {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -144,11 +161,18 @@ func baseConfig(t *testing.T, b backends.Backend, events string) runner.Config {
 		LeaseDuration: 10 * time.Second,
 		RenewDeadline: 600 * time.Millisecond,
 		RetryPeriod:   100 * time.Millisecond,
-		KillGrace:     2 * time.Second,
-		Path:          self,
-		Args:          []string{self},
+		Child:         signals.Spec{Path: self, Args: []string{self}, KillGrace: 2 * time.Second},
 		Env:           append(os.Environ(), "RUNNER_TEST_CHILD="+events, "GORACE=atexit_sleep_ms=0"),
 	}
+}
+
+// run is runner.New and Run.
+func run(ctx context.Context, cfg runner.Config) (signals.Status, error) {
+	r, err := runner.New(cfg)
+	if err != nil {
+		return signals.Status{}, err
+	}
+	return r.Run(ctx)
 }
 
 // TestRenewDeadline (S2): once renewals stop being acknowledged the child
@@ -177,7 +201,7 @@ func TestRenewDeadline(t *testing.T) {
 			cfg := baseConfig(t, f, events)
 			done := make(chan error, 1)
 			go func() {
-				_, err := runner.Run(context.Background(), cfg)
+				_, err := run(context.Background(), cfg)
 				done <- err
 			}()
 			recorded(t, events, "start")
@@ -223,7 +247,7 @@ func TestTransientFailuresTolerated(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := runner.Run(ctx, cfg)
+		_, err := run(ctx, cfg)
 		done <- err
 	}()
 	recorded(t, events, "start")
@@ -246,7 +270,7 @@ func TestLostStopsChildAndReleasesAfter(t *testing.T) {
 	cfg.RetryPeriod = time.Second
 	done := make(chan error, 1)
 	go func() {
-		_, err := runner.Run(context.Background(), cfg)
+		_, err := run(context.Background(), cfg)
 		done <- err
 	}()
 	recorded(t, events, "start")
@@ -279,7 +303,7 @@ func TestTTLTooShortRefused(t *testing.T) {
 	cfg.LeaseDuration = 12 * time.Second
 	cfg.RenewDeadline = 9 * time.Second
 	cfg.RetryPeriod = time.Second
-	_, err := runner.Run(context.Background(), cfg)
+	_, err := run(context.Background(), cfg)
 	var ce *runner.ConfigError
 	if !errors.As(err, &ce) {
 		t.Fatalf("Run returned %v, want *ConfigError", err)
@@ -293,25 +317,91 @@ func TestTTLTooShortRefused(t *testing.T) {
 	}
 }
 
-func TestValidateTimings(t *testing.T) {
+// TestMarkerLostIsALostTerm: a command that exits 0 under --once-per,
+// whose fenced completion marker then cannot be written because the lease
+// was lost meanwhile, makes Run return a *LostError (exit 76), and the
+// lock's history records the term as lost, with the reason, not as a run
+// that exited.
+func TestMarkerLostIsALostTerm(t *testing.T) {
+	dir := t.TempDir()
+	f := &flaky{Backend: local.New(local.Config{Dir: dir, Lock: "runner"})}
+	f.complete = fmt.Errorf("lock file removed: %w", backends.ErrLeaseLost)
+	cfg := baseConfig(t, f, filepath.Join(dir, "events"))
+	cfg.Child.Path, cfg.Child.Args = "/bin/sh", []string{"sh", "-c", "exit 0"}
+	cfg.OnceKey, cfg.OnceKeep = "every-60s-1", time.Hour
+	status, err := run(context.Background(), cfg)
+	var lost *runner.LostError
+	if !errors.As(err, &lost) || !errors.Is(err, backends.ErrLeaseLost) {
+		t.Fatalf("Run returned %v (status %v), want a *LostError for the marker", err, status)
+	}
+	terms, err := f.History(context.Background(), 1)
+	if err != nil || len(terms) != 1 {
+		t.Fatalf("history: %v, %v", terms, err)
+	}
+	term := terms[0]
+	if term.End != backends.EndLost || !strings.Contains(term.Reason, "completion marker") || !strings.Contains(term.Reason, "lock file removed") {
+		t.Errorf("term recorded as %q (reason %q), want lost, saying the completion marker could not be written and why", term.End, term.Reason)
+	}
+	if term.ExitCode != 0 || term.OnceKey != cfg.OnceKey {
+		t.Errorf("term %+v: want the command's exit code 0 and the once-key", term)
+	}
+	if m, err := f.Completed(context.Background(), cfg.OnceKey); err != nil || m != nil {
+		t.Errorf("marker %+v, %v: want none", m, err)
+	}
+}
+
+// TestNewRefuses: New validates the configuration once, before anything
+// starts, with a *ConfigError that names the flags involved.
+func TestNewRefuses(t *testing.T) {
 	cases := []struct {
-		name                          string
-		lease, deadline, retry, grace time.Duration
-		want                          string
+		name   string
+		change func(*runner.Config)
+		want   string
 	}{
-		{name: "defaults", lease: 15 * time.Second, deadline: 10 * time.Second, retry: 2 * time.Second, grace: 3 * time.Second},
-		{name: "lease equals deadline plus grace", lease: 13 * time.Second, deadline: 10 * time.Second, retry: 2 * time.Second, grace: 3 * time.Second, want: "--lease-duration (13s)"},
-		{name: "retry too close to deadline", lease: 15 * time.Second, deadline: 2 * time.Second, retry: 2 * time.Second, grace: time.Second, want: "1.2 × --retry-period"},
-		{name: "zero grace", lease: 15 * time.Second, deadline: 10 * time.Second, retry: 2 * time.Second, want: "--kill-grace must be greater than 0"},
+		{name: "defaults of the command line", change: func(c *runner.Config) {
+			c.LeaseDuration, c.RenewDeadline, c.RetryPeriod = runner.DefaultLeaseDuration, runner.DefaultRenewDeadline, runner.DefaultRetryPeriod
+			c.Child.KillGrace = runner.DefaultKillGrace
+		}},
+		{name: "lease equals deadline plus grace", change: func(c *runner.Config) {
+			c.LeaseDuration, c.RenewDeadline, c.RetryPeriod, c.Child.KillGrace = 13*time.Second, 10*time.Second, 2*time.Second, 3*time.Second
+		}, want: "--lease-duration (13s) must be greater than --renew-deadline (10s) + --kill-grace (3s)"},
+		{name: "retry too close to deadline", change: func(c *runner.Config) {
+			c.RenewDeadline, c.RetryPeriod = 2*time.Second, 2*time.Second
+		}, want: "1.2 × --retry-period"},
+		{name: "zero grace", change: func(c *runner.Config) { c.Child.KillGrace = 0 }, want: "--kill-grace must be greater than 0"},
+		{name: "zero lease", change: func(c *runner.Config) { c.LeaseDuration = 0 }, want: "--lease-duration must be greater than 0"},
+		{name: "overflowing deadline", change: func(c *runner.Config) { c.RenewDeadline = 1 << 62 }, want: "--renew-deadline 1281023h"},
+		{name: "negative wait", change: func(c *runner.Config) { c.Wait = -time.Second }, want: "--wait -1s: must not be negative"},
+		{name: "negative min-hold", change: func(c *runner.Config) { c.MinHold = -time.Second }, want: "--min-hold -1s"},
+		{name: "huge wait", change: func(c *runner.Config) { c.Wait = 400 * 24 * time.Hour }, want: "--wait 9600h0m0s is longer than the 8784h0m0s"},
+		{name: "try and wait", change: func(c *runner.Config) { c.Try, c.Wait = true, time.Second }, want: "--try and --wait 1s exclude each other"},
+		{name: "kill signal that stops nothing", change: func(c *runner.Config) { c.Child.KillSignal = syscall.SIGSTOP }, want: "--kill-signal SIGSTOP"},
+		{name: "once-key without a lifetime", change: func(c *runner.Config) { c.OnceKey = "k" }, want: "marker lifetime"},
+		{name: "no command", change: func(c *runner.Config) { c.Child.Args = nil }, want: "no command"},
+		{name: "no store", change: func(c *runner.Config) { c.Backend = nil }, want: "no store"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			err := runner.ValidateTimings(tc.lease, tc.deadline, tc.retry, tc.grace)
-			switch {
-			case tc.want == "" && err != nil:
-				t.Errorf("unexpected error %v", err)
-			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-				t.Errorf("error %v, want one containing %q", err, tc.want)
+			dir := t.TempDir()
+			cfg := baseConfig(t, local.New(local.Config{Dir: dir, Lock: "runner"}), filepath.Join(dir, "events"))
+			tc.change(&cfg)
+			r, err := runner.New(cfg)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("New: %v", err)
+				}
+				r.Close()
+				return
+			}
+			var ce *runner.ConfigError
+			if !errors.As(err, &ce) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("New: %v, want a *ConfigError containing %q", err, tc.want)
+			}
+			if r != nil {
+				t.Fatal("New returned a runner with its error")
+			}
+			if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+				t.Errorf("New touched the state directory of a refused configuration: %v", entries)
 			}
 		})
 	}
