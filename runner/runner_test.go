@@ -77,13 +77,13 @@ func recorded(t *testing.T, path, what string) time.Time {
 // flock cannot be made to do for real.
 type flaky struct {
 	backends.Backend
-	mu    sync.Mutex
-	fail  func(n int) error // nil: pass through
+	mu   sync.Mutex
+	fail func(n int) error // nil: pass through
 	// complete, if set, is what Complete returns instead of writing.
 	complete error
-	delay time.Duration
-	sends []time.Time // send time of each acknowledged renewal
-	n     int
+	delay    time.Duration
+	sends    []time.Time // send time of each acknowledged renewal
+	n        int
 }
 
 func (f *flaky) Campaign(ctx context.Context, o backends.CampaignOptions) (backends.Lease, error) {
