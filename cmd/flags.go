@@ -55,7 +55,7 @@ var localStore = store{
 	flags: func() []cli.Flag {
 		return []cli.Flag{
 			&cli.StringFlag{Name: "state-dir", Category: categoryStore, EnvVars: []string{"LEADERRUN_STATE_DIR"}, Value: defaultStateDir(),
-				Usage: "`DIR` of the local backend's lock and token files"},
+				Usage: "`DIR` of the local backend's lock and token files: this user's or root's, writable by its owner alone (created 0700 if missing)"},
 		}
 	},
 	open: func(c *cli.Context, cfg storeConfig) (backends.Backend, error) {

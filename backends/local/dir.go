@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,9 +19,10 @@ import (
 // directory that others may write to (a shared /tmp) lets them plant
 // symlinks or pre-create files under the names leaderrun uses, and make it
 // (often running as root) overwrite, truncate or disclose other files, or
-// reset the token counter. So the directory and every directory above it
-// must be owned by this user or root and writable by nobody else (or be
-// sticky, like /tmp); every file is opened relative to the directory's
+// reset the token counter. So the directory must be owned by this user or
+// root and writable by its owner alone, and every directory above it
+// owned by this user or root and writable by nobody else unless it is
+// sticky (like /tmp); every file is opened relative to the directory's
 // descriptor with O_NOFOLLOW, and used only if it is a regular file owned
 // by this user or root, with no other hard link, and writable by its owner
 // alone. Whatever fails these checks is refused with
@@ -42,18 +44,8 @@ func openDir(path string) (*dir, error) {
 		return nil, err
 	}
 	euid := os.Geteuid()
-	if err := os.MkdirAll(abs, 0o700); err != nil {
-		return nil, fmt.Errorf("create state directory %s: %w", abs, err)
-	}
-	// Every ancestor: a directory someone else may write to could swap
-	// what lies below it.
-	for p := abs; ; p = filepath.Dir(p) {
-		if err := checkDirAt(p, euid); err != nil {
-			return nil, err
-		}
-		if p == filepath.Dir(p) {
-			break
-		}
+	if err := makeChecked(abs, euid); err != nil {
+		return nil, err
 	}
 	fd, err := unix.Open(abs, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -67,11 +59,59 @@ func openDir(path string) (*dir, error) {
 	}
 	// Checked again through the descriptor: the path may have changed
 	// since it was checked by name.
-	if err := checkDir(abs, &st, euid); err != nil {
+	if err := checkStateDir(abs, &st, euid); err != nil {
 		f.Close()
 		return nil, err
 	}
 	return &dir{path: abs, f: f, euid: euid}, nil
+}
+
+// makeChecked checks every directory from the root down to abs, the state
+// directory, and creates those that are missing (0700) one at a time, each
+// only once the directory it goes in was found safe: a directory someone
+// else may write to could swap what lies below it, and a symlink of
+// theirs would have leaderrun (often root) make directories wherever it
+// points. abs itself must be this user's alone (checkStateDir).
+func makeChecked(abs string, euid int) error {
+	var path []string
+	for p := abs; ; p = filepath.Dir(p) {
+		path = append(path, p)
+		if p == filepath.Dir(p) {
+			break
+		}
+	}
+	for i := len(path) - 1; i >= 0; i-- {
+		p := path[i]
+		err := checkDirAt(p, euid)
+		if errors.Is(err, fs.ErrNotExist) {
+			if err = unix.Mkdir(p, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+				return fmt.Errorf("create state directory %s: %w", p, err)
+			}
+			err = checkDirAt(p, euid)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(abs, &st); err != nil {
+		return fmt.Errorf("local: inspect %s: %w", abs, err)
+	}
+	return checkStateDir(abs, &st, euid)
+}
+
+// checkStateDir checks the state directory itself: as any directory above
+// it, and writable by its owner alone, even if it is sticky: in a
+// directory like /tmp another user could create the files leaderrun uses
+// before it does, and fill it.
+func checkStateDir(p string, st *unix.Stat_t, euid int) error {
+	if err := checkDir(p, st, euid); err != nil {
+		return err
+	}
+	if st.Mode&0o022 != 0 {
+		return unsafeErr(p, fmt.Sprintf("is writable by others (mode %04o): a state directory must be writable by its owner alone", st.Mode&0o7777))
+	}
+	return nil
 }
 
 func (d *dir) close() error { return d.f.Close() }
