@@ -3,12 +3,9 @@ package signals
 import (
 	"errors"
 	"log/slog"
-	"os"
 	"sync"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Child is a running command, as leaderrun sees it: the leader of its own
@@ -59,98 +56,6 @@ func (c *Child) Guard() string {
 	return c.s.guard + " (" + c.s.detail + ")"
 }
 
-// SetDeadline tells the watchdog the newest instant by which the command
-// must have had the kill signal (S2): if it passes with no newer one, the
-// watchdog starts the stop sequence itself, on its own clock, whatever
-// leaderrun is doing (S10).
-func (c *Child) SetDeadline(t time.Time) {
-	c.mu.Lock()
-	if c.isDone || c.asked || !t.After(c.deadline) {
-		c.mu.Unlock()
-		return
-	}
-	c.deadline = t
-	c.mu.Unlock()
-	_ = c.s.send(newFrame(msgDeadline).i64(int64(max(instantOf(t), 1))), nil, sendTimeout)
-}
-
-// Stop starts the stop sequence with sig: the watchdog sends sig to the
-// command's group and to every descendant that left it, and SIGKILL to the
-// whole tree KillGrace after that, unless its sequence began earlier (its
-// deadline passed first), whose SIGKILL instant then stands. A later Stop
-// sends its signal to the group as Signal does, and changes no deadline.
-// Done closes once the tree is gone.
-func (c *Child) Stop(sig syscall.Signal) {
-	c.mu.Lock()
-	if c.asked || c.isDone {
-		c.mu.Unlock()
-		_ = c.Signal(sig)
-		return
-	}
-	c.asked = true
-	if c.killAt.IsZero() {
-		// Until the watchdog says when: the latest it can be.
-		c.armBackstop(time.Now().Add(c.s.spec.KillGrace))
-	}
-	c.mu.Unlock()
-	_ = c.s.send(newFrame(msgStop).u32(uint32(sig)), nil, sendTimeout)
-	// A stopped watchdog would sit on it.
-	_ = c.s.dog.Process.Signal(syscall.SIGCONT)
-}
-
-// stopping is the watchdog's word that the sequence runs: it sent sig,
-// and SIGKILLs the tree at killAt.
-func (c *Child) stopping(sig syscall.Signal, killAt instant, why stopReason) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.killAt.IsZero() {
-		c.killAt = killAt.time()
-		c.armBackstop(c.killAt)
-	}
-	if why == stopDeadline {
-		c.expired = true
-	}
-}
-
-// backstopDelay is how long after the SIGKILL instant leaderrun kills the
-// tree itself if the watchdog has not said it did: only a watchdog that is
-// frozen when its sequence is due leaves it anything to do.
-const backstopDelay = 100 * time.Millisecond
-
-// armBackstop sets leaderrun's own SIGKILL for the group (and the cgroup)
-// backstopDelay after killAt, for a watchdog that is frozen when its
-// sequence is due. c.mu is held.
-func (c *Child) armBackstop(killAt time.Time) {
-	d := time.Until(killAt.Add(backstopDelay))
-	if c.backstop != nil {
-		c.backstop.Reset(d)
-		return
-	}
-	c.backstop = time.AfterFunc(d, func() {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if c.isDone || c.sigkilled {
-			return
-		}
-		dir := c.cgroupDir()
-		_ = syscall.Kill(-c.pid, syscall.SIGKILL)
-		if dir != "" {
-			_ = os.WriteFile(dir+"/cgroup.kill", []byte("1"), 0)
-		}
-		c.log.Warn("the watchdog did not end the command's tree at the end of --kill-grace; leaderrun sent SIGKILL", "pid", c.pid)
-	})
-}
-
-// killed is the watchdog's word that it sent SIGKILL to the tree.
-func (c *Child) killed() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.sigkilled = true
-	if c.backstop != nil {
-		c.backstop.Stop()
-	}
-}
-
 // cgroupDir is the command's cgroup's path, "" without one.
 func (c *Child) cgroupDir() string {
 	c.s.mu.Lock()
@@ -159,22 +64,6 @@ func (c *Child) cgroupDir() string {
 		return ""
 	}
 	return c.s.detail
-}
-
-// Expired reports whether the watchdog started the stop sequence because
-// the deadline passed with no newer one from leaderrun.
-func (c *Child) Expired() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.expired
-}
-
-// KillAt is the SIGKILL instant of the stop sequence, zero until the
-// watchdog has said that it started it (a moment after Stop).
-func (c *Child) KillAt() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.killAt
 }
 
 // exit records how the command ended.
@@ -204,58 +93,6 @@ func (c *Child) gone() {
 	c.s.standDown()
 	untrack(c.pid)
 	close(c.done)
-}
-
-// watchdogGone runs when the watchdog's socket closed. Before the tree was
-// gone that means it died (someone killed it): the command died of its
-// parent-death signal, and the rest of its tree was re-parented to
-// leaderrun, a subreaper, or stayed in its cgroup. Nothing would stop it
-// if leaderrun died too, so it all gets SIGKILL now.
-func (c *Child) watchdogGone() {
-	c.mu.Lock()
-	finished := c.isDone || c.pid == 0
-	c.mu.Unlock()
-	if finished {
-		return
-	}
-	c.log.Warn("the command's watchdog died; killing the command's tree", "pid", c.pid)
-	t := fallbackTree(c.cgroupDir(), c.pid)
-	if left := sweep(t, survivalBound); len(left) > 0 {
-		c.log.Error("processes of the command survived SIGKILL; giving up on them", "pid", c.pid, "pids", pidsOf(left))
-	} else if cg, ok := t.(interface{ remove(*slog.Logger) }); ok {
-		cg.remove(c.log) // the cgroup the watchdog could not remove
-	}
-	select {
-	case <-c.exited:
-	default:
-		c.exit(c.reapHere())
-	}
-	c.mu.Lock()
-	c.isDone = true
-	if c.backstop != nil {
-		c.backstop.Stop()
-	}
-	c.mu.Unlock()
-	untrack(c.pid)
-	close(c.done)
-}
-
-// reapHere waits for the command, re-parented to this process after its
-// watchdog died, and returns how it ended; 70 (EX_SOFTWARE) if it is not
-// this process's child (not a subreaper) or was reaped by the watchdog.
-func (c *Child) reapHere() Status {
-	for {
-		var ws unix.WaitStatus
-		_, err := unix.Wait4(c.pid, &ws, 0, nil)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			c.log.Error("cannot learn how the command ended", "pid", c.pid, "error", err)
-			return Status{Code: 70}
-		}
-		return statusOf(syscall.WaitStatus(ws))
-	}
 }
 
 // Done is closed once the command and everything it started are gone (S8)

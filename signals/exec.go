@@ -5,10 +5,15 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
+)
+
+// Errors for a command that cannot be started. cmd maps them to 127 and 126
+// as shells do.
+var (
+	ErrNotFound      = errors.New("signals: command not found")
+	ErrNotExecutable = errors.New("signals: command not executable")
 )
 
 // execError turns a failed fork and exec into what a shell would say.
@@ -21,16 +26,6 @@ func execError(path string, err error) error {
 		return &ExecError{Command: path, Reason: err.Error(), Err: ErrNotExecutable}
 	}
 	return fmt.Errorf("start %s: %w", path, err)
-}
-
-// Name is a signal's conventional name, SIGTERM rather than "terminated".
-func Name(sig syscall.Signal) string {
-	for name, s := range byName {
-		if s == sig {
-			return "SIG" + name
-		}
-	}
-	return strconv.Itoa(int(sig))
 }
 
 // ExecError is a command that cannot be run. It unwraps to ErrNotFound or
@@ -80,35 +75,4 @@ func Resolve(name string) (string, error) {
 		}
 	}
 	return "", notFound
-}
-
-// tracked holds the pids of the processes this package waits for itself
-// or learns the end of from a watchdog (watchdogs, commands), so that the
-// orphan reaper (see BecomeSubreaper) leaves them alone, and a command
-// re-parented to leaderrun after its watchdog died is waited for here.
-var tracked = struct {
-	sync.Mutex
-	pids map[int]bool
-}{pids: map[int]bool{}}
-
-func startTracked(cmd *exec.Cmd) error {
-	tracked.Lock()
-	defer tracked.Unlock()
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	tracked.pids[cmd.Process.Pid] = true
-	return nil
-}
-
-func track(pid int) {
-	tracked.Lock()
-	defer tracked.Unlock()
-	tracked.pids[pid] = true
-}
-
-func untrack(pid int) {
-	tracked.Lock()
-	defer tracked.Unlock()
-	delete(tracked.pids, pid)
 }

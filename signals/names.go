@@ -2,6 +2,7 @@ package signals
 
 import (
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,4 +28,22 @@ func Parse(s string) (syscall.Signal, error) {
 		return sig, nil
 	}
 	return 0, fmt.Errorf("invalid signal %q: want a name such as SIGTERM, or a number", s)
+}
+
+// Name is a signal's conventional name, SIGTERM rather than "terminated".
+func Name(sig syscall.Signal) string {
+	for name, s := range byName {
+		if s == sig {
+			return "SIG" + name
+		}
+	}
+	return strconv.Itoa(int(sig))
+}
+
+// Forwarded are the signals that leaderrun passes on to the command's
+// process group as they are (S6). SIGTERM and SIGINT also start the stop
+// sequence in the runner. The watchdog catches and drops them.
+var Forwarded = []os.Signal{
+	syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM,
+	syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH,
 }

@@ -1,7 +1,7 @@
 package signals
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,32 +10,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
-
-// Spec describes a command to run.
-type Spec struct {
-	// Path is the resolved executable (see Resolve); Args is the full argv,
-	// Args[0] included.
-	Path string
-	Args []string
-	// KillSignal is sent first when the command is stopped. Zero: SIGTERM.
-	KillSignal syscall.Signal
-	// KillGrace is how long the command's whole tree (its process group
-	// and every descendant that left it) gets between the first kill signal
-	// and SIGKILL: one deadline for all of them. Zero: 3 s.
-	KillGrace time.Duration
-	// Stdin, Stdout, Stderr default to leaderrun's own. The watchdog is
-	// started with them, and gives them to the command; it writes its
-	// own log lines to Stderr.
-	Stdin          *os.File
-	Stdout, Stderr *os.File
-	// Log receives one line per signal sent; the watchdog writes its own
-	// lines in the same format (JSON if Log's handler is slog's JSON
-	// handler, else text) at the same level. Zero: slog.Default().
-	Log *slog.Logger
-}
 
 // readyTimeout bounds the wait for the watchdog's word that it forked the
 // command, which comes within milliseconds of its start; dismissTimeout,
@@ -87,12 +62,6 @@ type Supervisor struct {
 	child         *Child // once Start sent msgStart
 
 	reaped chan struct{} // closed once the watchdog is reaped
-}
-
-// reply is the watchdog's answer to msgStart.
-type reply struct {
-	kind  byte // msgStarted, msgFailed, or 0: the socket closed
-	value uint32
 }
 
 // Prepare starts the watchdog for spec. Call Start or Abort exactly once.
@@ -155,141 +124,6 @@ func Prepare(spec Spec) (*Supervisor, error) {
 		s.read()
 	}()
 	return s, nil
-}
-
-// read handles the watchdog's frames until its socket closes, then reaps
-// it, and if a command still ran, ends the command's tree.
-func (s *Supervisor) read() {
-	var buf []byte
-	tmp := make([]byte, 512)
-	for {
-		n, err := s.conn.Read(tmp)
-		buf = append(buf, tmp[:n]...)
-		for {
-			kind, body, rest, ok, ferr := nextFrame(buf, maxReplyFrame)
-			if ferr != nil {
-				err = ferr
-				break
-			}
-			if !ok {
-				break
-			}
-			buf = rest
-			s.handle(kind, &fields{b: body})
-		}
-		if err != nil {
-			break
-		}
-	}
-	s.reply(reply{})
-	// The socket closes when the watchdog exits (or we killed it): make
-	// sure, and reap it, so that a command it forked is re-parented to
-	// this process before we look for it.
-	_ = s.dog.Process.Kill()
-	_ = s.dog.Wait()
-	untrack(s.dog.Process.Pid)
-	s.conn.Close()
-	s.mu.Lock()
-	c := s.child
-	s.mu.Unlock()
-	if c != nil {
-		c.watchdogGone()
-	}
-}
-
-// handle acts on one frame from the watchdog.
-func (s *Supervisor) handle(kind byte, f *fields) {
-	s.mu.Lock()
-	c := s.child
-	s.mu.Unlock()
-	switch kind {
-	case msgStarted:
-		pid, guard, detail := int(f.u32()), f.str(), f.str()
-		s.mu.Lock()
-		s.guard, s.detail = guard, detail
-		s.mu.Unlock()
-		if c != nil {
-			// Tracked at once: should the watchdog die, the command is
-			// re-parented to us, and waited for here, not by the
-			// orphan reaper.
-			track(pid)
-			c.pid = pid
-		}
-		s.reply(reply{kind: kind, value: uint32(pid)})
-	case msgFailed:
-		s.reply(reply{kind: kind, value: f.u32()})
-	case msgStopping:
-		sig, at, why := syscall.Signal(f.u32()), instant(f.i64()), stopReason(f.u32())
-		if c != nil && !f.bad {
-			c.stopping(sig, at, why)
-		}
-	case msgKilled:
-		if c != nil {
-			c.killed()
-		}
-	case msgExited:
-		code, sig := int(f.u32()), syscall.Signal(f.u32())
-		if c != nil && !f.bad {
-			c.exit(Status{Code: code, Signal: sig})
-		}
-	case msgGone:
-		if c != nil {
-			c.gone()
-		}
-	}
-}
-
-// reply hands Start the watchdog's answer; there is one answer per
-// start, and Start may have given up waiting.
-func (s *Supervisor) reply(r reply) {
-	select {
-	case s.replies <- r:
-	default:
-	}
-}
-
-// sendTimeout bounds the write of a frame: the watchdog reads all the
-// time, and one that has not read for this long (frozen) must not hold
-// up leaderrun's own loop. A deadline that is not delivered leaves the
-// watchdog an earlier one; a stop, leaderrun's backstop SIGKILL.
-const sendTimeout = time.Second
-
-// send writes one frame to the watchdog, with a descriptor for it to hold
-// if hold is not nil, waiting at most timeout for the socket to take it.
-func (s *Supervisor) send(f frame, hold *os.File, timeout time.Duration) error {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	_ = s.conn.SetWriteDeadline(time.Now().Add(timeout))
-	defer s.conn.SetWriteDeadline(time.Time{})
-	rc, err := s.conn.SyscallConn()
-	if err != nil {
-		return err
-	}
-	b := f.bytes()
-	var oob []byte
-	if hold != nil {
-		oob = unix.UnixRights(int(hold.Fd()))
-	}
-	whole := len(b)
-	for len(b) > 0 {
-		var n int
-		var serr error
-		werr := rc.Write(func(fd uintptr) bool {
-			n, serr = unix.SendmsgN(int(fd), b, oob, nil, msgNoSignal)
-			return !errors.Is(serr, unix.EAGAIN)
-		})
-		if err := errors.Join(werr, serr); err != nil {
-			if len(b) < whole {
-				// Half a frame is on its way: the protocol is broken,
-				// and a watchdog that cannot be told anything guards
-				// nothing. Its death ends the tree (see read).
-				_ = s.dog.Process.Kill()
-			}
-			return err
-		}
-		b, oob = b[n:], nil
-	}
-	return nil
 }
 
 // Abort dismisses an unused watchdog. Nothing was started; it removes the
@@ -371,9 +205,21 @@ func (s *Supervisor) Start(env []string, deadline time.Time, hold *os.File) (*Ch
 	return nil, fmt.Errorf("start %s: the watchdog (pid %d) did not report the command's start", s.spec.Path, s.dog.Process.Pid)
 }
 
-func orDefault(f, def *os.File) *os.File {
-	if f != nil {
-		return f
+// levelOf is the lowest level at which log writes, for the watchdog's
+// own log.
+func levelOf(log *slog.Logger) slog.Level {
+	for _, l := range []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn, slog.LevelError} {
+		if log.Enabled(context.Background(), l) {
+			return l
+		}
 	}
-	return def
+	return slog.LevelError + 4
+}
+
+// formatOf is "json" for a log that writes JSON, else "text".
+func formatOf(log *slog.Logger) string {
+	if _, ok := log.Handler().(*slog.JSONHandler); ok {
+		return "json"
+	}
+	return "text"
 }

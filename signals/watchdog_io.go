@@ -1,34 +1,13 @@
 package signals
 
 import (
-	"context"
 	"errors"
-	"log/slog"
-	"os"
-	"strconv"
-	"strings"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// The watchdog's side of the protocol (wire.go), and its log.
-
-// logger is the watchdog's log: the format and level of leaderrun's, and
-// the lock, identity, backend, token and pid of the command once known.
-func (d *dog) logger() *slog.Logger {
-	if d.log != nil {
-		return d.log
-	}
-	opts := &slog.HandlerOptions{Level: d.level}
-	var h slog.Handler = slog.NewTextHandler(os.Stderr, opts)
-	if d.format == "json" {
-		h = slog.NewJSONHandler(os.Stderr, opts)
-	}
-	d.log = slog.New(h).With("watchdog", os.Getpid())
-	return d.log
-}
+// The watchdog's side of the protocol (wire.go).
 
 // receive reads what leaderrun sent and acts on every whole frame; the
 // socket closing without msgDone is leaderrun's death.
@@ -142,68 +121,6 @@ func (d *dog) handle(kind byte, f *fields) {
 	}
 }
 
-// start forks and execs the command that the frame describes.
-func (d *dog) start(f *fields) {
-	d.sig = syscall.Signal(f.u32())
-	d.grace = time.Duration(f.i64())
-	d.deadline = instant(f.i64())
-	path, argv, env := f.str(), f.strs(), f.strs()
-	if f.bad {
-		d.send(newFrame(msgFailed).u32(uint32(unix.EINVAL)))
-		return
-	}
-	d.log = d.logger().With(logAttrs(env)...)
-	pid, pidfd, err := forkCommand(path, argv, env, d.cg)
-	if err != nil && d.cg != nil {
-		// clone3 into the cgroup may be refused where the cgroup was
-		// made (seccomp filters clone3 in some container runtimes):
-		// the command runs without it if it runs at all.
-		if pid, pidfd, err = forkCommand(path, argv, env, nil); err == nil {
-			d.logger().Warn("the command could not be started in its cgroup; the watchdog guards it as a subreaper", "cgroup", d.cg.dir)
-			d.cg.remove(d.logger())
-			d.cg, d.guard, d.detail = nil, guardSubreaper, "clone3 into "+d.detail+" refused"
-		}
-	}
-	if err != nil {
-		var errno syscall.Errno
-		if !errors.As(err, &errno) {
-			errno = syscall.EINVAL
-		}
-		if d.cg != nil {
-			d.cg.remove(d.logger())
-			d.cg = nil
-		}
-		d.send(newFrame(msgFailed).u32(uint32(errno)))
-		return
-	}
-	d.started, d.pid, d.pidfd = true, pid, pidfd
-	d.t = newTree(d.cg, pid)
-	d.log = d.log.With("pid", pid)
-	d.send(newFrame(msgStarted).u32(uint32(pid)).str(d.guard).str(d.detail))
-}
-
-// logAttrs are the log attributes that leaderrun's own lines carry,
-// taken from the command's environment (see runner.childEnv).
-func logAttrs(env []string) []any {
-	var attrs []any
-	for _, kv := range env {
-		name, value, _ := strings.Cut(kv, "=")
-		switch name {
-		case "LEADERRUN_LOCK":
-			attrs = append(attrs, "lock", value)
-		case "LEADERRUN_IDENTITY":
-			attrs = append(attrs, "identity", value)
-		case "LEADERRUN_BACKEND":
-			attrs = append(attrs, "backend", value)
-		case "FENCE_TOKEN":
-			if t, err := strconv.ParseUint(value, 10, 64); err == nil {
-				attrs = append(attrs, "token", t)
-			}
-		}
-	}
-	return attrs
-}
-
 // send queues a frame for leaderrun; flush writes what the socket takes
 // without blocking (the loop must never wait on a frozen leaderrun).
 func (d *dog) send(f frame) {
@@ -228,23 +145,4 @@ func (d *dog) flush() {
 	if len(d.out) == 0 {
 		d.out = nil
 	}
-}
-
-// levelOf is the lowest level at which log writes, for the watchdog's
-// own log.
-func levelOf(log *slog.Logger) slog.Level {
-	for _, l := range []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn, slog.LevelError} {
-		if log.Enabled(context.Background(), l) {
-			return l
-		}
-	}
-	return slog.LevelError + 4
-}
-
-// formatOf is "json" for a log that writes JSON, else "text".
-func formatOf(log *slog.Logger) string {
-	if _, ok := log.Handler().(*slog.JSONHandler); ok {
-		return "json"
-	}
-	return "text"
 }

@@ -5,10 +5,10 @@ package signals
 import (
 	"os"
 	"syscall"
-	"time"
-
-	"golang.org/x/sys/unix"
 )
+
+// How the watchdog starts on macOS, and how it forks the command: no
+// cgroups, no subreapers, no parent-death signal.
 
 // Flags of the watchdog's socket calls: the watchdog and leaderrun catch
 // SIGPIPE instead.
@@ -18,9 +18,6 @@ const (
 )
 
 func executable() (string, error) { return os.Executable() }
-
-// BecomeSubreaper is a no-op where the OS has no subreapers.
-func BecomeSubreaper() error { return nil }
 
 // prepareGuard: without cgroups or subreapers, the command's process group
 // is all there is (Linux is the supported platform).
@@ -41,26 +38,6 @@ func forkCommand(path string, argv, env []string, _ *cgroupTree) (pid, pidfd int
 		Sys: &syscall.SysProcAttr{Setpgid: true}})
 	return pid, -1, err
 }
-
-func newTree(_ *cgroupTree, pid int) tree { return groupTree{pgid: pid} }
-
-func fallbackTree(_ string, pid int) tree { return groupTree{pgid: pid} }
-
-// groupTree is the command's process group, while it has members: without
-// subreapers and /proc, descendants that left the group are not found.
-type groupTree struct{ pgid int }
-
-func (t groupTree) members() []member {
-	if syscall.Kill(-t.pgid, 0) != nil {
-		return nil
-	}
-	return []member{{pid: t.pgid, pgid: t.pgid}}
-}
-
-func (t groupTree) kill([]member) { _ = syscall.Kill(-t.pgid, syscall.SIGKILL) }
-
-// fds: no pidfds here; look again every 10 ms.
-func (groupTree) fds([]member) ([]unix.PollFd, time.Duration) { return nil, 10 * time.Millisecond }
 
 func socketpair() ([2]int, error) {
 	syscall.ForkLock.RLock()

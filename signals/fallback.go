@@ -1,0 +1,64 @@
+package signals
+
+import (
+	"errors"
+	"log/slog"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// When the watchdog dies while its command runs (someone killed it),
+// leaderrun ends the command's tree itself.
+
+// watchdogGone runs when the watchdog's socket closed. Before the tree was
+// gone that means it died (someone killed it): the command died of its
+// parent-death signal, and the rest of its tree was re-parented to
+// leaderrun, a subreaper, or stayed in its cgroup. Nothing would stop it
+// if leaderrun died too, so it all gets SIGKILL now.
+func (c *Child) watchdogGone() {
+	c.mu.Lock()
+	finished := c.isDone || c.pid == 0
+	c.mu.Unlock()
+	if finished {
+		return
+	}
+	c.log.Warn("the command's watchdog died; killing the command's tree", "pid", c.pid)
+	t := fallbackTree(c.cgroupDir(), c.pid)
+	if left := sweep(t, survivalBound); len(left) > 0 {
+		c.log.Error("processes of the command survived SIGKILL; giving up on them", "pid", c.pid, "pids", pidsOf(left))
+	} else if cg, ok := t.(interface{ remove(*slog.Logger) }); ok {
+		cg.remove(c.log) // the cgroup the watchdog could not remove
+	}
+	select {
+	case <-c.exited:
+	default:
+		c.exit(c.reapHere())
+	}
+	c.mu.Lock()
+	c.isDone = true
+	if c.backstop != nil {
+		c.backstop.Stop()
+	}
+	c.mu.Unlock()
+	untrack(c.pid)
+	close(c.done)
+}
+
+// reapHere waits for the command, re-parented to this process after its
+// watchdog died, and returns how it ended; 70 (EX_SOFTWARE) if it is not
+// this process's child (not a subreaper) or was reaped by the watchdog.
+func (c *Child) reapHere() Status {
+	for {
+		var ws unix.WaitStatus
+		_, err := unix.Wait4(c.pid, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			c.log.Error("cannot learn how the command ended", "pid", c.pid, "error", err)
+			return Status{Code: 70}
+		}
+		return statusOf(syscall.WaitStatus(ws))
+	}
+}

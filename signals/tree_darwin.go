@@ -1,0 +1,32 @@
+//go:build darwin
+
+package signals
+
+import (
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The command's tree on macOS: its process group.
+
+func newTree(_ *cgroupTree, pid int) tree { return groupTree{pgid: pid} }
+
+func fallbackTree(_ string, pid int) tree { return groupTree{pgid: pid} }
+
+// groupTree is the command's process group, while it has members: without
+// subreapers and /proc, descendants that left the group are not found.
+type groupTree struct{ pgid int }
+
+func (t groupTree) members() []member {
+	if syscall.Kill(-t.pgid, 0) != nil {
+		return nil
+	}
+	return []member{{pid: t.pgid, pgid: t.pgid}}
+}
+
+func (t groupTree) kill([]member) { _ = syscall.Kill(-t.pgid, syscall.SIGKILL) }
+
+// fds: no pidfds here; look again every 10 ms.
+func (groupTree) fds([]member) ([]unix.PollFd, time.Duration) { return nil, 10 * time.Millisecond }
