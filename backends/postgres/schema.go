@@ -103,7 +103,16 @@ type statements struct {
 
 func newStatements(ids idents) statements {
 	s := statements{ids: ids}
-	t, m, h := ids.table, ids.markers, ids.hist
+	s.schemaStatements()
+	s.leaseStatements()
+	s.recordStatements()
+	return s
+}
+
+// schemaStatements are the check of the backend's objects and the DDL
+// that creates them.
+func (s *statements) schemaStatements() {
+	ids := s.ids
 	// The state of the objects: schema, table, markers, history,
 	// sequence, and the number of our triggers (3 when all are there,
 	// enabled, with our channel).
@@ -124,7 +133,39 @@ func newStatements(ids idents) statements {
 	// fail when two run at once), and the SELECT after it says what was
 	// still missing, for the log.
 	advisory := fmt.Sprintf("SELECT pg_advisory_xact_lock(%d);\n", int64(lockKey.Sum64()))
-	s.ddlTables = advisory + "SELECT " + objects + ";\n" + fmt.Sprintf(`CREATE SEQUENCE IF NOT EXISTS %[4]s AS bigint MINVALUE 1 NO CYCLE;
+	s.ddlTables = advisory + "SELECT " + objects + ";\n" + fmt.Sprintf(tablesDDL, ids.table, ids.markers, ids.hist, ids.seq)
+	s.ddlTriggers = advisory + "SELECT " + triggers + ";\n" + fmt.Sprintf(triggersDDL, ids.table, ids.fnLit, ids.fn,
+		literal(ids.channel), triggerUpdate, triggerDelete, triggerTruncate, triggers)
+}
+
+// leaseStatements take, keep and give up a lease row.
+func (s *statements) leaseStatements() {
+	t := s.ids.table
+	s.ensureRow = fmt.Sprintf(`INSERT INTO %s (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`, t)
+	s.acquire = fmt.Sprintf(acquireSQL, t, s.ids.seqLit, fmt.Sprintf(remainingMicros, "cur.expires"))
+	s.withdraw = fmt.Sprintf(`UPDATE %s SET holder = '', owner = '', expires = now() WHERE name = $1 AND owner = $2`, t)
+	s.renew = fmt.Sprintf(renewSQL, t)
+	s.verify = fmt.Sprintf(`SELECT holder, token, expires > now() FROM %s WHERE name = $1`, t)
+	s.release = fmt.Sprintf(releaseSQL, t, s.ids.hist, historyKeep-1)
+	s.freeOnly = fmt.Sprintf(`UPDATE %s SET holder = '', owner = '', expires = now() WHERE name = $1 AND holder = $2 AND token = $3`, t)
+}
+
+// recordStatements read and write the markers, and read the status and
+// the history.
+func (s *statements) recordStatements() {
+	t, m, h := s.ids.table, s.ids.markers, s.ids.hist
+	s.completed = fmt.Sprintf(`SELECT identity, token, %s, %s FROM %s WHERE name = $1 AND key = $2 AND expires > now()`,
+		epochMicros("at"), epochMicros("expires"), m)
+	s.complete = fmt.Sprintf(completeSQL, t, m)
+	s.status = fmt.Sprintf(`SELECT holder, owner, token, (extract(epoch FROM ttl) * 1000000)::bigint, `+
+		fmt.Sprintf(remainingMicros, "expires")+`, holder <> '' AND expires > now() FROM %s WHERE name = $1`, t)
+	s.history = fmt.Sprintf(`SELECT identity, token, %s, %s, %s, how, exit_code, signal, reason, once_key
+FROM %s WHERE name = $1 ORDER BY token DESC LIMIT $2`, epochMicros("acquired"), epochMicros("started"), epochMicros("ended"), h)
+}
+
+// tablesDDL creates the lease table (%[1]s), the markers (%[2]s), the
+// history (%[3]s) and the token sequence (%[4]s).
+const tablesDDL = `CREATE SEQUENCE IF NOT EXISTS %[4]s AS bigint MINVALUE 1 NO CYCLE;
 CREATE TABLE IF NOT EXISTS %[1]s (
 	name     text PRIMARY KEY,
 	holder   text NOT NULL DEFAULT '',
@@ -157,8 +198,13 @@ CREATE TABLE IF NOT EXISTS %[3]s (
 	reason    text NOT NULL DEFAULT '',
 	once_key  text NOT NULL DEFAULT '',
 	PRIMARY KEY (name, token)
-);`, t, m, h, ids.seq)
-	s.ddlTriggers = advisory + "SELECT " + triggers + ";\n" + fmt.Sprintf(`DO $leaderrun$
+);`
+
+// triggersDDL creates the notifying trigger function and the triggers on
+// the lease table (%[1]s), unless all three are there (%[8]s, their
+// count); %[2]s and %[3]s are the function as a literal and as a name,
+// %[4]s the channel, %[5]s to %[7]s the triggers' names.
+const triggersDDL = `DO $leaderrun$
 BEGIN
 	IF %[8]s = 3 THEN
 		RETURN;
@@ -192,12 +238,12 @@ BEGIN
 	CREATE TRIGGER %[6]s AFTER DELETE ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[3]s(%[4]s);
 	CREATE TRIGGER %[7]s AFTER TRUNCATE ON %[1]s FOR EACH STATEMENT EXECUTE FUNCTION %[3]s(%[4]s);
 END
-$leaderrun$;`, t, ids.fnLit, ids.fn, literal(ids.channel), triggerUpdate, triggerDelete, triggerTruncate, triggers)
+$leaderrun$;`
 
-	s.ensureRow = fmt.Sprintf(`INSERT INTO %s (name) VALUES ($1) ON CONFLICT (name) DO NOTHING`, t)
-	// $1 name, $2 holder, $3 owner, $4 ttl in µs. Returns (won, token,
-	// holder, µs to expiry) when the row exists, no row when it does not.
-	s.acquire = fmt.Sprintf(`WITH cur AS (
+// acquireSQL: $1 name, $2 holder, $3 owner, $4 ttl in µs. Returns (won,
+// token, holder, µs to expiry) when the row exists, no row when it does
+// not. %[1]s the lease table, %[2]s the sequence, %[3]s the time to expiry.
+const acquireSQL = `WITH cur AS (
 	SELECT holder, token, expires FROM %[1]s WHERE name = $1
 ), won AS (
 	UPDATE %[1]s SET holder = $2, owner = $3, token = nextval(%[2]s::regclass),
@@ -208,23 +254,25 @@ $leaderrun$;`, t, ids.fnLit, ids.fn, literal(ids.channel), triggerUpdate, trigge
 )
 SELECT true, won.token, $2, $4::bigint FROM won
 UNION ALL
-SELECT false, cur.token, cur.holder, `+fmt.Sprintf(remainingMicros, "cur.expires")+`
-FROM cur WHERE NOT EXISTS (SELECT FROM won)`, t, ids.seqLit)
-	s.withdraw = fmt.Sprintf(`UPDATE %s SET holder = '', owner = '', expires = now() WHERE name = $1 AND owner = $2`, t)
-	// $1 name, $2 holder, $3 token. Returns (renewed, row exists, holder,
-	// token, not expired).
-	s.renew = fmt.Sprintf(`WITH r AS (
+SELECT false, cur.token, cur.holder, %[3]s
+FROM cur WHERE NOT EXISTS (SELECT FROM won)`
+
+// renewSQL: $1 name, $2 holder, $3 token. Returns (renewed, row exists,
+// holder, token, not expired).
+const renewSQL = `WITH r AS (
 	UPDATE %[1]s SET renewed = now(), expires = now() + ttl
 	WHERE name = $1 AND holder = $2 AND token = $3 AND expires > now()
 	RETURNING 1
 )
 SELECT EXISTS (SELECT FROM r), cur.name IS NOT NULL, coalesce(cur.holder, ''), coalesce(cur.token, 0),
 	coalesce(cur.expires > now(), false)
-FROM (SELECT) AS one LEFT JOIN %[1]s AS cur ON cur.name = $1`, t)
-	s.verify = fmt.Sprintf(`SELECT holder, token, expires > now() FROM %s WHERE name = $1`, t)
-	// $1 name, $2 holder, $3 token; the term: $4 token ... $13 once_key;
-	// $14 whether there is a term. Returns whether the row was freed.
-	s.release = fmt.Sprintf(`WITH rel AS (
+FROM (SELECT) AS one LEFT JOIN %[1]s AS cur ON cur.name = $1`
+
+// releaseSQL: $1 name, $2 holder, $3 token; the term: $4 token ... $13
+// once_key; $14 whether there is a term. Returns whether the row was
+// freed. %[1]s the lease table, %[2]s the history, %[3]d the terms kept
+// besides the new one.
+const releaseSQL = `WITH rel AS (
 	UPDATE %[1]s SET holder = '', owner = '', expires = now() WHERE name = $1 AND holder = $2 AND token = $3
 	RETURNING 1
 ), ins AS (
@@ -236,13 +284,12 @@ FROM (SELECT) AS one LEFT JOIN %[1]s AS cur ON cur.name = $1`, t)
 	DELETE FROM %[2]s WHERE $14::boolean AND name = $1 AND token <= (
 		SELECT token FROM %[2]s WHERE name = $1 ORDER BY token DESC OFFSET %[3]d LIMIT 1)
 )
-SELECT EXISTS (SELECT FROM rel)`, t, h, historyKeep-1)
-	s.freeOnly = fmt.Sprintf(`UPDATE %s SET holder = '', owner = '', expires = now() WHERE name = $1 AND holder = $2 AND token = $3`, t)
-	s.completed = fmt.Sprintf(`SELECT identity, token, %s, %s FROM %s WHERE name = $1 AND key = $2 AND expires > now()`,
-		epochMicros("at"), epochMicros("expires"), m)
-	// $1 name, $2 holder, $3 token; the marker: $4 key ... $8 expires.
-	// Returns whether the marker was written.
-	s.complete = fmt.Sprintf(`WITH l AS (
+SELECT EXISTS (SELECT FROM rel)`
+
+// completeSQL: $1 name, $2 holder, $3 token; the marker: $4 key ... $8
+// expires. Returns whether the marker was written. %[1]s the lease table,
+// %[2]s the markers.
+const completeSQL = `WITH l AS (
 	SELECT FROM %[1]s WHERE name = $1 AND holder = $2 AND token = $3 AND expires > now() FOR SHARE
 ), gc AS (
 	DELETE FROM %[2]s WHERE name = $1 AND key <> $4 AND expires <= now() AND EXISTS (SELECT FROM l)
@@ -253,13 +300,7 @@ SELECT EXISTS (SELECT FROM rel)`, t, h, historyKeep-1)
 		at = excluded.at, expires = excluded.expires
 	RETURNING 1
 )
-SELECT EXISTS (SELECT FROM up)`, t, m)
-	s.status = fmt.Sprintf(`SELECT holder, owner, token, (extract(epoch FROM ttl) * 1000000)::bigint, `+
-		fmt.Sprintf(remainingMicros, "expires")+`, holder <> '' AND expires > now() FROM %s WHERE name = $1`, t)
-	s.history = fmt.Sprintf(`SELECT identity, token, %s, %s, %s, how, exit_code, signal, reason, once_key
-FROM %s WHERE name = $1 ORDER BY token DESC LIMIT $2`, epochMicros("acquired"), epochMicros("started"), epochMicros("ended"), h)
-	return s
-}
+SELECT EXISTS (SELECT FROM up)`
 
 // historyKeep is how many terms of a lock the writer keeps: the term it
 // appends and the newest ones before it.
