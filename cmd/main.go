@@ -1,6 +1,8 @@
 // Package cmd is leaderrun's command line: flags and their environment
-// variables, validation, building a backend, and the mapping of errors to
-// exit codes (exit.go). Nothing below cmd imports urfave/cli.
+// variables, read into the runner's configuration (each flag's syntax is
+// checked here, how the values relate by runner.New), building a backend,
+// what observes a run, and the mapping of errors to exit codes (exit.go).
+// Nothing below cmd imports urfave/cli.
 package cmd
 
 import (

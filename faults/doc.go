@@ -1,8 +1,9 @@
 // Package faults is leaderrun's fault-injection suite. It drives real
 // leaderrun binaries against a real 3-member etcd cluster, a real 3-server
 // Consul cluster, a real PostgreSQL server, a real 3-server ZooKeeper
-// ensemble, two real kube-apiservers on one etcd and Azurite (the Azure
-// Storage emulator), with every
+// ensemble, two real kube-apiservers on one etcd, a real Redis server
+// (append-only, fsync always), the DynamoDB emulator and Azurite (the
+// Azure Storage emulator), with every
 // candidate's store traffic passing through a TCP proxy that the suite
 // stalls and resets, and checks the safety contract on every trial against
 // a fencing ledger.

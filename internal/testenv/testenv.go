@@ -1,9 +1,10 @@
 // Package testenv starts the real servers and processes that tests need:
-// etcd members, Consul agents, PostgreSQL clusters and PgBouncer, a TCP
-// proxy that can stall or cut a link, and leaderrun itself. Servers come
-// from the binaries that scripts/install-etcd.sh and
-// scripts/install-consul.sh build, and the packages that
-// scripts/install-postgres.sh installs.
+// etcd members, Consul agents, PostgreSQL clusters and PgBouncer,
+// kube-apiservers, ZooKeeper ensembles, Redis with Sentinel, Azurite, a
+// DynamoDB emulator, a TCP proxy that can stall or cut a link, and
+// leaderrun itself. Servers come from what the scripts/install-*.sh
+// scripts build or install, found through the LEADERRUN_*_BIN variables
+// that scripts/test.sh sets.
 //
 // A missing binary skips the test on a developer's machine and fails it
 // when CI=true: CI must never pass by not testing.
