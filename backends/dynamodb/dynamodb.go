@@ -19,8 +19,8 @@
 // rvn, the record version number, is 128 random bits, new at every write
 // of the item. holder is the holder's identity, "" when the lock is free.
 // lease_ms is the holder's lease duration; acquired and renewed are the
-// holder's wall clock, read by status and --try only, never to decide that
-// a lease expired. pool, only in a pool of N > 1 holders (--holders), is
+// holder's wall clock, read by status and --try only, never by a waiter
+// to decide that a lease expired. pool, only in a pool of N > 1 holders (--holders), is
 // a map of N and the token of the grant that wrote it: an older
 // leaderrun's grant leaves the attribute as it finds it, and the token
 // tells it is not that grant's. The slots of a pool are locks of their
@@ -324,12 +324,17 @@ func (b *Backend) getRecord(ctx context.Context) (*record, error) {
 	return parseRecord(item)
 }
 
-// Status implements backends.Backend. Remaining is computed from the
-// holder's own wall clock (renewed), so it is only as good as the two
-// hosts' clocks agree; it is 0 for a lease that looks expired, which a
-// waiter would still wait out on its own clock. Waiting is -1: waiters
-// only read, DynamoDB does not count them. A table that does not exist
-// holds no lock.
+// Status implements backends.Backend. Status reads the item once: it
+// cannot watch the rvn for a whole lease as a waiter does. So it compares
+// the holder's last renewal (renewed, the holder's wall clock) with its
+// own clock: a lock whose holder has not renewed for lease_ms by that
+// measure (killed with SIGKILL, say) is not held; Remaining is computed
+// the same way. It is only as good as the two hosts' clocks agree: a
+// holder whose clock is behind this host's by more than lease_ms less its
+// retry period looks expired while it leads; one ahead looks alive after
+// it died. Waiters never use the timestamps. Waiting is -1: waiters only
+// read, DynamoDB does not count them. A table that does not exist holds
+// no lock.
 func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	st := backends.Status{Lock: b.lock, Backend: b.Name(), Key: b.Key(), Remaining: -1, Waiting: -1}
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
@@ -343,14 +348,18 @@ func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
 	case rec == nil || !rec.held():
 		return st, nil
 	}
+	if renewed := parseTime(rec.renewed); !renewed.IsZero() {
+		st.Remaining = time.Until(renewed.Add(rec.lease()))
+		if st.Remaining <= 0 {
+			st.Remaining = -1
+			return st, nil // ran out by this host's clock: nobody renews it
+		}
+	}
 	st.Held = true
 	st.Identity = rec.holder
 	st.Token = rec.token
 	st.Holders = rec.holders
 	st.TTL = rec.lease()
-	if renewed := parseTime(rec.renewed); !renewed.IsZero() {
-		st.Remaining = max(time.Until(renewed.Add(st.TTL)), 0)
-	}
 	return st, nil
 }
 
