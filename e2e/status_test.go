@@ -127,4 +127,3 @@ func statusOf(t *testing.T, env []string, args ...string) (etcdStatus, int) {
 	}
 	return st, code
 }
-
