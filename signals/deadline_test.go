@@ -27,6 +27,15 @@ func recorderScript(t *testing.T, file string) string {
 // and a signal's delivery on a machine loaded by parallel builds.
 const deadlineSlack = 100 * time.Millisecond
 
+// renewLead and renewEvery are how far ahead and how often the renewing
+// leader of TestWatchdogHoldsDeadline sets the deadline: a lead of 400 ms
+// was overtaken by a leader starved for as long under -count=20 beside
+// the fault suite.
+const (
+	renewLead  = 1500 * time.Millisecond
+	renewEvery = 100 * time.Millisecond
+)
+
 // TestWatchdogHoldsDeadline (S2, S10): leaderrun frozen (SIGSTOP of its
 // process alone), the watchdog sends the kill signal at the last deadline
 // leaderrun gave it, and SIGKILL --kill-grace later, on its own clock; not
@@ -36,10 +45,12 @@ const deadlineSlack = 100 * time.Millisecond
 func TestWatchdogHoldsDeadline(t *testing.T) {
 	cases := []struct {
 		name string
-		// renew: leaderrun renews (every 100 ms, 400 ms ahead) for a
-		// second before it is frozen; else the first deadline is 2 s
-		// after the start, time enough for the command to start (a
-		// race-enabled binary on a loaded machine).
+		// renew: leaderrun renews (every 100 ms, renewLead ahead) for
+		// 2 × renewLead before it is frozen, so that the first deadline
+		// has passed; else the first deadline is 2 s after the start.
+		// Both leave time enough for the command to start and for a
+		// renewal to be late (a race-enabled binary on a machine loaded
+		// by the e2e suite).
 		renew bool
 	}{{name: "first deadline"}, {name: "renewed deadlines", renew: true}}
 	for _, tc := range cases {
@@ -47,7 +58,7 @@ func TestWatchdogHoldsDeadline(t *testing.T) {
 			file := filepath.Join(t.TempDir(), "record")
 			env := []string{"SIGNALS_TEST_DEADLINE=2s"}
 			if tc.renew {
-				env = []string{"SIGNALS_TEST_DEADLINE=400ms", "SIGNALS_TEST_RENEW=100ms"}
+				env = []string{"SIGNALS_TEST_DEADLINE=" + renewLead.String(), "SIGNALS_TEST_RENEW=" + renewEvery.String()}
 			}
 			l := startLeader(t, recorderScript(t, file), env...)
 			command := testenv.Watch(t, l.child)
@@ -55,7 +66,7 @@ func TestWatchdogHoldsDeadline(t *testing.T) {
 			if tc.renew {
 				// Renewals carry the deadline past the first one:
 				// this sleep is the time they have to do it.
-				time.Sleep(time.Second)
+				time.Sleep(2 * renewLead)
 			}
 			if err := l.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
@@ -68,7 +79,7 @@ func TestWatchdogHoldsDeadline(t *testing.T) {
 			// sent at most a renewal period before the freeze.
 			latest := l.deadline
 			if tc.renew {
-				latest = frozen.Add(400 * time.Millisecond)
+				latest = frozen.Add(renewLead)
 			}
 			if !tc.renew && frozen.After(l.deadline) {
 				t.Fatalf("the command took %v to start: frozen after the deadline", frozen.Sub(l.deadline.Add(-2*time.Second)))
@@ -78,8 +89,8 @@ func TestWatchdogHoldsDeadline(t *testing.T) {
 			switch {
 			case !tc.renew && signalled.Before(l.deadline):
 				t.Errorf("signalled %v before the deadline", l.deadline.Sub(signalled))
-			case tc.renew && signalled.Before(frozen.Add(300*time.Millisecond)):
-				t.Errorf("signalled %v after leaderrun froze: the renewed deadlines were at least 300ms ahead", signalled.Sub(frozen))
+			case tc.renew && signalled.Before(frozen.Add(renewLead-renewEvery)):
+				t.Errorf("signalled %v after leaderrun froze: the renewed deadlines were at least %v ahead", signalled.Sub(frozen), renewLead-renewEvery)
 			case signalled.After(latest.Add(deadlineSlack)):
 				t.Errorf("signalled %v after the last deadline", signalled.Sub(latest))
 			}
