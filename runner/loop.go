@@ -49,7 +49,7 @@ func (l *leadership) run(ctx context.Context, lease backends.Lease) {
 		case <-progress.c:
 			l.progressOverdue(time.Now())
 		case <-cfg.Progress.woken():
-			l.progressed(time.Now(), cfg.Progress.latest())
+			l.progressed(time.Now(), cfg.Progress.Latest())
 		case <-lost:
 			lost = nil
 			l.leaseLost(time.Now(), lease.Err())

@@ -79,8 +79,8 @@ func (p *Progress) woken() <-chan struct{} {
 	return p.poke
 }
 
-// latest is the time of the newest report; zero if none.
-func (p *Progress) latest() time.Time {
+// Latest is the time of the newest report; zero if none.
+func (p *Progress) Latest() time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.last
