@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"github.com/leaderrun/leaderrun/backends"
 )
 
 // TestProgressTimeoutFlag: --progress-timeout and LEADERRUN_PROGRESS_TIMEOUT
@@ -82,5 +84,15 @@ func TestCheckProgressOutsideLeaderrun(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "LEADERRUN_SOCKET is not set") {
 		t.Errorf("output %q does not say why", out.String())
+	}
+}
+
+// TestHistoryShowsStall: history's text says a stalled term stalled, with
+// the command's status and the reason.
+func TestHistoryShowsStall(t *testing.T) {
+	term := backends.Term{End: backends.EndStalled, ExitCode: 143,
+		Reason: "no progress reported for --progress-timeout 5m0s (last report 5m0s ago)"}
+	if got, want := how(term), "stalled (exit 143): no progress reported for --progress-timeout 5m0s (last report 5m0s ago)"; got != want {
+		t.Errorf("how(%+v) = %q, want %q", term, got, want)
 	}
 }

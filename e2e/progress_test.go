@@ -20,26 +20,27 @@ import (
 const progressTimeout = time.Second
 
 // progressJob writes a shell job that reports progress with `leaderrun
-// check --progress` every 200 ms, reports times, then stops reporting and
+// check --progress` every 200 ms, `reports` times, then stops reporting and
 // runs on (in `wait`, which a trapped signal interrupts at once). It
 // records, in its own times, each report's start and end and when it got
-// SIGTERM. With exit set, it exits 0 after its reports instead.
+// SIGTERM. With exit set, it exits 0 after its reports instead. It is a
+// bash script for $EPOCHREALTIME, a clock read without a fork: `$(date)`
+// forks and execs, which on a loaded host can add a hundred milliseconds
+// to the time a stamp says.
 func progressJob(t *testing.T, out string, reports int, exit bool) string {
 	t.Helper()
 	tail := "sleep 3600 &\nwait $!\n"
 	if exit {
 		tail = "exit 0\n"
 	}
-	script := fmt.Sprintf(`trap 'echo "term $(date +%%s%%N)" >> %[1]s; exit 143' TERM
-i=0
-while [ $i -lt %[3]d ]; do
-	echo "asked $(date +%%s%%N)" >> %[1]s
+	script := fmt.Sprintf(`trap 'echo "term $EPOCHREALTIME" >> %[1]s; exit 143' TERM
+for ((i = 0; i < %[3]d; i++)); do
+	echo "asked $EPOCHREALTIME" >> %[1]s
 	%[2]s check --progress || exit 9
-	echo "reported $(date +%%s%%N)" >> %[1]s
-	i=$((i+1))
+	echo "reported $EPOCHREALTIME" >> %[1]s
 	sleep 0.2
 done
-echo "quiet $(date +%%s%%N)" >> %[1]s
+echo "quiet $EPOCHREALTIME" >> %[1]s
 %[4]s`, out, testenv.Leaderrun(t), reports, tail)
 	path := filepath.Join(t.TempDir(), "job.sh")
 	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
@@ -48,7 +49,8 @@ echo "quiet $(date +%%s%%N)" >> %[1]s
 	return path
 }
 
-// jobTimes reads the times a job recorded, by kind.
+// jobTimes reads the times a job recorded, by kind: $EPOCHREALTIME
+// (seconds.microseconds) or nanoseconds.
 func jobTimes(path string) map[string][]time.Time {
 	f, err := os.Open(path)
 	if err != nil {
@@ -58,11 +60,16 @@ func jobTimes(path string) map[string][]time.Time {
 	times := map[string][]time.Time{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		kind, ns, ok := strings.Cut(sc.Text(), " ")
-		n, err := strconv.ParseInt(ns, 10, 64)
-		if ok && err == nil {
-			times[kind] = append(times[kind], time.Unix(0, n))
+		kind, stamp, ok := strings.Cut(sc.Text(), " ")
+		sec, usec, micro := strings.Cut(stamp, ".")
+		n, err := strconv.ParseInt(sec+usec, 10, 64)
+		if !ok || err != nil {
+			continue
 		}
+		if micro {
+			n *= 1000
+		}
+		times[kind] = append(times[kind], time.Unix(0, n))
 	}
 	return times
 }
@@ -114,13 +121,16 @@ func testProgress(t *testing.T, store progressStore) {
 		d, takeover := stallTrial(t, store, fmt.Sprintf("stall-%d", i))
 		delays, takeovers = append(delays, d), append(takeovers, takeover)
 	}
-	t.Logf("kill signal after the last report's answer, beyond --progress-timeout %v: %v", progressTimeout, delays)
+	// Negative: before the answer's stamp plus the timeout. leaderrun
+	// counts from the report's arrival, a little before the job has its
+	// answer.
+	t.Logf("SIGTERM after the job's last report was answered, beyond --progress-timeout %v (job's own clock): %v", progressTimeout, delays)
 	t.Logf("takeover (the waiting host's child started after the stalled job's kill signal): %v", takeovers)
 
 	t.Run("keeps reporting", func(t *testing.T) {
 		out := filepath.Join(t.TempDir(), "times")
 		job := progressJob(t, out, int(5*progressTimeout/(200*time.Millisecond)), true)
-		args := append(store.run("steady", "steady"), "--progress-timeout", progressTimeout.String(), "--", "/bin/sh", job)
+		args := append(store.run("steady", "steady"), "--progress-timeout", progressTimeout.String(), "--", "/bin/bash", job)
 		p := start(t, nil, args...)
 		if code := p.wait(30 * time.Second); code != 0 {
 			t.Fatalf("exit %d, want the job's 0:\n%s", code, p.stderr.String())
@@ -144,9 +154,9 @@ func stallTrial(t *testing.T, store progressStore, lock string) (delay, takeover
 	dir := t.TempDir()
 	out, next := filepath.Join(dir, "times"), filepath.Join(dir, "next")
 	job := progressJob(t, out, 5, false)
-	first := start(t, nil, append(store.run(lock, "first"), "--progress-timeout", progressTimeout.String(), "--", "/bin/sh", job)...)
+	first := start(t, nil, append(store.run(lock, "first"), "--progress-timeout", progressTimeout.String(), "--", "/bin/bash", job)...)
 	waitFor(t, 10*time.Second, "the first job's first report", func() bool { return len(jobTimes(out)["reported"]) > 0 })
-	second := start(t, nil, append(store.run(lock, "second"), "--shell", "--", `echo "start $(date +%s%N)" >> `+next)...)
+	second := start(t, nil, append(store.run(lock, "second"), "--", "/bin/bash", "-c", `echo "start $EPOCHREALTIME" >> `+next)...)
 	if code := first.wait(30 * time.Second); code != 124 {
 		t.Fatalf("the stalled job's leaderrun exited %d, want 124:\n%s", code, first.stderr.String())
 	}
