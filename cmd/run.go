@@ -45,7 +45,7 @@ func runFlags() []cli.Flag {
 		&cli.StringFlag{Name: "kill-signal", Category: categoryChild, EnvVars: []string{"LEADERRUN_KILL_SIGNAL"}, Value: "SIGTERM",
 			Usage: "first `SIGNAL` sent to stop the command"},
 		&cli.DurationFlag{Name: "progress-timeout", Category: categoryChild, EnvVars: []string{"LEADERRUN_PROGRESS_TIMEOUT"},
-			Usage: "stop the command, release the lock and exit 124 when it reports no progress (leaderrun check --progress) for `D`, at least 1s (default: off)"},
+			Usage: "stop the command, release the lock and exit 124 when it reports no progress (leaderrun check --progress) for `D`, at least 1s (0: off)"},
 		&cli.BoolFlag{Name: "shell", Category: categoryChild,
 			Usage: `run sh -c "COMMAND ARG..." instead of executing COMMAND`},
 		&cli.BoolFlag{Name: "pass-credentials", Category: categoryChild, EnvVars: []string{"LEADERRUN_PASS_CREDENTIALS"},
