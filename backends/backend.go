@@ -226,6 +226,9 @@ const (
 	EndSkipped = "skipped"
 	// EndNotStarted: the command could not be started.
 	EndNotStarted = "not-started"
+	// EndStalled: the command reported no progress for
+	// --progress-timeout, and leaderrun stopped it; Reason says how long.
+	EndStalled = "stalled"
 )
 
 // Term is one leader's tenure of the lock, as recorded when it released it.
@@ -238,7 +241,7 @@ type Term struct {
 	// Ended is when the lock was given up.
 	Ended time.Time `json:"ended"`
 	// End is how the term ended: EndExited, EndSignaled, EndStopped,
-	// EndLost, EndSkipped or EndNotStarted.
+	// EndLost, EndSkipped, EndNotStarted or EndStalled.
 	End string `json:"end"`
 	// ExitCode is the command's exit status (128+N for signal N); -1 if it
 	// did not run.
@@ -246,8 +249,8 @@ type Term struct {
 	// Signal is the signal that ended the command or that leaderrun
 	// received (EndSignaled, EndStopped), e.g. "SIGTERM".
 	Signal string `json:"signal,omitempty"`
-	// Reason says why the lease was lost (EndLost), or why the command
-	// could not start.
+	// Reason says why the lease was lost (EndLost), why the command
+	// could not start, or how long it went without progress (EndStalled).
 	Reason string `json:"reason,omitempty"`
 	// OnceKey is the once-key of the run, if --once-per or --once-key was set.
 	OnceKey string `json:"once_key,omitempty"`

@@ -15,13 +15,15 @@ func checkCommand(st *state) *cli.Command {
 	return &cli.Command{
 		Name:  "check",
 		Usage: "inside the command: exit 0 while leadership is held, 1 otherwise",
-		UsageText: "leaderrun check [--min-remaining D] [-v]\n\n" +
+		UsageText: "leaderrun check [--progress] [--min-remaining D] [-v]\n\n" +
 			"Call it before each side effect of a shell job: it asks the leaderrun that\n" +
 			"started the job, through $LEADERRUN_SOCKET, and fails once leadership is\n" +
-			"lost, or when less than D is left before leaderrun would stop the job.",
+			"lost, or when less than D is left before leaderrun would stop the job.\n" +
+			"With --progress it first reports progress, for leaderrun's --progress-timeout.",
 		Flags: []cli.Flag{
 			&cli.DurationFlag{Name: "min-remaining", Usage: "also fail when less than `D` is left before the renew deadline"},
 			&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "print the token and the time left"},
+			&cli.BoolFlag{Name: "progress", Usage: "report progress to leaderrun first (see run's --progress-timeout), then check as usual"},
 		},
 		OnUsageError: onUsageError,
 		Action: func(c *cli.Context) error {
@@ -30,7 +32,11 @@ func checkCommand(st *state) *cli.Command {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
-			a, err := control.Query(ctx, os.Getenv("LEADERRUN_SOCKET"))
+			req := control.RequestCheck
+			if c.Bool("progress") {
+				req = control.RequestProgress
+			}
+			a, err := control.Ask(ctx, os.Getenv("LEADERRUN_SOCKET"), req)
 			if err != nil {
 				// No answer is no leadership.
 				fmt.Fprintf(st.stderr, "leaderrun check: %v\n", err)

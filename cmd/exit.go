@@ -20,6 +20,7 @@ const (
 	ExitSoftware    = 70  // EX_SOFTWARE: an internal error
 	ExitConflict    = 75  // EX_TEMPFAIL: not acquired (--try, --wait); see --conflict-exit-code
 	ExitLost        = 76  // leadership lost while the child ran; the child was stopped
+	ExitStalled     = 124 // --progress-timeout passed without a progress report; the child was stopped (as timeout(1))
 	ExitNotExec     = 126 // COMMAND is not executable, as shells report it
 	ExitNotFound    = 127 // COMMAND is not found, as shells report it
 )
@@ -86,6 +87,8 @@ func exitCode(err error, c codes) int {
 		return c.conflict
 	case errors.Is(err, runner.ErrLeadershipLost):
 		return ExitLost
+	case errors.Is(err, runner.ErrStalled):
+		return ExitStalled
 	case errors.Is(err, signals.ErrNotFound):
 		return ExitNotFound
 	case errors.Is(err, signals.ErrNotExecutable):

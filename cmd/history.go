@@ -93,6 +93,8 @@ func how(t backends.Term) string {
 		return "skipped: already completed"
 	case backends.EndNotStarted:
 		return "not started: " + t.Reason
+	case backends.EndStalled:
+		return fmt.Sprintf("stalled (exit %d): %s", t.ExitCode, t.Reason)
 	}
 	return t.End
 }

@@ -172,7 +172,7 @@ func newApp(st *state) *cli.App {
 	return &cli.App{
 		Name:      "leaderrun",
 		Usage:     "run a command only while this host holds a lock in etcd, Consul, PostgreSQL, Kubernetes, ZooKeeper or a local lock file",
-		UsageText: "leaderrun [run] --lock NAME [flags] -- COMMAND [ARG...]\nleaderrun status --lock NAME [--json] [store flags]\nleaderrun history --lock NAME [--json] [--limit N] [store flags]\nleaderrun check [--min-remaining D] [-v]\nleaderrun version\nleaderrun completion bash|zsh|fish",
+		UsageText: "leaderrun [run] --lock NAME [flags] -- COMMAND [ARG...]\nleaderrun status --lock NAME [--json] [store flags]\nleaderrun history --lock NAME [--json] [--limit N] [store flags]\nleaderrun check [--progress] [--min-remaining D] [-v]\nleaderrun version\nleaderrun completion bash|zsh|fish",
 		Description: `leaderrun campaigns for the lock NAME and runs COMMAND only while it holds
 it. The command gets $FENCE_TOKEN, a number that grows with every grant of
 the lock: send it with every write so that a resource can refuse a leader
@@ -200,9 +200,10 @@ examples/systemd/ for the commented, sandboxed original):
 Exit codes: the command's own; 128+N if it died of signal N; 1 check: not
 leader; 3 status: no leader; 64 usage or unsafe state directory; 65 local
 token or state file corrupt; 69 store unreachable or refused; 70 internal
-error; 75 not acquired (--try, --wait); 76 leadership lost; 126 command not
-executable; 127 command not found; --done-exit-code (0) when --once-per or
---once-key finds the run already done.
+error; 75 not acquired (--try, --wait); 76 leadership lost; 124 no progress
+reported for --progress-timeout; 126 command not executable; 127 command not
+found; --done-exit-code (0) when --once-per or --once-key finds the run
+already done.
 
 Run 'leaderrun run --help' for every flag of run.`,
 		Version:              Version(),

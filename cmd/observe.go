@@ -27,6 +27,11 @@ func observers(c *cli.Context, cfg *runner.Config, backend backends.Backend, log
 		}
 	)
 	state := &control.State{}
+	if cfg.ProgressTimeout != 0 {
+		// `leaderrun check --progress` reports through the check socket.
+		cfg.Progress = runner.NewProgress()
+		state.Progress = cfg.Progress
+	}
 	// Where the socket needs a file (not on Linux): $XDG_RUNTIME_DIR (per
 	// user, cleared at logout) if there is one.
 	srv, err := control.Listen(os.Getenv("XDG_RUNTIME_DIR"), state, log)

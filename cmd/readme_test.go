@@ -146,7 +146,7 @@ func TestExitCodesDocumented(t *testing.T) {
 		t.Fatalf("--help: exit %d", code)
 	}
 	for _, code := range []int{ExitNotLeader, ExitNoLeader, ExitUsage, ExitDataErr, ExitUnavailable, ExitSoftware,
-		ExitConflict, ExitLost, ExitNotExec, ExitNotFound} {
+		ExitConflict, ExitLost, ExitStalled, ExitNotExec, ExitNotFound} {
 		c := fmt.Sprint(code)
 		if !slices.ContainsFunc(readme, func(cell string) bool { return slices.Contains(strings.Split(cell, " / "), c) }) {
 			t.Errorf("exit code %d is not in the README's table", code)

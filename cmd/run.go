@@ -44,6 +44,8 @@ func runFlags() []cli.Flag {
 			Usage: "time `D` between the kill signal and SIGKILL"},
 		&cli.StringFlag{Name: "kill-signal", Category: categoryChild, EnvVars: []string{"LEADERRUN_KILL_SIGNAL"}, Value: "SIGTERM",
 			Usage: "first `SIGNAL` sent to stop the command"},
+		&cli.DurationFlag{Name: "progress-timeout", Category: categoryChild, EnvVars: []string{"LEADERRUN_PROGRESS_TIMEOUT"},
+			Usage: "stop the command, release the lock and exit 124 when it reports no progress (leaderrun check --progress) for `D`, at least 1s (0: off)"},
 		&cli.BoolFlag{Name: "shell", Category: categoryChild,
 			Usage: `run sh -c "COMMAND ARG..." instead of executing COMMAND`},
 		&cli.BoolFlag{Name: "pass-credentials", Category: categoryChild, EnvVars: []string{"LEADERRUN_PASS_CREDENTIALS"},
@@ -210,6 +212,8 @@ func runConfig(c *cli.Context, now time.Time) (runner.Config, error) {
 		Wait:          c.Duration("wait"),
 		MinHold:       c.Duration("min-hold"),
 		Child:         signals.Spec{KillGrace: c.Duration("kill-grace")},
+
+		ProgressTimeout: c.Duration("progress-timeout"),
 	}
 	key, keep, err := onceKey(c, now)
 	if err != nil {

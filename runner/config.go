@@ -105,6 +105,20 @@ type Config struct {
 
 	// OnceKeep is how long the store keeps a marker. Required with OnceKey.
 	OnceKeep time.Duration
+
+	// ProgressTimeout, if set, stops the child when it goes this long
+	// without a progress report (Progress), counted from its start or its
+	// last report: the same stop sequence as a loss, then the lease is
+	// released so that another host can take over, and Run returns a
+	// *StalledError. Too short stops a healthy job between two reports;
+	// too long leaves a wedged job holding the lock. At least
+	// MinProgressTimeout, at most MaxWait. Zero: progress is not watched.
+	ProgressTimeout time.Duration
+
+	// Progress carries the child's reports (the check socket's
+	// `leaderrun check --progress`). Required with ProgressTimeout;
+	// ignored without it.
+	Progress *Progress
 }
 
 // setDefaults fills in the fields whose zero value stands for a default.

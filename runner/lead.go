@@ -81,10 +81,19 @@ type leadership struct {
 	// holdLost says why the hold ended early (the lease was lost after the
 	// child had exited): not a loss for the caller.
 	holdLost error
+
+	// The progress clock (progress.go): the time of the last report (or
+	// the child's start), when the clock runs out (zero: not watched),
+	// whether the child reported at all, and why it was stopped if it ran
+	// out.
+	lastProgress time.Time
+	progressDue  time.Time
+	reported     bool
+	stalled      *StalledError
 }
 
 func newLeadership(cfg *Config, log *slog.Logger, token uint64, c child, lastAck, started time.Time) *leadership {
-	return &leadership{
+	l := &leadership{
 		cfg:      cfg,
 		log:      log,
 		token:    token,
@@ -93,6 +102,8 @@ func newLeadership(cfg *Config, log *slog.Logger, token uint64, c child, lastAck
 		deadline: lastAck.Add(cfg.RenewDeadline),
 		started:  started,
 	}
+	l.watchProgress()
+	return l
 }
 
 func (l *leadership) observe(e Event) {
@@ -261,10 +272,15 @@ func (l *leadership) cancelled(now time.Time) {
 }
 
 // result is how the leadership ended, for Run: the child's status, and a
-// *LostError if the lease was lost while it ran.
+// *LostError if the lease was lost while it ran, else a *StalledError if
+// it was stopped for want of progress (a loss while stopping a stalled
+// child is reported as the loss it is).
 func (l *leadership) result() (signals.Status, error) {
-	if l.lost != nil {
+	switch {
+	case l.lost != nil:
 		return l.status, &LostError{Reason: l.lost}
+	case l.stalled != nil:
+		return l.status, l.stalled
 	}
 	return l.status, nil
 }
@@ -283,6 +299,8 @@ func (l *leadership) term(identity string, acquired, ended time.Time, onceKey st
 	switch {
 	case l.lost != nil:
 		t.End, t.Reason = backends.EndLost, l.lost.Error()
+	case l.stalled != nil:
+		t.End, t.Reason = backends.EndStalled, l.stalled.Error()
 	case l.stopSignal != 0:
 		t.End, t.Signal = backends.EndStopped, signals.Name(l.stopSignal)
 	case l.status.Signal != 0:

@@ -10,8 +10,9 @@ import (
 )
 
 // run drives the leadership from real events until it is done: renewals
-// from a goroutine of its own, the deadline and hold timers, the store's
-// loss report, the child's end, signals and ctx.
+// from a goroutine of its own, the deadline, progress and hold timers,
+// the child's progress reports, the store's loss report, the child's end,
+// signals and ctx.
 func (l *leadership) run(ctx context.Context, lease backends.Lease) {
 	cfg := l.cfg
 	renewals := make(chan renewal)
@@ -29,6 +30,9 @@ func (l *leadership) run(ctx context.Context, lease backends.Lease) {
 
 	deadline := time.NewTimer(time.Until(l.deadline))
 	defer deadline.Stop()
+	var progress progressTimer
+	progress.set(l)
+	defer progress.stop()
 	var (
 		lost      = lease.Lost()
 		childDone = l.child.Done()
@@ -42,6 +46,10 @@ func (l *leadership) run(ctx context.Context, lease backends.Lease) {
 			l.renewed(time.Now(), rn)
 		case <-deadline.C:
 			l.deadlinePassed(time.Now())
+		case <-progress.c:
+			l.progressOverdue(time.Now())
+		case <-cfg.Progress.woken():
+			l.progressed(time.Now(), cfg.Progress.Latest())
 		case <-lost:
 			lost = nil
 			l.leaseLost(time.Now(), lease.Err())
@@ -63,6 +71,7 @@ func (l *leadership) run(ctx context.Context, lease backends.Lease) {
 		if l.lost == nil && l.phase != done {
 			deadline.Reset(time.Until(l.deadline))
 		}
+		progress.set(l)
 		if l.phase == holding && hold == nil {
 			hold = time.After(time.Until(l.holdUntil))
 		}

@@ -33,6 +33,14 @@ const (
 	// Skipped: the run for the once-key had already completed elsewhere;
 	// nothing runs.
 	Skipped
+	// ProgressReported: the progress clock (Config.ProgressTimeout)
+	// started with the child, or the child reported progress; Deadline is
+	// when the clock runs out.
+	ProgressReported
+	// Stalled: the child reported no progress for
+	// Config.ProgressTimeout; Err (a *StalledError) says how long. The
+	// child is being stopped.
+	Stalled
 )
 
 // Event is one state change. Deadline, where set, is the local deadline for

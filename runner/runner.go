@@ -42,7 +42,8 @@ func New(cfg Config) (*Runner, error) {
 // the child ended. The error is nil when the child exited by itself, or was
 // stopped because leaderrun received SIGTERM or SIGINT (S6); the status is
 // then the child's. Otherwise it is ErrNotAcquired, *InterruptedError,
-// *LostError, *DoneError, *ConfigError (the store granted a lease too
+// *LostError, *StalledError (no progress for ProgressTimeout; the child
+// was stopped), *DoneError, *ConfigError (the store granted a lease too
 // short for the timings), an error from starting the command
 // (signals.ErrNotFound, signals.ErrNotExecutable) or a backend error
 // (backends.ErrUnavailable).
@@ -77,9 +78,10 @@ func (r *Runner) logEnd(err error) {
 	case err == nil:
 	case errors.Is(err, ErrNotAcquired):
 		r.log.Info("not acquired; not running the command", "reason", err)
-	case errors.As(err, new(*DoneError)), errors.As(err, new(*InterruptedError)), errors.Is(err, ErrLeadershipLost):
+	case errors.As(err, new(*DoneError)), errors.As(err, new(*InterruptedError)), errors.Is(err, ErrLeadershipLost),
+		errors.Is(err, ErrStalled):
 		// Logged where it happened: who completed the run, the
-		// withdrawal, the loss and its reason.
+		// withdrawal, the loss and its reason, the stall.
 	default:
 		r.log.Error("leaderrun failed", "error", err)
 	}

@@ -379,6 +379,18 @@ func TestNewRefuses(t *testing.T) {
 		{name: "once-key without a lifetime", change: func(c *runner.Config) { c.OnceKey = "k" }, want: "marker lifetime"},
 		{name: "no command", change: func(c *runner.Config) { c.Child.Args = nil }, want: "no command"},
 		{name: "no store", change: func(c *runner.Config) { c.Backend = nil }, want: "no store"},
+		{name: "progress timeout", change: func(c *runner.Config) { c.ProgressTimeout, c.Progress = time.Second, runner.NewProgress() }},
+		{name: "progress timeout too short", change: func(c *runner.Config) {
+			c.ProgressTimeout, c.Progress = 999*time.Millisecond, runner.NewProgress()
+		}, want: "--progress-timeout 999ms: want at least 1s"},
+		{name: "negative progress timeout", change: func(c *runner.Config) {
+			c.ProgressTimeout, c.Progress = -time.Second, runner.NewProgress()
+		}, want: "--progress-timeout -1s: want at least 1s"},
+		{name: "huge progress timeout", change: func(c *runner.Config) {
+			c.ProgressTimeout, c.Progress = 400*24*time.Hour, runner.NewProgress()
+		}, want: "--progress-timeout 9600h0m0s is longer than the 8784h0m0s"},
+		{name: "progress timeout without reports", change: func(c *runner.Config) { c.ProgressTimeout = time.Minute },
+			want: "--progress-timeout 1m0s: no channel"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

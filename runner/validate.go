@@ -56,6 +56,23 @@ func (c *Config) validate() error {
 	if c.OnceKey != "" && c.OnceKeep <= 0 {
 		return configErrorf("a once-key needs a marker lifetime")
 	}
+	return c.validateProgress()
+}
+
+// validateProgress checks --progress-timeout.
+func (c *Config) validateProgress() error {
+	switch d := c.ProgressTimeout; {
+	case d == 0:
+		return nil
+	case d < MinProgressTimeout:
+		return configErrorf("--progress-timeout %v: want at least %v (0 turns it off): a report is a process start and a "+
+			"round trip on the check socket, and a shorter timeout would stop a healthy job on a scheduling hiccup",
+			d, MinProgressTimeout)
+	case d > MaxWait:
+		return configErrorf("--progress-timeout %v is longer than the %v this tool accepts", d, MaxWait)
+	case c.Progress == nil:
+		return configErrorf("--progress-timeout %v: no channel for the command's progress reports", d)
+	}
 	return nil
 }
 

@@ -1,13 +1,20 @@
 // Package control answers `leaderrun check` from inside the child: the
 // runner's state is kept by an Observer and served as one JSON object on a
 // unix socket whose path the child gets in LEADERRUN_SOCKET.
+//
+// The protocol: the client connects, sends one request line ("check", or
+// "progress" to report progress first; nothing at all is "check") and
+// shuts down its writing half; the server reads at most one short line,
+// acts on it, writes the answer and closes.
 package control
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -32,6 +39,10 @@ type Answer struct {
 
 // State follows the runner's events. Its zero value is not leading.
 type State struct {
+	// Progress, if set, hears the job's progress reports (Set before
+	// Listen). Nil: a progress request is answered as a check.
+	Progress *runner.Progress
+
 	mu       sync.Mutex
 	leading  bool
 	token    uint64
@@ -48,7 +59,7 @@ func (s *State) Observe(e runner.Event) {
 		if !e.Deadline.IsZero() {
 			s.deadline = e.Deadline
 		}
-	case runner.Lost, runner.Stopping, runner.Released:
+	case runner.Lost, runner.Stopping, runner.Stalled, runner.Released:
 		s.leading = false
 	}
 }
@@ -128,11 +139,67 @@ func (s *Server) serve(state *State) {
 			retry.Reset()
 		}
 		if allowed(c) {
-			_ = c.SetDeadline(time.Now().Add(time.Second))
-			_ = json.NewEncoder(c).Encode(state.Answer())
+			s.answer(c, state)
 		}
 		c.Close()
 	}
+}
+
+// The requests a client may send.
+const (
+	RequestCheck    = "check"
+	RequestProgress = "progress"
+)
+
+// maxRequest bounds a request line, newline included: the longest request
+// is "progress\n".
+const maxRequest = 64
+
+// answer serves one connection from an allowed peer: one request, one
+// answer, within a second. One connection at a time: each is answered
+// before the next is accepted, and a client sends its request as soon as
+// it connects.
+func (s *Server) answer(c net.Conn, state *State) {
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	req, err := readRequest(c)
+	if err != nil {
+		s.log.Debug("check socket: bad request", "error", err)
+		return
+	}
+	switch req {
+	case "", RequestCheck:
+	case RequestProgress:
+		// Recorded before the answer is written, so that a job that
+		// has its answer knows leaderrun has its report.
+		if state.Progress != nil {
+			state.Progress.Report(time.Now())
+		}
+	default:
+		s.log.Debug("check socket: unknown request", "request", req)
+		return
+	}
+	_ = json.NewEncoder(c).Encode(state.Answer())
+}
+
+// readRequest reads one request line of at most maxRequest bytes, ended by
+// a newline or by the client shutting down its writing half.
+func readRequest(c net.Conn) (string, error) {
+	var buf [maxRequest]byte
+	n := 0
+	for n < len(buf) {
+		m, err := c.Read(buf[n:])
+		n += m
+		if i := bytes.IndexByte(buf[:n], '\n'); i >= 0 {
+			return string(buf[:i]), nil
+		}
+		if errors.Is(err, io.EOF) {
+			return string(buf[:n]), nil
+		}
+		if err != nil {
+			return "", fmt.Errorf("read request: %w", err)
+		}
+	}
+	return "", fmt.Errorf("request longer than %d bytes", maxRequest)
 }
 
 // Close stops serving and removes the socket.
@@ -150,8 +217,14 @@ func (s *Server) Close() error {
 // leaderrun.
 var ErrNoSocket = errors.New("control: LEADERRUN_SOCKET is not set (check runs inside a command started by leaderrun)")
 
-// Query asks the socket at path.
+// Query asks the socket at path whether leadership is held.
 func Query(ctx context.Context, path string) (Answer, error) {
+	return Ask(ctx, path, RequestCheck)
+}
+
+// Ask sends req (RequestCheck or RequestProgress) to the socket at path
+// and returns the answer.
+func Ask(ctx context.Context, path, req string) (Answer, error) {
 	if path == "" {
 		return Answer{}, ErrNoSocket
 	}
@@ -163,6 +236,13 @@ func Query(ctx context.Context, path string) (Answer, error) {
 	defer c.Close()
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.SetDeadline(dl)
+	}
+	// A failed write shows as a failed read below; a server that answers
+	// without reading (an older leaderrun) has its answer read all the
+	// same.
+	_, _ = io.WriteString(c, req+"\n")
+	if uc, ok := c.(*net.UnixConn); ok {
+		_ = uc.CloseWrite()
 	}
 	var a Answer
 	if err := json.NewDecoder(c).Decode(&a); err != nil {

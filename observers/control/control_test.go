@@ -127,6 +127,10 @@ func readToEOF(t *testing.T, path string) {
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	// An empty request: the client only shuts down its writing half.
+	if err := c.(*net.UnixConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
 	b, err := io.ReadAll(c)
 	var a Answer
 	if err != nil || json.Unmarshal(b, &a) != nil || a.Token != helperToken {

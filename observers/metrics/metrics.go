@@ -42,6 +42,7 @@ type Metrics struct {
 	renewFailures *vm.Counter
 	childStarts   *vm.Counter
 	onceSkipped   *vm.Counter
+	progress      progressGauge // progress.go; its times under mu
 }
 
 // New returns metrics for lock, in a set of their own; the handler adds
@@ -76,6 +77,7 @@ func (m *Metrics) leading() float64 {
 
 // Observe implements runner.Observer.
 func (m *Metrics) Observe(e runner.Event) {
+	m.observeProgress(e)
 	switch e.Kind {
 	case runner.Acquired:
 		m.acquisitions.Inc()

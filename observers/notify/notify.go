@@ -88,6 +88,8 @@ func (n *Notifier) Observe(e runner.Event) {
 		n.send(n.stopping() + fmt.Sprintf("STATUS=leadership lost (token %d): %v; stopping the command", e.Token, e.Err))
 	case runner.Stopping:
 		n.send(n.stopping() + "STATUS=stopping the command")
+	case runner.Stalled:
+		n.send(n.stopping() + fmt.Sprintf("STATUS=%v; stopping the command", e.Err))
 	case runner.ChildExited:
 		n.send(fmt.Sprintf("STATUS=command exited (%v); releasing lock %s", e.Status, n.lock))
 	case runner.Released:
@@ -97,9 +99,9 @@ func (n *Notifier) Observe(e runner.Event) {
 
 // stopping returns "STOPPING=1\n" the first time it is called and "" after:
 // systemd is told once that leaderrun is shutting down, at the first of
-// leadership lost, the stop of the command on a signal, or the lock
-// released (after the command exited by itself); each of these ends the
-// run.
+// leadership lost, the stop of the command on a signal or for want of
+// progress, or the lock released (after the command exited by itself);
+// each of these ends the run.
 func (n *Notifier) stopping() string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
