@@ -116,6 +116,7 @@ var acceptBackoff = backends.Backoff{Min: 5 * time.Millisecond, Max: 100 * time.
 func (s *Server) serve(state *State) {
 	defer s.wg.Done()
 	retry := acceptBackoff
+	busy := make(chan struct{}, maxConns)
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
@@ -138,12 +139,25 @@ func (s *Server) serve(state *State) {
 			s.log.Info("check socket: accepting again", "socket", s.path, "failed_accepts", n)
 			retry.Reset()
 		}
-		if allowed(c) {
-			s.answer(c, state)
+		if !allowed(c) {
+			c.Close()
+			continue
 		}
-		c.Close()
+		// A few connections at once, each bounded by its second: a peer
+		// that connects and sends nothing delays no other check.
+		busy <- struct{}{}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer func() { <-busy }()
+			defer c.Close()
+			s.answer(c, state)
+		}()
 	}
 }
+
+// maxConns bounds the connections answered at once.
+const maxConns = 8
 
 // The requests a client may send.
 const (
@@ -156,9 +170,7 @@ const (
 const maxRequest = 64
 
 // answer serves one connection from an allowed peer: one request, one
-// answer, within a second. One connection at a time: each is answered
-// before the next is accepted, and a client sends its request as soon as
-// it connects.
+// answer, within a second.
 func (s *Server) answer(c net.Conn, state *State) {
 	_ = c.SetDeadline(time.Now().Add(time.Second))
 	req, err := readRequest(c)

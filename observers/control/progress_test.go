@@ -107,3 +107,29 @@ func TestStalledIsNotLeading(t *testing.T) {
 		t.Fatalf("after the stall: %+v, %v; want not leading", a, err)
 	}
 }
+
+// TestSilentPeerDelaysNoCheck: a peer that connects and sends nothing
+// holds its connection for the server's second; checks and progress
+// reports sent meanwhile are answered at once, not after it.
+func TestSilentPeerDelaysNoCheck(t *testing.T) {
+	srv, progress, _ := listenWithProgress(t)
+	for range maxConns - 1 {
+		c, err := net.Dial("unix", srv.Path())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := Ask(ctx, srv.Path(), RequestProgress); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 500*time.Millisecond {
+		t.Errorf("a progress report beside %d silent peers was answered after %v: it waited for them", maxConns-1, took)
+	}
+	if progress.Latest().Before(start) {
+		t.Error("the progress report was not recorded")
+	}
+}
