@@ -50,7 +50,7 @@ func record(path, what string) {
 		return
 	}
 	defer f.Close()
-	fmt.Fprintf(f, "%s %d %s\n", what, time.Now().UnixNano(), os.Getenv("FENCE_TOKEN"))
+	fmt.Fprintf(f, "%s %d %s %s\n", what, time.Now().UnixNano(), os.Getenv("FENCE_TOKEN"), os.Getenv("LEADERRUN_SLOT"))
 }
 
 // recorded returns the time of the first line for what, waiting for it.
@@ -379,6 +379,10 @@ func TestNewRefuses(t *testing.T) {
 		{name: "once-key without a lifetime", change: func(c *runner.Config) { c.OnceKey = "k" }, want: "marker lifetime"},
 		{name: "no command", change: func(c *runner.Config) { c.Child.Args = nil }, want: "no command"},
 		{name: "no store", change: func(c *runner.Config) { c.Backend = nil }, want: "no store"},
+		{name: "too many holders", change: func(c *runner.Config) { c.Holders = 101 }, want: "--holders 101: want 1-100"},
+		{name: "negative holders", change: func(c *runner.Config) { c.Holders = -1 }, want: "--holders -1: want 1-100"},
+		{name: "once-per-slot without a once-key", change: func(c *runner.Config) { c.Holders, c.OncePerSlot = 3, true },
+			want: "--once-per-slot needs --once-per or --once-key"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

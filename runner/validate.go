@@ -56,7 +56,7 @@ func (c *Config) validate() error {
 	if c.OnceKey != "" && c.OnceKeep <= 0 {
 		return configErrorf("a once-key needs a marker lifetime")
 	}
-	return nil
+	return c.validatePool()
 }
 
 // validateTimings checks how the timings relate, as client-go's elector
