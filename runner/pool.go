@@ -126,9 +126,14 @@ func (r *Runner) agree(ctx context.Context, skip int) error {
 		if errs[j] != nil {
 			return fmt.Errorf("status of slot %d: %w", j, errs[j])
 		}
-		if got := max(sts[j].Holders, 1); j != skip && sts[j].Held && got != n {
+		// A holder always records an identity (Config.Identity has a
+		// default): a held slot that names none is one whose record is
+		// not written yet (the local store takes the flock first, then
+		// writes the record), not a holder of one.
+		st := sts[j]
+		if got := max(st.Holders, 1); j != skip && st.Held && st.Identity != "" && got != n {
 			return configErrorf("--holders %d: slot %d of lock %q is held by %q, which runs with --holders %d; "+
-				"every candidate of a lock must use the same --holders", n, j, r.cfg.Lock, sts[j].Identity, got)
+				"every candidate of a lock must use the same --holders", n, j, r.cfg.Lock, st.Identity, got)
 		}
 	}
 	return nil
