@@ -163,6 +163,10 @@ func (r *Runner) race(ctx context.Context) (backends.Lease, int, error) {
 	var failed error
 	for range r.slots {
 		g := <-grants
+		if g.err == nil && g.lease == nil {
+			// A campaign that returns neither is not a grant.
+			g.err = fmt.Errorf("campaign returned no lease: %w", backends.ErrUnavailable)
+		}
 		switch {
 		case g.err == nil && won == nil:
 			won = &g

@@ -116,18 +116,33 @@ func TestPoolTakesLowestFreeSlot(t *testing.T) {
 	}
 }
 
-// TestPoolTryAllHeld: --try on a pool whose every slot is held tries each
-// once and returns ErrNotAcquired, saying so; nothing runs.
-func TestPoolTryAllHeld(t *testing.T) {
+// TestPoolAllHeld: --try on a pool whose every slot is held tries each
+// once, and --wait gives up after its time; both return ErrNotAcquired,
+// saying so, and nothing runs.
+func TestPoolAllHeld(t *testing.T) {
 	e := newPoolEnv(t)
 	for i := range 3 {
 		e.hold(i, 3)
 	}
-	cfg := e.config(3)
-	cfg.Try = true
-	_, err := run(context.Background(), cfg)
-	if !errors.Is(err, runner.ErrNotAcquired) || !strings.Contains(err.Error(), "all 3 slots") {
-		t.Fatalf("Run: %v, want ErrNotAcquired saying all 3 slots are held", err)
+	for _, tc := range []struct {
+		name string
+		try  bool
+		wait time.Duration
+		want string
+	}{
+		{"try", true, 0, "all 3 slots of lock \"runner\" are held (--try)"},
+		{"wait", false, 300 * time.Millisecond, "all 3 slots of lock \"runner\" still held after --wait 300ms"},
+	} {
+		cfg := e.config(3)
+		cfg.Try, cfg.Wait = tc.try, tc.wait
+		began := time.Now()
+		_, err := run(context.Background(), cfg)
+		if !errors.Is(err, runner.ErrNotAcquired) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Run: %v, want ErrNotAcquired saying %q", tc.name, err, tc.want)
+		}
+		if took := time.Since(began); took < tc.wait || took > tc.wait+5*time.Second {
+			t.Errorf("%s: gave up after %v, want after %v", tc.name, took, tc.wait)
+		}
 	}
 	if _, err := os.Stat(e.events); err == nil {
 		t.Error("the child ran although every slot was held")
