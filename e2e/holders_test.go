@@ -195,3 +195,40 @@ func outputEnv(t *testing.T, env []string, args ...string) (string, int) {
 	t.Fatalf("leaderrun %v: %v", args, err)
 	return "", -1
 }
+
+// TestHoldersCheckCatches: the flocks TestHolders relies on do catch what
+// it looks for. The child command alone, without leaderrun: a second
+// child in slot 0 records "overlap", and a fourth child of a pool of 3
+// (slots 0, 1, 2, 1) records "overcap".
+func TestHoldersCheckCatches(t *testing.T) {
+	events := filepath.Join(t.TempDir(), "events")
+	locks := t.TempDir()
+	var children []*exec.Cmd
+	t.Cleanup(func() {
+		for _, c := range children {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+	})
+	run := func(slot string, want int) {
+		c := exec.Command(childArgv(t)[0])
+		c.Env = append(append(os.Environ(), childEnv(events, "forever")...),
+			"E2E_SLOT_LOCKS="+locks, "E2E_CAP=3", "LEADERRUN_SLOT="+slot, "FENCE_TOKEN=1", "LEADERRUN_IDENTITY=x")
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		children = append(children, c)
+		waitEvents(t, events, 10*time.Second, "the child's start", func(evs []event) bool { return count(evs, "start") == want })
+	}
+	run("0", 1)
+	run("0", 2)
+	run("1", 3)
+	run("2", 4)
+	evs := readEvents(t, events)
+	if n := count(evs, "overlap"); n != 1 {
+		t.Errorf("%d overlap records for two children in slot 0, want 1\n%s", n, formatEvents(evs))
+	}
+	if n := count(evs, "overcap"); n != 1 {
+		t.Errorf("%d overcap records for four children in a pool of 3, want 1\n%s", n, formatEvents(evs))
+	}
+}
