@@ -18,10 +18,11 @@ func historyCommand(st *state) *cli.Command {
 	return &cli.Command{
 		Name:  "history",
 		Usage: "list the recent terms of the lock, newest first: who led, with which token, and how it ended",
-		UsageText: "leaderrun history --lock NAME [--json] [--limit N] [store flags]\n\n" +
+		UsageText: "leaderrun history --lock NAME [--holders N] [--json] [--limit N] [store flags]\n\n" +
 			"A lock never held prints nothing and exits 0.",
 		Flags: readFlags("print one JSON object per term, one per line",
-			&cli.IntFlag{Name: "limit", Value: 20, Usage: "show the newest `N` terms (the store keeps about 100)"}),
+			&cli.IntFlag{Name: "limit", Value: 20, Usage: "show the newest `N` terms (the store keeps about 100)"},
+			holdersFlag("the lock's pool size `N` (--holders of run): the terms of every slot, merged, with their slot")),
 		OnUsageError: onUsageError,
 		Action: func(c *cli.Context) error {
 			st.command = "history "
@@ -29,7 +30,14 @@ func historyCommand(st *state) *cli.Command {
 			if limit < 1 || limit > backends.HistoryLimit {
 				return usageErrorf("--limit %d: want 1-%d", limit, backends.HistoryLimit)
 			}
+			holders, err := holdersOf(c)
+			if err != nil {
+				return err
+			}
 			return withStore(c, "history", func(ctx context.Context, backend backends.Backend) error {
+				if holders > 1 {
+					return poolHistory(ctx, c, st, backend, holders, limit)
+				}
 				terms, err := backend.History(ctx, limit)
 				if err != nil {
 					return err
@@ -61,21 +69,26 @@ func printHistory(st *state, terms []backends.Term) {
 	defer w.Flush()
 	fmt.Fprintln(w, "TOKEN\tIDENTITY\tACQUIRED\tRAN\tENDED\tHOW\tONCE-KEY")
 	for _, t := range terms {
-		ran := "-"
-		if !t.Started.IsZero() {
-			ran = t.Ended.Sub(t.Started).Round(time.Millisecond).String()
-		}
-		key := t.OnceKey
-		if key == "" {
-			key = "-"
-		}
-		h := escape(how(t))
-		if len(h) > 72 {
-			h = strings.ToValidUTF8(h[:72], "") + "…" // --json has it whole
-		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", t.Token, escape(t.Identity), stamp(t.Acquired), ran,
-			stamp(t.Ended), h, escape(key))
+		fmt.Fprintln(w, termRow(t))
 	}
+}
+
+// termRow is one term's cells of the history table, tab-separated.
+func termRow(t backends.Term) string {
+	ran := "-"
+	if !t.Started.IsZero() {
+		ran = t.Ended.Sub(t.Started).Round(time.Millisecond).String()
+	}
+	key := t.OnceKey
+	if key == "" {
+		key = "-"
+	}
+	h := escape(how(t))
+	if len(h) > 72 {
+		h = strings.ToValidUTF8(h[:72], "") + "…" // --json has it whole
+	}
+	return fmt.Sprintf("%d\t%s\t%s\t%s\t%s\t%s\t%s", t.Token, escape(t.Identity), stamp(t.Acquired), ran,
+		stamp(t.Ended), h, escape(key))
 }
 
 // how says in a few words how a term ended.

@@ -172,13 +172,15 @@ func newApp(st *state) *cli.App {
 	return &cli.App{
 		Name:      "leaderrun",
 		Usage:     "run a command only while this host holds a lock in etcd, Consul, PostgreSQL, Kubernetes, ZooKeeper or a local lock file",
-		UsageText: "leaderrun [run] --lock NAME [flags] -- COMMAND [ARG...]\nleaderrun status --lock NAME [--json] [store flags]\nleaderrun history --lock NAME [--json] [--limit N] [store flags]\nleaderrun check [--progress] [--min-remaining D] [-v]\nleaderrun version\nleaderrun completion bash|zsh|fish",
+		UsageText: "leaderrun [run] --lock NAME [flags] -- COMMAND [ARG...]\nleaderrun status --lock NAME [--holders N] [--json] [store flags]\nleaderrun history --lock NAME [--holders N] [--json] [--limit N] [store flags]\nleaderrun check [--progress] [--min-remaining D] [-v]\nleaderrun version\nleaderrun completion bash|zsh|fish",
 		Description: `leaderrun campaigns for the lock NAME and runs COMMAND only while it holds
 it. The command gets $FENCE_TOKEN, a number that grows with every grant of
 the lock: send it with every write so that a resource can refuse a leader
 that was paused and lost its lease. If the lease is lost, leaderrun stops the
 command and everything it started (--kill-signal, then SIGKILL after
 --kill-grace) before the store can hand the lock to anyone else, and exits 76.
+With --holders N, up to N hosts run COMMAND at once, each in a slot 0..N-1
+($LEADERRUN_SLOT) whose $FENCE_TOKEN grows with every grant of that slot.
 
 crontab, on every host (one successful run a day; a host that finds the
 lock held waits, and runs the job if the leader died before finishing it):

@@ -32,6 +32,9 @@ func runFlags() []cli.Flag {
 			Usage: "at most one successful run per period of length `D` (UTC-aligned: floor(unix time / D)); a leader that finds it done exits --done-exit-code"},
 		&cli.StringFlag{Name: "once-key", Category: categoryLock, EnvVars: []string{"LEADERRUN_ONCE_KEY"},
 			Usage: "at most one successful run per `KEY` (e.g. $(date +%F)); excludes --once-per"},
+		holdersFlag("up to `N` holders of the lock at once, each in a slot 0..N-1 ($LEADERRUN_SLOT) with a fencing token of its own; every candidate must use the same N"),
+		&cli.BoolFlag{Name: "once-per-slot", Category: categoryLock, EnvVars: []string{"LEADERRUN_ONCE_PER_SLOT"},
+			Usage: "with --holders, a completed run counts in its own slot only (default: a run completed in any slot counts for the pool)"},
 		&cli.IntFlag{Name: "done-exit-code", Category: categoryLock, EnvVars: []string{"LEADERRUN_DONE_EXIT_CODE"}, Value: 0,
 			Usage: "exit `CODE` when the run for this period or key was already completed"},
 		&cli.DurationFlag{Name: "lease-duration", Category: categoryTiming, EnvVars: []string{"LEADERRUN_LEASE_DURATION"}, Value: runner.DefaultLeaseDuration,
@@ -220,6 +223,9 @@ func runConfig(c *cli.Context, now time.Time) (runner.Config, error) {
 		return cfg, err
 	}
 	cfg.OnceKey, cfg.OnceKeep = key, keep
+	if cfg.Holders, cfg.OncePerSlot, err = readPool(c, key); err != nil {
+		return cfg, err
+	}
 	if cfg.Child.KillSignal, err = signals.Parse(c.String("kill-signal")); err != nil {
 		return cfg, usageErrorf("--kill-signal: %v", err)
 	}

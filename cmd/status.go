@@ -49,11 +49,11 @@ func withStore(c *cli.Context, what string, read func(context.Context, backends.
 }
 
 func statusCommand(st *state) *cli.Command {
-	flags := readFlags("print the status as one JSON object")
+	flags := readFlags("print the status as one JSON object", holdersFlag("the lock's pool size `N` (--holders of run): list the holder of every slot"))
 	return &cli.Command{
 		Name:         "status",
 		Usage:        "show who holds the lock (exit 0 with a leader, 3 with none)",
-		UsageText:    "leaderrun status --lock NAME [--json] [store flags]",
+		UsageText:    "leaderrun status --lock NAME [--holders N] [--json] [store flags]",
 		Flags:        flags,
 		OnUsageError: onUsageError,
 		Action: func(c *cli.Context) error {
@@ -67,6 +67,12 @@ func statusCommand(st *state) *cli.Command {
 
 // status prints who holds the lock; errNoLeader if nobody does.
 func status(ctx context.Context, c *cli.Context, st *state, backend backends.Backend) error {
+	if n, err := holdersOf(c); err != nil || n > 1 {
+		if err != nil {
+			return err
+		}
+		return poolStatus(ctx, c, st, backend, n)
+	}
 	s, err := backend.Status(ctx)
 	if err != nil {
 		return err

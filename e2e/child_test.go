@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -22,6 +23,15 @@ import (
 //	exit:N     exit with status N at once
 //	ignore:D   record signals but ignore them, run for D
 //	forever    like sleep, without end
+//
+// With $E2E_SLOT_LOCKS (a directory, for pools: TestHolders) the start
+// record names the child's $LEADERRUN_SLOT ("slot=N"), and before it the
+// child takes, without waiting, an flock on the slot's file and one on any
+// of $E2E_CAP capacity files: a second child in the same slot, or one
+// child more than the pool's size, finds them held and records "overlap"
+// or "overcap". The kernel drops a child's flocks the instant it dies,
+// however it dies, so this sees what timestamps cannot: a child killed by
+// SIGKILL records no exit.
 func childMain() int {
 	mode, arg, _ := strings.Cut(os.Getenv("E2E_CHILD"), ":")
 	rec := func(event, detail string) {
@@ -35,7 +45,19 @@ func childMain() int {
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1)
-	rec("start", "")
+	if dir := os.Getenv("E2E_SLOT_LOCKS"); dir != "" {
+		slot := "slot=" + os.Getenv("LEADERRUN_SLOT")
+		overlap, overcap := takeSlotLocks(dir)
+		if overlap {
+			rec("overlap", slot)
+		}
+		if overcap {
+			rec("overcap", slot)
+		}
+		rec("start", slot)
+	} else {
+		rec("start", "")
+	}
 	var d time.Duration
 	switch mode {
 	case "exit":
@@ -61,6 +83,34 @@ func childMain() int {
 			return 0
 		}
 	}
+}
+
+// slotLocks are the files a child of a pool holds its flocks on: open,
+// and referenced, for the child's whole life.
+var slotLocks []*os.File
+
+// takeSlotLocks takes the flocks of childMain's pool mode and says which
+// it could not take.
+func takeSlotLocks(dir string) (overlap, overcap bool) {
+	take := func(name string) bool {
+		f, err := os.OpenFile(filepath.Join(dir, name), os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return false
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+			f.Close()
+			return false
+		}
+		slotLocks = append(slotLocks, f)
+		return true
+	}
+	overlap = !take("slot-" + os.Getenv("LEADERRUN_SLOT"))
+	n, _ := strconv.Atoi(os.Getenv("E2E_CAP"))
+	overcap = true
+	for i := 0; i < n && overcap; i++ {
+		overcap = !take("cap-" + strconv.Itoa(i))
+	}
+	return overlap, overcap
 }
 
 // event is one line of the events file.

@@ -49,6 +49,9 @@ func (v verdict) problems() string {
 
 // check evaluates the invariants on a finished trial.
 func (tr *trial) check() verdict {
+	if tr.slots != nil {
+		return tr.checkPool()
+	}
 	writes, lives := tr.ledger.snapshot()
 	sort.Slice(lives, func(i, j int) bool { return lives[i].Start.Before(lives[j].Start) })
 	v := verdict{lives: lives, writes: writes, failover: -1}

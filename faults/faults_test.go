@@ -40,6 +40,8 @@ func newStore(t testing.TB, name string) store {
 		return newDynamoStore(t)
 	case "azureblob":
 		return newAzureStore(t)
+	case "local":
+		return newLocalStore(t)
 	}
 	t.Fatalf("unknown store %q", name)
 	return nil
@@ -53,7 +55,7 @@ func TestFaults(t *testing.T) {
 	if trials <= 0 {
 		t.Skip("the fault suite runs through scripts/faults.sh (FAULTS_TRIALS not set)")
 	}
-	backends := []string{"etcd", "consul", "postgres", "zookeeper", "kubernetes", "redis", "dynamodb", "azureblob"}
+	backends := []string{"etcd", "consul", "postgres", "zookeeper", "kubernetes", "redis", "dynamodb", "azureblob", "local"}
 	backendFlag := "all"
 	if b := os.Getenv("FAULTS_BACKEND"); b != "" && b != "all" {
 		backends, backendFlag = strings.Split(b, ","), b
@@ -116,6 +118,9 @@ func runStore(t *testing.T, name string, trials int, bin, child, out string) []*
 	var rows []*row
 	for _, f := range scenarios {
 		if f.only != nil && !slices.Contains(f.only, name) || slices.Contains(f.except, name) {
+			continue
+		}
+		if p, ok := st.(interface{ poolOnly() bool }); ok && p.poolOnly() && f.holders == 0 {
 			continue
 		}
 		r := &row{store: name, scenario: f.name, expectFailover: f.failover}

@@ -181,6 +181,7 @@ func (l *ledger) close() {
 // childMain is the child: hello on the presence connection, then a write
 // every 50 ms with $FENCE_TOKEN until SIGTERM or death.
 func childMain() int {
+	poolEnv()
 	token := os.Getenv("FENCE_TOKEN")
 	id := os.Getenv("LEADERRUN_IDENTITY")
 	writer := fmt.Sprintf("%s/%d", id, os.Getpid())

@@ -93,6 +93,9 @@ type fault struct {
 	// treeGone, if set, is how soon after the fault's start the whole
 	// tree of the leader at fault must be gone (invariant (d)).
 	treeGone func(timing) time.Duration
+	// holders, if set, makes the row a pool's (--holders): see
+	// runPoolTrial, which injects the fault on two holders at once.
+	holders int
 }
 
 var scenarios = []fault{
@@ -170,6 +173,14 @@ var scenarios = []fault{
 		inject: func(tr *trial, c *candidate, _ int) {
 			_ = c.cmd.Process.Signal(syscall.SIGKILL)
 		}},
+	// A pool of 3 (--holders 3), ten candidates: the holders of two
+	// slots killed, or stopped, at once (holders_test.go).
+	{name: "holders 3: kill -9 holders", failover: true, holders: 3, inject: func(tr *trial, c *candidate, _ int) {
+		_ = c.cmd.Process.Signal(syscall.SIGKILL)
+	}},
+	{name: "holders 3: SIGTERM handover", failover: true, holders: 3, inject: func(tr *trial, c *candidate, _ int) {
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	}},
 }
 
 // trial is one run of one scenario: three candidates, one fault.
@@ -187,11 +198,17 @@ type trial struct {
 	leaderAtFault                    string
 	exits                            map[string]time.Time // identity → leaderrun exit
 	orphans                          []int                // child pids alive after their leaderrun
+	// slots are a pool's trials, one per slot with its own ledger
+	// (runPoolTrial); nil for a lock of one holder.
+	slots []*trial
 }
 
 const candidates = 3
 
 func runTrial(t testing.TB, st store, f fault, bin, child string, n int) *trial {
+	if f.holders > 1 {
+		return runPoolTrial(t, st, f, bin, child, n)
+	}
 	tr := &trial{t: t, store: st, timing: st.timings(), fault: f, bin: bin, child: child,
 		ledger: newLedger(t), exits: map[string]time.Time{}}
 	lock := fmt.Sprintf("faults-%d-%d", time.Now().UnixNano()%1e9, n)
@@ -281,6 +298,12 @@ func (tr *trial) waitExit(c *candidate, timeout time.Duration) {
 // teardown stops every candidate, records exits, finds orphaned children
 // and closes the ledger.
 func (tr *trial) teardown() {
+	tr.stopCandidates()
+	tr.closeLedger()
+}
+
+// stopCandidates stops every candidate and records its exit.
+func (tr *trial) stopCandidates() {
 	for _, c := range tr.cands {
 		if !c.exited() {
 			_ = c.cmd.Process.Signal(syscall.SIGTERM)
@@ -296,6 +319,10 @@ func (tr *trial) teardown() {
 		}
 		tr.exits[c.id] = c.exitAt
 	}
+}
+
+// closeLedger finds orphaned children and closes the ledger.
+func (tr *trial) closeLedger() {
 	// Every child must be gone with its leaderrun: wait briefly for the
 	// ledger to see the last connections close, then look.
 	deadline := time.Now().Add(2 * time.Second)

@@ -10,9 +10,9 @@ import (
 	"github.com/leaderrun/leaderrun/signals"
 )
 
-// campaign waits for leadership, withdrawing on a signal, on ctx, on --try
-// or when --wait runs out.
-func (r *Runner) campaign(ctx context.Context) (backends.Lease, error) {
+// campaign waits for leadership of a slot (see acquire), withdrawing on a
+// signal, on ctx, on --try or when --wait runs out.
+func (r *Runner) campaign(ctx context.Context) (backends.Lease, int, error) {
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	waitCtx := cctx
@@ -23,16 +23,19 @@ func (r *Runner) campaign(ctx context.Context) (backends.Lease, error) {
 	}
 	type result struct {
 		lease backends.Lease
+		slot  int
 		err   error
 	}
 	done := make(chan result, 1)
-	r.log.Info("campaigning", "try", r.cfg.Try, "wait", r.cfg.Wait)
+	if r.cfg.Holders > 1 {
+		r.log.Info("campaigning", "try", r.cfg.Try, "wait", r.cfg.Wait, "holders", r.cfg.Holders)
+	} else {
+		r.log.Info("campaigning", "try", r.cfg.Try, "wait", r.cfg.Wait)
+	}
 	r.cfg.Observer.Observe(Event{Kind: Campaigning})
 	go func() {
-		l, err := r.cfg.Backend.Campaign(waitCtx, backends.CampaignOptions{
-			Identity: r.cfg.Identity, Try: r.cfg.Try, LeaseDuration: r.cfg.LeaseDuration,
-		})
-		done <- result{l, err}
+		l, slot, err := r.acquire(waitCtx)
+		done <- result{l, slot, err}
 	}()
 
 	var interrupted syscall.Signal
@@ -44,9 +47,9 @@ func (r *Runner) campaign(ctx context.Context) (backends.Lease, error) {
 					r.release(res.lease, nil)
 				}
 				r.log.Info("candidacy withdrawn", "signal", signals.Name(interrupted))
-				return nil, &InterruptedError{Signal: interrupted}
+				return nil, 0, &InterruptedError{Signal: interrupted}
 			}
-			return res.lease, r.campaignErr(ctx, waitCtx, res.err)
+			return res.lease, res.slot, r.campaignErr(ctx, waitCtx, res.err)
 		case s := <-r.cfg.Signals:
 			sig, _ := s.(syscall.Signal)
 			switch sig {
@@ -68,11 +71,18 @@ func (r *Runner) campaignErr(ctx, waitCtx context.Context, err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, backends.ErrLocked) && r.cfg.Holders > 1:
+		return &NotAcquiredError{Reason: fmt.Sprintf("all %d slots of lock %q are held (--try)", r.cfg.Holders, r.cfg.Lock)}
 	case errors.Is(err, backends.ErrLocked):
 		return &NotAcquiredError{Reason: fmt.Sprintf("lock %q is held by another candidate (--try)", r.cfg.Lock)}
+	case errors.As(err, new(*ConfigError)):
+		return err
 	case r.cfg.Wait > 0 && errors.Is(waitCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil:
 		// Only our own --wait timer counts as "not acquired"; a
 		// backend error that merely wraps a deadline is not.
+		if r.cfg.Holders > 1 {
+			return &NotAcquiredError{Reason: fmt.Sprintf("all %d slots of lock %q still held after --wait %v", r.cfg.Holders, r.cfg.Lock, r.cfg.Wait)}
+		}
 		return &NotAcquiredError{Reason: fmt.Sprintf("lock %q still held by another candidate after --wait %v", r.cfg.Lock, r.cfg.Wait)}
 	case ctx.Err() != nil:
 		return &InterruptedError{Signal: syscall.SIGTERM}

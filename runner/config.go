@@ -119,6 +119,16 @@ type Config struct {
 	// `leaderrun check --progress`). Required with ProgressTimeout;
 	// ignored without it.
 	Progress *Progress
+
+	// Holders is the size of the pool (--holders N): up to N holders of
+	// the lock at once, each in a slot of its own (see pool.go and
+	// docs/safety.md, "Pools"), 1 to MaxHolders. Every candidate of a
+	// lock must use the same N. Zero: 1, the lock alone.
+	Holders int
+
+	// OncePerSlot makes the once-key's marker count in the own slot only;
+	// by default a marker in any slot of the pool counts. Needs OnceKey.
+	OncePerSlot bool
 }
 
 // setDefaults fills in the fields whose zero value stands for a default.
@@ -144,5 +154,8 @@ func (c *Config) setDefaults() {
 	}
 	if c.Observer == nil {
 		c.Observer = nopObserver{}
+	}
+	if c.Holders == 0 {
+		c.Holders = 1
 	}
 }

@@ -11,12 +11,13 @@ import (
 // (systemd) and must not reach the child, or the child could report
 // readiness or liveness for it.
 var ownVars = []string{"FENCE_TOKEN", "LEADERRUN_LOCK", "LEADERRUN_IDENTITY", "LEADERRUN_BACKEND", "LEADERRUN_SOCKET",
-	"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"}
+	"LEADERRUN_SLOT", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"}
 
 // childEnv is the command's environment: base without leaderrun's own
-// variables and the store's credentials (cfg.Unset), then leaderrun's.
-func childEnv(base []string, cfg Config, token uint64) []string {
-	env := make([]string, 0, len(base)+5)
+// variables and the store's credentials (cfg.Unset), then leaderrun's,
+// for the holder of slot with token.
+func childEnv(base []string, cfg Config, token uint64, slot int) []string {
+	env := make([]string, 0, len(base)+6)
 	for _, kv := range base {
 		name, _, _ := strings.Cut(kv, "=")
 		if !slices.Contains(ownVars, name) && !slices.Contains(cfg.Unset, name) {
@@ -28,6 +29,7 @@ func childEnv(base []string, cfg Config, token uint64) []string {
 		"LEADERRUN_LOCK="+cfg.Lock,
 		"LEADERRUN_IDENTITY="+cfg.Identity,
 		"LEADERRUN_BACKEND="+cfg.Backend.Name(),
+		"LEADERRUN_SLOT="+strconv.Itoa(slot),
 	)
 	if cfg.Socket != "" {
 		env = append(env, "LEADERRUN_SOCKET="+cfg.Socket)

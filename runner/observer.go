@@ -53,6 +53,9 @@ type Event struct {
 	Latency  time.Duration
 	Err      error
 	Status   signals.Status
+	// Slot is the slot of the pool the run holds (--holders), from
+	// Acquired on; 0 for a lock of one holder.
+	Slot int
 }
 
 // Observer is told of every event, synchronously, from the runner's loop;

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 
+	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/signals"
 )
 
@@ -16,6 +17,9 @@ type Runner struct {
 	// sup is the command's watchdog, started by New and handed to the
 	// command's start by Run; nil once Run or Close took it.
 	sup *signals.Supervisor
+	// slots are the backends of the lock's slots (--holders): the
+	// backend itself alone for one holder.
+	slots []backends.Backend
 }
 
 // New sets cfg's defaults, validates it (the timings and how they relate,
@@ -61,13 +65,15 @@ func (r *Runner) Run(ctx context.Context) (signals.Status, error) {
 		return signals.Status{}, errors.New("runner: Run called after Run or Close")
 	}
 	r.sup = nil
-	lease, err := r.campaign(ctx)
+	r.openSlots()
+	defer r.closeSlots()
+	lease, slot, err := r.campaign(ctx)
 	if err != nil {
 		sup.Abort()
 		r.logEnd(err)
 		return signals.Status{}, err
 	}
-	status, err := r.lead(ctx, lease, sup)
+	status, err := r.lead(ctx, lease, slot, sup)
 	r.logEnd(err)
 	return status, err
 }

@@ -50,7 +50,7 @@ func record(path, what string) {
 		return
 	}
 	defer f.Close()
-	fmt.Fprintf(f, "%s %d %s\n", what, time.Now().UnixNano(), os.Getenv("FENCE_TOKEN"))
+	fmt.Fprintf(f, "%s %d %s %s\n", what, time.Now().UnixNano(), os.Getenv("FENCE_TOKEN"), os.Getenv("LEADERRUN_SLOT"))
 }
 
 // recorded returns the time of the first line for what, waiting for it.
@@ -391,6 +391,10 @@ func TestNewRefuses(t *testing.T) {
 		}, want: "--progress-timeout 9600h0m0s is longer than the 8784h0m0s"},
 		{name: "progress timeout without reports", change: func(c *runner.Config) { c.ProgressTimeout = time.Minute },
 			want: "--progress-timeout 1m0s: no channel"},
+		{name: "too many holders", change: func(c *runner.Config) { c.Holders = 101 }, want: "--holders 101: want 1-100"},
+		{name: "negative holders", change: func(c *runner.Config) { c.Holders = -1 }, want: "--holders -1: want 1-100"},
+		{name: "once-per-slot without a once-key", change: func(c *runner.Config) { c.Holders, c.OncePerSlot = 3, true },
+			want: "--once-per-slot needs --once-per or --once-key"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

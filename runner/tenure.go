@@ -21,15 +21,24 @@ type tenure struct {
 	r        *Runner
 	cfg      *Config
 	lease    backends.Lease
+	slot     int
 	token    uint64
 	acquired time.Time
 	log      *slog.Logger
 }
 
-// lead runs the command under lease with its prepared watchdog sup.
-func (r *Runner) lead(ctx context.Context, lease backends.Lease, sup *signals.Supervisor) (signals.Status, error) {
-	t := &tenure{r: r, cfg: &r.cfg, lease: lease, token: lease.Token(), acquired: time.Now()}
+// lead runs the command under lease, of slot slot, with its prepared
+// watchdog sup.
+func (r *Runner) lead(ctx context.Context, lease backends.Lease, slot int, sup *signals.Supervisor) (signals.Status, error) {
+	t := &tenure{r: r, cfg: &r.cfg, lease: lease, slot: slot, token: lease.Token(), acquired: time.Now()}
 	t.log = r.log.With("token", t.token)
+	if r.cfg.Holders > 1 {
+		// A slot is a lock of its own (docs/safety.md, "Pools"): from
+		// here on, everything is as for one holder, told its slot.
+		t.log = t.log.With("slot", slot)
+		r.log = r.log.With("slot", slot)
+		r.cfg.Observer = slotted{Observer: r.cfg.Observer, slot: slot}
+	}
 	lastAck, err := t.admit(ctx)
 	if err != nil {
 		sup.Abort()
@@ -90,7 +99,7 @@ func (t *tenure) start(sup *signals.Supervisor, lastAck time.Time) (*signals.Chi
 	if unsafeLateKill {
 		firstDeadline = time.Time{}
 	}
-	c, err := sup.Start(childEnv(cfg.Env, *cfg, t.token), firstDeadline, heldFile(t.lease))
+	c, err := sup.Start(childEnv(cfg.Env, *cfg, t.token, t.slot), firstDeadline, heldFile(t.lease))
 	if err != nil {
 		return nil, err
 	}
@@ -128,12 +137,13 @@ func (t *tenure) notStarted(err error) *backends.Term {
 	return term
 }
 
-// completed reads the marker of the once-key, under the lock.
+// completed reads the marker of the once-key, under the lock: of the
+// whole pool, or of the own slot alone (see completedIn).
 func (t *tenure) completed(ctx context.Context) (*backends.Marker, error) {
 	cfg := t.cfg
 	rctx, cancel := context.WithTimeout(ctx, markerTimeout)
 	defer cancel()
-	m, err := cfg.Backend.Completed(rctx, cfg.OnceKey)
+	m, err := t.r.completedIn(rctx, t.slot)
 	if err != nil {
 		return nil, fmt.Errorf("read the completion marker of %q for lock %q: %w", cfg.OnceKey, cfg.Lock, err)
 	}

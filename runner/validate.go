@@ -56,7 +56,10 @@ func (c *Config) validate() error {
 	if c.OnceKey != "" && c.OnceKeep <= 0 {
 		return configErrorf("a once-key needs a marker lifetime")
 	}
-	return c.validateProgress()
+	if err := c.validateProgress(); err != nil {
+		return err
+	}
+	return c.validatePool()
 }
 
 // validateProgress checks --progress-timeout.

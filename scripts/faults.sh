@@ -11,7 +11,8 @@
 #
 #   scripts/faults.sh [--trials N] [--backend STORE[,STORE...]|all] [--parallel P] [--out DIR]
 #
-# STORE is one of: etcd consul postgres zookeeper kubernetes redis dynamodb azureblob.
+# STORE is one of: etcd consul postgres zookeeper kubernetes redis dynamodb azureblob local
+# (local: the pool rows only).
 #
 # --trials 1 --parallel 2 is the short mode that CI runs; the published
 # table in docs/faults/ comes from --trials 20 --backend all --parallel 3
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
 	*) echo "usage: $0 [--trials N] [--backend STORE[,STORE...]|all] [--parallel P] [--out DIR]" >&2; exit 64 ;;
 	esac
 done
-stores="etcd consul postgres zookeeper kubernetes redis dynamodb azureblob"
+stores="etcd consul postgres zookeeper kubernetes redis dynamodb azureblob local"
 case "$trials" in '' | *[!0-9]* | 0) echo "--trials $trials: want a positive number" >&2; exit 64 ;; esac
 case "$parallel" in '' | *[!0-9]* | 0) echo "--parallel $parallel: want a positive number" >&2; exit 64 ;; esac
 if [ "$backend" != all ]; then

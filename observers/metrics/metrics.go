@@ -36,6 +36,7 @@ type Metrics struct {
 	labels string // lock="...",backend="..."
 
 	leader        float64 // 1 while leading; read by the two gauges
+	slot          float64 // the slot held (--holders), -1 while not leading
 	mu            sync.Mutex
 	acquisitions  *vm.Counter
 	renewLatency  *vm.PrometheusHistogram
@@ -50,11 +51,15 @@ type Metrics struct {
 func New(lock, backend string) *Metrics {
 	// # TYPE lines, so that scrapers know counters from gauges.
 	vm.ExposeMetadata(true)
-	m := &Metrics{set: vm.NewSet(), labels: "lock=" + quote(lock) + ",backend=" + quote(backend)}
+	m := &Metrics{set: vm.NewSet(), labels: "lock=" + quote(lock) + ",backend=" + quote(backend), slot: -1}
 	m.set.NewGauge("leaderrun_is_leader{"+m.labels+"}", m.leading)
 	// The name and label that Kubernetes' leader election exports, so
 	// that dashboards built for it work unchanged.
 	m.set.NewGauge("leader_election_master_status{name="+quote(lock)+"}", m.leading)
+	// Which slot of a pool (--holders) this run holds: a gauge rather
+	// than a label, so that every series keeps its name and labels
+	// whichever slot a run wins.
+	m.set.NewGauge("leaderrun_slot{"+m.labels+"}", m.heldSlot)
 	m.acquisitions = m.set.NewCounter("leaderrun_acquisitions_total{" + m.labels + "}")
 	m.renewLatency = m.set.NewPrometheusHistogramExt("leaderrun_renewal_duration_seconds{"+m.labels+"}", renewBuckets)
 	m.renewFailures = m.set.NewCounter("leaderrun_renewal_failures_total{" + m.labels + "}")
@@ -75,6 +80,12 @@ func (m *Metrics) leading() float64 {
 	return m.leader
 }
 
+func (m *Metrics) heldSlot() float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.slot
+}
+
 // Observe implements runner.Observer.
 func (m *Metrics) Observe(e runner.Event) {
 	m.observeProgress(e)
@@ -82,6 +93,9 @@ func (m *Metrics) Observe(e runner.Event) {
 	case runner.Acquired:
 		m.acquisitions.Inc()
 		m.setLeader(1)
+		m.mu.Lock()
+		m.slot = float64(e.Slot)
+		m.mu.Unlock()
 	case runner.ChildStarted:
 		m.childStarts.Inc()
 	case runner.Renewed:
@@ -108,6 +122,9 @@ func (m *Metrics) Observe(e runner.Event) {
 func (m *Metrics) setLeader(v float64) {
 	m.mu.Lock()
 	m.leader = v
+	if v == 0 {
+		m.slot = -1
+	}
 	m.mu.Unlock()
 }
 

@@ -494,3 +494,32 @@ func get(t *testing.T, url string) string {
 	}
 	return "\n" + string(data)
 }
+
+// TestSlotGauge: leaderrun_slot is the slot a run holds (--holders), and
+// -1 before it leads and once it no longer does.
+func TestSlotGauge(t *testing.T) {
+	tests := []struct {
+		name   string
+		events []runner.Event
+		want   string
+	}{
+		{"never led", nil, "-1"},
+		{"slot 2", []runner.Event{{Kind: runner.Acquired, Slot: 2}, {Kind: runner.ChildStarted, Slot: 2}}, "2"},
+		{"one holder", []runner.Event{{Kind: runner.Acquired}}, "0"},
+		{"lost", []runner.Event{{Kind: runner.Acquired, Slot: 1}, {Kind: runner.Lost, Slot: 1, Err: backends.ErrLeaseLost}}, "-1"},
+		{"released", []runner.Event{{Kind: runner.Acquired, Slot: 1}, {Kind: runner.Released, Slot: 1}}, "-1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := New("g", "local")
+			for _, e := range tt.events {
+				m.Observe(e)
+			}
+			srv := httptest.NewServer(m)
+			defer srv.Close()
+			if body, want := get(t, srv.URL), "\nleaderrun_slot{lock=\"g\",backend=\"local\"} "+tt.want+"\n"; !strings.Contains(body, want) {
+				t.Errorf("want %q in:\n%s", want, body)
+			}
+		})
+	}
+}
