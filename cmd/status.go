@@ -11,6 +11,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/runner"
 )
 
 // readFlags are the flags of the commands that read the store (status,
@@ -76,6 +77,11 @@ func status(ctx context.Context, c *cli.Context, st *state, backend backends.Bac
 	s, err := backend.Status(ctx)
 	if err != nil {
 		return err
+	}
+	if !c.IsSet("holders") && s.Held && s.Holders > 1 {
+		// The lock's holder campaigns in a pool: show every slot, as
+		// --holders would.
+		return poolStatus(ctx, c, st, backend, min(s.Holders, runner.MaxHolders))
 	}
 	// The last term is a courtesy: a store that cannot read its history
 	// still gives its status.

@@ -136,7 +136,8 @@ func testHolders(t *testing.T, s statusStore) {
 
 // checkOthers: while the pool is full, a candidate with another
 // --holders is a usage error naming both numbers and the lock, --try
-// finds every slot held, and status lists the three holders.
+// finds every slot held, and status lists the three holders, with
+// --holders or without.
 func (p *pool) checkOthers() {
 	t := p.t
 	out, code := outputEnv(t, p.env, append(p.args("other", "--holders", "2", "--try", "--"), "true")...)
@@ -150,6 +151,12 @@ func (p *pool) checkOthers() {
 	out, code = outputEnv(t, p.env, append([]string{"status", "--lock", "pool", "--holders", "3"}, p.flags...)...)
 	if code != 0 || !strings.Contains(out, "3 of 3 slots held") {
 		t.Errorf("status --holders 3: exit %d, want 0 and three slots held:\n%s", code, out)
+	}
+	// Without --holders, status learns the pool's size from slot 0's
+	// holder record.
+	out, code = outputEnv(t, p.env, append([]string{"status", "--lock", "pool"}, p.flags...)...)
+	if code != 0 || !strings.Contains(out, "3 of 3 slots held") {
+		t.Errorf("status without --holders: exit %d, want 0 and the pool's three slots held:\n%s", code, out)
 	}
 }
 
