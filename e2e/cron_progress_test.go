@@ -5,7 +5,6 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -112,21 +111,7 @@ func TestCronProgressRecipe(t *testing.T) {
 				extra := fmt.Sprintf("mkdir /opt/reindex\ncp %s %s\ncp %s %s", run, reindexRun, shardPath, reindexShard)
 				argv = inPrivateMounts(t, run, extra, argv...)
 			}
-			cmd := exec.Command(argv[0], argv[1:]...)
-			for _, kv := range env {
-				if home, ok := strings.CutPrefix(kv, "HOME="); ok {
-					if fi, err := os.Stat(home); err == nil && fi.IsDir() {
-						cmd.Dir = home
-					}
-				}
-			}
-			output, err := cmd.CombinedOutput()
-			code := 0
-			if ee, ok := err.(*exec.ExitError); ok {
-				code = ee.ExitCode()
-			} else if err != nil {
-				t.Fatal(err)
-			}
+			output, code := runAsCron(t, argv, env)
 			t.Logf("sh -c %q (verbatim: %v): exit %d, output %q", line, verbatim, code, output)
 			if code != tc.code {
 				t.Errorf("exit %d, want %d", code, tc.code)

@@ -231,22 +231,7 @@ func TestCronRecipe(t *testing.T) {
 				line = strings.ReplaceAll(strings.ReplaceAll(line, unitLeaderrun, lr), cronJob, job)
 				argv = append(argv, line)
 			}
-			cmd := exec.Command(argv[0], argv[1:]...)
-			// cron runs a job in the user's home directory.
-			for _, kv := range env {
-				if home, ok := strings.CutPrefix(kv, "HOME="); ok {
-					if fi, err := os.Stat(home); err == nil && fi.IsDir() {
-						cmd.Dir = home
-					}
-				}
-			}
-			output, err := cmd.CombinedOutput()
-			code := 0
-			if ee, ok := err.(*exec.ExitError); ok {
-				code = ee.ExitCode()
-			} else if err != nil {
-				t.Fatal(err)
-			}
+			output, code := runAsCron(t, argv, env)
 			t.Logf("%s -c %q under %q: exit %d, output %q", shell, line, env, code, output)
 			if code != tt.code {
 				t.Errorf("exit %d, want %d", code, tt.code)
@@ -435,4 +420,26 @@ func TestCronRecipesInDocs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runAsCron runs argv as cron runs a job: in the home directory that env
+// names, output and exit code collected.
+func runAsCron(t *testing.T, argv, env []string) ([]byte, int) {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	for _, kv := range env {
+		if home, ok := strings.CutPrefix(kv, "HOME="); ok {
+			if fi, err := os.Stat(home); err == nil && fi.IsDir() {
+				cmd.Dir = home
+			}
+		}
+	}
+	output, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return output, code
 }

@@ -49,7 +49,9 @@ func newStore(t testing.TB, name string) store {
 
 // TestFaults is the suite. scripts/faults.sh runs it with
 // FAULTS_TRIALS (per scenario), FAULTS_BACKEND (a comma-separated list of
-// stores, or all) and FAULTS_OUT (where the table and timelines go).
+// stores, or all), FAULTS_ONLY (--only, for the report's command line; the
+// script passes it to -run) and FAULTS_OUT (where the table and timelines
+// go).
 func TestFaults(t *testing.T) {
 	trials, _ := strconv.Atoi(os.Getenv("FAULTS_TRIALS"))
 	if trials <= 0 {
@@ -89,7 +91,12 @@ func TestFaults(t *testing.T) {
 	})
 	var rows []*row
 	for _, rs := range byStore {
-		rows = append(rows, rs...)
+		for _, r := range rs {
+			// A scenario left out by --only ran no trial: no row.
+			if r.trials > 0 {
+				rows = append(rows, r)
+			}
+		}
 	}
 	tbl := table(rows)
 	fmt.Println()
@@ -101,6 +108,9 @@ func TestFaults(t *testing.T) {
 	cmdline := fmt.Sprintf("scripts/faults.sh --trials %d --backend %s", trials, backendFlag)
 	if parallel > 1 {
 		cmdline += fmt.Sprintf(" --parallel %d", parallel)
+	}
+	if only := os.Getenv("FAULTS_ONLY"); only != "" {
+		cmdline += fmt.Sprintf(" --only '%s'", only)
 	}
 	report := fmt.Sprintf("# Fault-injection results\n\nProduced by `%s` at commit %s on %s (%d cores, %s/%s, %s), in %v.\n\n%s\n%s",
 		cmdline, commit, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.GOOS, runtime.GOARCH,

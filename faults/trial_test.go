@@ -1,7 +1,6 @@
 package faults
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -217,26 +216,11 @@ func runTrial(t testing.TB, st store, f fault, bin, child string, n int) *trial 
 		storeArgs, proxies := st.candidate(t)
 		id := fmt.Sprintf("c%d", i)
 		args := append(append(append([]string{"--lock", lock, "--identity", id}, storeArgs...), tr.timing.args()...), "--", child)
-		c := &candidate{id: id, proxies: proxies, out: &lockedBuffer{}, done: make(chan struct{})}
-		c.cmd = exec.Command(bin, args...)
-		c.cmd.Env = append(os.Environ(), tr.ledger.env()...)
+		env := append(os.Environ(), tr.ledger.env()...)
 		if f.escape {
-			c.cmd.Env = append(c.cmd.Env, "FAULTS_ESCAPE=1")
+			env = append(env, "FAULTS_ESCAPE=1")
 		}
-		c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
-		c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := c.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() {
-			err := c.cmd.Wait()
-			c.exitAt = time.Now()
-			var ee *exec.ExitError
-			if errors.As(err, &ee) {
-				c.code = ee.ExitCode()
-			}
-			close(c.done)
-		}()
+		c := startCandidate(t, bin, id, args, env, proxies)
 		tr.cands = append(tr.cands, c)
 	}
 	defer tr.teardown()

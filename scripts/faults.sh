@@ -85,7 +85,7 @@ if wants redis; then
 		echo "Redis not installed: its trials will be skipped (failed under CI=true)" >&2
 	fi
 fi
-export FAULTS_TRIALS=$trials FAULTS_BACKEND=$backend FAULTS_OUT=$out FAULTS_PARALLEL=$parallel
+export FAULTS_TRIALS=$trials FAULTS_BACKEND=$backend FAULTS_OUT=$out FAULTS_PARALLEL=$parallel FAULTS_ONLY=$only
 FAULTS_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ -n "$(git status --porcelain 2>/dev/null)" ]; then FAULTS_COMMIT="$FAULTS_COMMIT+changes"; fi
 export FAULTS_COMMIT
