@@ -177,7 +177,7 @@ func runStore(t *testing.T, name string, trials int, bin, child, out string) []*
 
 const legend = `
 Invariants, checked on every trial from the ledger and the process records:
-(a) two leaders' trees (a child, and any helper it started that left its process group) never run at the same time, except after a whole-group pause, where every write of the stale child after the takeover must be rejected (leaderrun alone stopped is no such pause: its watchdog holds the deadline);
+(a) two leaders' trees (a child, and any helper it started that left its process group) never run at the same time, except after a whole-group pause, where every write of the stale child after the takeover must be rejected (leaderrun alone stopped is no such pause: its watchdog holds the deadline); in the pool rows (--holders 3, 10 candidates), (a) to (d) hold per slot, each slot with its own ledger, and (a) also counts any instant at which more than 3 children of the pool ran;
 (b) the token strictly increases at every change of leader;
 (c) no write is accepted with a token lower than one already accepted;
 (d) no child outlives its leaderrun (by more than 1 s: the ledger sees a closed connection a moment late), and after a kill -9 of leaderrun with an escaped helper, every process of its tree is gone within --kill-grace + 100 ms of the kill;
