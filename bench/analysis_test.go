@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 )
@@ -49,10 +50,8 @@ func (r *results) analysis() string {
 			if c, o := r.cost[own.id], r.cost[other.id]; c != nil && o != nil {
 				fmt.Fprintf(&b, "Store requests for one whole run: leaderrun %s; %s %s. ", fmtCounts(c.oneRun), other.name, fmtCounts(o.oneRun))
 			}
-		case goalRSS, goalAnon, goalRSSLong:
-			rec := r.rss[col.lr.id]
-			fmt.Fprintf(&b, "leaderrun itself peaks at %s (anonymous %s) and its watchdog at %s (%s). The watchdog is what kills the child's process group if leaderrun dies (S4). Every backend is linked into every run: the file-backed part follows the binary's size (%s); after a long leadership more of its pages have been touched (the collector, the scavenger) and the collector's own structures have been allocated.",
-				mib(rec.wrapper), mib(rec.wrapperSmaps.anon), mib(rec.helpers), strings.Join(rec.helperNames, ", "), r.sizes()["leaderrun"])
+		case goalPss, goalWatchdog, goalPssRef:
+			b.WriteString(r.memoryWhy(col))
 		case goalHerd, goalHerdHO:
 			if h := r.herd[col.name]; h != nil {
 				var w, n []string
@@ -65,6 +64,8 @@ func (r *results) analysis() string {
 			}
 		case goalIdle, goalSecond:
 			b.WriteString("See the per-kind rates in the store-cost details below.")
+		case goalPool:
+			b.WriteString("See the pool section of the details: which trial ran more commands than the pool's size, and what became of the ended holder's command.")
 		case goalCrash:
 			b.WriteString(crashWhy[col.name])
 		case goalCrashOld:
@@ -189,4 +190,46 @@ func signed(d time.Duration) string {
 		return "−" + fmtDur(-d)
 	}
 	return "+" + fmtDur(d)
+}
+
+// memoryWhy explains a missed memory goal with the run's figures: what
+// one more instance's private pages are, and what package init allocates
+// in every instance (the largest allocators named), against etcdctl's.
+func (r *results) memoryWhy(col *storeColumn) string {
+	rec := r.pss[col.lr.id]
+	hi := pssCounts[len(pssCounts)-1]
+	m := rec[hi]
+	var b strings.Builder
+	if m.watchdogs > 0 {
+		fmt.Fprintf(&b, "At %d leaders leaderrun's own processes hold %s private (%s each) and their watchdogs %s (%s each): private pages (the Go heap, stacks, runtime structures, and what package init allocated) are paid in full by every instance, whatever the sharing of the binary's code. ",
+			hi, mib(m.wrapperPriv), mib(m.wrapperPriv/hi), mib(m.watchdogPriv), mib(m.watchdogPriv/m.watchdogs))
+	}
+	if r.initBytes["leaderrun"] != nil {
+		fmt.Fprintf(&b, "Package init allocates %s in every leaderrun process before `main` (%d packages; etcdctl: %s, %d packages); the largest: %s. ",
+			bytesText(int(r.p50(r.initBytes, "leaderrun"))), r.initCount["leaderrun"], bytesText(int(r.p50(r.initBytes, "etcdctl"))), r.initCount["etcdctl"],
+			strings.Join(r.topInitAllocs("leaderrun", 5), ", "))
+	}
+	fmt.Fprintf(&b, "The binary is %s: every backend's client library is linked into every run, and the pages of it that a start touches are resident in each process (shared by Pss, counted in full by RSS).", r.sizes()["leaderrun"])
+	return b.String()
+}
+
+// topInitAllocs are the n packages of binary id whose init allocates the
+// most, at the median, with their allocation.
+func (r *results) topInitAllocs(id string, n int) []string {
+	type pa struct {
+		pkg   string
+		bytes int
+	}
+	var all []pa
+	for k := range r.initPkgBytes {
+		if pkg, ok := strings.CutPrefix(k, id+" "); ok {
+			all = append(all, pa{pkg, int(r.p50(r.initPkgBytes, k))})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].bytes > all[j].bytes })
+	var out []string
+	for _, p := range all[:min(n, len(all))] {
+		out = append(out, fmt.Sprintf("`%s` %s", p.pkg, bytesText(p.bytes)))
+	}
+	return out
 }

@@ -213,7 +213,7 @@ type storeColumn struct {
 }
 
 var storeColumns = []*storeColumn{
-	{name: "etcd", title: "etcd", lr: lrEtcd, ref: etcdctlLock, s2cRatio: 0.8, exitRatio: 1.0, tm: etcdTimings, latency: true,
+	{name: "etcd", title: "etcd", lr: lrEtcd, ref: etcdctlLock, s2cRatio: 1.0, exitRatio: 1.0, tm: etcdTimings, latency: true,
 		crashGoal: etcdTimings.lease + 500*time.Millisecond, crashGoalText: "lease + 0.5 s",
 		crashBound: etcdTimings.lease + 10*time.Second, crashTrials: 5, herdWoken: 1, sessions: true,
 		newStore: func() store { return &etcdStore{} }},
@@ -285,12 +285,6 @@ var latencyTools = func() []*tool {
 	}
 	return w
 }()
-
-// Memory goals while leading, for every store column.
-const (
-	rssGoalKiB  = 12 * 1024 // leaderrun and its watchdog, VmHWM
-	anonGoalKiB = 3 * 1024  // leaderrun and its watchdog, anonymous pages
-)
 
 // start runs tl on lock as the candidate tag with addr.
 func (b *bench) start(tl *tool, lock, tag, addr string, hold bool) (*proc, error) {
