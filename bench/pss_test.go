@@ -227,7 +227,7 @@ func (r *results) pssGoals(col *storeColumn) []goalMet {
 		wdMean = m.watchdogPss / m.watchdogs
 	}
 	out = append(out, goalMet{kind: goalWatchdog, goal: fmt.Sprintf("the watchdog's marginal Pss at %d leaders ≤ %s", hi, mib(watchdogGoalKiB)),
-		met: okWd && rec[hi].watchdogs == hi && wd <= watchdogGoalKiB,
+		met:      okWd && rec[hi].watchdogs == hi && wd <= watchdogGoalKiB,
 		measured: fmt.Sprintf("%s (its own Pss at %d leaders: %s each, %d watchdogs found)", marginalText(wd, okWd), hi, mib(wdMean), rec[hi].watchdogs)})
 	if col.ref == etcdctlLock {
 		alone, okA := rec.marginal(func(m memSum) int { return m.wrapperPss })

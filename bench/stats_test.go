@@ -320,7 +320,7 @@ func TestGoals(t *testing.T) {
 			wd = 2048
 		}
 		r.pss[col.lr.id] = pssRec{1: {wrapperPss: 20000, watchdogPss: 1500, watchdogs: 1},
-			5: {wrapperPss: 20000 + 4*3072, watchdogPss: 1500 + 4*wd, watchdogs: 5},
+			5:  {wrapperPss: 20000 + 4*3072, watchdogPss: 1500 + 4*wd, watchdogs: 5},
 			20: {wrapperPss: 20000 + 19*3072, watchdogPss: 1500 + 19*wd, watchdogs: 20}}
 	}
 	r.pss[etcdctlLock.id] = pssRec{1: {wrapperPss: 10000}, 20: {wrapperPss: 10000 + 19*4096}}
