@@ -28,11 +28,30 @@ func (b *bench) leaderruns() []struct{ id, bin string } {
 	return out
 }
 
-// initBins are the binaries whose package init is measured: every
-// leaderrun binary, and the Go CLIs beside it (etcdctl, consul), each
-// with an argument that does no work.
-func (b *bench) initBins() []struct{ id, bin string } {
-	return append(b.leaderruns(), struct{ id, bin string }{"etcdctl", b.etcdctl}, struct{ id, bin string }{"consul", b.consul})
+// initBin is one process whose package init is measured: argv, and
+// which of the processes it starts (0: itself; 1: the next Go process to
+// print an init trace, leaderrun's watchdog).
+type initBin struct {
+	id   string
+	argv []string
+	proc int
+}
+
+// watchdogInit is the id of leaderrun's watchdog in the init figures.
+const watchdogInit = "leaderrun-watchdog"
+
+// initBins are the processes whose package init is measured: every
+// leaderrun binary's `version`, the watchdog of a run of the one under
+// test on the local backend (the watchdog's init ends where the signals
+// package takes it over), and the Go CLIs beside it (etcdctl, consul).
+func (b *bench) initBins() []initBin {
+	var bins []initBin
+	for _, x := range b.leaderruns() {
+		bins = append(bins, initBin{id: x.id, argv: []string{x.bin, "version"}})
+	}
+	dir := filepath.Join(b.t.TempDir(), "state")
+	bins = append(bins, initBin{id: watchdogInit, argv: []string{b.lr, "--backend", "local", "--state-dir", dir, "--lock", "init", "--try", "--", "true"}, proc: 1})
+	return append(bins, initBin{id: "etcdctl", argv: []string{b.etcdctl, "version"}}, initBin{id: "consul", argv: []string{b.consul, "version"}})
 }
 
 // measureInit runs `BINARY version` with GODEBUG=inittrace=1, the binaries
@@ -44,16 +63,16 @@ func (b *bench) measureInit() {
 	bins := b.initBins()
 	for i := range max(b.runs, 20) {
 		for _, x := range rotate(bins, i) {
-			cmd := exec.Command(x.bin, "version")
+			cmd := exec.Command(x.argv[0], x.argv[1:]...)
 			cmd.Env = append(b.baseEnv(), "GODEBUG=inittrace=1")
 			out, err := cmd.CombinedOutput()
 			if err != nil {
-				b.t.Errorf("%s version: %v\n%s", x.bin, err, out)
+				b.t.Errorf("%v: %v\n%s", x.argv, err, out)
 				continue
 			}
-			tr := parseInitTrace(string(out))
+			tr := parseInitTrace(string(out), x.proc)
 			if tr.count == 0 {
-				b.t.Errorf("%s version with GODEBUG=inittrace=1 printed no init line:\n%s", x.bin, out)
+				b.t.Errorf("%v with GODEBUG=inittrace=1 printed no init line of process %d:\n%s", x.argv, x.proc, out)
 				continue
 			}
 			b.res.sample(b.res.initTotal, x.id).add(tr.total)
@@ -78,11 +97,16 @@ type initTrace struct {
 	pkgBytes map[string]int
 }
 
-// parseInitTrace reads the lines of GODEBUG=inittrace=1:
-// "init PKG @0.10 ms, 0.17 ms clock, 512 bytes, 3 allocs".
-func parseInitTrace(out string) initTrace {
+// parseInitTrace reads the lines of GODEBUG=inittrace=1 of process
+// proc of out (0: the first to print; a process that starts another one
+// prints all its lines before the other's first): "init PKG @0.10 ms,
+// 0.17 ms clock, 512 bytes, 3 allocs". The time after @ is since the
+// process started: a line whose time is earlier than the one before it
+// begins the next process.
+func parseInitTrace(out string, proc int) initTrace {
 	tr := initTrace{pkgs: map[string]time.Duration{}, pkgBytes: map[string]int{}}
 	sc := bufio.NewScanner(strings.NewReader(out))
+	n, last := 0, -1.0
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
 		if len(f) < 9 || f[0] != "init" || f[6] != "clock," || f[8] != "bytes," {
@@ -90,6 +114,14 @@ func parseInitTrace(out string) initTrace {
 		}
 		ms, err := strconv.ParseFloat(f[4], 64)
 		if err != nil {
+			continue
+		}
+		at, _ := strconv.ParseFloat(strings.TrimPrefix(f[2], "@"), 64)
+		if at < last {
+			n++
+		}
+		last = at
+		if n != proc {
 			continue
 		}
 		n, _ := strconv.Atoi(f[7])
@@ -144,7 +176,7 @@ func bytesText(n int) string {
 func (r *results) initTable() string {
 	var b strings.Builder
 	b.WriteString("| binary | size | packages initialised | package init p50 / p90 | allocated by init, p50 | packages over 0.2 ms at the median (init time, allocated) |\n|---|---|---|---|---|---|\n")
-	for _, id := range append(append([]string{"leaderrun"}, r.compared...), "etcdctl", "consul") {
+	for _, id := range append(append([]string{"leaderrun"}, r.compared...), watchdogInit, "etcdctl", "consul") {
 		if r.initTotal[id] == nil {
 			continue
 		}
@@ -155,7 +187,11 @@ func (r *results) initTable() string {
 		if len(slow) == 0 {
 			slow = []string{"none"}
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s |\n", id, r.sizes()[id], r.initCount[id], r.initTotal[id].pair(.9),
+		size := r.sizes()[id]
+		if id == watchdogInit {
+			size = "(leaderrun's)"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s |\n", id, size, r.initCount[id], r.initTotal[id].pair(.9),
 			bytesText(int(r.p50(r.initBytes, id))), strings.Join(slow, "; "))
 	}
 	return b.String()

@@ -279,6 +279,28 @@ func TestZKInspector(t *testing.T) {
 	}
 }
 
+// TestInitTrace: each process's lines of GODEBUG=inittrace=1 apart (a
+// process started by another prints after it), summed.
+func TestInitTrace(t *testing.T) {
+	out := `init internal/bytealg @0.005 ms, 0 ms clock, 0 bytes, 0 allocs
+init runtime @0.10 ms, 0.20 ms clock, 100 bytes, 1 allocs
+some log line
+init example.com/a @3.0 ms, 0.50 ms clock, 2000 bytes, 10 allocs
+init internal/bytealg @0.006 ms, 0 ms clock, 0 bytes, 0 allocs
+init example.com/b @1.0 ms, 0.25 ms clock, 300 bytes, 3 allocs
+`
+	first, second := parseInitTrace(out, 0), parseInitTrace(out, 1)
+	if first.count != 3 || first.total != 700*time.Microsecond || first.bytes != 2100 || first.pkgBytes["example.com/a"] != 2000 {
+		t.Errorf("first process: %+v", first)
+	}
+	if second.count != 2 || second.total != 250*time.Microsecond || second.bytes != 300 || second.pkgs["example.com/a"] != 0 {
+		t.Errorf("second process: %+v", second)
+	}
+	if third := parseInitTrace(out, 2); third.count != 0 {
+		t.Errorf("a third process: %+v", third)
+	}
+}
+
 // TestGoals renders the report of a run in which every store met its
 // goals but Consul's herd, and checks the verdicts and that every store
 // is a column of the table.
