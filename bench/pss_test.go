@@ -32,12 +32,16 @@ type memSum struct {
 	wrapperPss, wrapperPriv   int
 	watchdogPss, watchdogPriv int
 	otherPss, otherPriv       int
-	rss                       int // every process but the child's, summed RSS: secondary
-	watchdogs                 int // instances that had a watchdog
+	// Pss_Anon: the anonymous part of Pss (heap, stacks, runtime
+	// structures: what package init allocated is there).
+	wrapperAnon, watchdogAnon, otherAnon int
+	rss                                  int // every process but the child's, summed RSS: secondary
+	watchdogs                            int // instances that had a watchdog
 }
 
 func (m memSum) pss() int     { return m.wrapperPss + m.watchdogPss + m.otherPss }
 func (m memSum) private() int { return m.wrapperPriv + m.watchdogPriv + m.otherPriv }
+func (m memSum) anon() int    { return m.wrapperAnon + m.watchdogAnon + m.otherAnon }
 
 // pssRec is one tool's memSum for each count of pssCounts.
 type pssRec map[int]memSum
@@ -143,12 +147,12 @@ func (m *memSum) add(wrapper, child int) error {
 		m.rss += s.rss
 		switch pid {
 		case wrapper:
-			m.wrapperPss, m.wrapperPriv = m.wrapperPss+s.pss, m.wrapperPriv+s.private
+			m.wrapperPss, m.wrapperPriv, m.wrapperAnon = m.wrapperPss+s.pss, m.wrapperPriv+s.private, m.wrapperAnon+s.anon
 		case watchdog:
-			m.watchdogPss, m.watchdogPriv = m.watchdogPss+s.pss, m.watchdogPriv+s.private
+			m.watchdogPss, m.watchdogPriv, m.watchdogAnon = m.watchdogPss+s.pss, m.watchdogPriv+s.private, m.watchdogAnon+s.anon
 			m.watchdogs++
 		default:
-			m.otherPss, m.otherPriv = m.otherPss+s.pss, m.otherPriv+s.private
+			m.otherPss, m.otherPriv, m.otherAnon = m.otherPss+s.pss, m.otherPriv+s.private, m.otherAnon+s.anon
 		}
 	}
 	return nil
@@ -174,9 +178,10 @@ func parentOf(pid int) int {
 }
 
 // rollup is what /proc/PID/smaps_rollup says of a process, in KiB.
-type rollup struct{ rss, pss, private int }
+type rollup struct{ rss, pss, private, anon int }
 
-// readRollup reads Rss, Pss and Private_Clean + Private_Dirty of pid.
+// readRollup reads Rss, Pss, Pss_Anon and Private_Clean + Private_Dirty
+// of pid.
 func readRollup(pid int) (rollup, error) {
 	var r rollup
 	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "smaps_rollup"))
@@ -194,6 +199,8 @@ func readRollup(pid int) (rollup, error) {
 			r.rss = v
 		case "Pss:":
 			r.pss = v
+		case "Pss_Anon:":
+			r.anon = v
 		case "Private_Clean:", "Private_Dirty:":
 			r.private += v
 		}
@@ -317,8 +324,9 @@ func (r *results) pssDetails() string {
 		if !ok || m.watchdogs == 0 {
 			continue
 		}
-		fmt.Fprintf(&b, "- %s at %d leaders: leaderrun %s Pss (%s private) in all, its watchdogs %s Pss (%s private), other helpers %s.\n",
-			tl.name, hi, mib(m.wrapperPss), mib(m.wrapperPriv), mib(m.watchdogPss), mib(m.watchdogPriv), mib(m.otherPss))
+		an, okAn := r.pss[tl.id].marginal(memSum.anon)
+		fmt.Fprintf(&b, "- %s at %d leaders: leaderrun %s Pss (%s private, %s anonymous) in all, its watchdogs %s Pss (%s private, %s anonymous), other helpers %s; the anonymous part of one more instance's Pss: %s.\n",
+			tl.name, hi, mib(m.wrapperPss), mib(m.wrapperPriv), mib(m.wrapperAnon), mib(m.watchdogPss), mib(m.watchdogPriv), mib(m.watchdogAnon), mib(m.otherPss), marginalText(an, okAn))
 	}
 	return b.String()
 }

@@ -505,6 +505,7 @@ func (r *results) markdown() string {
 	b.WriteString("- ZooKeeper: one standalone server, tickTime 200 ms (session timeouts 0.4–60 s).\n")
 	b.WriteString("- Redis: one redis-server with a password, `appendonly yes`, `appendfsync always` (every write on disk before it is acknowledged), as docs/backends/redis.md asks.\n")
 	b.WriteString("- DynamoDB: the tests' emulator (`internal/testenv/ddbemu`: minidyn, in memory, over HTTP), its table created beforehand; start-to-child and memory only: an emulator's latencies say nothing of DynamoDB's.\n")
+	b.WriteString("- Azure Blob Storage: one Azurite blob service (the tests' emulator), the benchmark's container created beforehand.\n")
 	b.WriteString("- local: a state directory on the benchmark's file system.\n\n")
 	b.WriteString("**Settings**, as the rest of the project runs each store (e2e/, faults/), and as close to each other as the tools allow:\n\n")
 	for _, col := range storeColumns {
@@ -746,7 +747,10 @@ const method = `
 ## How it is measured
 
 - **start-to-child**: from just before the fork of the wrapper to the child's first reading of the clock in ` + "`main`" + `, on a lock nobody holds; the child exits at once and the wrapper is waited for before the next run. Runs rotate through the tools (and the child alone), so each tool runs right after each other one equally often. The client-go elector: to its OnStartedLeading, after which it is sent SIGTERM.
-- **peak RSS**: every wrapper leads its own lock at once for 3 s, then VmHWM is read from /proc/PID/status, for the wrapper and for its descendants except the child (leaderrun's watchdog); the largest of 3 rounds. The helpers' figure is the sum of their VmHWM. After 300 renewals: 30 s of leadership renewing every 100 ms (Kubernetes with a 9 s lease: renewals under a second apart count a second less).
+- **memory as a host pays it**: see the details above: each tool alone on the machine, 1, 5 and 20 leaders of distinct locks, Pss and Private from ` + "`/proc/PID/smaps_rollup`" + ` summed over each wrapper's tree but the child's (the watchdog is the child's parent), the marginal instance between 1 and 20.
+- **package init**: ` + "`GODEBUG=inittrace=1`" + ` of ` + "`BINARY version`" + ` (the watchdog: the second process of a ` + "`--try`" + ` run on the local backend), the binaries alternated.
+- **pool**: see the pool section above.
+- **peak RSS** (secondary): every wrapper leads its own lock at once for 3 s, then VmHWM is read from /proc/PID/status, for the wrapper and for its descendants except the child (leaderrun's watchdog); the largest of 3 rounds. The helpers' figure is the sum of their VmHWM. After 300 renewals: 30 s of leadership renewing every 100 ms (Kubernetes with a 9 s lease: renewals under a second apart count a second less).
 - **loss reaction**: the leader's child runs; the store drops the holder from outside (etcd: the holder's lease revoked; Consul: its session destroyed; PostgreSQL: its row deleted; Kubernetes: the Lease given to "operator"; ZooKeeper: its znode deleted). Measured from just before that request to the child's receipt of SIGTERM/SIGINT (client-go: the end of its leading context).
 - **graceful handover**: a leader, and a follower that the store shows waiting (its key, session, znode, listening connection or watch exists; the client-go elector: it reported the leader; then 300 ms to settle); SIGTERM to the leader's wrapper process; measured to the follower's child start.
 - **crash failover**: the same, with SIGKILL to the leader's wrapper process only; measured to the follower's child start. The old child is checked 1 s after the kill. Every store's trials ran at the same time, each on locks of its own, leaderrun's and the reference's of a round side by side: each waits out a lease, so the machine's noise does not matter there.

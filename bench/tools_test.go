@@ -128,7 +128,10 @@ var (
 	lrConsul = func() *tool {
 		tl := leaderrunOn("lrc", "leaderrun (Consul)", "consul", func(addr string) []string { return []string{"--consul-addr", addr} }, consulTimings)
 		tl.key = func(lock string) string { return "leaderrun/" + lock }
-		tl.session = func(name, lock string) bool { return name == "leaderrun leaderrun/"+lock }
+		// The lock session, and the queue entry's (backends/consul).
+		tl.session = func(name, lock string) bool {
+			return name == "leaderrun leaderrun/"+lock || name == "leaderrun leaderrun/"+lock+":queue"
+		}
 		return tl
 	}()
 	// consulLock runs the child directly (-shell=false), like the other
