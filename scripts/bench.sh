@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Benchmarks: leaderrun on every store (etcd, Consul, PostgreSQL,
-# Kubernetes, ZooKeeper, Redis, DynamoDB's emulator, local) side by side with `etcdctl lock`, `consul
-# lock` and client-go's elector, on local servers started for the run,
-# with the same child for every tool and the tools alternated run by run.
-# Prints the table and writes it, with the machine's description and an
-# analysis, to OUT/benchmarks.md, and the latency plot to
-# OUT/benchmarks.svg.
+# Kubernetes, ZooKeeper, Redis, Azure Blob's and DynamoDB's emulators,
+# local) side by side with `etcdctl lock`, `consul lock` and client-go's
+# elector, on local servers started for the run, with the same child for
+# every tool and the tools alternated run by run: start-to-child, package
+# init per package (time and allocation, beside etcdctl's and consul's),
+# binary size, memory as a host pays it (summed Pss and Private of 1, 5
+# and 20 leaders with their watchdogs, and one more instance), loss
+# reaction, handover, crash failover, store cost, 200 followers, and what
+# `consul lock -n 3` (and leaderrun --holders 3, where built) does when a
+# holder dies. Prints the tables and writes them, with the machine's
+# description, every goal's verdict and an analysis, to
+# OUT/benchmarks.md, and the latency plot to OUT/benchmarks.svg.
 #
 #   scripts/bench.sh [--runs N] [--out DIR]
 #
