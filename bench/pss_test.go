@@ -17,7 +17,8 @@ import (
 var pssCounts = []int{1, 5, 20}
 
 // pssLead is how long the instances lead before they are read: renewals,
-// keep-alives and loss checks run meanwhile.
+// keep-alives and loss checks run meanwhile: at least one renewal at
+// every store's timings (the longest retry period is 2 s).
 const pssLead = 3 * time.Second
 
 // memSum is what N instances of a tool cost while leading, summed over
