@@ -317,8 +317,12 @@ func (r *results) pssDetails() string {
 	}
 	var b strings.Builder
 	hi := pssCounts[len(pssCounts)-1]
-	fmt.Fprintf(&b, "\n### Memory as a host pays it\n\nEach tool alone on the machine (nothing else of the benchmark running): %v leaders of distinct locks at once, each leading for %v, then `/proc/PID/smaps_rollup` of every process of each wrapper's tree but the child's: the wrapper (leaderrun, `etcdctl`, `consul`), its watchdog (the child's parent, where that is not the wrapper: leaderrun re-executed) and any other helper. Pss divides each page among the processes that map it, so the binary's code, read from one file, is paid once per host and shared out; Private is what no other process maps. The marginal figure is what one more leading instance costs the host. RSS, summed, counts the shared pages once per process: it is shown for comparison only.\n\n",
-		pssCounts, pssLead)
+	counts := make([]string, len(pssCounts))
+	for i, n := range pssCounts {
+		counts[i] = strconv.Itoa(n)
+	}
+	fmt.Fprintf(&b, "\n### Memory as a host pays it\n\nEach tool alone on the machine (nothing else of the benchmark running): %s leaders of distinct locks at once, each leading for %v, then `/proc/PID/smaps_rollup` of every process of each wrapper's tree but the child's: the wrapper (leaderrun, `etcdctl`, `consul`), its watchdog (the child's parent, where that is not the wrapper: leaderrun re-executed) and any other helper. Pss divides each page among the processes that map it, so the binary's code, read from one file, is paid once per host and shared out; Private is what no other process maps. The marginal figure is what one more leading instance costs the host. RSS, summed, counts the shared pages once per process: it is shown for comparison only.\n\n",
+		strings.Join(counts, ", then "), pssLead)
 	b.WriteString(r.pssTable())
 	for _, tl := range pssTools {
 		m, ok := r.pss[tl.id][hi]
@@ -326,8 +330,12 @@ func (r *results) pssDetails() string {
 			continue
 		}
 		an, okAn := r.pss[tl.id].marginal(memSum.anon)
-		fmt.Fprintf(&b, "- %s at %d leaders: leaderrun %s Pss (%s private, %s anonymous) in all, its watchdogs %s Pss (%s private, %s anonymous), other helpers %s; the anonymous part of one more instance's Pss: %s.\n",
-			tl.name, hi, mib(m.wrapperPss), mib(m.wrapperPriv), mib(m.wrapperAnon), mib(m.watchdogPss), mib(m.watchdogPriv), mib(m.watchdogAnon), mib(m.otherPss), marginalText(an, okAn))
+		other := ""
+		if m.otherPss > 0 {
+			other = fmt.Sprintf(", other helpers %s", mib(m.otherPss))
+		}
+		fmt.Fprintf(&b, "- %s at %d leaders: leaderrun %s Pss (%s private, %s anonymous) in all, its watchdogs %s Pss (%s private, %s anonymous)%s; the anonymous part of one more instance's Pss: %s.\n",
+			tl.name, hi, mib(m.wrapperPss), mib(m.wrapperPriv), mib(m.wrapperAnon), mib(m.watchdogPss), mib(m.watchdogPriv), mib(m.watchdogAnon), other, marginalText(an, okAn))
 	}
 	return b.String()
 }
