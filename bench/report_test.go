@@ -527,7 +527,8 @@ func (r *results) markdown() string {
 
 	b.WriteString("## Results\n\n")
 	b.WriteString(r.table())
-	b.WriteString("\nPercentiles are nearest-rank: with 30 runs p90 is the 27th smallest; with 10 runs p99 is the largest. \"never\": the awaited event did not come within the bound (5 s; the client-go elector's loss reaction: lease + 5 s); a tool that missed its first 3 runs that way was not run again for that figure. \"not run\": the figure does not apply (the local backend has one host and no store to measure; the herd is leaderrun's).\n\n")
+	fmt.Fprintf(&b, "\nPercentiles are nearest-rank: with 30 runs p90 is the 27th smallest; under 100 runs p99 is the largest (loss reaction and graceful handover: %d trials per tool in this run). ", latencyRuns(r.runs))
+	b.WriteString("\"never\": the awaited event did not come within the bound (5 s; the client-go elector's loss reaction: lease + 5 s); a tool that missed its first 3 runs that way was not run again for that figure. \"not run\": the figure does not apply (the local backend has one host and no store to measure; the herd is leaderrun's).\n\n")
 	b.WriteString("![Latency distributions](benchmarks.svg)\n\n")
 
 	b.WriteString("## Goals\n\n| store | goal | target | measured | met |\n|---|---|---|---|---|\n")

@@ -16,9 +16,9 @@
 #   scripts/bench.sh [--runs N] [--out DIR]
 #
 # --runs: runs per start-to-child figure (default 30; loss reaction and
-# handover get a third of that, at least 5). --out defaults to docs/, where
-# the published figures live. The whole run takes about 9 minutes on 2
-# cores. BENCH_COST_SECONDS (default 30) and BENCH_FOLLOWERS (default 200)
+# handover get a sixth of that, at least 5). --out defaults to docs/, where
+# the published figures live. The whole run takes about 15 minutes on 2
+# cores (a third of it the 200-follower phase, a sixth the memory phase). BENCH_COST_SECONDS (default 30) and BENCH_FOLLOWERS (default 200)
 # tune the store-cost windows and the many-followers phase (200 followers
 # per store). The servers are built or installed as scripts/test.sh does
 # (PostgreSQL and ZooKeeper from Debian's packages: as root).
