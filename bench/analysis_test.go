@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 )
@@ -26,6 +27,7 @@ func (r *results) analysis() string {
 		fmt.Fprintf(&b, "%d of %d goals were met in this run. Missed:\n\n", met, len(goals))
 	}
 	up := func(id string) time.Duration { return r.p50(r.startup, id) }
+	memoryMissed := false
 	for _, g := range goals {
 		if g.met {
 			continue
@@ -49,10 +51,9 @@ func (r *results) analysis() string {
 			if c, o := r.cost[own.id], r.cost[other.id]; c != nil && o != nil {
 				fmt.Fprintf(&b, "Store requests for one whole run: leaderrun %s; %s %s. ", fmtCounts(c.oneRun), other.name, fmtCounts(o.oneRun))
 			}
-		case goalRSS, goalAnon, goalRSSLong:
-			rec := r.rss[col.lr.id]
-			fmt.Fprintf(&b, "leaderrun itself peaks at %s (anonymous %s) and its watchdog at %s (%s). The watchdog is what kills the child's process group if leaderrun dies (S4). Every backend is linked into every run: the file-backed part follows the binary's size (%s); after a long leadership more of its pages have been touched (the collector, the scavenger) and the collector's own structures have been allocated.",
-				mib(rec.wrapper), mib(rec.wrapperSmaps.anon), mib(rec.helpers), strings.Join(rec.helperNames, ", "), r.sizes()["leaderrun"])
+		case goalPss, goalWatchdog, goalPssRef:
+			b.WriteString(r.memoryWhy(col))
+			memoryMissed = true
 		case goalHerd, goalHerdHO:
 			if h := r.herd[col.name]; h != nil {
 				var w, n []string
@@ -65,6 +66,8 @@ func (r *results) analysis() string {
 			}
 		case goalIdle, goalSecond:
 			b.WriteString("See the per-kind rates in the store-cost details below.")
+		case goalPool:
+			b.WriteString("See the pool section of the details: which trial ran more commands than the pool's size, and what became of the ended holder's command.")
 		case goalCrash:
 			b.WriteString(crashWhy[col.name])
 		case goalCrashOld:
@@ -75,6 +78,9 @@ func (r *results) analysis() string {
 		b.WriteString("\n")
 	}
 
+	if memoryMissed {
+		b.WriteString(r.memoryCause())
+	}
 	b.WriteString("\n### What each store's figures come from\n\n")
 	for _, col := range storeColumns {
 		if !col.latency {
@@ -189,4 +195,55 @@ func signed(d time.Duration) string {
 		return "−" + fmtDur(-d)
 	}
 	return "+" + fmtDur(d)
+}
+
+// memoryWhy says, for a missed memory goal of col, what one instance's
+// private and anonymous pages are; memoryCause, once, where they come from.
+func (r *results) memoryWhy(col *storeColumn) string {
+	hi := pssCounts[len(pssCounts)-1]
+	m := r.pss[col.lr.id][hi]
+	if m.watchdogs == 0 {
+		return "No watchdog was found as the child's parent: see the memory details."
+	}
+	return fmt.Sprintf("At %d leaders each leaderrun held %s private (%s anonymous) and each watchdog %s private (%s anonymous). See \"Why the memory goals are missed\" below.",
+		hi, mib(m.wrapperPriv/hi), mib(m.wrapperAnon/hi), mib(m.watchdogPriv/m.watchdogs), mib(m.watchdogAnon/m.watchdogs))
+}
+
+// memoryCause explains, once, where each instance's private memory comes
+// from, with the run's package-init figures.
+func (r *results) memoryCause() string {
+	var b strings.Builder
+	b.WriteString("\n**Why the memory goals are missed.** Pss shares the binary's code among the instances, so what one more instance costs is its private pages: the Go heap, stacks and runtime structures of leaderrun and of its watchdog, each a Go process of its own. ")
+	if r.initBytes["leaderrun"] != nil {
+		fmt.Fprintf(&b, "Package init allocates %s on every leaderrun's heap before `main` (%d packages; `etcdctl`: %s, %d packages); the largest: %s. ",
+			bytesText(int(r.p50(r.initBytes, "leaderrun"))), r.initCount["leaderrun"], bytesText(int(r.p50(r.initBytes, "etcdctl"))), r.initCount["etcdctl"],
+			strings.Join(r.topInitAllocs("leaderrun", 5), ", "))
+	}
+	if r.initBytes[watchdogInit] != nil {
+		fmt.Fprintf(&b, "The watchdog initialises the %d packages that come before the signals package takes it over, allocating %s; the largest: %s. ",
+			r.initCount[watchdogInit], bytesText(int(r.p50(r.initBytes, watchdogInit))), strings.Join(r.topInitAllocs(watchdogInit, 3), ", "))
+	}
+	fmt.Fprintf(&b, "Every backend's client library is linked into every run (the binary is %s), and what their packages register at init (the AWS SDK's schemas and endpoint tables, protobuf descriptors) is allocated in every process, whichever store it uses. Keeping it out would take dropping or replacing a library; older SDKs are not pinned, nor are clients written by hand to meet the goal.\n", r.sizes()["leaderrun"])
+	return b.String()
+}
+
+// topInitAllocs are the n packages of binary id whose init allocates the
+// most, at the median, with their allocation.
+func (r *results) topInitAllocs(id string, n int) []string {
+	type pa struct {
+		pkg   string
+		bytes int
+	}
+	var all []pa
+	for k := range r.initPkgBytes {
+		if pkg, ok := strings.CutPrefix(k, id+" "); ok {
+			all = append(all, pa{pkg, int(r.p50(r.initPkgBytes, k))})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].bytes > all[j].bytes })
+	var out []string
+	for _, p := range all[:min(n, len(all))] {
+		out = append(out, fmt.Sprintf("`%s` %s", p.pkg, bytesText(p.bytes)))
+	}
+	return out
 }

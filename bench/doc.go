@@ -3,7 +3,11 @@
 // fast each starts its command on a free lock, how much memory it holds
 // while leading, how fast it stops its command when the store drops the
 // lease, how fast leadership moves on SIGTERM and after kill -9, and what
-// an idle follower, a leader, and 200 followers of one lock cost the store.
+// an idle follower, a leader, and 200 followers of one lock cost the store;
+// what each binary's package init costs, what 1, 5 and 20 leaders cost
+// the host (Pss and Private, with leaderrun's watchdog), and what `consul
+// lock -n 3` (and leaderrun --holders, where built) does when a holder
+// dies.
 //
 // Every tool runs the same child: this test binary re-executed in a child
 // mode, which reports on a unix socket the moment it started and the moment

@@ -143,6 +143,7 @@ func TestBench(t *testing.T) {
 		{"RSS while leading", b.measureRSS},
 		{"RSS after a long leadership", b.measureRSSLong},
 		{"Pss per instance", b.measurePss},
+		{"pool of holders", b.measurePool},
 		{"loss reaction", b.measureLoss},
 		{"graceful handover", b.measureHandover},
 		{"crash failover", b.measureCrash},
@@ -167,9 +168,14 @@ func TestBench(t *testing.T) {
 		b.res.command = "BENCH=1 go test -count=1 -timeout 0 -run '^TestBench$' -v ./bench/"
 	}
 	b.res.took = time.Since(began)
-	tbl := b.res.table()
 	fmt.Println()
-	fmt.Print(tbl)
+	fmt.Print(b.res.table())
+	// The must-show tables of the details, printed too (bench.sh prints
+	// every table line of the test's output).
+	for _, tbl := range []string{b.res.initTable(), b.res.pssTable(), b.res.poolTable()} {
+		fmt.Println()
+		fmt.Print(tbl)
+	}
 	if err := os.WriteFile(filepath.Join(out, "benchmarks.md"), []byte(b.res.markdown()), 0o644); err != nil {
 		t.Error(err)
 	}

@@ -125,15 +125,19 @@ func (b *bench) breakdown(tl *tool, p *proc, k kid) {
 	add(segChild, childAt.Sub(won))
 }
 
+// rssRounds: RSS is a secondary figure (memory as a host pays it is Pss,
+// measurePss), so two rounds, to keep the whole run near 15 minutes.
+const rssRounds = 2
+
 // measureRSS runs every wrapper as leader at once, each on its own lock,
 // for leadFor, then reads VmHWM: the wrapper's own, and its helper
 // processes' (every descendant except the child and what the child
 // started); and, from smaps, their anonymous and file-backed pages and
-// what the resident set is made of, mapping by mapping. Three rounds;
+// what the resident set is made of, mapping by mapping. rssRounds rounds;
 // the largest counts.
 func (b *bench) measureRSS() {
 	const leadFor = 3 * time.Second
-	for r := range 3 {
+	for r := range rssRounds {
 		procs := map[string]*proc{}
 		for _, tl := range slices.Concat(wrappers, b.compare) {
 			tag := fmt.Sprintf("%s-rss-%d", tl.id, r)
@@ -209,12 +213,17 @@ func lossBound(tl *tool) time.Duration {
 	return 5 * time.Second
 }
 
+// latencyRuns is how many loss and handover trials each tool gets: a
+// sixth of the runs, at least 5 (5 at the default 30, so that the whole
+// run stays near 15 minutes on 2 cores; with 5, p99 is the largest).
+func latencyRuns(runs int) int { return max(5, runs/6) }
+
 // measureLoss: the store ends the leader's lease from outside (see
 // store.drop); the figure is the time from just before that request to
 // the child's receipt of SIGTERM or SIGINT (client-go: the end of its
 // leading context). "never" if none comes within the tool's bound.
 func (b *bench) measureLoss() {
-	runs := max(5, b.runs/3)
+	runs := latencyRuns(b.runs)
 	for i := range runs {
 		for _, tl := range rotate(latencyTools, i) {
 			s := b.res.sample(b.res.loss, tl.id)
@@ -307,7 +316,7 @@ func (b *bench) lossTrial(tl *tool, tag string) (lossResult, error) {
 // leader's wrapper; the figure is the time to the follower's child start.
 // "never" if it does not start within 5 s.
 func (b *bench) measureHandover() {
-	runs := max(5, b.runs/3)
+	runs := latencyRuns(b.runs)
 	for i := range runs {
 		for _, tl := range rotate(latencyTools, i) {
 			s := b.res.sample(b.res.handover, tl.id)

@@ -28,60 +28,124 @@ func (b *bench) leaderruns() []struct{ id, bin string } {
 	return out
 }
 
+// initBin is one process whose package init is measured: argv, and
+// which of the processes it starts (0: itself; 1: the next Go process to
+// print an init trace, leaderrun's watchdog).
+type initBin struct {
+	id   string
+	argv []string
+	proc int
+}
+
+// watchdogInit is the id of leaderrun's watchdog in the init figures.
+const watchdogInit = "leaderrun-watchdog"
+
+// initBins are the processes whose package init is measured: every
+// leaderrun binary's `version`, the watchdog of a run of the one under
+// test on the local backend (the watchdog's init ends where the signals
+// package takes it over), and the Go CLIs beside it (etcdctl, consul).
+func (b *bench) initBins() []initBin {
+	var bins []initBin
+	for _, x := range b.leaderruns() {
+		bins = append(bins, initBin{id: x.id, argv: []string{x.bin, "version"}})
+	}
+	dir := filepath.Join(b.t.TempDir(), "state")
+	bins = append(bins, initBin{id: watchdogInit, argv: []string{b.lr, "--backend", "local", "--state-dir", dir, "--lock", "init", "--try", "--", "true"}, proc: 1})
+	return append(bins, initBin{id: "etcdctl", argv: []string{b.etcdctl, "version"}}, initBin{id: "consul", argv: []string{b.consul, "version"}})
+}
+
 // measureInit runs `BINARY version` with GODEBUG=inittrace=1, the binaries
 // alternated run by run, and keeps each run's total package init time and
-// each package's: what every start of leaderrun pays before main, whether
-// or not it uses the package.
+// allocation and each package's: what every start pays before main,
+// whether or not it uses the package. The heap allocated during init
+// stays in every instance's memory.
 func (b *bench) measureInit() {
-	bins := b.leaderruns()
+	bins := b.initBins()
 	for i := range max(b.runs, 20) {
 		for _, x := range rotate(bins, i) {
-			cmd := exec.Command(x.bin, "version")
+			cmd := exec.Command(x.argv[0], x.argv[1:]...)
 			cmd.Env = append(b.baseEnv(), "GODEBUG=inittrace=1")
 			out, err := cmd.CombinedOutput()
 			if err != nil {
-				b.t.Errorf("%s version: %v\n%s", x.bin, err, out)
+				b.t.Errorf("%v: %v\n%s", x.argv, err, out)
 				continue
 			}
-			total, pkgs := parseInitTrace(string(out))
-			b.res.sample(b.res.initTotal, x.id).add(total)
-			for pkg, d := range pkgs {
+			tr := parseInitTrace(string(out), x.proc)
+			if tr.count == 0 {
+				b.t.Errorf("%v with GODEBUG=inittrace=1 printed no init line of process %d:\n%s", x.argv, x.proc, out)
+				continue
+			}
+			b.res.sample(b.res.initTotal, x.id).add(tr.total)
+			b.res.sample(b.res.initBytes, x.id).add(time.Duration(tr.bytes))
+			b.res.mu.Lock()
+			b.res.initCount[x.id] = tr.count
+			b.res.mu.Unlock()
+			for pkg, d := range tr.pkgs {
 				b.res.sample(b.res.initPkg, x.id+" "+pkg).add(d)
+				b.res.sample(b.res.initPkgBytes, x.id+" "+pkg).add(time.Duration(tr.pkgBytes[pkg]))
 			}
 		}
 	}
 }
 
-// parseInitTrace reads the lines of GODEBUG=inittrace=1:
-// "init PKG @0.10 ms, 0.17 ms clock, 0 bytes, 0 allocs".
-func parseInitTrace(out string) (time.Duration, map[string]time.Duration) {
-	pkgs := map[string]time.Duration{}
-	var total time.Duration
+// initTrace is what one GODEBUG=inittrace=1 run printed, summed.
+type initTrace struct {
+	total    time.Duration
+	bytes    int // heap allocated by every package's init
+	count    int // packages initialised
+	pkgs     map[string]time.Duration
+	pkgBytes map[string]int
+}
+
+// parseInitTrace reads the lines of GODEBUG=inittrace=1 of process
+// proc of out (0: the first to print; a process that starts another one
+// prints all its lines before the other's first): "init PKG @0.10 ms,
+// 0.17 ms clock, 512 bytes, 3 allocs". The time after @ is since the
+// process started: a line whose time is earlier than the one before it
+// begins the next process.
+func parseInitTrace(out string, proc int) initTrace {
+	tr := initTrace{pkgs: map[string]time.Duration{}, pkgBytes: map[string]int{}}
 	sc := bufio.NewScanner(strings.NewReader(out))
+	n, last := 0, -1.0
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		if len(f) < 7 || f[0] != "init" || f[6] != "clock," {
+		if len(f) < 9 || f[0] != "init" || f[6] != "clock," || f[8] != "bytes," {
 			continue
 		}
 		ms, err := strconv.ParseFloat(f[4], 64)
 		if err != nil {
 			continue
 		}
+		at, _ := strconv.ParseFloat(strings.TrimPrefix(f[2], "@"), 64)
+		if at < last {
+			n++
+		}
+		last = at
+		if n != proc {
+			continue
+		}
+		n, _ := strconv.Atoi(f[7])
 		d := time.Duration(ms * float64(time.Millisecond))
-		pkgs[f[1]] += d
-		total += d
+		tr.pkgs[f[1]] += d
+		tr.pkgBytes[f[1]] += n
+		tr.total += d
+		tr.bytes += n
+		tr.count++
 	}
-	return total, pkgs
+	return tr
+}
+
+// slowInit is one package whose init took over 0.2 ms at the median.
+type slowInit struct {
+	pkg   string
+	d     time.Duration
+	bytes int // allocated, p50
 }
 
 // slowInits are the packages of binary id whose init takes over 0.2 ms
 // at the median, slowest first.
-func (r *results) slowInits(id string) []string {
-	type pi struct {
-		pkg string
-		d   time.Duration
-	}
-	var all []pi
+func (r *results) slowInits(id string) []slowInit {
+	var all []slowInit
 	for k, s := range r.initPkg {
 		if pkg, ok := strings.CutPrefix(k, id+" "); ok {
 			// Runs where a package's init took no time print no line:
@@ -91,16 +155,46 @@ func (r *results) slowInits(id string) []string {
 				vals = append(vals, 0)
 			}
 			if d := percentile(vals, .5); d > 200*time.Microsecond {
-				all = append(all, pi{pkg, d})
+				all = append(all, slowInit{pkg, d, int(r.p50(r.initPkgBytes, k))})
 			}
 		}
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].d > all[j].d })
-	out := make([]string, len(all))
-	for i, p := range all {
-		out[i] = fmt.Sprintf("`%s` %s", p.pkg, fmtDur(p.d))
+	return all
+}
+
+// bytesText prints a byte count in KB or MB (decimal, as inittrace).
+func bytesText(n int) string {
+	if n >= 1e6 {
+		return fmt.Sprintf("%.2f MB", float64(n)/1e6)
 	}
-	return out
+	return fmt.Sprintf("%.0f KB", float64(n)/1e3)
+}
+
+// initTable is the report's package-init section: per binary, the total
+// and the packages over 0.2 ms, side by side with etcdctl's and consul's.
+func (r *results) initTable() string {
+	var b strings.Builder
+	b.WriteString("| binary | size | packages initialised | package init p50 / p90 | allocated by init, p50 | packages over 0.2 ms at the median (init time, allocated) |\n|---|---|---|---|---|---|\n")
+	for _, id := range append(append([]string{"leaderrun"}, r.compared...), watchdogInit, "etcdctl", "consul") {
+		if r.initTotal[id] == nil {
+			continue
+		}
+		var slow []string
+		for _, s := range r.slowInits(id) {
+			slow = append(slow, fmt.Sprintf("`%s` %s, %s", s.pkg, fmtDur(s.d), bytesText(s.bytes)))
+		}
+		if len(slow) == 0 {
+			slow = []string{"none"}
+		}
+		size := r.sizes()[id]
+		if id == watchdogInit {
+			size = "(leaderrun's)"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s |\n", id, size, r.initCount[id], r.initTotal[id].pair(.9),
+			bytesText(int(r.p50(r.initBytes, id))), strings.Join(slow, "; "))
+	}
+	return b.String()
 }
 
 // measureSize records each leaderrun binary's size, and what the code and
@@ -315,18 +409,19 @@ func (s smaps) mappings() string {
 func (r *results) startupDetails() string {
 	var b strings.Builder
 	b.WriteString("\n### Start-up, memory and size\n\n")
+	if len(r.initTotal) > 0 {
+		fmt.Fprintf(&b, "Package init of each binary, from `GODEBUG=inittrace=1` of `BINARY version` (%d runs, the binaries alternated): every start pays it before `main`, whether or not it uses the package, and what it allocates stays in every instance's heap.\n\n", len(r.initTotal["leaderrun"].vals))
+		b.WriteString(r.initTable())
+		b.WriteString("\n")
+	}
 	ids := append([]string{"leaderrun"}, r.compared...)
 	for _, id := range ids {
 		if r.initTotal[id] == nil {
 			continue
 		}
-		slow := r.slowInits(id)
-		if len(slow) == 0 {
-			slow = []string{"none"}
-		}
-		fmt.Fprintf(&b, "- `%s version` with `GODEBUG=inittrace=1` (%d runs, alternated): package init %s in all (p50; p90 %s); packages over 0.2 ms at the median: %s. Minor page faults of `version`: %s (p50).\n",
-			id, len(r.initTotal[id].vals), fmtDur(r.p50(r.initTotal, id)), fmtDur(percentile(r.initTotal[id].vals, .9)),
-			strings.Join(slow, ", "), faults(r.faults[id]))
+		fmt.Fprintf(&b, "- `%s version` with `GODEBUG=inittrace=1` (%d runs, alternated): %d packages initialised, in %s (p50; p90 %s), allocating %s; the packages over 0.2 ms are in the table above. Minor page faults of `version`: %s (p50).\n",
+			id, len(r.initTotal[id].vals), r.initCount[id], fmtDur(r.p50(r.initTotal, id)), fmtDur(percentile(r.initTotal[id].vals, .9)),
+			bytesText(int(r.p50(r.initBytes, id))), faults(r.faults[id]))
 	}
 	for _, col := range storeColumns {
 		if s := r.faults[col.lr.id]; s != nil {

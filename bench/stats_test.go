@@ -279,6 +279,28 @@ func TestZKInspector(t *testing.T) {
 	}
 }
 
+// TestInitTrace: each process's lines of GODEBUG=inittrace=1 apart (a
+// process started by another prints after it), summed.
+func TestInitTrace(t *testing.T) {
+	out := `init internal/bytealg @0.005 ms, 0 ms clock, 0 bytes, 0 allocs
+init runtime @0.10 ms, 0.20 ms clock, 100 bytes, 1 allocs
+some log line
+init example.com/a @3.0 ms, 0.50 ms clock, 2000 bytes, 10 allocs
+init internal/bytealg @0.006 ms, 0 ms clock, 0 bytes, 0 allocs
+init example.com/b @1.0 ms, 0.25 ms clock, 300 bytes, 3 allocs
+`
+	first, second := parseInitTrace(out, 0), parseInitTrace(out, 1)
+	if first.count != 3 || first.total != 700*time.Microsecond || first.bytes != 2100 || first.pkgBytes["example.com/a"] != 2000 {
+		t.Errorf("first process: %+v", first)
+	}
+	if second.count != 2 || second.total != 250*time.Microsecond || second.bytes != 300 || second.pkgs["example.com/a"] != 0 {
+		t.Errorf("second process: %+v", second)
+	}
+	if third := parseInitTrace(out, 2); third.count != 0 {
+		t.Errorf("a third process: %+v", third)
+	}
+}
+
 // TestGoals renders the report of a run in which every store met its
 // goals but Consul's herd, and checks the verdicts and that every store
 // is a column of the table.
@@ -311,14 +333,39 @@ func TestGoals(t *testing.T) {
 		}
 	}
 	r.herd["consul"].changes = []herdChange{{woken: 3}, {woken: 3}, {woken: 1}}
+	// Memory: one more instance 3 MiB alone, 4 MiB with its 1 MiB
+	// watchdog, against etcdctl lock's 4 MiB; local's watchdog over its
+	// goal.
+	for _, col := range storeColumns {
+		wd := 1024
+		if col.name == "local" {
+			wd = 2048
+		}
+		r.pss[col.lr.id] = pssRec{1: {wrapperPss: 20000, watchdogPss: 1500, watchdogs: 1},
+			5:  {wrapperPss: 20000 + 4*3072, watchdogPss: 1500 + 4*wd, watchdogs: 5},
+			20: {wrapperPss: 20000 + 19*3072, watchdogPss: 1500 + 19*wd, watchdogs: 20}}
+	}
+	r.pss[etcdctlLock.id] = pssRec{1: {wrapperPss: 10000}, 20: {wrapperPss: 10000 + 19*4096}}
+	if m, ok := r.pss[lrEtcd.id].marginal(memSum.pss); !ok || m != 4096 {
+		t.Errorf("marginal Pss %d KiB (%v), want 4096", m, ok)
+	}
+	// A pool: consul lock -n runs over its size after SIGKILL, and so
+	// does leaderrun in one trial.
+	r.pool[consulPool.id] = &poolRes{trials: map[string][]poolTrial{
+		"SIGKILL": {{takeover: 20 * time.Second, oldAlive: true, oldGone: -1, most: 4}},
+		"SIGTERM": {{takeover: 10 * time.Millisecond, oldSig: true, oldGone: 5 * time.Millisecond, most: 3}}}}
+	lp := lrPool(lrConsul)
+	r.pool[lp.id] = &poolRes{trials: map[string][]poolTrial{
+		"SIGKILL": {{takeover: 5 * time.Second, oldSig: true, oldGone: time.Millisecond, most: 3}, {takeover: 5 * time.Second, oldAlive: true, oldGone: -1, most: 4}},
+		"SIGTERM": {{takeover: 10 * time.Millisecond, oldSig: true, oldGone: 5 * time.Millisecond, most: 3}}}}
 	var missed []string
 	for _, g := range r.goals() {
 		if !g.met {
 			missed = append(missed, g.store+" "+g.kind)
 		}
 	}
-	if !slices.Equal(missed, []string{"Consul followers woken"}) {
-		t.Errorf("missed %v, want only Consul's herd", missed)
+	if want := []string{"Consul followers woken", "local watchdog memory", "Consul pool of holders"}; !slices.Equal(missed, want) {
+		t.Errorf("missed %v, want %v", missed, want)
 	}
 	tbl := r.table()
 	for _, tl := range wrappers {
@@ -327,7 +374,8 @@ func TestGoals(t *testing.T) {
 		}
 	}
 	md := r.markdown()
-	for _, want := range []string{"## Goals", "## Analysis", "**Consul.**", "**ZooKeeper.**", "client-go"} {
+	for _, want := range []string{"## Goals", "## Analysis", "**Consul.**", "**ZooKeeper.**", "client-go", "Memory as a host pays it",
+		"| leaderrun (etcd) | 21.0 MiB / 37.0 MiB / 97.0 MiB |", "A pool of 3 holders", "ran beside the waiter's in 1 of 1", "| 4 |"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("the report lacks %q", want)
 		}

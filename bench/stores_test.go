@@ -124,20 +124,34 @@ func (s *consulStore) start(b *bench)    { s.agent = testenv.StartConsul(b.t, te
 func (s *consulStore) addr(*tool) string { return s.agent.Addr() }
 func (s *consulStore) prepare(string)    {}
 
-// candidates counts the sessions named for tl's candidates, asking the
-// agent directly (not through a counting proxy).
+// candidates counts tl's candidates by their sessions, asking the agent
+// directly (not through a counting proxy). A leaderrun candidate may hold
+// two sessions, its lock session and its queue entry's, or only the
+// latter (parked, further back in the queue), both bound to its own TTL
+// check: it is counted once, by that check. A session bound to no check
+// of its own (consul lock's) is one candidate.
 func (s *consulStore) candidates(tl *tool, lock, _ string, _ []*proc) (int, error) {
-	var sessions []struct{ Name string }
+	var sessions []struct {
+		ID, Name   string
+		NodeChecks []string
+	}
 	if err := consulGet(s.agent.Addr(), "/v1/session/list", &sessions); err != nil {
 		return 0, err
 	}
-	n := 0
+	seen := map[string]bool{}
 	for _, ss := range sessions {
-		if tl.session(ss.Name, lock) {
-			n++
+		if !tl.session(ss.Name, lock) {
+			continue
 		}
+		who := ss.ID
+		for _, c := range ss.NodeChecks {
+			if c != "serfHealth" {
+				who = c
+			}
+		}
+		seen[who] = true
 	}
-	return n, nil
+	return len(seen), nil
 }
 
 // drop destroys the session that holds the key.

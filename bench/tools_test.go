@@ -128,7 +128,10 @@ var (
 	lrConsul = func() *tool {
 		tl := leaderrunOn("lrc", "leaderrun (Consul)", "consul", func(addr string) []string { return []string{"--consul-addr", addr} }, consulTimings)
 		tl.key = func(lock string) string { return "leaderrun/" + lock }
-		tl.session = func(name, lock string) bool { return name == "leaderrun leaderrun/"+lock }
+		// The lock session, and the queue entry's (backends/consul).
+		tl.session = func(name, lock string) bool {
+			return name == "leaderrun leaderrun/"+lock || name == "leaderrun leaderrun/"+lock+":queue"
+		}
 		return tl
 	}()
 	// consulLock runs the child directly (-shell=false), like the other
@@ -213,7 +216,7 @@ type storeColumn struct {
 }
 
 var storeColumns = []*storeColumn{
-	{name: "etcd", title: "etcd", lr: lrEtcd, ref: etcdctlLock, s2cRatio: 0.8, exitRatio: 1.0, tm: etcdTimings, latency: true,
+	{name: "etcd", title: "etcd", lr: lrEtcd, ref: etcdctlLock, s2cRatio: 1.0, exitRatio: 1.0, tm: etcdTimings, latency: true,
 		crashGoal: etcdTimings.lease + 500*time.Millisecond, crashGoalText: "lease + 0.5 s",
 		crashBound: etcdTimings.lease + 10*time.Second, crashTrials: 5, herdWoken: 1, sessions: true,
 		newStore: func() store { return &etcdStore{} }},
@@ -285,12 +288,6 @@ var latencyTools = func() []*tool {
 	}
 	return w
 }()
-
-// Memory goals while leading, for every store column.
-const (
-	rssGoalKiB  = 12 * 1024 // leaderrun and its watchdog, VmHWM
-	anonGoalKiB = 3 * 1024  // leaderrun and its watchdog, anonymous pages
-)
 
 // start runs tl on lock as the candidate tag with addr.
 func (b *bench) start(tl *tool, lock, tag, addr string, hold bool) (*proc, error) {

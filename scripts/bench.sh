@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # Benchmarks: leaderrun on every store (etcd, Consul, PostgreSQL,
-# Kubernetes, ZooKeeper, Redis, DynamoDB's emulator, local) side by side with `etcdctl lock`, `consul
-# lock` and client-go's elector, on local servers started for the run,
-# with the same child for every tool and the tools alternated run by run.
-# Prints the table and writes it, with the machine's description and an
-# analysis, to OUT/benchmarks.md, and the latency plot to
-# OUT/benchmarks.svg.
+# Kubernetes, ZooKeeper, Redis, Azure Blob's and DynamoDB's emulators,
+# local) side by side with `etcdctl lock`, `consul lock` and client-go's
+# elector, on local servers started for the run, with the same child for
+# every tool and the tools alternated run by run: start-to-child, package
+# init per package (time and allocation, beside etcdctl's and consul's),
+# binary size, memory as a host pays it (summed Pss and Private of 1, 5
+# and 20 leaders with their watchdogs, and one more instance), loss
+# reaction, handover, crash failover, store cost, 200 followers, and what
+# `consul lock -n 3` (and leaderrun --holders 3, where built) does when a
+# holder dies. Prints the tables and writes them, with the machine's
+# description, every goal's verdict and an analysis, to
+# OUT/benchmarks.md, and the latency plot to OUT/benchmarks.svg.
 #
 #   scripts/bench.sh [--runs N] [--out DIR]
 #
 # --runs: runs per start-to-child figure (default 30; loss reaction and
-# handover get a third of that, at least 5). --out defaults to docs/, where
-# the published figures live. The whole run takes about 9 minutes on 2
-# cores. BENCH_COST_SECONDS (default 30) and BENCH_FOLLOWERS (default 200)
+# handover get a sixth of that, at least 5). --out defaults to docs/, where
+# the published figures live. The whole run takes about 15 minutes on 2
+# cores (a third of it the 200-follower phase, a sixth the memory phase). BENCH_COST_SECONDS (default 30) and BENCH_FOLLOWERS (default 200)
 # tune the store-cost windows and the many-followers phase (200 followers
 # per store). The servers are built or installed as scripts/test.sh does
 # (PostgreSQL and ZooKeeper from Debian's packages: as root).
