@@ -28,7 +28,7 @@ const (
 // never runs, and a lower target would only make it run during package
 // initialisation, which frees little (the packages keep what they
 // allocate) and touches the collector's own structures: measured, 0.35 MiB
-// more resident with the stores' clients linked (docs/performance.md).
+// more resident with the stores' clients linked, when it was tried.
 // GODEBUG is passed on, so that GODEBUG=inittrace=1 shows the watchdog's
 // start too, and GORACE for race-enabled test binaries.
 func watchdogEnv() []string {
