@@ -77,6 +77,9 @@ func TestNotifySocket(t *testing.T) {
 	holder.wait(10 * time.Second)
 	expect("leading STATUS", func(m string) bool { return strings.Contains(m, "STATUS=leading with token 2") })
 	expect("WATCHDOG=1", func(m string) bool { return strings.Contains(m, "WATCHDOG=1") })
+	// The child catches SIGTERM once it has started: signalled before,
+	// it would die of it (exit 143), which is not what this test is about.
+	waitEvents(t, events, 10*time.Second, "unit's child", func(evs []event) bool { return count(evs, "start") == 2 })
 	unit.signal(syscall.SIGTERM)
 	expect("STOPPING=1", func(m string) bool { return strings.Contains(m, "STOPPING=1") })
 	if code := unit.wait(10 * time.Second); code != 0 {
