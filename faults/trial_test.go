@@ -230,6 +230,13 @@ func runTrial(t testing.TB, st store, f fault, bin, child string, n int) *trial 
 		t.Errorf("%s: no leader within 30s", f.name)
 		return tr
 	}
+	if f.escape && !tr.helperWrote(lf, 10*time.Second) {
+		// The helper is a process of its own that may start late on a
+		// loaded machine: the fault waits for it, or the trial proves
+		// nothing about escaped helpers.
+		t.Errorf("%s: the leader's escaped helper wrote nothing within 10s", f.name)
+		return tr
+	}
 	tr.leaderAtFault = leader.id
 	tr.faultStart = time.Now()
 	f.inject(tr, leader, lf.Pid)
@@ -250,6 +257,20 @@ func runTrial(t testing.TB, st store, f fault, bin, child string, n int) *trial 
 		time.Sleep(tr.timing.lease + tr.timing.deadline)
 	}
 	return tr
+}
+
+// helperWrote waits until a writer other than lf's child wrote with lf's
+// token: its escaped helper.
+func (tr *trial) helperWrote(lf life, timeout time.Duration) bool {
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		writes, _ := tr.ledger.snapshot()
+		for _, w := range writes {
+			if w.Token == lf.Token && w.Writer != lf.Writer {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // waitLeader waits for a child of a candidate other than not that has had
