@@ -195,8 +195,10 @@ type trial struct {
 
 	begin, faultStart, faultEnd, end time.Time
 	leaderAtFault                    string
-	exits                            map[string]time.Time // identity → leaderrun exit
-	orphans                          []int                // child pids alive after their leaderrun
+	// tokenAtFault is the token of the leader's child the fault hit.
+	tokenAtFault uint64
+	exits        map[string]time.Time // identity → leaderrun exit
+	orphans      []int                // child pids alive after their leaderrun
 	// slots are a pool's trials, one per slot with its own ledger
 	// (runPoolTrial); nil for a lock of one holder.
 	slots []*trial
@@ -237,7 +239,7 @@ func runTrial(t testing.TB, st store, f fault, bin, child string, n int) *trial 
 		t.Errorf("%s: the leader's escaped helper wrote nothing within 10s", f.name)
 		return tr
 	}
-	tr.leaderAtFault = leader.id
+	tr.leaderAtFault, tr.tokenAtFault = leader.id, lf.Token
 	tr.faultStart = time.Now()
 	f.inject(tr, leader, lf.Pid)
 	tr.faultEnd = time.Now()
