@@ -8,12 +8,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/local"
+	"github.com/leaderrun/leaderrun/internal/testenv"
 	"github.com/leaderrun/leaderrun/runner"
 	"github.com/leaderrun/leaderrun/signals"
 )
@@ -156,7 +156,7 @@ func TestPoolWaitsForAnySlot(t *testing.T) {
 	e := newPoolEnv(t)
 	held := []backends.Lease{e.hold(0, 3), e.hold(1, 3), e.hold(2, 3)}
 	cfg := e.config(3)
-	var log logBuffer
+	var log testenv.LockedBuffer
 	cfg.Log = slog.New(slog.NewTextHandler(&log, nil))
 	stop := e.start(cfg)
 	waitUntil(t, func() bool { return strings.Contains(log.String(), "waiting for the first to free") })
@@ -242,22 +242,4 @@ func TestPoolOnceMarkers(t *testing.T) {
 	if m, err := e.other.Completed(context.Background(), "k"); err != nil || m == nil || m.Identity != t.Name() {
 		t.Errorf("slot 0's marker after the run: %+v, %v; want one written by the runner", m, err)
 	}
-}
-
-// logBuffer is a log's destination that a test reads while it is written.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
