@@ -1,16 +1,15 @@
 package zookeeper_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/zookeeper"
+	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
 func TestNew(t *testing.T) {
@@ -151,19 +150,4 @@ func TestLibraryLog(t *testing.T) {
 }
 
 // syncBuffer is a bytes.Buffer safe for the library's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type syncBuffer = testenv.LockedBuffer
