@@ -275,13 +275,13 @@ func (e *Etcd) waitHealthy(timeout time.Duration) error {
 	return nil
 }
 
-// client is an etcd client of the members that vote, for membership
-// changes.
-func (e *Etcd) client(t testing.TB) *clientv3.Client {
+// client is an etcd client, for membership changes, of the running
+// voters other than except (nil for all of them).
+func (e *Etcd) client(t testing.TB, except *EtcdMember) *clientv3.Client {
 	t.Helper()
 	var eps []string
 	for _, m := range e.Members {
-		if !m.Learner && m.Pid() != 0 {
+		if !m.Learner && m.Pid() != 0 && m != except {
 			eps = append(eps, m.ClientURL)
 		}
 	}
@@ -305,7 +305,7 @@ func (e *Etcd) client(t testing.TB) *clientv3.Client {
 // appended to Members with Learner set.
 func (e *Etcd) AddLearner(t testing.TB) *EtcdMember {
 	t.Helper()
-	cli := e.client(t)
+	cli := e.client(t, nil)
 	defer cli.Close()
 	m := e.newMember(t, fmt.Sprintf("m%d", len(e.Members)+1))
 	m.Learner = true
@@ -339,7 +339,9 @@ func (e *Etcd) AddLearner(t testing.TB) *EtcdMember {
 // removal, is gone.
 func (e *Etcd) Remove(t testing.TB, m *EtcdMember) {
 	t.Helper()
-	cli := e.client(t)
+	// Asked of m itself, the removal can fail with "server stopped" once m
+	// has applied it and shut down before answering.
+	cli := e.client(t, m)
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), etcdStartTimeout)
 	defer cancel()
@@ -377,7 +379,7 @@ func (e *Etcd) memberID(ctx context.Context, t testing.TB, cli *clientv3.Client,
 // RaftLeader is the member that leads the cluster's raft group now.
 func (e *Etcd) RaftLeader(t testing.TB) *EtcdMember {
 	t.Helper()
-	cli := e.client(t)
+	cli := e.client(t, nil)
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), etcdStartTimeout)
 	defer cancel()
