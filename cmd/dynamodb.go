@@ -8,7 +8,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/leaderrun/leaderrun/backends"
-	"github.com/leaderrun/leaderrun/backends/dynamodb"
+	"github.com/leaderrun/leaderrun/backends/dynamodb/spec"
 )
 
 // dynamodbFlags are the flags of the DynamoDB backend. Credentials, the
@@ -18,7 +18,7 @@ import (
 // commonly have them set for their own work.
 func dynamodbFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "dynamodb-table", Category: categoryStore, EnvVars: []string{"LEADERRUN_DYNAMODB_TABLE"}, Value: dynamodb.DefaultTable,
+		&cli.StringFlag{Name: "dynamodb-table", Category: categoryStore, EnvVars: []string{"LEADERRUN_DYNAMODB_TABLE"}, Value: spec.DefaultTable,
 			Usage: "DynamoDB `TABLE` of the locks (partition key \"name\", a string), created on first use if missing and permitted; " +
 				"credentials, Region and endpoint as the AWS CLI reads them (AWS_PROFILE, AWS_REGION, AWS_ENDPOINT_URL_DYNAMODB, ...)"},
 		&cli.StringFlag{Name: "dynamodb-region", Category: categoryStore, EnvVars: []string{"LEADERRUN_DYNAMODB_REGION"},
@@ -33,6 +33,7 @@ var dynamodbStore = store{
 	flags:    dynamodbFlags,
 	selected: dynamodbSelected,
 	open:     newDynamoDBBackend,
+	handOver: handOverDynamoDB,
 	address:  "--dynamodb-table, --dynamodb-endpoint or --dynamodb-region (LEADERRUN_DYNAMODB_TABLE, _ENDPOINT, _REGION)",
 	// AWS credentials are as often the job's own access to AWS: nothing
 	// is removed.
@@ -51,29 +52,66 @@ func dynamodbSelected(c *cli.Context) bool {
 	return false
 }
 
+// openDynamoDB opens the DynamoDB backend: nil in the leaderrun binary,
+// which leaves the AWS SDK out and hands a DynamoDB run over to the
+// companion leaderrun-dynamodb (companion.go); leaderrun-dynamodb sets it
+// with RegisterDynamoDB.
+var openDynamoDB func(spec.Settings) (backends.Backend, error)
+
+// RegisterDynamoDB links the DynamoDB backend in: leaderrun-dynamodb's
+// main calls it, before Main.
+func RegisterDynamoDB(open func(spec.Settings) (backends.Backend, error)) { openDynamoDB = open }
+
+// handOverDynamoDB: a leaderrun without the DynamoDB backend checks the
+// DynamoDB flags, then becomes leaderrun-dynamodb.
+func handOverDynamoDB(c *cli.Context, cfg storeConfig) error {
+	if openDynamoDB != nil {
+		return nil
+	}
+	if _, err := dynamodbSettings(c, cfg); err != nil {
+		return err
+	}
+	return handOver(c, "leaderrun-dynamodb", "DynamoDB")
+}
+
 // newDynamoDBBackend validates the DynamoDB flags and builds the backend.
 // Nothing is sent: a table that cannot be reached, or an action refused,
 // shows in the first request, as exit 69 naming the action.
 func newDynamoDBBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
-	table := c.String("dynamodb-table")
-	if err := dynamodb.ValidateTable(table); err != nil {
-		return nil, usageErrorf("--dynamodb-table (LEADERRUN_DYNAMODB_TABLE): %v", err)
+	s, err := dynamodbSettings(c, cfg)
+	if err != nil {
+		return nil, err
 	}
-	if err := dynamodb.ValidatePrefix(cfg.Prefix); err != nil {
-		return nil, usageErrorf("--prefix: %v", err)
+	if openDynamoDB == nil {
+		return nil, handOver(c, "leaderrun-dynamodb", "DynamoDB")
+	}
+	if s.Log, err = newLogger(c, os.Stderr); err != nil {
+		return nil, err
+	}
+	b, err := openDynamoDB(s)
+	if err != nil {
+		return nil, usageErrorf("%v", err)
+	}
+	return b, nil
+}
+
+// dynamodbSettings reads and checks the DynamoDB flags.
+func dynamodbSettings(c *cli.Context, cfg storeConfig) (spec.Settings, error) {
+	table := c.String("dynamodb-table")
+	if err := spec.ValidateTable(table); err != nil {
+		return spec.Settings{}, usageErrorf("--dynamodb-table (LEADERRUN_DYNAMODB_TABLE): %v", err)
+	}
+	if err := spec.ValidatePrefix(cfg.Prefix); err != nil {
+		return spec.Settings{}, usageErrorf("--prefix: %v", err)
 	}
 	endpoint := c.String("dynamodb-endpoint")
 	if endpoint != "" {
 		u, err := url.Parse(endpoint)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, usageErrorf("--dynamodb-endpoint %q: want an http:// or https:// URL", backends.Redact(endpoint))
+			return spec.Settings{}, usageErrorf("--dynamodb-endpoint %q: want an http:// or https:// URL", backends.Redact(endpoint))
 		}
 	}
-	log, err := newLogger(c, os.Stderr)
-	if err != nil {
-		return nil, err
-	}
-	b, err := dynamodb.New(dynamodb.Config{
+	return spec.Settings{
 		Table:          table,
 		Region:         c.String("dynamodb-region"),
 		Endpoint:       endpoint,
@@ -81,12 +119,7 @@ func newDynamoDBBackend(c *cli.Context, cfg storeConfig) (backends.Backend, erro
 		Lock:           cfg.Lock,
 		PollInterval:   c.Duration("retry-period"),
 		RequestTimeout: dynamodbRequestTimeout(c.Duration("retry-period"), c.Duration("renew-deadline")),
-		Log:            log,
-	})
-	if err != nil {
-		return nil, usageErrorf("%v", err)
-	}
-	return b, nil
+	}, nil
 }
 
 // dynamodbRequestTimeout bounds each HTTP attempt so that two fit in one
@@ -98,5 +131,5 @@ func dynamodbRequestTimeout(retry, deadline time.Duration) time.Duration {
 	if retry <= 0 {
 		return 0
 	}
-	return min(max(max(retry, deadline/3)/2, 500*time.Millisecond), dynamodb.DefaultRequestTimeout)
+	return min(max(max(retry, deadline/3)/2, 500*time.Millisecond), spec.DefaultRequestTimeout)
 }

@@ -6,6 +6,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/backends/dynamodb"
+	"github.com/leaderrun/leaderrun/backends/dynamodb/spec"
 )
 
 // TestDynamoDBFlags: which settings select the DynamoDB store, and what
@@ -13,6 +17,9 @@ import (
 // exit 69 naming the table, the Region and the endpoint; the secret key
 // never shows.
 func TestDynamoDBFlags(t *testing.T) {
+	// As in leaderrun-dynamodb (TestDynamoDBHandOver: as in leaderrun).
+	RegisterDynamoDB(openDynamoDBForTest)
+	t.Cleanup(func() { RegisterDynamoDB(nil) })
 	const secret = "aws-secret-hunter2"
 	endpoint := "http://" + closedAddr(t)
 	for _, v := range []string{"LEADERRUN_BACKEND", "LEADERRUN_ETCD_ENDPOINTS", "ETCDCTL_ENDPOINTS", "LEADERRUN_CONSUL_ADDR", "CONSUL_HTTP_ADDR",
@@ -98,6 +105,52 @@ func TestDynamoDBFlags(t *testing.T) {
 			}
 		}
 	})
+}
+
+func openDynamoDBForTest(s spec.Settings) (backends.Backend, error) {
+	return dynamodb.New(dynamodb.Config{Settings: s})
+}
+
+// TestDynamoDBHandOver: the leaderrun binary has no DynamoDB backend. It
+// checks the DynamoDB flags itself (a usage error is exit 64, as in
+// leaderrun-dynamodb), and a companion that is not beside it is exit 69
+// naming it (e2e's TestCompanion runs the real binaries).
+func TestDynamoDBHandOver(t *testing.T) {
+	if openDynamoDB != nil {
+		t.Fatal("the cmd package registers a DynamoDB backend: leaderrun would link the AWS SDK")
+	}
+	for _, v := range []string{"LEADERRUN_BACKEND", "LEADERRUN_DYNAMODB_TABLE", "LEADERRUN_DYNAMODB_REGION", "LEADERRUN_DYNAMODB_ENDPOINT"} {
+		t.Setenv(v, "")
+		os.Unsetenv(v)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want []string
+	}{
+		{"bad table", []string{"--dynamodb-table", "a/b"}, ExitUsage, []string{"--dynamodb-table", `"a/b"`}},
+		{"no companion", []string{"--dynamodb-table", "ops_locks"}, ExitUnavailable,
+			[]string{"served by leaderrun-dynamodb", "leaderrun-dynamodb is not installed beside", "go install github.com/leaderrun/leaderrun/cmd/leaderrun-dynamodb@"}},
+	} {
+		for _, command := range []string{"run", "status", "history"} {
+			t.Run(tc.name+"/"+command, func(t *testing.T) {
+				args := append([]string{"leaderrun", command, "--lock", "handover"}, tc.args...)
+				if command == "run" {
+					args = append(args, "--", "true")
+				}
+				var stdout, stderr bytes.Buffer
+				if code := run(args, &stdout, &stderr); code != tc.code {
+					t.Errorf("exit %d, want %d:\n%s", code, tc.code, stderr.String())
+				}
+				for _, w := range tc.want {
+					if !strings.Contains(stderr.String(), w) {
+						t.Errorf("stderr does not say %q:\n%s", w, stderr.String())
+					}
+				}
+			})
+		}
+	}
 }
 
 // TestDynamoDBRequestTimeout: two HTTP attempts fit in one renewal

@@ -38,6 +38,11 @@ type store struct {
 	// not wait on the network: a store that cannot be reached shows in the
 	// first Campaign or Status.
 	open func(c *cli.Context, cfg storeConfig) (backends.Backend, error)
+	// handOver, when set, runs once the store is chosen, before any
+	// signal is caught or anything started: a leaderrun built without the
+	// store's backend checks the store's flags and replaces itself with
+	// the companion binary that has it (companion.go).
+	handOver func(c *cli.Context, cfg storeConfig) error
 	// address describes how to select the store, for the usage error.
 	address string
 	// credentials are the environment variables that carry the store's
@@ -231,6 +236,12 @@ func openBackend(c *cli.Context) (backends.Backend, store, error) {
 	if err != nil {
 		return nil, s, err
 	}
-	b, err := s.open(c, storeConfig{Lock: c.String("lock"), Prefix: c.String("prefix")})
+	cfg := storeConfig{Lock: c.String("lock"), Prefix: c.String("prefix")}
+	if s.handOver != nil {
+		if err := s.handOver(c, cfg); err != nil {
+			return nil, s, err
+		}
+	}
+	b, err := s.open(c, cfg)
 	return b, s, err
 }

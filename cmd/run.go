@@ -133,6 +133,11 @@ func readRun(c *cli.Context, st *state) (*slog.Logger, runner.Config, store, err
 	if err != nil {
 		return nil, cfg, store{}, err
 	}
+	if chosen.handOver != nil {
+		if err := chosen.handOver(c, storeConfig{Lock: cfg.Lock, Prefix: c.String("prefix")}); err != nil {
+			return nil, cfg, store{}, err
+		}
+	}
 	if !c.Bool("pass-credentials") {
 		cfg.Unset = chosen.credentials
 	}

@@ -6,7 +6,7 @@
 //
 // # Table and items
 //
-// One table (Config.Table, "leaderrun_locks" by default) with the string
+// One table (spec.Settings.Table, "leaderrun_locks" by default) with the string
 // partition key "name" and nothing else, created on first use if it is
 // missing (on-demand capacity) and the credentials may create it. Each
 // lock has up to four items, <prefix><lock> and three beside it:
@@ -116,7 +116,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -124,13 +123,12 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/backends/dynamodb/spec"
 )
 
-// Defaults of Config.
+// Defaults of Config beside spec's.
 const (
-	DefaultTable          = "leaderrun_locks"
-	DefaultPollInterval   = 2 * time.Second
-	DefaultRequestTimeout = 5 * time.Second
+	DefaultPollInterval = 2 * time.Second
 	// DefaultLeaseDuration is used when a campaign asks for none.
 	DefaultLeaseDuration = 15 * time.Second
 )
@@ -145,40 +143,17 @@ const (
 	// tableWait bounds the wait for a table that is being created
 	// (DynamoDB takes seconds, rarely a minute).
 	tableWait = 2 * time.Minute
-	// maxPrefix keeps the item names within DynamoDB's 2048-byte keys.
-	maxPrefix = 1024
 )
 
-// Config describes one lock in one DynamoDB table. The zero value of each
-// field is noted.
+// Config describes one lock in one DynamoDB table: the settings the
+// command line reads (spec.Settings, whose zero values are noted there)
+// and the credentials.
 type Config struct {
-	// Table is the table's name. Empty: DefaultTable.
-	Table string
-	// Region is the AWS Region. Empty: as the SDK reads it (AWS_REGION,
-	// the profile's).
-	Region string
-	// Endpoint overrides DynamoDB's endpoint URL (an emulator, a VPC
-	// endpoint). Empty: as the SDK resolves it (AWS_ENDPOINT_URL_DYNAMODB,
-	// AWS_ENDPOINT_URL, the profile's, else the Region's).
-	Endpoint string
+	spec.Settings
 	// Credentials replace the SDK's default credential chain. Nil: the
 	// chain (environment, shared files and profiles, SSO, web identity,
 	// container and instance metadata).
 	Credentials aws.CredentialsProvider
-	// Prefix and Lock name the lock item: <Prefix><Lock>.
-	Prefix, Lock string
-	// PollInterval is how often a waiter reads the lock item to see a
-	// release or an expiry, and how often a holder reads it to see a
-	// loss (DynamoDB has no watches), the holder at least every 500 ms.
-	// Shorter: faster handovers, one strongly consistent read (a read
-	// unit) more per interval and process. Zero: DefaultPollInterval;
-	// leaderrun passes --retry-period.
-	PollInterval time.Duration
-	// RequestTimeout bounds each HTTP attempt (the SDK retries within
-	// the caller's context). Zero: DefaultRequestTimeout.
-	RequestTimeout time.Duration
-	// Log receives the backend's events (a table created). Nil: none.
-	Log *slog.Logger
 }
 
 // Backend campaigns for one lock. Its methods are safe for concurrent use,
@@ -204,20 +179,20 @@ func New(cfg Config) (*Backend, error) {
 	if err := backends.ValidateLockName(cfg.Lock); err != nil {
 		return nil, err
 	}
-	if err := ValidatePrefix(cfg.Prefix); err != nil {
+	if err := spec.ValidatePrefix(cfg.Prefix); err != nil {
 		return nil, err
 	}
 	if cfg.Table == "" {
-		cfg.Table = DefaultTable
+		cfg.Table = spec.DefaultTable
 	}
-	if err := ValidateTable(cfg.Table); err != nil {
+	if err := spec.ValidateTable(cfg.Table); err != nil {
 		return nil, err
 	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = DefaultPollInterval
 	}
 	if cfg.RequestTimeout <= 0 {
-		cfg.RequestTimeout = DefaultRequestTimeout
+		cfg.RequestTimeout = spec.DefaultRequestTimeout
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -257,30 +232,6 @@ func (b *Backend) Slot(i int) backends.Backend {
 	s.lock = backends.SlotLock(r.lock, i)
 	s.key, s.root = r.prefix+s.lock, r
 	return &s
-}
-
-// ValidatePrefix returns an error unless p can start the name of a lock
-// item: no '#' (which separates the items kept beside it) and at most 1024
-// bytes.
-func ValidatePrefix(p string) error {
-	if strings.Contains(p, "#") || len(p) > maxPrefix {
-		return fmt.Errorf("dynamodb: prefix %q: want at most %d bytes and no '#'", p, maxPrefix)
-	}
-	return nil
-}
-
-// ValidateTable returns an error unless name is a DynamoDB table name:
-// 3-255 characters from [A-Za-z0-9_.-].
-func ValidateTable(name string) error {
-	ok := len(name) >= 3 && len(name) <= 255
-	for i := 0; ok && i < len(name); i++ {
-		c := name[i]
-		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-'
-	}
-	if !ok {
-		return fmt.Errorf("dynamodb: table name %q: want 3-255 characters from [A-Za-z0-9_.-]", name)
-	}
-	return nil
 }
 
 // Name implements backends.Backend.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/backendtest"
+	"github.com/leaderrun/leaderrun/backends/dynamodb/spec"
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
@@ -66,8 +67,11 @@ func table(t *testing.T) string {
 // credentials of access key id akid (see internal/testenv/ddbemu).
 func (e *env) config(table, lock, akid string) Config {
 	return Config{
-		Table: table, Region: testenv.DynamoDBRegion, Endpoint: e.emu.URL, Credentials: e.emu.Credentials(akid),
-		Prefix: "leaderrun/", Lock: lock, PollInterval: testPoll,
+		Settings: spec.Settings{
+			Table: table, Region: testenv.DynamoDBRegion, Endpoint: e.emu.URL,
+			Prefix: "leaderrun/", Lock: lock, PollInterval: testPoll,
+		},
+		Credentials: e.emu.Credentials(akid),
 	}
 }
 
@@ -409,8 +413,8 @@ func TestAnswerBounded(t *testing.T) {
 				_, _ = io.WriteString(w, body)
 			}))
 			defer srv.Close()
-			b, err := New(Config{Region: testenv.DynamoDBRegion, Endpoint: srv.URL, Credentials: credentials.NewStaticCredentialsProvider("a", "b", ""),
-				Lock: "big", RequestTimeout: 5 * time.Second})
+			b, err := New(Config{Settings: spec.Settings{Region: testenv.DynamoDBRegion, Endpoint: srv.URL, Lock: "big", RequestTimeout: 5 * time.Second},
+				Credentials: credentials.NewStaticCredentialsProvider("a", "b", "")})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -429,17 +433,17 @@ func TestAnswerBounded(t *testing.T) {
 func TestValidate(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
-		cfg        Config
+		cfg        spec.Settings
 		wantErrSub string
 	}{
-		{"prefix with #", Config{Lock: "a", Prefix: "x#y"}, "prefix"},
-		{"short table", Config{Lock: "a", Table: "ab"}, "table name"},
-		{"table with a slash", Config{Lock: "a", Table: "a/b"}, "table name"},
-		{"bad lock", Config{Lock: "a b"}, "lock name"},
+		{"prefix with #", spec.Settings{Lock: "a", Prefix: "x#y"}, "prefix"},
+		{"short table", spec.Settings{Lock: "a", Table: "ab"}, "table name"},
+		{"table with a slash", spec.Settings{Lock: "a", Table: "a/b"}, "table name"},
+		{"bad lock", spec.Settings{Lock: "a b"}, "lock name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Region = testenv.DynamoDBRegion
-			_, err := New(tc.cfg)
+			_, err := New(Config{Settings: tc.cfg})
 			if err == nil || !strings.Contains(err.Error(), tc.wantErrSub) {
 				t.Errorf("New(%+v): %v; want an error about %s", tc.cfg, err, tc.wantErrSub)
 			}

@@ -31,7 +31,7 @@ const (
 
 // Suffixes of the items kept beside the lock item <prefix><lock>. A lock
 // name has no '#' (backends.ValidateLockName) and the prefix may not have
-// one either (ValidatePrefix), so they never name another lock's item.
+// one either (spec.ValidatePrefix), so they never name another lock's item.
 const (
 	suffixCounter = "#token"
 	suffixMarkers = "#markers"

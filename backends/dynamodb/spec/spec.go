@@ -1,0 +1,76 @@
+// Package spec is what the command line knows of a DynamoDB lock without
+// the AWS SDK: the defaults, the rules for table names and prefixes, and
+// the settings the backend is opened with. It imports nothing of the SDK,
+// so that the leaderrun binary, which leaves the SDK out (its package init
+// alone would cost every leaderrun on a host about 2 MiB, whatever the
+// store), checks DynamoDB flags before it hands the run over to
+// leaderrun-dynamodb, the binary that has the backend (docs/backends/dynamodb.md).
+package spec
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+)
+
+// Defaults of Settings.
+const (
+	DefaultTable          = "leaderrun_locks"
+	DefaultRequestTimeout = 5 * time.Second
+)
+
+// maxPrefix keeps the item names within DynamoDB's 2048-byte keys.
+const maxPrefix = 1024
+
+// Settings describe one lock in one DynamoDB table. The zero value of
+// each field is noted.
+type Settings struct {
+	// Table is the table's name. Empty: DefaultTable.
+	Table string
+	// Region is the AWS Region. Empty: as the SDK reads it (AWS_REGION,
+	// the profile's).
+	Region string
+	// Endpoint overrides DynamoDB's endpoint URL (an emulator, a VPC
+	// endpoint). Empty: as the SDK resolves it (AWS_ENDPOINT_URL_DYNAMODB,
+	// AWS_ENDPOINT_URL, the profile's, else the Region's).
+	Endpoint string
+	// Prefix and Lock name the lock item: <Prefix><Lock>.
+	Prefix, Lock string
+	// PollInterval is how often a waiter reads the lock item to see a
+	// release or an expiry, and how often a holder reads it to see a
+	// loss (DynamoDB has no watches), the holder at least every 500 ms.
+	// Shorter: faster handovers, one strongly consistent read (a read
+	// unit) more per interval and process. Zero: the backend's default;
+	// leaderrun passes --retry-period.
+	PollInterval time.Duration
+	// RequestTimeout bounds each HTTP attempt (the SDK retries within
+	// the caller's context). Zero: DefaultRequestTimeout.
+	RequestTimeout time.Duration
+	// Log receives the backend's events (a table created). Nil: none.
+	Log *slog.Logger
+}
+
+// ValidatePrefix returns an error unless p can start the name of a lock
+// item: no '#' (which separates the items kept beside it) and at most 1024
+// bytes.
+func ValidatePrefix(p string) error {
+	if strings.Contains(p, "#") || len(p) > maxPrefix {
+		return fmt.Errorf("dynamodb: prefix %q: want at most %d bytes and no '#'", p, maxPrefix)
+	}
+	return nil
+}
+
+// ValidateTable returns an error unless name is a DynamoDB table name:
+// 3-255 characters from [A-Za-z0-9_.-].
+func ValidateTable(name string) error {
+	ok := len(name) >= 3 && len(name) <= 255
+	for i := 0; ok && i < len(name); i++ {
+		c := name[i]
+		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '.' || c == '-'
+	}
+	if !ok {
+		return fmt.Errorf("dynamodb: table name %q: want 3-255 characters from [A-Za-z0-9_.-]", name)
+	}
+	return nil
+}

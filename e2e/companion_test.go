@@ -1,0 +1,100 @@
+//go:build linux
+
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/leaderrun/leaderrun/internal/testenv"
+)
+
+// TestCompanion: leaderrun links no AWS SDK; with the store DynamoDB it
+// becomes leaderrun-dynamodb, installed beside it, in the same process:
+// the pid that campaigns is the pid that leads and takes the user's
+// signals. Without the companion, or with a leaderrun copied under its
+// name, a DynamoDB run is exit 69 naming it, and never loops.
+func TestCompanion(t *testing.T) {
+	bin := testenv.Leaderrun(t)
+	companion := filepath.Join(filepath.Dir(bin), "leaderrun-dynamodb")
+	t.Run("LinksNoAWSSDK", func(t *testing.T) {
+		for _, tc := range []struct {
+			path string
+			want bool
+		}{{bin, false}, {companion, true}} {
+			out, err := exec.Command("go", "version", "-m", tc.path).CombinedOutput()
+			if err != nil {
+				t.Fatalf("go version -m %s: %v\n%s", tc.path, err, out)
+			}
+			if got := strings.Contains(string(out), "github.com/aws/aws-sdk-go-v2/service/dynamodb"); got != tc.want {
+				t.Errorf("%s links the AWS SDK's DynamoDB client: %v, want %v", filepath.Base(tc.path), got, tc.want)
+			}
+		}
+	})
+	t.Run("SameProcess", func(t *testing.T) {
+		e := newDDBEnv(t)
+		events := etcdEvents(t)
+		p := e.run(t, events, "forever", "companion", "one")
+		evs := waitEvents(t, events, 15*time.Second, "the child", etcdHas("start", "one"))
+		child, _ := etcdFind(evs, "start", "one")
+		pid := p.cmd.Process.Pid
+		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if filepath.Base(exe) != "leaderrun-dynamodb" {
+			t.Errorf("the leading process runs %s, want leaderrun-dynamodb", exe)
+		}
+		// The command's parent is the watchdog, whose parent is leaderrun.
+		if got := parentOf(t, parentOf(t, child.Pid)); got != pid {
+			t.Errorf("the command's grandparent is %d, want the leaderrun started, %d", got, pid)
+		}
+		p.signal(syscall.SIGTERM)
+		if code := p.wait(10 * time.Second); code != 0 {
+			t.Errorf("exit %d after SIGTERM, want 0:\n%s", code, p.stderr.String())
+		}
+	})
+	for _, tc := range []struct {
+		name      string
+		companion string // what is installed as leaderrun-dynamodb beside leaderrun
+		want      string
+	}{
+		{"Missing", "", "leaderrun-dynamodb is not installed beside"},
+		{"NotTheCompanion", bin, "is a leaderrun without that backend"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			install(t, bin, filepath.Join(dir, "leaderrun"))
+			if tc.companion != "" {
+				install(t, tc.companion, filepath.Join(dir, "leaderrun-dynamodb"))
+			}
+			cmd := exec.Command(filepath.Join(dir, "leaderrun"), "--dynamodb-table", "ops_locks", "--lock", "companion", "--", "true")
+			out, err := cmd.CombinedOutput()
+			ee, ok := err.(*exec.ExitError)
+			if !ok || ee.ExitCode() != 69 {
+				t.Fatalf("exit %v, want 69:\n%s", err, out)
+			}
+			if !strings.Contains(string(out), tc.want) || !strings.Contains(string(out), "served by leaderrun-dynamodb") {
+				t.Errorf("output does not say %q:\n%s", tc.want, out)
+			}
+		})
+	}
+}
+
+// install copies the binary from to to, executable.
+func install(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
