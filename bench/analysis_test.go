@@ -223,7 +223,12 @@ func (r *results) memoryCause() string {
 		fmt.Fprintf(&b, "The watchdog initialises the %d packages that come before the signals package takes it over, allocating %s; the largest: %s. ",
 			r.initCount[watchdogInit], bytesText(int(r.p50(r.initBytes, watchdogInit))), strings.Join(r.topInitAllocs(watchdogInit, 3), ", "))
 	}
-	fmt.Fprintf(&b, "Every backend's client library is linked into every run (the binary is %s), and what their packages register at init (the AWS SDK's schemas and endpoint tables, protobuf descriptors) is allocated in every process, whichever store it uses. Keeping it out would take dropping or replacing a library; older SDKs are not pinned, nor are clients written by hand to meet the goal.\n", r.sizes()["leaderrun"])
+	fmt.Fprintf(&b, "Every backend's client library but the AWS SDK is linked into every run (the binary is %s), and what their packages register at init (protobuf descriptors, client-go's types) is allocated in every process, whichever store it uses. ", r.sizes()["leaderrun"])
+	if r.initBytes[companionInit] != nil {
+		fmt.Fprintf(&b, "The AWS SDK is linked into `leaderrun-dynamodb` only (%s), which leaderrun becomes for a DynamoDB run: its init allocates %s where leaderrun's allocates %s, paid by DynamoDB runs alone. ",
+			r.sizes()[companionInit], bytesText(int(r.p50(r.initBytes, companionInit))), bytesText(int(r.p50(r.initBytes, "leaderrun"))))
+	}
+	b.WriteString("Going further would take dropping or replacing a library; older SDKs are not pinned, nor are clients written by hand to meet the goal.\n")
 	return b.String()
 }
 

@@ -90,7 +90,7 @@ func TestBench(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.child = self
-	b.res.bins = map[string]string{"leaderrun": b.lr, "etcdctl": b.etcdctl, "consul": b.consul, "k8selector": b.elector, "child": b.child}
+	b.res.bins = map[string]string{"leaderrun": b.lr, companionInit: filepath.Join(filepath.Dir(b.lr), companionInit), "etcdctl": b.etcdctl, "consul": b.consul, "k8selector": b.elector, "child": b.child}
 	for _, kv := range strings.Split(os.Getenv("BENCH_COMPARE"), ",") {
 		label, path, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		if !ok {

@@ -40,6 +40,10 @@ type initBin struct {
 // watchdogInit is the id of leaderrun's watchdog in the init figures.
 const watchdogInit = "leaderrun-watchdog"
 
+// companionInit is the id of leaderrun-dynamodb, which leaderrun becomes
+// when the store is DynamoDB (the AWS SDK is linked into it only).
+const companionInit = "leaderrun-dynamodb"
+
 // initBins are the processes whose package init is measured: every
 // leaderrun binary's `version`, the watchdog of a run of the one under
 // test on the local backend (the watchdog's init ends where the signals
@@ -49,6 +53,7 @@ func (b *bench) initBins() []initBin {
 	for _, x := range b.leaderruns() {
 		bins = append(bins, initBin{id: x.id, argv: []string{x.bin, "version"}})
 	}
+	bins = append(bins, initBin{id: companionInit, argv: []string{b.res.bins[companionInit], "version"}})
 	dir := filepath.Join(b.t.TempDir(), "state")
 	bins = append(bins, initBin{id: watchdogInit, argv: []string{b.lr, "--backend", "local", "--state-dir", dir, "--lock", "init", "--try", "--", "true"}, proc: 1})
 	return append(bins, initBin{id: "etcdctl", argv: []string{b.etcdctl, "version"}}, initBin{id: "consul", argv: []string{b.consul, "version"}})
@@ -176,7 +181,7 @@ func bytesText(n int) string {
 func (r *results) initTable() string {
 	var b strings.Builder
 	b.WriteString("| binary | size | packages initialised | package init p50 / p90 | allocated by init, p50 | packages over 0.2 ms at the median (init time, allocated) |\n|---|---|---|---|---|---|\n")
-	for _, id := range append(append([]string{"leaderrun"}, r.compared...), watchdogInit, "etcdctl", "consul") {
+	for _, id := range append(append([]string{"leaderrun"}, r.compared...), companionInit, watchdogInit, "etcdctl", "consul") {
 		if r.initTotal[id] == nil {
 			continue
 		}
