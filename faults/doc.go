@@ -3,9 +3,8 @@
 // Consul cluster, a real PostgreSQL server, a real 3-server ZooKeeper
 // ensemble, two real kube-apiservers on one etcd, a real Redis server
 // (append-only, fsync always), the DynamoDB emulator and Azurite (the
-// Azure Storage emulator) and, for the pool rows (--holders) only, the
-// local backend, with every
-// candidate's store traffic passing through a TCP proxy that the suite
+// Azure Storage emulator) and, for the rows where a process dies or is
+// told to stop, the local backend, with every candidate's store traffic passing through a TCP proxy that the suite
 // stalls and resets, and checks the safety contract on every trial against
 // a fencing ledger.
 //

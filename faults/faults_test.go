@@ -130,7 +130,7 @@ func runStore(t *testing.T, name string, trials int, bin, child, out string) []*
 		if f.only != nil && !slices.Contains(f.only, name) || slices.Contains(f.except, name) {
 			continue
 		}
-		if p, ok := st.(interface{ poolOnly() bool }); ok && p.poolOnly() && f.holders == 0 {
+		if a, ok := st.(interface{ applies(fault) bool }); ok && !a.applies(f) {
 			continue
 		}
 		r := &row{store: name, scenario: f.name, expectFailover: f.failover}

@@ -12,7 +12,7 @@
 #   scripts/faults.sh [--trials N] [--backend STORE[,STORE...]|all] [--parallel P] [--only REGEX] [--out DIR]
 #
 # STORE is one of: etcd consul postgres zookeeper kubernetes redis dynamodb azureblob local
-# (local: the pool rows only). --only runs the scenarios whose name
+# (local: the kill -9, SIGTERM and pool rows). --only runs the scenarios whose name
 # matches REGEX, as `go test -run` matches a subtest's name (spaces become
 # underscores), e.g. --only '^holders' for the pool rows.
 #
