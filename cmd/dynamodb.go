@@ -20,6 +20,7 @@ func dynamodbFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "dynamodb-table", Category: categoryStore, EnvVars: []string{"LEADERRUN_DYNAMODB_TABLE"}, Value: spec.DefaultTable,
 			Usage: "DynamoDB `TABLE` of the locks (partition key \"name\", a string), created on first use if missing and permitted; " +
+				"served by leaderrun-dynamodb, installed beside leaderrun; " +
 				"credentials, Region and endpoint as the AWS CLI reads them (AWS_PROFILE, AWS_REGION, AWS_ENDPOINT_URL_DYNAMODB, ...)"},
 		&cli.StringFlag{Name: "dynamodb-region", Category: categoryStore, EnvVars: []string{"LEADERRUN_DYNAMODB_REGION"},
 			Usage: "AWS `REGION` of the table (default: AWS_REGION, else the profile's)"},

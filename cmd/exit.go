@@ -16,7 +16,7 @@ const (
 	ExitNoLeader    = 3   // status: nobody holds the lock
 	ExitUsage       = 64  // EX_USAGE: bad flags or configuration
 	ExitDataErr     = 65  // EX_DATAERR: the local backend's token or state file is corrupt or unreadable
-	ExitUnavailable = 69  // EX_UNAVAILABLE: store unreachable or refused before leadership
+	ExitUnavailable = 69  // EX_UNAVAILABLE: store unreachable or refused before leadership, or its companion binary missing
 	ExitSoftware    = 70  // EX_SOFTWARE: an internal error
 	ExitConflict    = 75  // EX_TEMPFAIL: not acquired (--try, --wait); see --conflict-exit-code
 	ExitLost        = 76  // leadership lost while the child ran; the child was stopped
