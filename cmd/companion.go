@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,17 +13,52 @@ import (
 )
 
 // A store whose client library would cost every leaderrun on a host more
-// than it is worth (the AWS SDK's package init holds about 2 MiB in every
-// process, leader and watchdog alike, whatever the store) lives in a
-// companion binary: leaderrun with that backend linked in. leaderrun
-// checks the store's flags, then replaces itself with the companion
-// (execve, same arguments, same environment, same process), before it
-// catches a signal or starts anything: what the user sees is one
-// leaderrun process with the same flags, exit codes and output.
+// than it is worth (the AWS SDK's package init holds 2.2 MiB in every
+// leaderrun and 0.9 MiB in its watchdog, 3.1 MiB per leading instance,
+// whatever the store) lives in a companion binary: leaderrun with that
+// backend linked in. leaderrun checks the store's flags, then replaces
+// itself with the companion (execve: same pid, arguments, argv[0] and
+// environment, process name kept), before it catches a signal or starts
+// anything: what the user sees is one leaderrun process with the same
+// flags, exit codes and output.
+
+// handedOverVar tells a companion which release handed the run over to
+// it. It is removed from the environment at once, so that the command
+// never sees it; a companion of another release refuses the run, and a
+// binary that would have to hand over again refuses it too (two plain
+// leaderruns installed under each other's names would otherwise exec one
+// another for ever).
+const handedOverVar = "LEADERRUN_HANDED_OVER_BY"
+
+// release names this build for handedOverVar.
+func release() string { return Version() + " " + commit }
+
+// handedOverKey is where run keeps handedOverVar's value, if any, in the
+// app's Metadata.
+const handedOverKey = "handedOverBy"
+
+// takeHandOver reads and removes handedOverVar, and refuses a hand-over
+// from another release.
+func takeHandOver() (string, error) {
+	by, ok := os.LookupEnv(handedOverVar)
+	if !ok {
+		return "", nil
+	}
+	_ = os.Unsetenv(handedOverVar)
+	if by != release() {
+		self, _ := os.Executable()
+		return by, &companionError{name: filepath.Base(self),
+			err: fmt.Errorf("%s is release %q, but the leaderrun that handed over is %q: install both from the same release", self, release(), by)}
+	}
+	// The name of the process, as ps and killall show it, stays
+	// leaderrun's (Linux; elsewhere the file does not exist).
+	_ = os.WriteFile("/proc/self/comm", []byte("leaderrun"), 0)
+	return by, nil
+}
 
 // companionPath is where the companion called name must be: beside the
-// running binary, and nowhere else (not $PATH: a root leaderrun must not
-// run whatever a user put first there).
+// running binary (symbolic links resolved), and nowhere else (not $PATH:
+// a root leaderrun must not run whatever a user put first there).
 func companionPath(name string) (string, error) {
 	self, err := os.Executable()
 	if err != nil {
@@ -37,6 +73,9 @@ func companionPath(name string) (string, error) {
 		return "", fmt.Errorf("%s is not installed beside %s: install it from the same release as leaderrun "+
 			"(go install github.com/leaderrun/leaderrun/cmd/%s@<version>)", name, self, name)
 	}
+	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return "", fmt.Errorf("%s is not an executable file (%v)", path, fi.Mode())
+	}
 	if me, err := os.Stat(self); err == nil && os.SameFile(me, fi) {
 		// A leaderrun installed under the companion's name would hand
 		// over to itself for ever.
@@ -48,25 +87,38 @@ func companionPath(name string) (string, error) {
 // handOver replaces this process with the companion called name, which
 // serves the store; it returns only on failure, with exit 69.
 func handOver(c *cli.Context, name, storeName string) error {
+	if by, _ := c.App.Metadata[handedOverKey].(string); by != "" {
+		self, _ := os.Executable()
+		return &companionError{store: storeName, name: name,
+			err: fmt.Errorf("%s was started by another leaderrun to serve it, but has no %s backend either", self, storeName)}
+	}
 	path, err := companionPath(name)
 	if err == nil {
 		args, _ := c.App.Metadata[argsKey].([]string)
-		argv := append([]string{path}, args[1:]...)
-		err = syscall.Exec(path, argv, os.Environ())
+		env := append(os.Environ(), handedOverVar+"="+release())
+		err = fmt.Errorf("exec %s: %w", path, syscall.Exec(path, args, env))
 	}
 	return &companionError{store: storeName, name: name, err: err}
 }
 
-// companionError is a companion that could not be started: exit 69, as
-// for a store that cannot be reached (sysexits: "a support program does
-// not exist").
+// companionError is a companion that could not be started, or one that
+// refuses the run: exit 69, as for a store that cannot be reached
+// (sysexits: "a support program does not exist").
 type companionError struct {
-	store, name string
-	err         error
+	store string // "": the companion refuses the run (takeHandOver)
+	name  string
+	err   error
 }
 
 func (e *companionError) Error() string {
+	if e.store == "" {
+		return e.err.Error()
+	}
 	return fmt.Sprintf("the %s store is served by %s: %v", e.store, e.name, e.err)
 }
 
 func (e *companionError) Unwrap() []error { return []error{backends.ErrUnavailable, e.err} }
+
+// errNoBackend is a store whose backend this binary lacks, met past the
+// hand-over: a bug, never a user's error.
+var errNoBackend = errors.New("the store's backend is not linked into this binary, and the run was not handed over")

@@ -84,7 +84,8 @@ func newDynamoDBBackend(c *cli.Context, cfg storeConfig) (backends.Backend, erro
 		return nil, err
 	}
 	if openDynamoDB == nil {
-		return nil, handOver(c, "leaderrun-dynamodb", "DynamoDB")
+		// handOverDynamoDB ran before anything was started.
+		return nil, errNoBackend
 	}
 	if s.Log, err = newLogger(c, os.Stderr); err != nil {
 		return nil, err

@@ -135,7 +135,7 @@ func TestDynamoDBHandOver(t *testing.T) {
 	} {
 		for _, command := range []string{"run", "status", "history"} {
 			t.Run(tc.name+"/"+command, func(t *testing.T) {
-				args := append([]string{"leaderrun", command, "--lock", "handover"}, tc.args...)
+				args := append([]string{"leaderrun", command, "--lock", "handover", "--backend", "dynamodb"}, tc.args...)
 				if command == "run" {
 					args = append(args, "--", "true")
 				}
@@ -151,6 +151,42 @@ func TestDynamoDBHandOver(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestHandedOver: a companion removes the variable that says who handed
+// the run over before anything else (the command must not see it),
+// refuses a run handed over by another release, and never hands over
+// again.
+func TestHandedOver(t *testing.T) {
+	t.Setenv("LEADERRUN_BACKEND", "")
+	os.Unsetenv("LEADERRUN_BACKEND")
+	t.Run("another release", func(t *testing.T) {
+		t.Setenv(handedOverVar, "v0.0.1 0123abc")
+		var stdout, stderr bytes.Buffer
+		code := run([]string{"leaderrun", "--lock", "x", "--backend", "local", "--", "true"}, &stdout, &stderr)
+		if code != ExitUnavailable {
+			t.Errorf("exit %d, want %d:\n%s", code, ExitUnavailable, stderr.String())
+		}
+		for _, w := range []string{`"v0.0.1 0123abc"`, release(), "install both from the same release"} {
+			if !strings.Contains(stderr.String(), w) {
+				t.Errorf("stderr does not say %q:\n%s", w, stderr.String())
+			}
+		}
+		if _, ok := os.LookupEnv(handedOverVar); ok {
+			t.Errorf("%s is still in the environment", handedOverVar)
+		}
+	})
+	t.Run("handed over again", func(t *testing.T) {
+		t.Setenv(handedOverVar, release())
+		var stdout, stderr bytes.Buffer
+		code := run([]string{"leaderrun", "status", "--lock", "x", "--dynamodb-table", "ops_locks"}, &stdout, &stderr)
+		if code != ExitUnavailable || !strings.Contains(stderr.String(), "has no DynamoDB backend either") {
+			t.Errorf("exit %d, want %d saying it has no DynamoDB backend either:\n%s", code, ExitUnavailable, stderr.String())
+		}
+		if _, ok := os.LookupEnv(handedOverVar); ok {
+			t.Errorf("%s is still in the environment", handedOverVar)
+		}
+	})
 }
 
 // TestDynamoDBRequestTimeout: two HTTP attempts fit in one renewal

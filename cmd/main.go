@@ -31,12 +31,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	st := &state{stdout: stdout, stderr: stderr, codes: defaultCodes}
+	by, err := takeHandOver()
+	if err != nil {
+		st.report(err, ExitUnavailable)
+		return ExitUnavailable
+	}
 	app := newApp(st)
-	app.Metadata = map[string]any{argsKey: args}
+	app.Metadata = map[string]any{argsKey: args, handedOverKey: by}
 	if !wantsHelp(args) {
 		uncategorize(app)
 	}
-	err := app.Run(withDefaultCommand(app, args))
+	err = app.Run(withDefaultCommand(app, args))
 	code := exitCode(err, st.codes)
 	if err != nil && !silent(err) {
 		st.report(err, code)

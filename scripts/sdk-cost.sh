@@ -54,6 +54,10 @@ for r in $(seq "$rounds"); do
 			[ -n "$w" ] && [ -n "$(cat /proc/$w/task/*/children 2>/dev/null)" ] && break
 			sleep 0.05
 		done
+		if [ -z "$w" ] || [ -z "$(cat /proc/$w/task/*/children 2>/dev/null)" ]; then
+			echo "$n: no watchdog with a command under leaderrun $pid within 10 s" >&2
+			exit 1
+		fi
 		sleep 1 # past the start: what an instance keeps while it leads
 		lr[$n]+="$(anon "$pid") "
 		dog[$n]+="$(anon "$w") "

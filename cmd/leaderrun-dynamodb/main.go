@@ -1,8 +1,8 @@
 // Command leaderrun-dynamodb is leaderrun with the DynamoDB backend linked
 // in. leaderrun itself leaves the AWS SDK out, whose package init would
-// cost every leaderrun process on a host about 2 MiB whatever its store,
-// and replaces itself with this binary, installed beside it, when the
-// store is DynamoDB. It takes every flag leaderrun takes, and serves every
+// cost every leading instance on a host 3.1 MiB (2.2 MiB in leaderrun,
+// 0.9 MiB in its watchdog) whatever its store, and replaces itself with
+// this binary, installed beside it, when the store is DynamoDB. It takes every flag leaderrun takes, and serves every
 // store.
 package main
 

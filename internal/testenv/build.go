@@ -25,8 +25,8 @@ var build struct {
 
 // Leaderrun builds the leaderrun binary once per test process and returns
 // its path; leaderrun-dynamodb, which leaderrun hands a DynamoDB run over
-// to, is built beside it, as a release installs it. Tests run it as users do: as a separate process, with real
-// signals. It is built as releases are built (ReleaseFlags), without the
+// to, is built beside it, as a release installs it. Tests run it as users
+// do: as a separate process, with real signals. It is built as releases are built (ReleaseFlags), without the
 // race detector, so that the latencies and memory the tests and the
 // benchmark measure are the ones users get; the runner's own tests cover
 // races in-process.
