@@ -232,16 +232,21 @@ const argsKey = "args"
 
 // openBackend validates the store flags and builds the chosen backend.
 func openBackend(c *cli.Context) (backends.Backend, store, error) {
-	s, err := chooseStore(c)
+	s, err := storeToServe(c)
 	if err != nil {
 		return nil, s, err
 	}
-	cfg := storeConfig{Lock: c.String("lock"), Prefix: c.String("prefix")}
-	if s.handOver != nil {
-		if err := s.handOver(c, cfg); err != nil {
-			return nil, s, err
-		}
-	}
-	b, err := s.open(c, cfg)
+	b, err := s.open(c, storeConfig{Lock: c.String("lock"), Prefix: c.String("prefix")})
 	return b, s, err
+}
+
+// storeToServe chooses the store and, if this binary lacks its backend,
+// hands the run over to the companion that has it (it returns only if
+// that failed). Both happen before anything is started.
+func storeToServe(c *cli.Context) (store, error) {
+	s, err := chooseStore(c)
+	if err != nil || s.handOver == nil {
+		return s, err
+	}
+	return s, s.handOver(c, storeConfig{Lock: c.String("lock"), Prefix: c.String("prefix")})
 }

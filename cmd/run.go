@@ -129,14 +129,9 @@ func readRun(c *cli.Context, st *state) (*slog.Logger, runner.Config, store, err
 	if cfg, err = runConfig(c, time.Now()); err != nil {
 		return nil, cfg, store{}, err
 	}
-	chosen, err := chooseStore(c)
+	chosen, err := storeToServe(c)
 	if err != nil {
 		return nil, cfg, store{}, err
-	}
-	if chosen.handOver != nil {
-		if err := chosen.handOver(c, storeConfig{Lock: cfg.Lock, Prefix: c.String("prefix")}); err != nil {
-			return nil, cfg, store{}, err
-		}
 	}
 	if !c.Bool("pass-credentials") {
 		cfg.Unset = chosen.credentials
