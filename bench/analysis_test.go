@@ -220,7 +220,7 @@ func (r *results) memoryCause() string {
 			strings.Join(r.topInitAllocs("leaderrun", 5), ", "))
 	}
 	if r.initBytes[watchdogInit] != nil {
-		fmt.Fprintf(&b, "The watchdog initialises the %d packages that come before the signals package takes it over, allocating %s; the largest: %s. ",
+		fmt.Fprintf(&b, "The watchdog initialises the %d packages that come before package signals/watchdog takes it over, allocating %s; the largest: %s. ",
 			r.initCount[watchdogInit], bytesText(int(r.p50(r.initBytes, watchdogInit))), strings.Join(r.topInitAllocs(watchdogInit, 3), ", "))
 	}
 	fmt.Fprintf(&b, "Every backend's client library but the AWS SDK is linked into every run (the binary is %s), and what their packages register at init (protobuf descriptors, client-go's types) is allocated in every process, whichever store it uses. ", r.sizes()["leaderrun"])

@@ -19,7 +19,7 @@ import (
 
 // Main runs leaderrun with args (os.Args) and returns the process's exit
 // code. leaderrun re-executed as a command's watchdog never gets here: the
-// signals package's init takes it over first.
+// init of package signals/watchdog takes it over first.
 func Main(args []string) int {
 	return run(args, os.Stdout, os.Stderr)
 }

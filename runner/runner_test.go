@@ -22,7 +22,7 @@ import (
 
 // TestMain lets the test binary act as a child that records when it
 // starts and when it is signalled (it is its own watchdog through the
-// signals package's init).
+// init of package signals/watchdog).
 func TestMain(m *testing.M) {
 	if path := os.Getenv("RUNNER_TEST_CHILD"); path != "" {
 		os.Exit(child(path))

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/leaderrun/leaderrun/signals/watchdog"
 )
 
 // Child is a running command, as leaderrun sees it: the leader of its own
@@ -15,7 +17,7 @@ import (
 // runs in the watchdog: the first kill signal, whether leaderrun asked for
 // it (Stop), the deadline passed in the watchdog (SetDeadline), or the
 // command exited and left processes behind, is sent there and fixes the
-// SIGKILL instant for the whole tree, KillGrace later; a later request
+// SIGKILL Instant for the whole tree, KillGrace later; a later request
 // changes neither. Done closes only once every process of the tree is
 // gone.
 type Child struct {
@@ -29,7 +31,7 @@ type Child struct {
 	status Status
 
 	mu sync.Mutex
-	// killAt is the SIGKILL instant of the stop sequence, zero until the
+	// killAt is the SIGKILL Instant of the stop sequence, zero until the
 	// watchdog says it started; asked is set once leaderrun asked for it;
 	// expired, if the watchdog started it because the deadline passed.
 	killAt         time.Time
@@ -60,7 +62,7 @@ func (c *Child) Guard() string {
 func (c *Child) cgroupDir() string {
 	c.s.mu.Lock()
 	defer c.s.mu.Unlock()
-	if c.s.guard != guardCgroup {
+	if c.s.guard != watchdog.GuardCgroup {
 		return ""
 	}
 	return c.s.detail

@@ -4,6 +4,8 @@ import (
 	"os"
 	"syscall"
 	"time"
+
+	"github.com/leaderrun/leaderrun/signals/watchdog"
 )
 
 // The stop sequence as leaderrun sees it (docs/safety.md, S9, S10): it
@@ -11,7 +13,7 @@ import (
 // sequence started and when SIGKILL went out, and keeps a SIGKILL of its
 // own for a watchdog that is frozen when the sequence is due.
 
-// SetDeadline tells the watchdog the newest instant by which the command
+// SetDeadline tells the watchdog the newest Instant by which the command
 // must have had the kill signal (S2): if it passes with no newer one, the
 // watchdog starts the stop sequence itself, on its own clock, whatever
 // leaderrun is doing (S10).
@@ -23,13 +25,13 @@ func (c *Child) SetDeadline(t time.Time) {
 	}
 	c.deadline = t
 	c.mu.Unlock()
-	_ = c.s.send(newFrame(msgDeadline).i64(int64(max(instantOf(t), 1))), nil, sendTimeout)
+	_ = c.s.send(watchdog.NewFrame(watchdog.MsgDeadline).I64(int64(max(watchdog.InstantOf(t), 1))), nil, sendTimeout)
 }
 
 // Stop starts the stop sequence with sig: the watchdog sends sig to the
 // command's group and to every descendant that left it, and SIGKILL to the
 // whole tree KillGrace after that, unless its sequence began earlier (its
-// deadline passed first), whose SIGKILL instant then stands. A later Stop
+// deadline passed first), whose SIGKILL Instant then stands. A later Stop
 // sends its signal to the group as Signal does, and changes no deadline.
 // Done closes once the tree is gone.
 func (c *Child) Stop(sig syscall.Signal) {
@@ -45,26 +47,26 @@ func (c *Child) Stop(sig syscall.Signal) {
 		c.armBackstop(time.Now().Add(c.s.spec.KillGrace))
 	}
 	c.mu.Unlock()
-	_ = c.s.send(newFrame(msgStop).u32(uint32(sig)), nil, sendTimeout)
+	_ = c.s.send(watchdog.NewFrame(watchdog.MsgStop).U32(uint32(sig)), nil, sendTimeout)
 	// A stopped watchdog would sit on it.
 	_ = c.s.dog.Process.Signal(syscall.SIGCONT)
 }
 
 // stopping is the watchdog's word that the sequence runs: it sent sig,
 // and SIGKILLs the tree at killAt.
-func (c *Child) stopping(sig syscall.Signal, killAt instant, why stopReason) {
+func (c *Child) stopping(sig syscall.Signal, killAt watchdog.Instant, why watchdog.StopReason) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.killAt.IsZero() {
-		c.killAt = killAt.time()
+		c.killAt = killAt.Time()
 		c.armBackstop(c.killAt)
 	}
-	if why == stopDeadline {
+	if why == watchdog.StopDeadline {
 		c.expired = true
 	}
 }
 
-// backstopDelay is how long after the SIGKILL instant leaderrun kills the
+// backstopDelay is how long after the SIGKILL Instant leaderrun kills the
 // tree itself if the watchdog has not said it did: only a watchdog that is
 // frozen when its sequence is due leaves it anything to do.
 const backstopDelay = 100 * time.Millisecond
@@ -111,7 +113,7 @@ func (c *Child) Expired() bool {
 	return c.expired
 }
 
-// KillAt is the SIGKILL instant of the stop sequence, zero until the
+// KillAt is the SIGKILL Instant of the stop sequence, zero until the
 // watchdog has said that it started it (a moment after Stop).
 func (c *Child) KillAt() time.Time {
 	c.mu.Lock()

@@ -6,7 +6,7 @@
 // Process tree while a command runs:
 //
 //	leaderrun                  (campaigns, renews, sends the deadlines)
-//	└── leaderrun-dog          (the watchdog: this binary re-executed; see watchdog.go)
+//	└── leaderrun-dog          (the watchdog: this binary re-executed; package signals/watchdog)
 //	    └── COMMAND            (leader of its own process group, in a cgroup of its own where possible)
 //	        └── grandchildren  (same process group unless they leave it)
 //
@@ -20,4 +20,8 @@
 // The command's parent-death signal (SIGKILL, set with the watchdog's
 // forking thread locked) ends the command if the watchdog itself dies;
 // leaderrun, a subreaper too, then ends the rest.
+//
+// This package is leaderrun's side (Supervisor, Child); the watchdog's is
+// package signals/watchdog, which may import only what is initialised
+// early (see its doc.go).
 package signals

@@ -2,9 +2,9 @@ package signals
 
 import (
 	"errors"
-	"log/slog"
 	"syscall"
 
+	"github.com/leaderrun/leaderrun/signals/watchdog"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,11 +24,18 @@ func (c *Child) watchdogGone() {
 		return
 	}
 	c.log.Warn("the command's watchdog died; killing the command's tree", "pid", c.pid)
-	t := fallbackTree(c.cgroupDir(), c.pid)
-	if left := sweep(t, survivalBound); len(left) > 0 {
-		c.log.Error("processes of the command survived SIGKILL; giving up on them", "pid", c.pid, "pids", pidsOf(left))
-	} else if cg, ok := t.(interface{ remove(*slog.Logger) }); ok {
-		cg.remove(c.log) // the cgroup the watchdog could not remove
+	pid := c.pid
+	left, err := watchdog.Leftovers{
+		Cgroup:    c.cgroupDir(),
+		Pgid:      pid,
+		Subreaper: subreaper.Load(),
+		Skip:      func(p int) bool { return tracked.pids[p] && p != pid || ownHelper(p) },
+		Lock:      &tracked,
+	}.End()
+	if len(left) > 0 {
+		c.log.Error("processes of the command survived SIGKILL; giving up on them", "pid", c.pid, "pids", left)
+	} else if err != nil {
+		c.log.Warn("cannot remove the command's cgroup", "error", err)
 	}
 	select {
 	case <-c.exited:

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/leaderrun/leaderrun/signals/watchdog"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,8 +26,8 @@ import (
 // there on purpose (setpgid into leaderrun's group, in the same session),
 // which this rule does not cover.
 func ownHelper(pid int) bool {
-	p, ok := readStat(pid, make([]byte, 512))
-	return ok && p.pgid == syscall.Getpgrp()
+	pgid, ok := watchdog.ProcessGroup(pid)
+	return ok && pgid == syscall.Getpgrp()
 }
 
 // subreaper is set once BecomeSubreaper succeeded: orphaned descendants

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/leaderrun/leaderrun/signals/watchdog"
 )
 
 // readyTimeout bounds the wait for the watchdog's word that it forked the
@@ -50,16 +52,16 @@ type Supervisor struct {
 	spec Spec
 	dog  *exec.Cmd
 	conn *os.File   // our end of the watchdog's socket
-	wmu  sync.Mutex // one frame at a time
+	wmu  sync.Mutex // one watchdog.Frame at a time
 
 	started chan struct{} // closed once the watchdog was forked, or failed to be
 	err     error         // why it could not be
 
-	replies chan reply // msgStarted, msgFailed, or the socket's end, for Start
+	replies chan reply // watchdog.MsgStarted, watchdog.MsgFailed, or the socket's end, for Start
 
 	mu            sync.Mutex
-	guard, detail string // from msgStarted
-	child         *Child // once Start sent msgStart
+	guard, detail string // from watchdog.MsgStarted
+	child         *Child // once Start sent watchdog.MsgStart
 
 	reaped chan struct{} // closed once the watchdog is reaped
 }
@@ -97,7 +99,7 @@ func Prepare(spec Spec) (*Supervisor, error) {
 	// meant for leaderrun's group reaches it.
 	s.dog = &exec.Cmd{
 		Path: self,
-		Args: []string{watchdogName, watchdogArg, formatOf(spec.Log), levelOf(spec.Log).String(),
+		Args: []string{watchdog.ProcessName, watchdog.Arg, formatOf(spec.Log), levelOf(spec.Log).String(),
 			strconv.Itoa(int(spec.KillSignal))},
 		Env:         watchdogEnv(),
 		Stdin:       orDefault(spec.Stdin, os.Stdin),
@@ -149,7 +151,7 @@ func (s *Supervisor) standDown() {
 	if <-s.started; s.err != nil {
 		return
 	}
-	_ = s.send(newFrame(msgDone), nil, sendTimeout)
+	_ = s.send(watchdog.NewFrame(watchdog.MsgDone), nil, sendTimeout)
 	// A stopped watchdog (SIGSTOP of its group) would never read it.
 	_ = s.dog.Process.Signal(syscall.SIGCONT)
 }
@@ -171,14 +173,14 @@ func (s *Supervisor) Start(env []string, deadline time.Time, hold *os.File) (*Ch
 	s.mu.Lock()
 	s.child = c
 	s.mu.Unlock()
-	var dl instant
+	var dl watchdog.Instant
 	if !deadline.IsZero() {
-		dl = max(instantOf(deadline), 1)
+		dl = max(watchdog.InstantOf(deadline), 1)
 		c.deadline = deadline
 	}
-	f := newFrame(msgStart).u32(uint32(s.spec.KillSignal)).i64(int64(s.spec.KillGrace)).i64(int64(dl)).
-		str(s.spec.Path).strs(s.spec.Args).strs(env)
-	if len(f) > maxStartFrame {
+	f := watchdog.NewFrame(watchdog.MsgStart).U32(uint32(s.spec.KillSignal)).I64(int64(s.spec.KillGrace)).I64(int64(dl)).
+		Str(s.spec.Path).Strs(s.spec.Args).Strs(env)
+	if len(f) > watchdog.MaxStartFrame {
 		s.dismiss()
 		return nil, execError(s.spec.Path, syscall.E2BIG)
 	}
@@ -192,9 +194,9 @@ func (s *Supervisor) Start(env []string, deadline time.Time, hold *os.File) (*Ch
 	case <-time.After(readyTimeout):
 	}
 	switch r.kind {
-	case msgStarted:
+	case watchdog.MsgStarted:
 		return c, nil
-	case msgFailed:
+	case watchdog.MsgFailed:
 		s.dismiss()
 		return nil, execError(s.spec.Path, syscall.Errno(r.value))
 	}

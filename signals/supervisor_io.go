@@ -6,14 +6,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leaderrun/leaderrun/signals/watchdog"
 	"golang.org/x/sys/unix"
 )
 
 // leaderrun's side of the protocol with its watchdog (wire.go).
 
-// reply is the watchdog's answer to msgStart.
+// reply is the watchdog's answer to MsgStart.
 type reply struct {
-	kind  byte // msgStarted, msgFailed, or 0: the socket closed
+	kind  byte // watchdog.MsgStarted, watchdog.MsgFailed, or 0: the socket closed
 	value uint32
 }
 
@@ -26,7 +27,7 @@ func (s *Supervisor) read() {
 		n, err := s.conn.Read(tmp)
 		buf = append(buf, tmp[:n]...)
 		for {
-			kind, body, rest, ok, ferr := nextFrame(buf, maxReplyFrame)
+			kind, f, rest, ok, ferr := watchdog.NextFrame(buf, watchdog.MaxReplyFrame)
 			if ferr != nil {
 				err = ferr
 				break
@@ -35,7 +36,7 @@ func (s *Supervisor) read() {
 				break
 			}
 			buf = rest
-			s.handle(kind, &fields{b: body})
+			s.handle(kind, &f)
 		}
 		if err != nil {
 			break
@@ -57,14 +58,14 @@ func (s *Supervisor) read() {
 	}
 }
 
-// handle acts on one frame from the watchdog.
-func (s *Supervisor) handle(kind byte, f *fields) {
+// handle acts on one Frame from the watchdog.
+func (s *Supervisor) handle(kind byte, f *watchdog.Fields) {
 	s.mu.Lock()
 	c := s.child
 	s.mu.Unlock()
 	switch kind {
-	case msgStarted:
-		pid, guard, detail := int(f.u32()), f.str(), f.str()
+	case watchdog.MsgStarted:
+		pid, guard, detail := int(f.U32()), f.Str(), f.Str()
 		s.mu.Lock()
 		s.guard, s.detail = guard, detail
 		s.mu.Unlock()
@@ -76,23 +77,23 @@ func (s *Supervisor) handle(kind byte, f *fields) {
 			c.pid = pid
 		}
 		s.reply(reply{kind: kind, value: uint32(pid)})
-	case msgFailed:
-		s.reply(reply{kind: kind, value: f.u32()})
-	case msgStopping:
-		sig, at, why := syscall.Signal(f.u32()), instant(f.i64()), stopReason(f.u32())
-		if c != nil && !f.bad {
+	case watchdog.MsgFailed:
+		s.reply(reply{kind: kind, value: f.U32()})
+	case watchdog.MsgStopping:
+		sig, at, why := syscall.Signal(f.U32()), watchdog.Instant(f.I64()), watchdog.StopReason(f.U32())
+		if c != nil && !f.Bad() {
 			c.stopping(sig, at, why)
 		}
-	case msgKilled:
+	case watchdog.MsgKilled:
 		if c != nil {
 			c.killed()
 		}
-	case msgExited:
-		code, sig := int(f.u32()), syscall.Signal(f.u32())
-		if c != nil && !f.bad {
+	case watchdog.MsgExited:
+		code, sig := int(f.U32()), syscall.Signal(f.U32())
+		if c != nil && !f.Bad() {
 			c.exit(Status{Code: code, Signal: sig})
 		}
-	case msgGone:
+	case watchdog.MsgGone:
 		if c != nil {
 			c.gone()
 		}
@@ -108,15 +109,15 @@ func (s *Supervisor) reply(r reply) {
 	}
 }
 
-// sendTimeout bounds the write of a frame: the watchdog reads all the
+// sendTimeout bounds the write of a Frame: the watchdog reads all the
 // time, and one that has not read for this long (frozen) must not hold
 // up leaderrun's own loop. A deadline that is not delivered leaves the
 // watchdog an earlier one; a stop, leaderrun's backstop SIGKILL.
 const sendTimeout = time.Second
 
-// send writes one frame to the watchdog, with a descriptor for it to hold
+// send writes one Frame to the watchdog, with a descriptor for it to hold
 // if hold is not nil, waiting at most timeout for the socket to take it.
-func (s *Supervisor) send(f frame, hold *os.File, timeout time.Duration) error {
+func (s *Supervisor) send(f watchdog.Frame, hold *os.File, timeout time.Duration) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	_ = s.conn.SetWriteDeadline(time.Now().Add(timeout))
@@ -125,7 +126,7 @@ func (s *Supervisor) send(f frame, hold *os.File, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	b := f.bytes()
+	b := f.Bytes()
 	var oob []byte
 	if hold != nil {
 		oob = unix.UnixRights(int(hold.Fd()))
@@ -135,12 +136,12 @@ func (s *Supervisor) send(f frame, hold *os.File, timeout time.Duration) error {
 		var n int
 		var serr error
 		werr := rc.Write(func(fd uintptr) bool {
-			n, serr = unix.SendmsgN(int(fd), b, oob, nil, msgNoSignal)
+			n, serr = unix.SendmsgN(int(fd), b, oob, nil, watchdog.SendNoSignal)
 			return !errors.Is(serr, unix.EAGAIN)
 		})
 		if err := errors.Join(werr, serr); err != nil {
 			if len(b) < whole {
-				// Half a frame is on its way: the protocol is broken,
+				// Half a Frame is on its way: the protocol is broken,
 				// and a watchdog that cannot be told anything guards
 				// nothing. Its death ends the tree (see read).
 				_ = s.dog.Process.Kill()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/leaderrun/leaderrun/internal/testenv"
+	"github.com/leaderrun/leaderrun/signals/watchdog"
 )
 
 // TestMain lets the test binary act as a stand-in for leaderrun in a
@@ -273,8 +274,8 @@ func TestLeaderrunDeathKillsTree(t *testing.T) {
 			t.Errorf("the watchdog does not catch %v (SigCgt %x, SigIgn %x)", Name(n), caught, ignored)
 		}
 	}
-	if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(l.watchdog) + "/comm"); strings.TrimSpace(string(comm)) != watchdogName {
-		t.Errorf("the watchdog is called %q in ps, want %s", comm, watchdogName)
+	if comm, _ := os.ReadFile("/proc/" + strconv.Itoa(l.watchdog) + "/comm"); strings.TrimSpace(string(comm)) != watchdog.ProcessName {
+		t.Errorf("the watchdog is called %q in ps, want %s", comm, watchdog.ProcessName)
 	}
 	procs := map[string]*testenv.Process{"command": testenv.Watch(t, l.child), "grandchild": testenv.Watch(t, grandchild),
 		"helper": testenv.Watch(t, helperPid), "watchdog": testenv.Watch(t, l.watchdog)}

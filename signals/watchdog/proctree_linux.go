@@ -1,12 +1,13 @@
 //go:build linux
 
-package signals
+package watchdog
 
 import (
 	"errors"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -25,9 +26,9 @@ type procTree struct {
 	// without it, the group and the command's descendants are.
 	withKids bool
 	// skip names root's children that are not the tree (leaderrun's
-	// watchdogs), read under tracked's lock if lock is set.
+	// watchdogs), read with lock held if lock is not nil.
 	skip   func(pid int) bool
-	lock   bool
+	lock   sync.Locker
 	pidfds map[int]int // pidfds of the members, kept across looks
 }
 
@@ -37,9 +38,9 @@ func (t *procTree) members() []member {
 	for pid, p := range procs {
 		kids[p.ppid] = append(kids[p.ppid], pid)
 	}
-	if t.lock {
-		tracked.Lock()
-		defer tracked.Unlock()
+	if t.lock != nil {
+		t.lock.Lock()
+		defer t.lock.Unlock()
 	}
 	var roots []int
 	if p, ok := procs[t.pgid]; ok && !p.zombie {
@@ -184,4 +185,10 @@ func readStat(pid int, buf []byte) (procInfo, bool) {
 	ppid, _ := strconv.Atoi(f[1])
 	pgid, _ := strconv.Atoi(f[2])
 	return procInfo{ppid: ppid, pgid: pgid, zombie: f[0] == "Z" || f[0] == "X"}, true
+}
+
+// ProcessGroup is the process group of pid, if it is alive.
+func ProcessGroup(pid int) (pgid int, ok bool) {
+	p, ok := readStat(pid, make([]byte, 512))
+	return p.pgid, ok
 }

@@ -1,16 +1,13 @@
 //go:build linux
 
-package signals
+package watchdog
 
 import (
 	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
-	"log/slog"
-	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -71,7 +68,10 @@ func ownCgroup() (string, error) {
 			rel, ok = path, true
 		}
 		if ok && (rel == "" || strings.HasPrefix(rel, "/")) {
-			return filepath.Join(point, rel), nil
+			if dir := strings.TrimSuffix(point+rel, "/"); dir != "" {
+				return dir, nil
+			}
+			return "/", nil
 		}
 	}
 	return "", errors.New("cgroup2 is not mounted where this process's cgroup is")
@@ -107,34 +107,35 @@ func makeCgroup() (*cgroupTree, error) {
 	}
 	// clone3 may put a child in a cgroup only for a writer of the
 	// cgroup.procs of both cgroups' common ancestor: this one.
-	if err := unix.Faccessat(unix.AT_FDCWD, filepath.Join(parent, "cgroup.procs"), unix.W_OK, unix.AT_EACCESS); err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(parent, "cgroup.procs"), err)
+	if err := unix.Faccessat(unix.AT_FDCWD, parent+"/cgroup.procs", unix.W_OK, unix.AT_EACCESS); err != nil {
+		return nil, fmt.Errorf("%s/cgroup.procs: %w", parent, err)
 	}
-	dir := filepath.Join(parent, "leaderrun-"+strconv.Itoa(os.Getpid()))
+	dir := parent + "/leaderrun-" + strconv.Itoa(os.Getpid())
 	err = unix.Mkdir(dir, 0o755)
 	if errors.Is(err, unix.EEXIST) {
-		// Left by a watchdog of the same pid, or someone's: a new name.
-		dir += fmt.Sprintf("-%08x", rand.Uint32())
+		// Left by a watchdog of the same pid, or someone's: a new name,
+		// with the boot clock's nanoseconds.
+		dir += "-" + strconv.FormatInt(int64(Now()), 16)
 		err = unix.Mkdir(dir, 0o755)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("mkdir %s: %w", dir, err)
 	}
 	cg := &cgroupTree{dir: dir, dirFD: -1, killFD: -1, events: -1}
-	open := func(name string, flags int) (int, error) {
-		fd, err := unix.Open(filepath.Join(dir, name), flags|unix.O_CLOEXEC, 0)
+	open := func(path string, flags int) (int, error) {
+		fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return -1, fmt.Errorf("%s: %w", filepath.Join(dir, name), err)
+			return -1, fmt.Errorf("%s: %w", path, err)
 		}
 		return fd, nil
 	}
-	if cg.dirFD, err = open("", unix.O_RDONLY|unix.O_DIRECTORY); err == nil {
-		if cg.killFD, err = open("cgroup.kill", unix.O_WRONLY); err == nil {
-			cg.events, err = open("cgroup.events", unix.O_RDONLY)
+	if cg.dirFD, err = open(dir, unix.O_RDONLY|unix.O_DIRECTORY); err == nil {
+		if cg.killFD, err = open(dir+"/cgroup.kill", unix.O_WRONLY); err == nil {
+			cg.events, err = open(dir+"/cgroup.events", unix.O_RDONLY)
 		}
 	}
 	if err != nil {
-		cg.remove(nil)
+		_ = cg.remove()
 		return nil, err
 	}
 	return cg, nil
@@ -147,11 +148,8 @@ func (cg *cgroupTree) members() []member {
 	}
 	var out []member
 	buf := make([]byte, 512)
-	_ = filepath.WalkDir(cg.dir, func(path string, e os.DirEntry, err error) error {
-		if err != nil || !e.IsDir() {
-			return nil
-		}
-		data, _ := os.ReadFile(filepath.Join(path, "cgroup.procs"))
+	for _, dir := range cgroupDirs(cg.dir, nil) {
+		data, _ := os.ReadFile(dir + "/cgroup.procs")
 		for _, f := range strings.Fields(string(data)) {
 			pid, err := strconv.Atoi(f)
 			if err != nil {
@@ -161,8 +159,7 @@ func (cg *cgroupTree) members() []member {
 				out = append(out, member{pid: pid, pgid: p.pgid})
 			}
 		}
-		return nil
-	})
+	}
 	return out
 }
 
@@ -203,22 +200,17 @@ func (cg *cgroupTree) fds([]member) ([]unix.PollFd, time.Duration) {
 }
 
 // remove closes the group's descriptors and removes it, with any group
-// the command made below it, once it is empty; log says when it cannot.
-func (cg *cgroupTree) remove(log *slog.Logger) {
+// the command made below it, once it is empty, and says why it could not.
+func (cg *cgroupTree) remove() error {
 	for _, fd := range []int{cg.dirFD, cg.killFD, cg.events} {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
 	}
 	cg.dirFD, cg.killFD, cg.events = -1, -1, -1
-	var dirs []string
-	_ = filepath.WalkDir(cg.dir, func(path string, e os.DirEntry, err error) error {
-		if err == nil && e.IsDir() {
-			dirs = append(dirs, path)
-		}
-		return nil
-	})
+	dirs := cgroupDirs(cg.dir, nil)
 	// Deepest first; a group may take a moment to leave once empty.
+	var errs []error
 	for i := len(dirs) - 1; i >= 0; i-- {
 		var err error
 		for range 50 {
@@ -227,8 +219,23 @@ func (cg *cgroupTree) remove(log *slog.Logger) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-		if err != nil && !errors.Is(err, unix.ENOENT) && log != nil {
-			log.Warn("cannot remove the command's cgroup", "cgroup", dirs[i], "error", err)
+		if err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, &os.PathError{Op: "rmdir", Path: dirs[i], Err: err})
 		}
 	}
+	return errors.Join(errs...)
+}
+
+// cgroupDirs appends dir and every directory below it to dirs, parents
+// before their children. (Not path/filepath's WalkDir: see doc.go on what
+// this package may import.)
+func cgroupDirs(dir string, dirs []string) []string {
+	dirs = append(dirs, dir)
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if e.IsDir() {
+			dirs = cgroupDirs(dir+"/"+e.Name(), dirs)
+		}
+	}
+	return dirs
 }

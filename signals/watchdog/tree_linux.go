@@ -1,6 +1,6 @@
 //go:build linux
 
-package signals
+package watchdog
 
 import (
 	"os"
@@ -21,12 +21,12 @@ func newTree(cg *cgroupTree, pid int) tree {
 	return &procTree{root: os.Getpid(), pgid: pid, withKids: true, pidfds: map[int]int{}}
 }
 
-// fallbackTree is leaderrun's view of the tree of the command pid once
-// its watchdog died: the cgroup at dir if it had one, else the command's
-// group and, as a subreaper, the orphans re-parented to leaderrun.
-func fallbackTree(dir string, pid int) tree {
-	if dir != "" {
-		cg := &cgroupTree{dir: dir, dirFD: -1, killFD: -1, events: -1, pgid: pid}
+// tree is leaderrun's view of the command's tree once its watchdog died:
+// the cgroup if it had one, else the command's group and, as a
+// subreaper, the orphans re-parented to leaderrun.
+func (l Leftovers) tree() tree {
+	if dir := l.Cgroup; dir != "" {
+		cg := &cgroupTree{dir: dir, dirFD: -1, killFD: -1, events: -1, pgid: l.Pgid}
 		var err error
 		if cg.killFD, err = unix.Open(dir+"/cgroup.kill", unix.O_WRONLY|unix.O_CLOEXEC, 0); err == nil {
 			if cg.events, err = unix.Open(dir+"/cgroup.events", unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
@@ -35,6 +35,5 @@ func fallbackTree(dir string, pid int) tree {
 			unix.Close(cg.killFD)
 		}
 	}
-	skip := func(p int) bool { return tracked.pids[p] && p != pid || ownHelper(p) }
-	return &procTree{root: os.Getpid(), pgid: pid, withKids: subreaper.Load(), skip: skip, lock: true, pidfds: map[int]int{}}
+	return &procTree{root: os.Getpid(), pgid: l.Pgid, withKids: l.Subreaper, skip: l.Skip, lock: l.Lock, pidfds: map[int]int{}}
 }

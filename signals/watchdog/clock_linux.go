@@ -1,6 +1,6 @@
 //go:build linux
 
-package signals
+package watchdog
 
 import (
 	"errors"
@@ -8,17 +8,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// clockNow reads CLOCK_BOOTTIME: monotonic, the same for every process of
+// Now reads CLOCK_BOOTTIME: monotonic, the same for every process of
 // the host, and, unlike CLOCK_MONOTONIC (Go's clock), counting the time
 // the host spends suspended. A store keeps counting a lease while this
 // host sleeps; a deadline on this clock has passed when the host wakes
 // up, and the watchdog stops the command at once (docs/safety.md, S10).
-func clockNow() instant {
+func Now() Instant {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
 		panic("clock_gettime(CLOCK_BOOTTIME): " + err.Error()) // Linux 2.6.39 and later have it
 	}
-	return instant(ts.Nano())
+	return Instant(ts.Nano())
 }
 
 // alarm is a timerfd on CLOCK_BOOTTIME, for the watchdog's poll loop: it
@@ -39,7 +39,7 @@ func newAlarm() (*alarm, error) {
 
 // wait polls fds until one of them is ready or due passes (0: no time
 // limit). It returns early on a signal; the caller looks again.
-func (a *alarm) wait(fds []unix.PollFd, due instant) error {
+func (a *alarm) wait(fds []unix.PollFd, due Instant) error {
 	spec := unix.ItimerSpec{}
 	if due > 0 {
 		spec.Value = unix.NsecToTimespec(int64(max(due, 1)))

@@ -1,6 +1,6 @@
 //go:build darwin
 
-package signals
+package watchdog
 
 import (
 	"syscall"
@@ -13,7 +13,7 @@ import (
 
 func newTree(_ *cgroupTree, pid int) tree { return groupTree{pgid: pid} }
 
-func fallbackTree(_ string, pid int) tree { return groupTree{pgid: pid} }
+func (l Leftovers) tree() tree { return groupTree{pgid: l.Pgid} }
 
 // groupTree is the command's process group, while it has members: without
 // subreapers and /proc, descendants that left the group are not found.

@@ -1,6 +1,6 @@
 //go:build darwin
 
-package signals
+package watchdog
 
 import (
 	"errors"
@@ -9,13 +9,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// clockNow reads CLOCK_MONOTONIC, which every process of the host shares.
-func clockNow() instant {
+// Now reads CLOCK_MONOTONIC, which every process of the host shares.
+func Now() Instant {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		panic("clock_gettime(CLOCK_MONOTONIC): " + err.Error())
 	}
-	return instant(ts.Nano())
+	return Instant(ts.Nano())
 }
 
 // alarm turns an instant into a poll timeout: there is no timerfd here.
@@ -25,10 +25,10 @@ func newAlarm() (*alarm, error) { return &alarm{}, nil }
 
 // wait polls fds until one of them is ready or due passes (0: no time
 // limit).
-func (a *alarm) wait(fds []unix.PollFd, due instant) error {
+func (a *alarm) wait(fds []unix.PollFd, due Instant) error {
 	timeout := -1
 	if due > 0 {
-		d := time.Duration(due - clockNow())
+		d := time.Duration(due - Now())
 		timeout = int(max(d+time.Millisecond-1, 0) / time.Millisecond)
 	}
 	_, err := unix.Poll(fds, timeout)

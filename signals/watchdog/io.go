@@ -1,4 +1,4 @@
-package signals
+package watchdog
 
 import (
 	"errors"
@@ -10,7 +10,7 @@ import (
 // The watchdog's side of the protocol (wire.go).
 
 // receive reads what leaderrun sent and acts on every whole frame; the
-// socket closing without msgDone is leaderrun's death.
+// socket closing without MsgDone is leaderrun's death.
 func (d *dog) receive() {
 	if d.peerGone {
 		return
@@ -33,7 +33,7 @@ func (d *dog) receive() {
 		buf := append(d.in, d.rbuf[:n]...)
 		rest := buf
 		for {
-			kind, body, tail, ok, ferr := nextFrame(rest, maxStartFrame)
+			kind, f, tail, ok, ferr := NextFrame(rest, MaxStartFrame)
 			if ferr != nil {
 				d.logger().Error("the watchdog cannot read leaderrun's message", "error", ferr)
 				d.orphaned()
@@ -43,7 +43,6 @@ func (d *dog) receive() {
 				break
 			}
 			rest = tail
-			f := fields{b: body}
 			d.handle(kind, &f)
 		}
 		// What is left of a frame moves to the front of the buffer,
@@ -62,7 +61,7 @@ func (d *dog) read() (int, error) {
 	if d.started {
 		return unix.Read(d.sock, d.rbuf[:])
 	}
-	n, oobn, flags, _, err := unix.Recvmsg(d.sock, d.rbuf[:], d.oob[:], unix.MSG_DONTWAIT|msgCmsgCloexec)
+	n, oobn, flags, _, err := unix.Recvmsg(d.sock, d.rbuf[:], d.oob[:], unix.MSG_DONTWAIT|recvCloexec)
 	if oobn > 0 {
 		d.hold(d.oob[:oobn], flags)
 	}
@@ -90,23 +89,23 @@ func (d *dog) hold(oob []byte, flags int) {
 }
 
 // handle acts on one frame from leaderrun.
-func (d *dog) handle(kind byte, f *fields) {
+func (d *dog) handle(kind byte, f *Fields) {
 	switch kind {
-	case msgStart:
+	case MsgStart:
 		if !d.started {
 			d.start(f)
 		}
-	case msgDeadline:
-		if at := instant(f.i64()); !f.bad && d.killAt == 0 {
+	case MsgDeadline:
+		if at := Instant(f.I64()); !f.bad && d.killAt == 0 {
 			d.deadline = at
 		}
-	case msgStop:
-		sig := syscall.Signal(f.u32())
+	case MsgStop:
+		sig := syscall.Signal(f.U32())
 		if f.bad || !d.started || d.gone {
 			return
 		}
 		if d.killAt == 0 {
-			d.startStop(sig, clockNow()+instant(d.grace), stopAsked)
+			d.startStop(sig, Now()+Instant(d.grace), StopAsked)
 			return
 		}
 		// The sequence runs already (the deadline passed here first):
@@ -115,22 +114,22 @@ func (d *dog) handle(kind byte, f *fields) {
 		if sig != d.stopSig && !d.killed {
 			d.signalGroup(sig)
 		}
-		d.send(newFrame(msgStopping).u32(uint32(d.stopSig)).i64(int64(d.killAt)).u32(uint32(stopAsked)))
-	case msgDone:
+		d.send(NewFrame(MsgStopping).U32(uint32(d.stopSig)).I64(int64(d.killAt)).U32(uint32(StopAsked)))
+	case MsgDone:
 		d.dismissed = true
 	}
 }
 
 // send queues a frame for leaderrun; flush writes what the socket takes
 // without blocking (the loop must never wait on a frozen leaderrun).
-func (d *dog) send(f frame) {
-	d.out = append(d.out, f.bytes()...)
+func (d *dog) send(f Frame) {
+	d.out = append(d.out, f.Bytes()...)
 	d.flush()
 }
 
 func (d *dog) flush() {
 	for len(d.out) > 0 && !d.peerGone {
-		n, err := unix.SendmsgN(d.sock, d.out, nil, nil, unix.MSG_DONTWAIT|msgNoSignal)
+		n, err := unix.SendmsgN(d.sock, d.out, nil, nil, unix.MSG_DONTWAIT|SendNoSignal)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}

@@ -1,4 +1,4 @@
-package signals
+package watchdog
 
 import "syscall"
 
@@ -7,7 +7,7 @@ import "syscall"
 // tree.
 
 // step advances the command's life from what the clock and the tree say.
-func (d *dog) step(now instant) {
+func (d *dog) step(now Instant) {
 	if !d.started || d.gone {
 		return
 	}
@@ -19,14 +19,14 @@ func (d *dog) step(now instant) {
 	}
 	if d.killAt == 0 {
 		if d.deadline != 0 && now >= d.deadline {
-			d.startStop(d.sig, now+instant(d.grace), stopDeadline)
+			d.startStop(d.sig, now+Instant(d.grace), StopDeadline)
 		} else if !d.reaped {
 			return
 		} else if d.last = d.t.members(); len(d.last) == 0 {
 			d.setGone()
 			return
 		} else {
-			d.startStop(d.sig, now+instant(d.grace), stopLeftovers)
+			d.startStop(d.sig, now+Instant(d.grace), StopLeftovers)
 		}
 	}
 	d.last = d.t.members()
@@ -40,9 +40,9 @@ func (d *dog) step(now instant) {
 	case !d.killed && now >= d.killAt:
 		d.killed = true
 		d.t.kill(d.last)
-		d.send(newFrame(msgKilled))
+		d.send(NewFrame(MsgKilled))
 		d.logger().Warn("still running at the end of --kill-grace; sent SIGKILL", "pgid", d.pid, "pids", pidsOf(d.last), "grace", d.grace)
-	case d.killed && now >= d.killAt+instant(survivalBound):
+	case d.killed && now >= d.killAt+Instant(survivalBound):
 		d.logger().Error("processes of the command survived SIGKILL; giving up on them", "pgid", d.pid, "pids", pidsOf(d.last))
 		d.gaveUp = true
 		if d.reaped {
@@ -58,15 +58,15 @@ func (d *dog) step(now instant) {
 }
 
 // startStop begins the stop sequence with sig, SIGKILL at killAt.
-func (d *dog) startStop(sig syscall.Signal, killAt instant, why stopReason) {
+func (d *dog) startStop(sig syscall.Signal, killAt Instant, why StopReason) {
 	d.killAt, d.stopSig = killAt, sig
-	if why == stopDeadline {
+	if why == StopDeadline {
 		d.logger().Error("renew deadline passed and leaderrun sent no newer one; the watchdog stops the child", "signal", Name(sig))
 	}
 	d.signalGroup(sig)
 	d.last = d.t.members()
 	d.signalEscapees(d.last)
-	d.send(newFrame(msgStopping).u32(uint32(sig)).i64(int64(killAt)).u32(uint32(why)))
+	d.send(NewFrame(MsgStopping).U32(uint32(sig)).I64(int64(killAt)).U32(uint32(why)))
 }
 
 // signalGroup sends sig to the command's group, then SIGCONT so that a
@@ -107,8 +107,8 @@ func (d *dog) orphaned() {
 	}
 	ms := d.t.members()
 	d.t.kill(ms)
-	if d.killAt == 0 || d.killAt > clockNow() {
-		d.killAt, d.stopSig = clockNow(), syscall.SIGKILL
+	if d.killAt == 0 || d.killAt > Now() {
+		d.killAt, d.stopSig = Now(), syscall.SIGKILL
 	}
 	d.killed = true
 	d.logger().Error("leaderrun is gone; the watchdog killed the command's tree", "pids", pidsOf(ms), "guard", d.guard)
@@ -117,7 +117,15 @@ func (d *dog) orphaned() {
 func (d *dog) setGone() {
 	d.gone = true
 	if d.cg != nil {
-		d.cg.remove(d.logger())
+		d.removeCgroup()
 	}
-	d.send(newFrame(msgGone))
+	d.send(NewFrame(MsgGone))
+}
+
+// removeCgroup removes the command's cgroup, once the tree is gone, or
+// says why it cannot.
+func (d *dog) removeCgroup() {
+	if err := d.cg.remove(); err != nil {
+		d.logger().Warn("cannot remove the command's cgroup", "cgroup", d.cg.dir, "error", err)
+	}
 }

@@ -1,9 +1,8 @@
-package signals
+package watchdog
 
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"runtime"
@@ -14,44 +13,19 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The watchdog is this binary re-executed (the same file, so the same
-// pages in memory) with watchdogArg as its first argument. leaderrun
-// starts it while it campaigns; once it leads, the watchdog forks and
-// execs the command, as its parent, and from then on it holds what must
-// hold even if leaderrun is frozen, starved or killed (docs/safety.md,
-// S10):
-//
-//   - the renew deadline: leaderrun sends it after every acknowledged
-//     renewal; if it passes with no newer one, the watchdog starts the stop
-//     sequence itself;
-//   - the stop sequence: kill signal to the whole tree, SIGKILL at the
-//     SIGKILL instant, whoever asked first (S9): it runs here, once;
-//   - the tree: in a cgroup of its own where the kernel allows it, else
-//     below the watchdog, a child subreaper, which every orphan of the tree
-//     is re-parented to; when leaderrun dies, the whole tree gets SIGKILL at
-//     once;
-//   - a descriptor leaderrun hands it (the local backend's lock file),
-//     until the tree is gone.
-//
-// It runs one loop on one locked OS thread (the command's parent-death
-// signal belongs to the thread that forks it), polling its socket, a
-// timerfd and the tree's descriptors. See wire.go for the protocol.
-
-// watchdogArg, as the first argument, makes this binary the watchdog.
+// Arg, as the first argument, makes this binary the watchdog.
 // The arguments after it are the log format, the log level and the kill
 // signal.
-const watchdogArg = "_leaderrun_watchdog"
+const Arg = "_leaderrun_watchdog"
 
-// watchdogName is the watchdog's argv[0] and its name in ps.
-const watchdogName = "leaderrun-dog"
+// ProcessName is the watchdog's argv[0] and its name in ps.
+const ProcessName = "leaderrun-dog"
 
 // init makes any binary that links this package its own watchdog when
-// Prepare re-executes it as one: leaderrun, and every test binary that
-// starts a command, with no TestMain to remember. It runs before main and
-// before the packages that import this one are initialised: the watchdog
-// parses nothing, builds nothing, and skips their initialisation (the
-// command line's, the stores' clients') wherever the order of package
-// initialisation allows.
+// signals.Prepare re-executes it as one: leaderrun, and every test binary
+// that starts a command, with no TestMain to remember. It runs before main
+// and before the packages that import this one are initialised, and
+// early among the rest: see doc.go.
 func init() {
 	if isWatchdog(os.Args) {
 		os.Exit(watchdog(os.Args))
@@ -60,7 +34,7 @@ func init() {
 
 // isWatchdog reports whether args (os.Args) start this process as a
 // watchdog.
-func isWatchdog(args []string) bool { return len(args) > 1 && args[1] == watchdogArg }
+func isWatchdog(args []string) bool { return len(args) > 1 && args[1] == Arg }
 
 // survivalBound is how long the stop sequence waits for processes that
 // SIGKILL has not ended (stuck in uninterruptible sleep) before it gives up
@@ -80,25 +54,24 @@ type dog struct {
 	pfds []unix.PollFd
 	held []int // descriptors held until the tree is gone
 	al   *alarm
-	log  *slog.Logger
+	log  *logger
 	// format and level of leaderrun's log, which the watchdog's follows.
 	format string
-	level  slog.Level
+	level  int
 
-	guard  string // the guard, for msgStarted
+	guard  string // the guard, for MsgStarted
 	detail string
 	cg     *cgroupTree // nil without a cgroup
 	t      tree        // the tree, once started
 
 	started, reaped bool
 	pid, pidfd      int
-	status          Status
 	sig             syscall.Signal
 	grace           time.Duration
-	deadline        instant // 0: none
+	deadline        Instant // 0: none
 
 	// The stop sequence: killAt is 0 until it starts.
-	killAt    instant
+	killAt    Instant
 	stopSig   syscall.Signal
 	killed    bool
 	gaveUp    bool // SIGKILL did not end some processes within survivalBound
@@ -106,8 +79,8 @@ type dog struct {
 	last      []member // the tree as the sequence last saw it
 	gone      bool
 
-	peerGone  bool // leaderrun's end closed without msgDone
-	dismissed bool // msgDone
+	peerGone  bool // leaderrun's end closed without MsgDone
+	dismissed bool // MsgDone
 }
 
 // watchdog runs this process as a command's watchdog and returns its exit
@@ -117,7 +90,7 @@ func watchdog(args []string) int {
 	d := &dog{sock: 3, pidfd: -1, format: "text", signalled: map[int]bool{}}
 	if len(args) >= 5 {
 		d.format = args[2]
-		_ = d.level.UnmarshalText([]byte(args[3]))
+		d.level = parseLevel(args[3])
 	}
 	// Not ignored (a child would inherit SIG_IGN): caught and dropped.
 	// These could reach the watchdog by mistake: a unit's KillMode=
@@ -129,10 +102,10 @@ func watchdog(args []string) int {
 		}
 	}
 	signal.Notify(make(chan os.Signal, 1), absorb...)
-	_ = os.WriteFile("/proc/self/comm", []byte(watchdogName), 0)
+	_ = os.WriteFile("/proc/self/comm", []byte(ProcessName), 0)
 	var st unix.Stat_t
 	if err := unix.Fstat(d.sock, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-		fmt.Fprintln(os.Stderr, "leaderrun: "+watchdogArg+" is leaderrun's own watchdog, not a command to run")
+		fmt.Fprintln(os.Stderr, "leaderrun: "+Arg+" is leaderrun's own watchdog, not a command to run")
 		return 64
 	}
 	unix.CloseOnExec(d.sock)
@@ -156,7 +129,7 @@ func watchdog(args []string) int {
 func (d *dog) run() int {
 	for {
 		d.reap()
-		d.step(clockNow())
+		d.step(Now())
 		if d.finished() {
 			d.finish()
 			return 0
@@ -193,7 +166,7 @@ func (d *dog) finish() {
 		unix.Close(fd)
 	}
 	if d.cg != nil && !d.gone {
-		d.cg.remove(d.logger())
+		d.removeCgroup()
 	}
 	d.flush()
 }
@@ -212,19 +185,22 @@ func (d *dog) reap() {
 		}
 		if d.started && pid == d.pid && !d.reaped {
 			d.reaped = true
-			d.status = statusOf(syscall.WaitStatus(ws))
+			code, sig := ws.ExitStatus(), syscall.Signal(0)
+			if ws.Signaled() {
+				code, sig = 0, ws.Signal()
+			}
 			if d.pidfd >= 0 {
 				unix.Close(d.pidfd)
 				d.pidfd = -1
 			}
-			d.send(newFrame(msgExited).u32(uint32(d.status.Code)).u32(uint32(d.status.Signal)))
+			d.send(NewFrame(MsgExited).U32(uint32(code)).U32(uint32(sig)))
 		}
 	}
 }
 
 // pollSet is what to wait for: the socket, the command's exit, the tree
 // during the stop sequence, and the instant of the next step.
-func (d *dog) pollSet() ([]unix.PollFd, instant) {
+func (d *dog) pollSet() ([]unix.PollFd, Instant) {
 	events := int16(unix.POLLIN)
 	if len(d.out) > 0 {
 		events |= unix.POLLOUT
@@ -237,7 +213,7 @@ func (d *dog) pollSet() ([]unix.PollFd, instant) {
 	if !d.started || d.gone {
 		return fds, 0
 	}
-	var due instant
+	var due Instant
 	limit := time.Duration(-1)
 	if !d.reaped {
 		if d.pidfd >= 0 {
@@ -253,7 +229,7 @@ func (d *dog) pollSet() ([]unix.PollFd, instant) {
 	default:
 		due = d.killAt
 		if d.killed {
-			due += instant(survivalBound)
+			due += Instant(survivalBound)
 		}
 		tfds, tlimit := d.t.fds(d.last)
 		fds = append(fds, tfds...)
@@ -262,7 +238,7 @@ func (d *dog) pollSet() ([]unix.PollFd, instant) {
 		}
 	}
 	if limit >= 0 {
-		if soon := clockNow() + instant(limit); due == 0 || soon < due {
+		if soon := Now() + Instant(limit); due == 0 || soon < due {
 			due = max(soon, 1)
 		}
 	}
