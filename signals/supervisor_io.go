@@ -10,7 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// leaderrun's side of the protocol with its watchdog (wire.go).
+// leaderrun's side of the protocol with its watchdog (signals/watchdog/wire.go).
 
 // reply is the watchdog's answer to MsgStart.
 type reply struct {
