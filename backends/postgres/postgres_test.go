@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -556,25 +557,30 @@ func testLimitedRole(t *testing.T, e *env) {
 }
 
 // testTryIsFast: --try on a held lock answers within 100 ms on loopback,
-// connection included, and writes nothing.
+// connection included (the median of five tries, each on a backend of its
+// own: one try can meet a busy machine), and writes nothing.
 func testTryIsFast(t *testing.T, e *env) {
 	lock := "try-fast"
 	l := campaign(t, newBackend(t, e, lock, postgres.Config{}), "holder", 5*time.Second)
 	before := rowText(t, e, l.Key())
-	b := newBackend(t, e, lock, postgres.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	opts := options("try", 5*time.Second)
 	opts.Try = true
-	start := time.Now()
-	_, err := b.Campaign(ctx, opts)
-	took := time.Since(start)
-	if !errors.Is(err, backends.ErrLocked) || !strings.Contains(err.Error(), `"holder"`) {
-		t.Fatalf("try on a held lock = %v, want ErrLocked naming the holder", err)
+	var took []time.Duration
+	for range 5 {
+		b := newBackend(t, e, lock, postgres.Config{})
+		start := time.Now()
+		_, err := b.Campaign(ctx, opts)
+		took = append(took, time.Since(start))
+		if !errors.Is(err, backends.ErrLocked) || !strings.Contains(err.Error(), `"holder"`) {
+			t.Fatalf("try on a held lock = %v, want ErrLocked naming the holder", err)
+		}
 	}
-	t.Logf("try on a held lock, new connection included: %v", took)
-	if took > 100*time.Millisecond {
-		t.Errorf("try took %v, want under 100ms", took)
+	t.Logf("tries on a held lock, new connection included: %v", took)
+	slices.Sort(took)
+	if med := took[len(took)/2]; med > 100*time.Millisecond {
+		t.Errorf("try took %v (median of %d), want under 100ms", med, len(took))
 	}
 	if after := rowText(t, e, l.Key()); after != before {
 		t.Errorf("try changed the row:\n%s\n%s", before, after)
