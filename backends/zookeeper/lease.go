@@ -401,7 +401,7 @@ func (l *lease) appendTerm(ctx context.Context, term *backends.Term) error {
 			ops = append(ops, &zk.DeleteRequest{Path: l.path(), Version: -1})
 		}
 		ops = append(ops, &zk.CreateRequest{Path: dir + "/" + termPrefix, Data: data, Acl: b.acl, Flags: zk.FlagSequence})
-		for _, old := range oldestTerms(names, len(names)+1-backends.HistoryLimit) {
+		for _, old := range oldestTerms(names, min(len(names)+1-backends.HistoryLimit, maxPruned)) {
 			ops = append(ops, &zk.DeleteRequest{Path: dir + "/" + old, Version: -1})
 		}
 		_, err = call(ctx, l.c.s, func(z *zk.Conn) ([]zk.MultiResponse, error) { return z.Multi(ops...) })

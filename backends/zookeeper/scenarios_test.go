@@ -931,6 +931,47 @@ func testMarkerKeys(t *testing.T, env *env) {
 	}
 }
 
+// testHistoryBacklog: a history far over backends.HistoryLimit (written
+// by hand here; by a release with a larger limit, or another writer, in
+// the field) does not keep a term from being written: each term deletes a
+// bounded number of the oldest, so that its transaction fits the client's
+// send buffer, and the backlog shrinks term by term.
+func testHistoryBacklog(t *testing.T, env *env) {
+	const lock, backlog = "history-backlog", 1500
+	b := newBackend(t, env.servers, lock)
+	ctx := context.Background()
+	dir := lockDir(lock) + "/history"
+	for _, p := range []string{"/" + strings.TrimSuffix(prefix, "/"), lockDir(lock), dir} {
+		if _, err := env.admin.Create(p, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			t.Fatal(err)
+		}
+	}
+	data := []byte(`{"identity":"old","token":1,"end":"exited","exit_code":0}`)
+	for i := 0; i < backlog; i += 100 {
+		var ops []any
+		for range 100 {
+			ops = append(ops, &zk.CreateRequest{Path: dir + "/term-", Data: data, Acl: zk.WorldACL(zk.PermAll), Flags: zk.FlagSequence})
+		}
+		if _, err := env.admin.Multi(ops...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 2 {
+		l := campaign(t, b, "new", 10*time.Second)
+		now := time.Now()
+		if err := l.Release(ctx, &backends.Term{Identity: "new", Token: l.Token(), Acquired: now, Ended: now, End: backends.EndExited}); err != nil {
+			t.Fatalf("release %d with a history of %d terms: %v", i+1, backlog+i*(1-16), err)
+		}
+	}
+	if n, want := len(children(t, env.admin, dir)), backlog+2*(1-16); n != want {
+		t.Errorf("%d terms in the history after two releases, want %d (%d, 15 fewer per release)", n, want, backlog)
+	}
+	terms, err := b.History(ctx, 1)
+	if err != nil || len(terms) != 1 || terms[0].Identity != "new" {
+		t.Errorf("newest term %+v, %v; want the last release's", terms, err)
+	}
+}
+
 // testRates measures the requests a leader (renewing every 2 s) and an
 // idle waiter send at the default timings (15 s session), as the server
 // counts them. It takes 30 s: set LEADERRUN_ZK_RATES=1 to run it.

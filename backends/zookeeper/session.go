@@ -74,7 +74,7 @@ func (b *Backend) connectShare(ctx context.Context, timeout, share time.Duration
 		zk.WithLogger(libraryLog{b.log}), zk.WithLogInfo(false),
 		zk.WithEventCallback(s.event),
 		zk.WithDialer(s.dial),
-		zk.WithMaxBufferSize(maxPacket), zk.WithMaxConnBufferSize(maxPacket))
+		zk.WithMaxBufferSize(maxPacket), zk.WithMaxConnBufferSize(maxRequest))
 	if err != nil {
 		return nil, b.unavailable("connect", err)
 	}
@@ -167,7 +167,9 @@ func (s *session) dial(network, addr string, timeout time.Duration) (net.Conn, e
 // version (4), timeout in ms (4), session id (8). Until it has, reads have
 // the handshake's deadline: the library would wait ten times two thirds
 // of the session timeout for a server to answer, and then for the rest of
-// the answer without any deadline.
+// the answer without any deadline. An answer announced longer than
+// maxConnectAnswer is refused before the library allocates a buffer for
+// it.
 type sniffer struct {
 	net.Conn
 	s        *session
@@ -191,6 +193,15 @@ func (c *sniffer) Read(p []byte) (int, error) {
 	}
 	if !c.done && n > 0 {
 		c.head = append(c.head, p[:n]...)
+		if len(c.head) >= 4 {
+			if size := binary.BigEndian.Uint32(c.head[:4]); size > maxConnectAnswer {
+				e := fmt.Sprintf("%s answered the connect request with a packet of %d bytes (at most %d expected)", c.RemoteAddr(), size, maxConnectAnswer)
+				c.s.dialErr.Store(&e)
+				c.done = true
+				c.head = nil
+				return 0, errors.New(e)
+			}
+		}
 		if len(c.head) >= 20 {
 			c.done = true
 			timeout := time.Duration(binary.BigEndian.Uint32(c.head[8:12])) * time.Millisecond

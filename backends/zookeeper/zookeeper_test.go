@@ -53,6 +53,7 @@ func TestZooKeeper(t *testing.T) {
 		{"GhostGoesWithRelease", testGhostAtRelease},
 		{"LockNamesDoNotMeet", testLockNames},
 		{"MarkerKeys", testMarkerKeys},
+		{"HistoryBacklog", testHistoryBacklog},
 		{"RequestRates", testRates},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, store) })
