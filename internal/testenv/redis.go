@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -156,14 +157,24 @@ func (r *Redis) start() error {
 	}
 	defer out.Close()
 	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start redis-server: %w", err)
-	}
+	started := make(chan error, 1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = cmd.Wait()
+		// The kernel sends the death signal when the thread that forked
+		// the server ends, not the process: keep that thread until the
+		// server is reaped (as the ZooKeeper and Azurite servers are).
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		err := cmd.Start()
+		started <- err
+		if err == nil {
+			_ = cmd.Wait()
+		}
 	}()
+	if err := <-started; err != nil {
+		return fmt.Errorf("start redis-server: %w", err)
+	}
 	r.cmd, r.done = cmd, done
 	if err := waitRedis(r.Addr(), r.opts.Password, done); err != nil {
 		r.cmd, r.done = nil, nil
