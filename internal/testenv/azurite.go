@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -161,21 +160,8 @@ func (a *Azurite) spawn() error {
 	cmd.Env = a.env
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = serverProcAttr()
-	started := make(chan error, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		// The kernel sends the death signal when the thread that forked
-		// the server ends: keep that thread until the server is reaped.
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		err := cmd.Start()
-		started <- err
-		if err == nil {
-			_ = cmd.Wait()
-		}
-	}()
-	if err := <-started; err != nil {
+	done, err := startServer(cmd)
+	if err != nil {
 		return fmt.Errorf("start azurite: %w", err)
 	}
 	a.cmd, a.done = cmd, done

@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -157,22 +156,8 @@ func (r *Redis) start() error {
 	}
 	defer out.Close()
 	cmd.Stdout, cmd.Stderr = out, out
-	started := make(chan error, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		// The kernel sends the death signal when the thread that forked
-		// the server ends, not the process: keep that thread until the
-		// server is reaped (as the ZooKeeper and Azurite servers are).
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		err := cmd.Start()
-		started <- err
-		if err == nil {
-			_ = cmd.Wait()
-		}
-	}()
-	if err := <-started; err != nil {
+	done, err := startServer(cmd)
+	if err != nil {
 		return fmt.Errorf("start redis-server: %w", err)
 	}
 	r.cmd, r.done = cmd, done

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -368,22 +367,8 @@ func (m *ZooKeeperMember) spawn() error {
 	cmd := exec.Command(m.args[0], m.args[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = serverProcAttr()
-	started := make(chan error, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		// The kernel sends the death signal when the thread that
-		// forked the server ends, not the process: keep that thread
-		// until the server is reaped.
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		err := cmd.Start()
-		started <- err
-		if err == nil {
-			_ = cmd.Wait()
-		}
-	}()
-	if err := <-started; err != nil {
+	done, err := startServer(cmd)
+	if err != nil {
 		return fmt.Errorf("start zookeeper member %d: %w", m.ID, err)
 	}
 	m.cmd, m.done = cmd, done
