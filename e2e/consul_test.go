@@ -361,8 +361,9 @@ func consulWaiting(t *testing.T, c *api.Client, lock string) int {
 
 // TestConsulSIGTERMHandover: SIGTERM stops the leader's child, releases the
 // key (no lock-delay for a release) and a follower starts at once. Not
-// parallel: the 300 ms bound covers process start-up and teardown, which a
-// burst of parallel tests would measure instead.
+// parallel: the 300 ms bound on the median covers process start-up and
+// teardown, which a burst of parallel tests would measure instead; a single
+// trial may take up to 1 s on a busy machine.
 func TestConsulSIGTERMHandover(t *testing.T) {
 	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
 	c := consulClient(t, agent.Addr())
@@ -386,8 +387,10 @@ func TestConsulSIGTERMHandover(t *testing.T) {
 		next, _ := consulFirst(evs, "start", "follower")
 		gap := next.At.Sub(exit.At)
 		gaps = append(gaps, gap)
-		if gap > 300*time.Millisecond {
-			t.Errorf("trial %d: follower's child started %v after the leader's child exited, want within 300ms", i, gap)
+		// A release that met the lock-delay would take 15 s: one trial
+		// slowed by a busy machine must not read as one.
+		if gap > time.Second {
+			t.Errorf("trial %d: follower's child started %v after the leader's child exited, want within 1s (a release meets no lock-delay)", i, gap)
 		}
 		follower.signal(syscall.SIGTERM)
 		follower.wait(10 * time.Second)
@@ -398,6 +401,9 @@ func TestConsulSIGTERMHandover(t *testing.T) {
 		}
 	}
 	t.Logf("SIGTERM handover, old child's exit → new child's start: %s", consulSummary(gaps))
+	if m := median(gaps); m > 300*time.Millisecond {
+		t.Errorf("SIGTERM handover: median %v from the old child's exit to the new child's start, want within 300ms", m)
+	}
 	t.Logf("of which Consul, leader's release logged → follower's grant logged (ms resolution): %s", consulSummary(stores))
 }
 
