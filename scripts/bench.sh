@@ -41,7 +41,8 @@ out=$(cd "$out" && pwd)
 
 # The servers every store column runs on, built or installed as
 # scripts/test.sh does (kube-apiserver and the client-go elector built into
-# the cache, minutes cold; PostgreSQL and ZooKeeper from Debian's packages,
+# the cache, minutes cold; PostgreSQL, ZooKeeper and Redis from Debian's packages,
+# Azurite from the npm registry,
 # as root).
 etcd_dir=$(scripts/install-etcd.sh)
 consul_dir=$(scripts/install-consul.sh)
@@ -50,12 +51,14 @@ pg_dir=$(scripts/install-postgres.sh)
 LEADERRUN_ZOOKEEPER_CLASSPATH=$(scripts/install-zookeeper.sh)
 redis_bin=$(scripts/install-redis.sh)
 ddb_dir=$(scripts/install-dynamodb.sh)
+azurite_bin=$(scripts/install-azurite.sh)
 elector_dir="${LEADERRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/leaderrun}/k8selector"
 mkdir -p "$elector_dir"
 (cd internal/testenv/k8selector && GOWORK=off go build -o "$elector_dir/k8selector.new" . && mv "$elector_dir/k8selector.new" "$elector_dir/k8selector")
 export LEADERRUN_ETCD_BIN="$etcd_dir/etcd" LEADERRUN_ETCDCTL_BIN="$etcd_dir/etcdctl" LEADERRUN_CONSUL_BIN="$consul_dir/consul" \
 	LEADERRUN_KUBE_APISERVER_BIN="$kube_dir/kube-apiserver" LEADERRUN_POSTGRES_BIN="$pg_dir" \
-	LEADERRUN_ZOOKEEPER_CLASSPATH LEADERRUN_K8SELECTOR_BIN="$elector_dir/k8selector" LEADERRUN_DYNAMODB_EMULATOR_BIN="$ddb_dir/ddbemu" LEADERRUN_REDIS_BIN="$redis_bin"
+	LEADERRUN_ZOOKEEPER_CLASSPATH LEADERRUN_K8SELECTOR_BIN="$elector_dir/k8selector" LEADERRUN_DYNAMODB_EMULATOR_BIN="$ddb_dir/ddbemu" LEADERRUN_REDIS_BIN="$redis_bin" \
+	LEADERRUN_AZURITE_BIN="$azurite_bin"
 export BENCH=1 BENCH_RUNS=$runs BENCH_OUT=$out BENCH_CMD="scripts/bench.sh${args[*]:+ ${args[*]}}"
 
 log=$(mktemp -t leaderrun-bench.XXXXXX.log)
