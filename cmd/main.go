@@ -176,7 +176,7 @@ func editDistance(a, b string) int {
 func newApp(st *state) *cli.App {
 	return &cli.App{
 		Name:      "leaderrun",
-		Usage:     "run a command only while this host holds a lock in etcd, Consul, PostgreSQL, Kubernetes, ZooKeeper or a local lock file",
+		Usage:     "run a command only while this host holds a lock in etcd, Consul, PostgreSQL, Kubernetes, ZooKeeper, Redis, DynamoDB, Azure Blob or a local lock file",
 		UsageText: "leaderrun [run] --lock NAME [flags] -- COMMAND [ARG...]\nleaderrun status --lock NAME [--holders N] [--json] [store flags]\nleaderrun history --lock NAME [--holders N] [--json] [--limit N] [store flags]\nleaderrun check [--progress] [--min-remaining D] [-v]\nleaderrun version\nleaderrun completion bash|zsh|fish",
 		Description: `leaderrun campaigns for the lock NAME and runs COMMAND only while it holds
 it. The command gets $FENCE_TOKEN, a number that grows with every grant of
