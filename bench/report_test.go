@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -527,7 +528,8 @@ func (r *results) markdown() string {
 
 	b.WriteString("## Results\n\n")
 	b.WriteString(r.table())
-	fmt.Fprintf(&b, "\nPercentiles are nearest-rank: with 30 runs p90 is the 27th smallest; under 100 runs p99 is the largest (loss reaction and graceful handover: %d trials per tool in this run). ", latencyRuns(r.runs))
+	fmt.Fprintf(&b, "\nPercentiles are nearest-rank: with this run's %d runs p90 is the %s smallest; under 100 runs p99 is the largest (loss reaction and graceful handover: %d trials per tool in this run). ",
+		r.runs, ordinal(int(math.Ceil(0.9*float64(r.runs)))), latencyRuns(r.runs))
 	b.WriteString("\"never\": the awaited event did not come within the bound (5 s; the client-go elector's loss reaction: lease + 5 s); a tool that missed its first 3 runs that way was not run again for that figure. \"not run\": the figure does not apply (the local backend has one host and no store to measure; the herd is leaderrun's).\n\n")
 	b.WriteString("![Latency distributions](benchmarks.svg)\n\n")
 
@@ -757,3 +759,19 @@ const method = `
 - **crash failover**: the same, with SIGKILL to the leader's wrapper process only; measured to the follower's child start. The old child is checked 1 s after the kill. Every store's trials ran at the same time, each on locks of its own, leaderrun's and the reference's of a round side by side: each waits out a lease, so the machine's noise does not matter there.
 - **store cost** and **followers**: see the details above. No other process talked to the measured server, proxy or role during a window; the benchmark's own reads (etcd's and the apiserver's /metrics, the server log, the audit log) are not counted.
 `
+
+// ordinal spells n as "1st", "2nd", "27th".
+func ordinal(n int) string {
+	suffix := "th"
+	if n%100 < 11 || n%100 > 13 {
+		switch n % 10 {
+		case 1:
+			suffix = "st"
+		case 2:
+			suffix = "nd"
+		case 3:
+			suffix = "rd"
+		}
+	}
+	return strconv.Itoa(n) + suffix
+}
