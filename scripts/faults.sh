@@ -18,7 +18,8 @@
 #
 # --trials 1 --parallel 2 is the short mode that CI runs; the published
 # table in docs/faults/ comes from --trials 20 --backend all --parallel 3
-# --out docs/faults.
+# --out docs/faults, with rows from later runs of some scenarios or stores
+# (its header names the command and commit of each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
