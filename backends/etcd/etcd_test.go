@@ -498,9 +498,11 @@ func testOnlyRenewRenews(t *testing.T, env *env) {
 
 // testWaiterKeptAlive: a candidate keeps its own lease alive while it
 // waits, for longer than its TTL, and wins with the key it queued with.
+// Nothing renews the holder's lease here (the runner's Renew is the only
+// renewal during leadership), so it lasts well past the wait.
 func testWaiterKeptAlive(t *testing.T, env *env) {
 	lock := "waiter-kept-alive"
-	a, b := newBackend(t, env.eps, lock, 5*time.Second), newBackend(t, env.eps, lock, 2*time.Second)
+	a, b := newBackend(t, env.eps, lock, 30*time.Second), newBackend(t, env.eps, lock, 2*time.Second)
 	la := campaign(t, a, "a")
 	got := make(chan backends.Lease, 1)
 	go func() {
