@@ -62,34 +62,23 @@ export LEADERRUN_K8SELECTOR_BIN="$elector_dir/k8selector"
 # its own too, built into the cache.
 ddb_dir=$(scripts/install-dynamodb.sh)
 export LEADERRUN_DYNAMODB_EMULATOR_BIN="$ddb_dir/ddbemu"
-# ZooKeeper is Debian's package (root and apt-get, or installed already);
-# without it its tests are skipped (failed under CI=true).
-if zk_classpath=$(scripts/install-zookeeper.sh); then
-	export LEADERRUN_ZOOKEEPER_CLASSPATH="$zk_classpath"
-else
-	echo "ZooKeeper not installed: its tests will be skipped (failed under CI=true)" >&2
-fi
-# Azurite, the Azure Storage emulator, from the npm registry into the
-# cache (needs Node.js and npm); the same.
-if azurite_bin=$(scripts/install-azurite.sh); then
-	export LEADERRUN_AZURITE_BIN="$azurite_bin"
-else
-	echo "Azurite not installed: the Azure Blob tests will be skipped (failed under CI=true)" >&2
-fi
-# Installing PostgreSQL needs root and apt-get; without them its tests are
-# skipped (failed under CI=true).
-if pg_dir=$(scripts/install-postgres.sh); then
-	export LEADERRUN_POSTGRES_BIN="$pg_dir"
-else
-	echo "PostgreSQL not installed: its tests will be skipped (failed under CI=true)" >&2
-fi
-
-# Redis the same way (Debian's redis-server; Sentinel is the same binary).
-if redis_bin=$(scripts/install-redis.sh); then
-	export LEADERRUN_REDIS_BIN="$redis_bin"
-else
-	echo "Redis not installed: its tests will be skipped (failed under CI=true)" >&2
-fi
+# The servers that come from Debian's packages (root and apt-get, or
+# installed already) or from the npm registry (Node.js and npm): without
+# one, its store's tests are skipped (failed under CI=true).
+# optional VAR SCRIPT STORE exports VAR as what SCRIPT prints, if it can.
+optional() {
+	local out
+	if out=$("scripts/$2"); then
+		export "$1=$out"
+	else
+		echo "$3 not installed: its tests will be skipped (failed under CI=true)" >&2
+	fi
+}
+optional LEADERRUN_ZOOKEEPER_CLASSPATH install-zookeeper.sh ZooKeeper
+optional LEADERRUN_AZURITE_BIN install-azurite.sh "Azurite (Azure Blob)"
+optional LEADERRUN_POSTGRES_BIN install-postgres.sh PostgreSQL
+# Redis: Debian's redis-server; Sentinel is the same binary.
+optional LEADERRUN_REDIS_BIN install-redis.sh Redis
 
 echo "== go vet"
 go vet ./...
