@@ -2,7 +2,6 @@ package bench
 
 import (
 	"fmt"
-	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -529,7 +528,7 @@ func (r *results) markdown() string {
 	b.WriteString("## Results\n\n")
 	b.WriteString(r.table())
 	fmt.Fprintf(&b, "\nPercentiles are nearest-rank: with this run's %d runs p90 is the %s smallest; under 100 runs p99 is the largest (loss reaction and graceful handover: %d trials per tool in this run). ",
-		r.runs, ordinal(int(math.Ceil(0.9*float64(r.runs)))), latencyRuns(r.runs))
+		r.runs, ordinal(nearestRank(0.9, r.runs)), latencyRuns(r.runs))
 	b.WriteString("\"never\": the awaited event did not come within the bound (5 s; the client-go elector's loss reaction: lease + 5 s); a tool that missed its first 3 runs that way was not run again for that figure. \"not run\": the figure does not apply (the local backend has one host and no store to measure; the herd is leaderrun's).\n\n")
 	b.WriteString("![Latency distributions](benchmarks.svg)\n\n")
 

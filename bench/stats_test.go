@@ -38,9 +38,12 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 		return -1
 	}
 	s := slices.Sorted(slices.Values(ds))
-	k := int(math.Ceil(p*float64(len(s)))) - 1
-	return s[min(max(k, 0), len(s)-1)]
+	return s[min(max(nearestRank(p, len(s))-1, 0), len(s)-1)]
 }
+
+// nearestRank is the 1-based rank of the nearest-rank p-quantile among n
+// values.
+func nearestRank(p float64, n int) int { return int(math.Ceil(p * float64(n))) }
 
 // fmtDur prints a duration at a precision that suits its size.
 func fmtDur(d time.Duration) string {
