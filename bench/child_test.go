@@ -5,68 +5,33 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/signal"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// The environment of a child. The wrappers pass their environment on to
-// their command, so the benchmark sets these on the wrapper.
+// The environment of a child (bench/child), which the wrappers pass on to
+// their command: the benchmark sets it on the wrapper.
 const (
-	envChild = "BENCH_CHILD" // set: this process is a benchmark child
-	envSock  = "BENCH_SOCK"  // the hub's unix socket
-	envTag   = "BENCH_TAG"   // names the wrapper that started this child
-	envHold  = "BENCH_HOLD"  // set: run until signalled; unset: exit at once
+	envSock = "BENCH_SOCK" // the hub's unix socket
+	envTag  = "BENCH_TAG"  // names the wrapper that started this child
+	envHold = "BENCH_HOLD" // set: run until signalled; unset: exit at once
 )
 
 // mono reads CLOCK_MONOTONIC, which every process on the machine shares,
-// unlike the monotonic reading inside a time.Time.
+// unlike the monotonic reading inside a time.Time; bench/child reports its
+// times on the same clock.
 func mono() time.Duration {
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	return time.Duration(ts.Nano())
-}
-
-// childMain is the whole life of a child: report the time it started
-// (taken first thing, before connecting), then, in hold mode, wait for
-// SIGTERM or SIGINT, report its time and exit 0. It keeps its connection
-// open while it lives, so the hub also learns when it died, however it
-// died; and it exits if the hub goes away, so that no child outlives the
-// benchmark.
-func childMain() int {
-	at := mono()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	c, err := net.Dial("unix", os.Getenv(envSock))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench child:", err)
-		return 1
-	}
-	defer c.Close()
-	tag := os.Getenv(envTag)
-	if _, err := fmt.Fprintf(c, "start %s %d %d\n", tag, os.Getpid(), int64(at)); err != nil {
-		return 1
-	}
-	if os.Getenv(envHold) == "" {
-		return 0
-	}
-	hubGone := make(chan struct{})
-	go func() {
-		defer close(hubGone)
-		_, _ = c.Read(make([]byte, 1))
-	}()
-	select {
-	case s := <-sigs:
-		fmt.Fprintf(c, "sig %s %d %d %s\n", tag, os.Getpid(), int64(mono()), unix.SignalName(s.(syscall.Signal)))
-		return 0
-	case <-hubGone:
-		return 1
-	}
 }
 
 // kid is what the hub knows about one child. Times are mono() readings;
@@ -265,4 +230,53 @@ func (h *hub) close() {
 	h.mu.Unlock()
 	h.ln.Close()
 	h.wg.Wait()
+}
+
+// TestChild runs bench/child as the tools do: it reports its start on
+// the hub's socket, on the hub's clock; in hold mode it reports the signal
+// it received and exits 0, and the hub sees its connection close.
+func TestChild(t *testing.T) {
+	bin := buildChild(t)
+	dir, err := os.MkdirTemp("", "lrchild")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	h, err := newHub(filepath.Join(dir, "hub.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.close()
+	for _, hold := range []bool{false, true} {
+		tag := fmt.Sprintf("hold=%v", hold)
+		cmd := exec.Command(bin)
+		cmd.Env = []string{envSock + "=" + filepath.Join(dir, "hub.sock"), envTag + "=" + tag}
+		if hold {
+			cmd.Env = append(cmd.Env, envHold+"=1")
+		}
+		before := mono()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		k, ok := h.started(tag, 10*time.Second)
+		if !ok {
+			_ = cmd.Process.Kill()
+			t.Fatalf("%s: no start reported", tag)
+		}
+		if k.pid != cmd.Process.Pid || k.start < before || k.start > mono() {
+			t.Errorf("%s: reported pid %d at %v, want pid %d between %v and now", tag, k.pid, k.start, cmd.Process.Pid, before)
+		}
+		if hold {
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("%s: %v", tag, err)
+		}
+		if !h.wait(10*time.Second, func() bool { return h.kids[tag].exit != 0 }) {
+			t.Errorf("%s: the hub did not see the child's connection close", tag)
+		}
+		if k, _ := h.get(tag); hold && (k.sig == 0 || k.sigName != "SIGTERM") {
+			t.Errorf("%s: signal reported as %q at %v, want SIGTERM", tag, k.sigName, k.sig)
+		}
+	}
 }

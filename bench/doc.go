@@ -9,9 +9,10 @@
 // lock -n 3` (and leaderrun --holders, where built) does when a holder
 // dies.
 //
-// Every tool runs the same child: this test binary re-executed in a child
-// mode, which reports on a unix socket the moment it started and the moment
-// it received SIGTERM or SIGINT, on the monotonic clock that the benchmark
+// Every tool runs the same child, bench/child: a small program of its own
+// (nothing but the standard library and x/sys/unix to initialise), which
+// reports on a unix socket the moment it started and the moment it
+// received SIGTERM or SIGINT, on the monotonic clock that the benchmark
 // itself reads. Tools alternate run by run, so that noise from the machine
 // hits all of them alike.
 //

@@ -16,13 +16,6 @@ import (
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
-func TestMain(m *testing.M) {
-	if os.Getenv(envChild) != "" {
-		os.Exit(childMain())
-	}
-	os.Exit(m.Run())
-}
-
 // bench is one run of the benchmark: the servers, the binaries, the hub
 // the children report to, and every process it started.
 type bench struct {
@@ -85,11 +78,7 @@ func TestBench(t *testing.T) {
 	b.etcdctl = testenv.EtcdctlBinary(t)
 	b.consul = testenv.ConsulBinary(t)
 	b.elector = testenv.K8sElector(t)
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.child = self
+	b.child = buildChild(t)
 	b.res.bins = map[string]string{"leaderrun": b.lr, companionInit: filepath.Join(filepath.Dir(b.lr), companionInit), "etcdctl": b.etcdctl, "consul": b.consul, "k8selector": b.elector, "child": b.child}
 	for _, kv := range strings.Split(os.Getenv("BENCH_COMPARE"), ",") {
 		label, path, ok := strings.Cut(strings.TrimSpace(kv), "=")
@@ -183,6 +172,18 @@ func TestBench(t *testing.T) {
 		t.Error(err)
 	}
 	t.Logf("report written to %s in %v", out, b.res.took.Round(time.Second))
+}
+
+// buildChild builds bench/child, the command every tool under test
+// starts, as releases are built (CGO_ENABLED=0, no symbols).
+func buildChild(t *testing.T) string {
+	path := filepath.Join(t.TempDir(), "child")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", path, "./child")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build bench/child: %v\n%s", err, out)
+	}
+	return path
 }
 
 func (b *bench) track(p *proc) {

@@ -40,7 +40,7 @@ func (b *bench) spawn(tl *tool, argv []string, tag string, hold bool) (*proc, er
 		return nil, err
 	}
 	defer logf.Close()
-	env := append(b.baseEnv(), envChild+"=1", envSock+"="+b.sock, envTag+"="+tag)
+	env := append(b.baseEnv(), envSock+"="+b.sock, envTag+"="+tag)
 	if hold {
 		env = append(env, envHold+"=1")
 	}

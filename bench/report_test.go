@@ -523,7 +523,7 @@ func (r *results) markdown() string {
 			b.WriteString(".\n")
 		}
 	}
-	b.WriteString("- The same child for every tool: the benchmark's test binary re-executed in a child mode, which reads `CLOCK_MONOTONIC` first thing, reports it on a unix socket, and in hold mode reports the time it receives SIGTERM/SIGINT. The client-go elector runs no child: its events (OnStartedLeading, the end of its leading context, OnNewLeader) are read from its output, with their times.\n\n")
+	b.WriteString("- The same child for every tool: `bench/child`, a program of its own that links only the standard library and x/sys/unix, built as releases are; it reads `CLOCK_MONOTONIC` first thing, reports it on a unix socket, and in hold mode reports the time it receives SIGTERM/SIGINT. The client-go elector runs no child: its events (OnStartedLeading, the end of its leading context, OnNewLeader) are read from its output, with their times.\n\n")
 
 	b.WriteString("## Results\n\n")
 	b.WriteString(r.table())
