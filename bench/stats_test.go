@@ -399,3 +399,20 @@ func TestSourceIPs(t *testing.T) {
 		seen[ip.String()] = true
 	}
 }
+
+// TestEveryStoreExplained: the analysis explains each latency column's
+// figures (loss, crash failover, herd, idle cost) and how its herd was
+// counted; a store added without them printed "Loss:  Crash failover: ".
+func TestEveryStoreExplained(t *testing.T) {
+	texts := map[string]map[string]string{"lossWhy": lossWhy, "crashWhy": crashWhy, "herdWhy": herdWhy, "idleWhy": idleWhy, "herdHow": herdHow}
+	for _, col := range storeColumns {
+		if !col.latency {
+			continue
+		}
+		for name, m := range texts {
+			if m[col.name] == "" {
+				t.Errorf("%s has no %s entry", col.name, name)
+			}
+		}
+	}
+}
