@@ -10,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/leaderrun/leaderrun/backends"
 )
 
 // A pool: at most poolN holders run the command at once, poolWaiters
@@ -241,31 +243,42 @@ func (b *bench) mostAtOnce(tags []string) int {
 
 // waitPool waits until every candidate of lock waits in the store:
 // consul lock -n writes a contender key LOCK/SESSION per candidate before
-// it waits; leaderrun logs "campaigning" before it does.
+// it waits; a leaderrun waiter campaigns in every slot at once, so each
+// slot shows its holder and every waiter (the store's candidates). Its
+// "campaigning" log line comes before any of that: a holder ended then,
+// on a busy machine, was taken over only once a waiter had finished
+// queueing.
 func (b *bench) waitPool(tl *tool, lock string, procs []*proc, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		n := 0
+		// have of want: candidates waiting (consul lock -n), or the
+		// fewest candidates any slot shows, of a holder and every
+		// waiter (leaderrun).
+		have, want := 0, len(procs)
 		if tl == consulPool {
 			var pairs []struct{ Key, Session string }
 			_ = consulGet(b.stores["consul"].(*consulStore).agent.Addr(), "/v1/kv/"+lock+"/?recurse", &pairs)
 			for _, p := range pairs {
 				if p.Session != "" && !strings.HasSuffix(p.Key, "/.lock") {
-					n++
+					have++
 				}
 			}
 		} else {
-			for _, p := range procs {
-				if p.logged(`"msg":"campaigning"`) {
-					n++
+			want = 1 + poolWaiters
+			have = want
+			for i := range poolN {
+				c, err := b.storeOf(tl).candidates(tl, backends.SlotLock(lock, i), b.addr(tl), procs)
+				if err != nil {
+					c = 0
 				}
+				have = min(have, c)
 			}
 		}
-		if n >= len(procs) {
+		if have >= want {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d candidates waiting after %v", n, len(procs), timeout)
+			return fmt.Errorf("%d of %d candidates waiting after %v", have, want, timeout)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
