@@ -48,6 +48,10 @@ func (r *results) analysis() string {
 				fmt.Fprintf(&b, "`leaderrun version` starts and exits in %s (`%s version` in %s); %s's start-to-child less its binary's start and the child's leaves about %s for connecting and locking, against leaderrun's %s campaign. ",
 					fmtDur(up("leaderrun")), otherBin, fmtDur(up(otherBin)), other.name, fmtDur(otherLock), fmtDur(segP50(segCampaign)))
 			}
+			if wd := up("watchdog"); wd > 0 {
+				fmt.Fprintf(&b, "leaderrun starts its watchdog (itself, re-executed) as the campaign begins and has it fork the child once it leads: the watchdog alone takes %s to become ready, against the campaign's %s, so on a free lock the child's fork waits for the watchdog for about the difference. ",
+					fmtDur(wd), fmtDur(segP50(segCampaign)))
+			}
 			if c, o := r.cost[own.id], r.cost[other.id]; c != nil && o != nil {
 				fmt.Fprintf(&b, "Store requests for one whole run: leaderrun %s; %s %s. ", fmtCounts(c.oneRun), other.name, fmtCounts(o.oneRun))
 			}

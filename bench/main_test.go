@@ -79,7 +79,7 @@ func TestBench(t *testing.T) {
 	b.consul = testenv.ConsulBinary(t)
 	b.elector = testenv.K8sElector(t)
 	b.child = buildChild(t)
-	b.res.bins = map[string]string{"leaderrun": b.lr, companionInit: filepath.Join(filepath.Dir(b.lr), companionInit), "etcdctl": b.etcdctl, "consul": b.consul, "k8selector": b.elector, "child": b.child}
+	b.res.bins = map[string]string{"leaderrun": b.lr, companionInit: filepath.Join(filepath.Dir(b.lr), companionInit), "etcdctl": b.etcdctl, "consul": b.consul, "k8selector": b.elector, "child": b.child, "watchdog": b.lr}
 	for _, kv := range strings.Split(os.Getenv("BENCH_COMPARE"), ",") {
 		label, path, ok := strings.Cut(strings.TrimSpace(kv), "=")
 		if !ok {
