@@ -92,7 +92,7 @@ func (m *redisMeter) how() string {
 
 // redisScripts names leaderrun's scripts by their numbers of keys and
 // arguments (backends/redis/scripts.go).
-var redisScripts = map[[2]int]string{{5, 6}: "acquire", {1, 2}: "renew", {5, 5}: "release", {5, 2}: "withdraw",
+var redisScripts = map[[2]int]string{{5, 7}: "acquire", {1, 2}: "renew", {5, 5}: "release", {5, 2}: "withdraw",
 	{2, 3}: "complete", {2, 0}: "status"}
 
 // redisInspector reads one connection: the client's commands, and, once
@@ -162,7 +162,8 @@ func redisKey(args []string) reqKey {
 			k.name += " " + script
 			switch script {
 			case "acquire":
-				if mode := args[len(args)-3]; mode == "wait" {
+				// ARGV: nonce, identity, ttl, mode, alive, wake prefix, holders
+				if mode := args[len(args)-4]; mode == "wait" {
 					k.name += " (wait)"
 					k.class = classKeepalive
 				}
@@ -226,7 +227,7 @@ func TestRedisInspector(t *testing.T) {
 	}
 	keys := []string{"leaderrun/x", "leaderrun/x:token", "leaderrun/:waiters:x", "leaderrun/:alive:x", "leaderrun/x:history"}
 	acquire := func(mode string) string {
-		return cmd(append(append([]string{"EVALSHA", "sha", "5"}, keys...), "nonce", "id", "5000", mode, "1500", "leaderrun/x:wake:")...)
+		return cmd(append(append([]string{"EVALSHA", "sha", "5"}, keys...), "nonce", "id", "5000", mode, "1500", "leaderrun/x:wake:", "1")...)
 	}
 	up := cmd("HELLO", "2", "AUTH", "default", "pw", "SETNAME", "leaderrun") + acquire("wait") + acquire("try") +
 		cmd("EVALSHA", "sha", "1", "leaderrun/x", "value", "5000") + cmd("GET", "leaderrun/x") + cmd("SUBSCRIBE", "leaderrun/x:wake:nonce") +
