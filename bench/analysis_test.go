@@ -48,9 +48,13 @@ func (r *results) analysis() string {
 				fmt.Fprintf(&b, "`leaderrun version` starts and exits in %s (`%s version` in %s); %s's start-to-child less its binary's start and the child's leaves about %s for connecting and locking, against leaderrun's %s campaign. ",
 					fmtDur(up("leaderrun")), otherBin, fmtDur(up(otherBin)), other.name, fmtDur(otherLock), fmtDur(segP50(segCampaign)))
 			}
-			if wd := up("watchdog"); wd > 0 {
-				fmt.Fprintf(&b, "leaderrun starts its watchdog (itself, re-executed) as the campaign begins and has it fork the child once it leads: the watchdog alone takes %s to become ready, against the campaign's %s, so on a free lock the child's fork waits for the watchdog for about the difference. ",
-					fmtDur(wd), fmtDur(segP50(segCampaign)))
+			if wd, camp := up("watchdog"), segP50(segCampaign); wd > 0 {
+				fmt.Fprintf(&b, "leaderrun starts its watchdog (itself, re-executed) just before it campaigns and has it fork the child once it leads: the watchdog alone takes %s to become ready (to the end of its package init; its cgroup comes after), against the campaign's %s", fmtDur(wd), fmtDur(camp))
+				if wd > camp {
+					fmt.Fprintf(&b, ", so on a free lock the child's fork waits for the watchdog, for up to about %s. ", fmtDur(wd-camp))
+				} else {
+					b.WriteString(": the watchdog is ready before the campaign ends. ")
+				}
 			}
 			if c, o := r.cost[own.id], r.cost[other.id]; c != nil && o != nil {
 				fmt.Fprintf(&b, "Store requests for one whole run: leaderrun %s; %s %s. ", fmtCounts(c.oneRun), other.name, fmtCounts(o.oneRun))
@@ -151,7 +155,7 @@ var lossWhy = map[string]string{
 	"kubernetes": "the leader watches its Lease; the apiserver sends the change of holder at once.",
 	"zookeeper":  "the leader's client watches its own znode; the server sends the deletion at once.",
 	"redis":      "the leader's tracking connection has Redis announce every change of a key under the lock's key (client tracking, broadcast mode); on the DEL's announcement the leader reads its key, finds it gone, and stops the child.",
-	"azureblob":  "Azure tells nobody that a lease ended: the leader proves its lease by a read of the lock blob's properties with its lease id (412 once the lease is broken) whenever no renewal or read has done so for half a retry period, at most 700 ms; so a break is seen at the next read, and the reaction is bounded by the retry period, not by a notification.",
+	"azureblob":  "Azure tells nobody that a lease ended: the leader proves its lease by a read of the lock blob's properties with its lease id (412 once the lease is broken) whenever no renewal or read has done so for half a retry period, at most 700 ms; so a break is seen at the next read or renewal, within half a retry period (at most 700 ms) and two round trips, not at once as a notification would be.",
 }
 
 // crashWhy says what decides the crash failover on each store.
@@ -163,7 +167,7 @@ var crashWhy = map[string]string{
 	"kubernetes": "the follower times the record as client-go does, on its own monotonic clock from the moment it saw it change (every renewal, every retry period), and takes the Lease with a conditional update once leaseDurationSeconds passed without a change. The client-go elector follows the same rule but polls the Lease every retry period, so it notices up to a retry period (with client-go's jitter, 1.2×) later.",
 	"zookeeper":  "the server expires the dead leader's session once it has not heard from it for the negotiated session timeout (the lease asked, 6 s), deleting its ephemeral znode; the next candidate watches that znode and takes over at once.",
 	"redis":      "the server's clock decides: the key expires a lease duration after the leader's last renewal (at most a retry period before the kill); the first waiter in the queue read the key's PTTL at its last attempt and sleeps until then (plus 5 ms), and its SET NX succeeds at once.",
-	"azureblob":  "Azure's clock decides: the dead leader's lease expires a lease duration after its last renewal (at most a retry period before the kill); a waiter reads the blob's properties every retry period and acquires at the first read that shows the lease expired: the lease plus up to a retry period.",
+	"azureblob":  "Azure's clock decides: the dead leader's lease expires a lease duration after its last renewal (at most a retry period before the kill); a waiter reads the blob's properties every retry period and acquires at the first read that shows the lease expired: between a lease less a retry period and a lease plus a retry period after the kill, then the acquisition and the token's writes.",
 }
 
 // herdWhy says why each store wakes as many followers as it does.
@@ -174,7 +178,7 @@ var herdWhy = map[string]string{
 	"kubernetes": "Every follower watches the one Lease, and the apiserver sends every change of it to every watcher: the release, the new holder's grant and each renewal. The followers that see the Lease free try a conditional update; all but one get 409 Conflict.",
 	"zookeeper":  "Each candidate watches only the znode just below its own (the recipe's answer to the herd), so a change wakes the next one only.",
 	"redis":      "Waiters queue in a sorted set, each subscribed to a channel of its own; only the first may take a free lock, and the release script publishes to its channel alone.",
-	"azureblob":  "There is no queue and no notification: every waiter reads the blob's properties once per retry period, at its own phase, and only those whose read lands between the release and the first acquisition try to acquire, so a change wakes few, and the more waiters there are, the sooner one of them reads after a release (which is why the handover is faster with 200 followers than with one).",
+	"azureblob":  "There is no queue and no notification: every waiter reads the blob's properties once per retry period, at its own phase, and only those whose read lands between the release and the first acquisition try to acquire, so a change wakes few, and the more waiters there are, the sooner one of them reads after a release.",
 }
 
 // idleWhy says what an idle follower sends on each store, and why.

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"sync"
@@ -30,11 +31,17 @@ const settle = 300 * time.Millisecond
 
 // measureStartup times `BINARY version`, exec to exit, for each binary:
 // what a Go program of that size costs to start before it does any work.
-// The watchdog is leaderrun re-executed as one, with no socket: it exits
-// 64 at its first check, once the packages it initialises are (see
-// signals/watchdog), which is what it costs to become ready, bar the
-// cgroup it then makes; it gets the environment leaderrun gives it.
+// The watchdog is leaderrun re-executed as one, with /dev/null for a
+// socket: it exits 64 at its first check, once the packages it
+// initialises are (see signals/watchdog), which is what it costs to
+// become ready, bar the cgroup it then makes; with GOMAXPROCS and
+// GODEBUG as leaderrun sets them for it.
 func (b *bench) measureStartup() {
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	defer devNull.Close()
 	type bin struct {
 		id, bin string
 		args    []string
@@ -54,6 +61,9 @@ func (b *bench) measureStartup() {
 		for _, x := range rotate(bins, i) {
 			cmd := exec.Command(x.bin, x.args...)
 			cmd.Env = append(b.baseEnv(), x.env...)
+			if x.id == "watchdog" {
+				cmd.ExtraFiles = []*os.File{devNull} // its fd 3: never a socket
+			}
 			t0 := mono()
 			err := cmd.Run()
 			took := mono() - t0

@@ -251,34 +251,35 @@ func (b *bench) mostAtOnce(tags []string) int {
 func (b *bench) waitPool(tl *tool, lock string, procs []*proc, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		// have of want: candidates waiting (consul lock -n), or the
-		// fewest candidates any slot shows, of a holder and every
-		// waiter (leaderrun).
-		have, want := 0, len(procs)
+		// consul lock -n: its contender keys. leaderrun: the slot that
+		// shows the fewest candidates, of its holder and every waiter.
+		short := ""
 		if tl == consulPool {
+			n := 0
 			var pairs []struct{ Key, Session string }
 			_ = consulGet(b.stores["consul"].(*consulStore).agent.Addr(), "/v1/kv/"+lock+"/?recurse", &pairs)
 			for _, p := range pairs {
 				if p.Session != "" && !strings.HasSuffix(p.Key, "/.lock") {
-					have++
+					n++
 				}
+			}
+			if n < len(procs) {
+				short = fmt.Sprintf("%d of %d candidates waiting", n, len(procs))
 			}
 		} else {
-			want = 1 + poolWaiters
-			have = want
 			for i := range poolN {
-				c, err := b.storeOf(tl).candidates(tl, backends.SlotLock(lock, i), b.addr(tl), procs)
-				if err != nil {
-					c = 0
+				n, err := b.storeOf(tl).candidates(tl, backends.SlotLock(lock, i), b.addr(tl), procs)
+				if err != nil || n < 1+poolWaiters {
+					short = fmt.Sprintf("slot %d shows %d of %d candidates (its holder and %d waiters; error: %v)", i, n, 1+poolWaiters, poolWaiters, err)
+					break
 				}
-				have = min(have, c)
 			}
 		}
-		if have >= want {
+		if short == "" {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d candidates waiting after %v", have, want, timeout)
+			return fmt.Errorf("%s after %v", short, timeout)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
