@@ -60,7 +60,7 @@ init_cmds() {
     if ((servers == 1)); then
       args+=(-dev)
     else
-      args+=(-server -bootstrap-expect 3 -data-dir "$dir/server-$i.data"
+      args+=(-server -bootstrap-expect 3 -data-dir "$dir/server-$i.data" -retry-interval 500ms
         -hcl 'gossip_lan { gossip_interval = "100ms", probe_interval = "200ms", probe_timeout = "100ms" }')
       for ((j = 1; j <= servers; j++)); do
         ((j == i)) || args+=(-retry-join "127.0.0.$j:${ports[3 * j - 2]}")

@@ -85,6 +85,9 @@ func StartConsulCluster(t testing.TB, n int) []*ConsulAgent {
 		argv := append(consulArgs(bin, name, ip, ports[i]), "-server",
 			"-bootstrap-expect", strconv.Itoa(n), "-data-dir", filepath.Join(dir, name+".data"),
 			"-hcl", `gossip_lan { gossip_interval = "100ms", probe_interval = "200ms", probe_timeout = "100ms" }`)
+		// A server that starts before the others listen fails to join
+		// them, and by default tries again only 30 s later.
+		argv = append(argv, "-retry-interval", "500ms")
 		for j := range agents {
 			if j != i {
 				argv = append(argv, "-retry-join", net.JoinHostPort(fmt.Sprintf("127.0.0.%d", j+1), strconv.Itoa(ports[j].lan)))
@@ -99,9 +102,7 @@ func StartConsulCluster(t testing.TB, n int) []*ConsulAgent {
 	for _, a := range agents {
 		a.spawn()
 	}
-	for _, a := range agents {
-		a.waitReady()
-	}
+	waitConsulReady(t, agents)
 	return agents
 }
 
@@ -177,20 +178,43 @@ func (a *ConsulAgent) spawn() {
 // agent is another process with nothing to wait on but its API.
 func (a *ConsulAgent) waitReady() {
 	a.t.Helper()
+	waitConsulReady(a.t, []*ConsulAgent{a})
+}
+
+// waitConsulReady waits, for at most 60 s, until every agent is ready
+// (see waitReady). An agent that exits meanwhile fails the test at once
+// with its log: a cluster short of a server never elects a leader (a
+// server expects them all before the first election). On a timeout, every
+// agent's log is shown, not only the one that was not ready.
+func waitConsulReady(t testing.TB, agents []*ConsulAgent) {
+	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		leader := a.get("/v1/status/leader")
-		health := a.get("/v1/health/node/" + a.name)
-		if strings.Contains(leader, ":") && strings.Contains(health, `"serfHealth"`) && strings.Contains(health, `"passing"`) {
+		var late *ConsulAgent
+		var leader, health string
+		for _, a := range agents {
+			select {
+			case <-a.done:
+				t.Fatalf("consul %s exited while starting:\n%s", a.name, a.tail())
+			default:
+			}
+			if late != nil {
+				continue
+			}
+			leader, health = a.get("/v1/status/leader"), a.get("/v1/health/node/"+a.name)
+			if !strings.Contains(leader, ":") || !strings.Contains(health, `"serfHealth"`) || !strings.Contains(health, `"passing"`) {
+				late = a
+			}
+		}
+		if late == nil {
 			return
 		}
-		select {
-		case <-a.done:
-			a.t.Fatalf("consul %s exited while starting:\n%s", a.name, a.tail())
-		default:
-		}
 		if time.Now().After(deadline) {
-			a.t.Fatalf("consul %s not ready after 60s (leader %q, health %q):\n%s", a.name, leader, health, a.tail())
+			var logs strings.Builder
+			for _, a := range agents {
+				fmt.Fprintf(&logs, "--- consul %s:\n%s\n", a.name, a.tail())
+			}
+			t.Fatalf("consul %s not ready after 60s (leader %q, health %q):\n%s", late.name, leader, health, logs.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
