@@ -175,10 +175,10 @@ func TestBench(t *testing.T) {
 }
 
 // buildChild builds bench/child, the command every tool under test
-// starts, as releases are built (CGO_ENABLED=0, no symbols).
+// starts, as releases are built (testenv.ReleaseFlags, CGO_ENABLED=0).
 func buildChild(t *testing.T) string {
 	path := filepath.Join(t.TempDir(), "child")
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", path, "./child")
+	cmd := exec.Command("go", append(append([]string{"build"}, testenv.ReleaseFlags...), "-o", path, "./child")...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build bench/child: %v\n%s", err, out)

@@ -46,13 +46,15 @@ func (b *bench) measureStartup() {
 		id, bin string
 		args    []string
 		env     []string
-		code    int // the exit status expected
+		files   []*os.File // from fd 3
+		code    int        // the exit status expected
 	}
 	bins := []bin{
 		{id: "leaderrun", bin: b.lr, args: []string{"version"}}, {id: "etcdctl", bin: b.etcdctl, args: []string{"version"}},
 		{id: "consul", bin: b.consul, args: []string{"version"}}, {id: "k8selector", bin: b.elector, args: []string{"-h"}, code: -1},
 		{id: "child", bin: b.child, args: []string{"version"}},
-		{id: "watchdog", bin: b.lr, args: []string{watchdog.Arg, "text", "INFO", "15"}, env: []string{"GOMAXPROCS=1", "GODEBUG=memprofilerate=0"}, code: 64},
+		{id: "watchdog", bin: b.lr, args: []string{watchdog.Arg, "text", "INFO", "15"}, env: []string{"GOMAXPROCS=1", "GODEBUG=memprofilerate=0"},
+			files: []*os.File{devNull}, code: 64}, // fd 3: never a socket
 	}
 	for _, x := range b.leaderruns()[1:] {
 		bins = append(bins, bin{id: x.id, bin: x.bin, args: []string{"version"}})
@@ -61,9 +63,7 @@ func (b *bench) measureStartup() {
 		for _, x := range rotate(bins, i) {
 			cmd := exec.Command(x.bin, x.args...)
 			cmd.Env = append(b.baseEnv(), x.env...)
-			if x.id == "watchdog" {
-				cmd.ExtraFiles = []*os.File{devNull} // its fd 3: never a socket
-			}
+			cmd.ExtraFiles = x.files
 			t0 := mono()
 			err := cmd.Run()
 			took := mono() - t0
