@@ -48,12 +48,12 @@ func (r *results) analysis() string {
 				fmt.Fprintf(&b, "`leaderrun version` starts and exits in %s (`%s version` in %s); %s's start-to-child less its binary's start and the child's leaves about %s for connecting and locking, against leaderrun's %s campaign. ",
 					fmtDur(up("leaderrun")), otherBin, fmtDur(up(otherBin)), other.name, fmtDur(otherLock), fmtDur(segP50(segCampaign)))
 			}
-			if wd, camp := up("watchdog"), segP50(segCampaign); wd > 0 {
-				fmt.Fprintf(&b, "leaderrun starts its watchdog (itself, re-executed) just before it campaigns and has it fork the child once it leads: the watchdog alone takes %s to become ready (to the end of its package init; its cgroup comes after), against the campaign's %s", fmtDur(wd), fmtDur(camp))
-				if wd > camp {
-					fmt.Fprintf(&b, ", so on a free lock the child's fork waits for the watchdog, for up to about %s. ", fmtDur(wd-camp))
+			if wd, lead := up("watchdog"), segP50(segStart)+segP50(segCampaign); wd > 0 {
+				fmt.Fprintf(&b, "leaderrun launches its watchdog (itself, re-executed) from its own package init, as soon as its arguments look like a run, and has it fork the child once it leads: the watchdog alone takes %s to become ready (to the end of its package init; its cgroup comes after), against the %s from leaderrun's fork to \"leadership acquired\"", fmtDur(wd), fmtDur(lead))
+				if wd > lead {
+					fmt.Fprintf(&b, ", so on a free lock the child's fork waits for the watchdog, for up to about %s. ", fmtDur(wd-lead))
 				} else {
-					b.WriteString(": the watchdog is ready before the campaign ends. ")
+					b.WriteString(": the watchdog is ready before leaderrun leads. ")
 				}
 			}
 			if c, o := r.cost[own.id], r.cost[other.id]; c != nil && o != nil {

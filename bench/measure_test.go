@@ -53,7 +53,7 @@ func (b *bench) measureStartup() {
 		{id: "leaderrun", bin: b.lr, args: []string{"version"}}, {id: "etcdctl", bin: b.etcdctl, args: []string{"version"}},
 		{id: "consul", bin: b.consul, args: []string{"version"}}, {id: "k8selector", bin: b.elector, args: []string{"-h"}, code: -1},
 		{id: "child", bin: b.child, args: []string{"version"}},
-		{id: "watchdog", bin: b.lr, args: []string{watchdog.Arg, "text", "INFO", "15"}, env: []string{"GOMAXPROCS=1", "GODEBUG=memprofilerate=0"},
+		{id: "watchdog", bin: b.lr, args: []string{watchdog.Arg}, env: []string{"GOMAXPROCS=1", "GODEBUG=memprofilerate=0"},
 			files: []*os.File{devNull}, code: 64}, // fd 3: never a socket
 	}
 	for _, x := range b.leaderruns()[1:] {

@@ -10,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/signals"
 )
 
 // A store whose client library would cost every leaderrun on a host more
@@ -96,6 +97,7 @@ func handOver(c *cli.Context, name, storeName string) error {
 	if err == nil {
 		args, _ := c.App.Metadata[argsKey].([]string)
 		env := append(os.Environ(), handedOverVar+"="+release())
+		signals.DismissEarly()
 		err = fmt.Errorf("exec %s: %w", path, syscall.Exec(path, args, env))
 	}
 	return &companionError{store: storeName, name: name, err: err}

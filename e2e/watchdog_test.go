@@ -561,3 +561,50 @@ func TestWatchdogInit(t *testing.T) {
 		t.Logf("%s: %d packages, %d bytes allocated, before the watchdog took over", filepath.Base(path), len(inits), bytes)
 	}
 }
+
+// TestWatchdogLaunchedAtStart: leaderrun launches its watchdog from its
+// own start when its arguments look like a run, and the run adopts it:
+// the command's parent is the watchdog that the log names. A run that
+// ends before it adopts it (a bad flag) leaves nothing behind that holds
+// leaderrun's output open: a cron mail or a pipe ends with leaderrun.
+func TestWatchdogLaunchedAtStart(t *testing.T) {
+	bin := testenv.Leaderrun(t)
+	state := t.TempDir()
+	cmd := exec.Command(bin, "--backend", "local", "--state-dir", state, "--lock", "early", "--log-level", "debug", "--log-format", "json",
+		"--", "sh", "-c", `echo "parent=$PPID"`)
+	cmd.WaitDelay = 10 * time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, out)
+	}
+	var adopted, parent int
+	for _, line := range strings.Split(string(out), "\n") {
+		var rec struct {
+			Msg      string `json:"msg"`
+			Watchdog int    `json:"watchdog"`
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "adopted the watchdog launched at start" {
+			adopted = rec.Watchdog
+		}
+		if v, ok := strings.CutPrefix(line, "parent="); ok {
+			parent, _ = strconv.Atoi(v)
+		}
+	}
+	if adopted == 0 || adopted != parent {
+		t.Fatalf("the log names watchdog %d as adopted, the command's parent is %d; want the same, not 0\n%s", adopted, parent, out)
+	}
+
+	// Refused after the launch: "15" has no unit. The pipe closes with
+	// leaderrun (WaitDelay would otherwise end the wait with an error).
+	cmd = exec.Command(bin, "--backend", "local", "--state-dir", state, "--lock", "early", "--lease-duration", "15", "--", "true")
+	cmd.WaitDelay = 10 * time.Second
+	start := time.Now()
+	out, err = cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 64 {
+		t.Fatalf("--lease-duration 15: %v after %v, want exit 64 with the output closed\n%s", err, time.Since(start), out)
+	}
+	if strings.Contains(string(out), "watchdog") {
+		t.Errorf("--lease-duration 15: the output speaks of the watchdog:\n%s", out)
+	}
+}

@@ -49,7 +49,7 @@ func (c *Child) Stop(sig syscall.Signal) {
 	c.mu.Unlock()
 	_ = c.s.send(watchdog.NewFrame(watchdog.MsgStop).U32(uint32(sig)), nil, sendTimeout)
 	// A stopped watchdog would sit on it.
-	_ = c.s.dog.Process.Signal(syscall.SIGCONT)
+	_ = c.s.dog.Signal(syscall.SIGCONT)
 }
 
 // stopping is the watchdog's word that the sequence runs: it sent sig,

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
-	"strconv"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -22,35 +22,12 @@ const (
 	dismissTimeout = 2 * time.Second
 )
 
-// watchdogEnv is the watchdog's environment: its Go runtime kept small.
-// One P (GOMAXPROCS=1): it has one thing to do at a time. No memory
-// profiling (GODEBUG=memprofilerate=0): nobody reads the profile, and its
-// buckets are memory touched for nothing. GOGC is left at its default on
-// purpose: the watchdog allocates nothing while it waits, so its collector
-// never runs, and a lower target would only make it run during package
-// initialisation, which frees little (the packages keep what they
-// allocate) and touches the collector's own structures: measured, 0.35 MiB
-// more resident with the stores' clients linked, when it was tried.
-// GODEBUG is passed on, so that GODEBUG=inittrace=1 shows the watchdog's
-// start too, and GORACE for race-enabled test binaries.
-func watchdogEnv() []string {
-	godebug := "memprofilerate=0"
-	if v := os.Getenv("GODEBUG"); v != "" {
-		godebug += "," + v
-	}
-	env := []string{"GOMAXPROCS=1", "GODEBUG=" + godebug}
-	if v, ok := os.LookupEnv("GORACE"); ok {
-		env = append(env, "GORACE="+v)
-	}
-	return env
-}
-
-// Supervisor runs one command through its watchdog. Prepare starts the
-// watchdog while the caller campaigns; Start has it fork the command once
-// the caller leads.
+// Supervisor runs one command through its watchdog. Prepare readies the
+// watchdog (launched at leaderrun's start, or now) while the caller
+// campaigns; Start has it fork the command once the caller leads.
 type Supervisor struct {
 	spec Spec
-	dog  *exec.Cmd
+	dog  *os.Process
 	conn *os.File   // our end of the watchdog's socket
 	wmu  sync.Mutex // one watchdog.Frame at a time
 
@@ -66,7 +43,9 @@ type Supervisor struct {
 	reaped chan struct{} // closed once the watchdog is reaped
 }
 
-// Prepare starts the watchdog for spec. Call Start or Abort exactly once.
+// Prepare readies the watchdog for spec: it adopts the one launched at
+// leaderrun's start if it fits spec (see watchdog.Adopt), or starts one.
+// Call Start or Abort exactly once.
 func Prepare(spec Spec) (*Supervisor, error) {
 	if spec.KillSignal == 0 {
 		spec.KillSignal = syscall.SIGTERM
@@ -77,55 +56,87 @@ func Prepare(spec Spec) (*Supervisor, error) {
 	if spec.Log == nil {
 		spec.Log = slog.Default()
 	}
-	self, err := executable()
+	s := &Supervisor{spec: spec, started: make(chan struct{}), replies: make(chan reply, 1), reaped: make(chan struct{})}
+	stdio := [3]*os.File{orDefault(spec.Stdin, os.Stdin), orDefault(spec.Stdout, os.Stdout), orDefault(spec.Stderr, os.Stderr)}
+	env := watchdog.Env()
+	if w := early.Swap(nil); w != nil {
+		if w.Stdio == stdio && slices.Equal(w.Env, env) {
+			spec.Log.Debug("adopted the watchdog launched at start", "watchdog", w.Proc.Pid)
+			s.ready(w)
+			return s, nil
+		}
+		dismissEarly(w)
+	}
+	self, err := watchdog.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("find this binary to run as the watchdog: %w", err)
 	}
-	fds, err := socketpair()
-	if err != nil {
-		return nil, fmt.Errorf("socketpair: %w", err)
-	}
-	// Non-blocking, so that our end goes through the poller: closing it
-	// then ends a read in progress instead of waiting for it.
-	if err := syscall.SetNonblock(fds[0], true); err != nil {
-		syscall.Close(fds[0])
-		syscall.Close(fds[1])
-		return nil, fmt.Errorf("socketpair: %w", err)
-	}
-	s := &Supervisor{spec: spec, conn: os.NewFile(uintptr(fds[0]), "watchdog"), started: make(chan struct{}),
-		replies: make(chan reply, 1), reaped: make(chan struct{})}
-	theirs := os.NewFile(uintptr(fds[1]), "leaderrun")
-	// The socket is its fd 3. In a group of its own, so that nothing
-	// meant for leaderrun's group reaches it.
-	s.dog = &exec.Cmd{
-		Path: self,
-		Args: []string{watchdog.ProcessName, watchdog.Arg, formatOf(spec.Log), levelOf(spec.Log).String(),
-			strconv.Itoa(int(spec.KillSignal))},
-		Env:         watchdogEnv(),
-		Stdin:       orDefault(spec.Stdin, os.Stdin),
-		Stdout:      orDefault(spec.Stdout, os.Stdout),
-		Stderr:      orDefault(spec.Stderr, os.Stderr),
-		ExtraFiles:  []*os.File{theirs},
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
-	}
 	// A fork and exec take a good half millisecond, and the watchdog's
 	// runtime a few more: let them overlap with the caller's campaign.
-	// This goroutine then reads the watchdog's socket until it closes, and
-	// reaps the watchdog.
 	go func() {
-		defer close(s.reaped)
-		err := startTracked(s.dog)
-		theirs.Close()
+		w, err := launchTracked(self, stdio, env)
 		if err != nil {
-			s.err = fmt.Errorf("start the watchdog (%s): %w", self, err)
+			s.err = err
 			close(s.started)
-			s.conn.Close()
+			close(s.reaped)
 			return
 		}
-		close(s.started)
-		s.read()
+		s.ready(w)
 	}()
 	return s, nil
+}
+
+// ready takes w as this Supervisor's watchdog, tells it its
+// configuration, and reads its socket until it closes, then reaps it.
+func (s *Supervisor) ready(w *watchdog.Launched) {
+	s.dog, s.conn = w.Proc, w.Conn
+	// The first frame: the socket is empty, so it does not wait.
+	_ = s.send(watchdog.NewFrame(watchdog.MsgConfig).Str(formatOf(s.spec.Log)).Str(levelOf(s.spec.Log).String()).
+		U32(uint32(s.spec.KillSignal)), nil, sendTimeout)
+	close(s.started)
+	go func() {
+		defer close(s.reaped)
+		s.read()
+	}()
+}
+
+// early is the watchdog launched at leaderrun's start (watchdog.Adopt),
+// until Prepare adopts it: tracked from before main, so that the orphan
+// reaper leaves it alone.
+var early atomic.Pointer[watchdog.Launched]
+
+func init() {
+	if w := watchdog.Adopt(); w != nil {
+		track(w.Proc.Pid)
+		early.Store(w)
+	}
+}
+
+// DismissEarly lets go of the watchdog launched at start, if Prepare has
+// not adopted it: for a leaderrun that becomes another program (execve),
+// whose child it would otherwise stay, unreaped, once it exits.
+func DismissEarly() {
+	if w := early.Swap(nil); w != nil {
+		dismissEarly(w)
+	}
+}
+
+// dismissEarly lets go of a watchdog launched at start that does not fit:
+// closing its socket before it was told anything makes it exit.
+func dismissEarly(w *watchdog.Launched) {
+	w.Conn.Close()
+	done := make(chan struct{})
+	go func() {
+		_, _ = w.Proc.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(dismissTimeout):
+		_ = w.Proc.Kill()
+		<-done
+	}
+	untrack(w.Proc.Pid)
 }
 
 // Abort dismisses an unused watchdog. Nothing was started; it removes the
@@ -139,7 +150,7 @@ func (s *Supervisor) dismiss() {
 	select {
 	case <-s.reaped:
 	case <-time.After(dismissTimeout):
-		_ = s.dog.Process.Kill()
+		_ = s.dog.Kill()
 		<-s.reaped
 	}
 }
@@ -153,7 +164,7 @@ func (s *Supervisor) standDown() {
 	}
 	_ = s.send(watchdog.NewFrame(watchdog.MsgDone), nil, sendTimeout)
 	// A stopped watchdog (SIGSTOP of its group) would never read it.
-	_ = s.dog.Process.Signal(syscall.SIGCONT)
+	_ = s.dog.Signal(syscall.SIGCONT)
 }
 
 // Start has the watchdog fork and exec the command with env, as the
@@ -202,9 +213,9 @@ func (s *Supervisor) Start(env []string, deadline time.Time, hold *os.File) (*Ch
 	}
 	// The watchdog died, or hangs, while forking: what it forked, if
 	// anything, dies of its parent-death signal; the rest is ours.
-	_ = s.dog.Process.Kill()
+	_ = s.dog.Kill()
 	<-s.reaped
-	return nil, fmt.Errorf("start %s: the watchdog (pid %d) did not report the command's start", s.spec.Path, s.dog.Process.Pid)
+	return nil, fmt.Errorf("start %s: the watchdog (pid %d) did not report the command's start", s.spec.Path, s.dog.Pid)
 }
 
 // levelOf is the lowest level at which log writes, for the watchdog's

@@ -46,9 +46,9 @@ func (s *Supervisor) read() {
 	// The socket closes when the watchdog exits (or we killed it): make
 	// sure, and reap it, so that a command it forked is re-parented to
 	// this process before we look for it.
-	_ = s.dog.Process.Kill()
-	_ = s.dog.Wait()
-	untrack(s.dog.Process.Pid)
+	_ = s.dog.Kill()
+	_, _ = s.dog.Wait()
+	untrack(s.dog.Pid)
 	s.conn.Close()
 	s.mu.Lock()
 	c := s.child
@@ -144,7 +144,7 @@ func (s *Supervisor) send(f watchdog.Frame, hold *os.File, timeout time.Duration
 				// Half a Frame is on its way: the protocol is broken,
 				// and a watchdog that cannot be told anything guards
 				// nothing. Its death ends the tree (see read).
-				_ = s.dog.Process.Kill()
+				_ = s.dog.Kill()
 			}
 			return err
 		}

@@ -1,8 +1,10 @@
 package signals
 
 import (
-	"os/exec"
+	"os"
 	"sync"
+
+	"github.com/leaderrun/leaderrun/signals/watchdog"
 )
 
 // The processes this package waits for itself.
@@ -16,14 +18,17 @@ var tracked = struct {
 	pids map[int]bool
 }{pids: map[int]bool{}}
 
-func startTracked(cmd *exec.Cmd) error {
+// launchTracked launches a watchdog and tracks it before the orphan
+// reaper can see it exit.
+func launchTracked(self string, stdio [3]*os.File, env []string) (*watchdog.Launched, error) {
 	tracked.Lock()
 	defer tracked.Unlock()
-	if err := cmd.Start(); err != nil {
-		return err
+	w, err := watchdog.Launch(self, stdio, env)
+	if err != nil {
+		return nil, err
 	}
-	tracked.pids[cmd.Process.Pid] = true
-	return nil
+	tracked.pids[w.Proc.Pid] = true
+	return w, nil
 }
 
 func track(pid int) {

@@ -80,7 +80,7 @@ func leaderMain(dir string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	info := fmt.Sprintf("child %d\nwatchdog %d\ndeadline %d\nguard %s\n", c.Pid(), sup.dog.Process.Pid, deadline.UnixNano(), c.Guard())
+	info := fmt.Sprintf("child %d\nwatchdog %d\ndeadline %d\nguard %s\n", c.Pid(), sup.dog.Pid, deadline.UnixNano(), c.Guard())
 	writeAtomic(filepath.Join(dir, "started"), info)
 	var tick <-chan time.Time
 	if every, _ := time.ParseDuration(os.Getenv("SIGNALS_TEST_RENEW")); every > 0 {
@@ -299,7 +299,7 @@ func TestLeaderrunDeathKillsTree(t *testing.T) {
 func TestWatchdogDeathKillsTree(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "helper")
 	c, helper := startEscapee(t, escapeeScript(pidFile, "", `sleep 300 & wait`), time.Second, pidFile)
-	if err := syscall.Kill(c.s.dog.Process.Pid, syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(c.s.dog.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	if st := waitChild(t, c); st.Signal != syscall.SIGKILL {
@@ -339,8 +339,8 @@ func TestGroupClearedBeforeDone(t *testing.T) {
 		t.Errorf("grandchild %d still alive after Done", grandchild)
 	}
 	c.Wait()
-	if !gone(c.s.dog.Process.Pid) {
-		t.Errorf("watchdog %d still alive after Wait", c.s.dog.Process.Pid)
+	if !gone(c.s.dog.Pid) {
+		t.Errorf("watchdog %d still alive after Wait", c.s.dog.Pid)
 	}
 }
 

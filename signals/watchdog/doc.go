@@ -6,7 +6,9 @@
 //
 // The watchdog is this binary re-executed (the same file, so the same
 // pages in memory) with Arg as its first argument. leaderrun
-// starts it while it campaigns; once it leads, the watchdog forks and
+// launches it from this package's init when its arguments look like a run
+// (launch.go), or else when the runner is built, so that it starts while
+// leaderrun connects and campaigns; once it leads, the watchdog forks and
 // execs the command, as its parent, and from then on it holds what must
 // hold even if leaderrun is frozen, starved or killed (docs/safety.md,
 // S10):

@@ -2,6 +2,7 @@ package watchdog
 
 import (
 	"errors"
+	"os/signal"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -91,6 +92,15 @@ func (d *dog) hold(oob []byte, flags int) {
 // handle acts on one frame from leaderrun.
 func (d *dog) handle(kind byte, f *Fields) {
 	switch kind {
+	case MsgConfig:
+		format, level, sig := f.Str(), f.Str(), syscall.Signal(f.U32())
+		if f.bad || d.started {
+			return
+		}
+		d.format, d.level, d.log = format, parseLevel(level), nil
+		if sig > 0 {
+			signal.Notify(d.absorb, sig)
+		}
 	case MsgStart:
 		if !d.started {
 			d.start(f)

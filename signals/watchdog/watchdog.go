@@ -6,16 +6,14 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
-	"strconv"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// Arg, as the first argument, makes this binary the watchdog.
-// The arguments after it are the log format, the log level and the kill
-// signal.
+// Arg, as the first argument, makes this binary the watchdog. What it
+// needs to know before the command starts comes in a MsgConfig.
 const Arg = "_leaderrun_watchdog"
 
 // ProcessName is the watchdog's argv[0] and its name in ps.
@@ -26,10 +24,13 @@ const ProcessName = "leaderrun-dog"
 // that starts a command, with no TestMain to remember. It runs before main
 // and before the packages that import this one are initialised, and
 // early among the rest: see doc.go.
+// Otherwise, in leaderrun, it launches the watchdog if the arguments look
+// like a run (launch.go).
 func init() {
 	if isWatchdog(os.Args) {
-		os.Exit(watchdog(os.Args))
+		os.Exit(watchdog())
 	}
+	launchEarly(os.Args)
 }
 
 // isWatchdog reports whether args (os.Args) start this process as a
@@ -55,9 +56,11 @@ type dog struct {
 	held []int // descriptors held until the tree is gone
 	al   *alarm
 	log  *logger
-	// format and level of leaderrun's log, which the watchdog's follows.
+	// format and level of leaderrun's log, which the watchdog's follows
+	// (MsgConfig).
 	format string
 	level  int
+	absorb chan os.Signal // the signals caught and dropped
 
 	guard  string // the guard, for MsgStarted
 	detail string
@@ -85,23 +88,14 @@ type dog struct {
 
 // watchdog runs this process as a command's watchdog and returns its exit
 // code.
-func watchdog(args []string) int {
+func watchdog() int {
 	runtime.LockOSThread() // the command's parent-death signal is this thread's
-	d := &dog{sock: 3, pidfd: -1, format: "text", signalled: map[int]bool{}}
-	if len(args) >= 5 {
-		d.format = args[2]
-		d.level = parseLevel(args[3])
-	}
+	d := &dog{sock: 3, pidfd: -1, format: "text", level: levelInfo, absorb: make(chan os.Signal, 1), signalled: map[int]bool{}}
 	// Not ignored (a child would inherit SIG_IGN): caught and dropped.
 	// These could reach the watchdog by mistake: a unit's KillMode=
-	// control-group sends SIGTERM to every process of the unit.
-	absorb := append([]os.Signal{syscall.SIGPIPE}, Forwarded...)
-	if len(args) >= 5 {
-		if n, err := strconv.Atoi(args[4]); err == nil {
-			absorb = append(absorb, syscall.Signal(n))
-		}
-	}
-	signal.Notify(make(chan os.Signal, 1), absorb...)
+	// control-group sends SIGTERM to every process of the unit. The kill
+	// signal joins them with MsgConfig.
+	signal.Notify(d.absorb, append([]os.Signal{syscall.SIGPIPE}, Forwarded...)...)
 	_ = os.WriteFile("/proc/self/comm", []byte(ProcessName), 0)
 	var st unix.Stat_t
 	if err := unix.Fstat(d.sock, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {

@@ -14,6 +14,11 @@ import (
 const (
 	// leaderrun → watchdog.
 
+	// MsgConfig, the first frame: the log's format (str: "text" or
+	// "json") and level (str, as slog.Level.String writes it), and the
+	// kill signal (u32), which the watchdog catches and drops as it does
+	// the forwarded signals.
+	MsgConfig = 'C'
 	// MsgStart: fork and exec the command. Kill signal (u32), kill grace
 	// in ns (i64), the first deadline (i64 instant, 0: none), path (str),
 	// argc (u32) and argv (str...), envc (u32) and env (str...). A

@@ -1,18 +1,16 @@
 //go:build linux
 
-package signals
+package watchdog
 
 import (
 	"os"
 	"syscall"
 )
 
-// How leaderrun starts its watchdog on Linux.
-
-// executable is what leaderrun re-executes as the watchdog:
+// Executable is what leaderrun re-executes as the watchdog:
 // /proc/self/exe, the very file this process runs, even if an upgrade
 // replaced it on disk since, so that both share its pages.
-func executable() (string, error) {
+func Executable() (string, error) {
 	if _, err := os.Stat("/proc/self/exe"); err == nil {
 		return "/proc/self/exe", nil
 	}

@@ -1,15 +1,14 @@
 //go:build darwin
 
-package signals
+package watchdog
 
 import (
 	"os"
 	"syscall"
 )
 
-// How leaderrun starts its watchdog on macOS.
-
-func executable() (string, error) { return os.Executable() }
+// Executable is what leaderrun re-executes as the watchdog.
+func Executable() (string, error) { return os.Executable() }
 
 func socketpair() ([2]int, error) {
 	syscall.ForkLock.RLock()
