@@ -151,7 +151,8 @@ type storeConfig struct {
 }
 
 // chooseStore validates the lock and store flags, touching nothing: a
-// usage error must come before anything is started.
+// usage error must come before the store is touched or the command
+// started.
 func chooseStore(c *cli.Context) (store, error) {
 	lock := c.String("lock")
 	if lock == "" {
@@ -242,7 +243,7 @@ func openBackend(c *cli.Context) (backends.Backend, store, error) {
 
 // storeToServe chooses the store and, if this binary lacks its backend,
 // hands the run over to the companion that has it (it returns only if
-// that failed). Both happen before anything is started.
+// that failed). Both happen before the store is touched.
 func storeToServe(c *cli.Context) (store, error) {
 	s, err := chooseStore(c)
 	if err != nil || s.handOver == nil {

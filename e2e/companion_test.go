@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -64,9 +66,23 @@ func TestCompanion(t *testing.T) {
 			t.Errorf("the command's environment has LEADERRUN_HANDED_OVER_BY")
 		}
 		// The command's parent is the watchdog, whose parent is leaderrun.
-		if got := parentOf(t, parentOf(t, child.Pid)); got != pid {
+		dog := parentOf(t, child.Pid)
+		if got := parentOf(t, dog); got != pid {
 			t.Errorf("the command's grandparent is %d, want the leaderrun started, %d", got, pid)
 		}
+		// The watchdog that leaderrun launched at its start, before it
+		// became leaderrun-dynamodb, is gone and reaped: the watchdog is
+		// its only child.
+		var children []string
+		waitFor(t, 10*time.Second, "leaderrun-dynamodb's only child to be its watchdog", func() bool {
+			children = nil
+			tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+			for _, task := range tasks {
+				data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, task.Name()))
+				children = append(children, strings.Fields(string(data))...)
+			}
+			return slices.Equal(children, []string{strconv.Itoa(dog)})
+		})
 		p.signal(syscall.SIGTERM)
 		if code := p.wait(10 * time.Second); code != 0 {
 			t.Errorf("exit %d after SIGTERM, want 0:\n%s", code, p.stderr.String())

@@ -563,48 +563,70 @@ func TestWatchdogInit(t *testing.T) {
 }
 
 // TestWatchdogLaunchedAtStart: leaderrun launches its watchdog from its
-// own start when its arguments look like a run, and the run adopts it:
-// the command's parent is the watchdog that the log names. A run that
-// ends before it adopts it (a bad flag) leaves nothing behind that holds
-// leaderrun's output open: a cron mail or a pipe ends with leaderrun.
+// own start when its arguments look like a run, and the run adopts it and
+// configures it: the command's parent is the watchdog that the log names,
+// and it catches --kill-signal. A run without "--" launches its watchdog
+// later, as a fallback. A run that ends before it adopts the watchdog (a
+// bad flag) leaves nothing behind that holds leaderrun's output open: a
+// cron mail or a pipe ends with leaderrun.
 func TestWatchdogLaunchedAtStart(t *testing.T) {
 	bin := testenv.Leaderrun(t)
 	state := t.TempDir()
-	cmd := exec.Command(bin, "--backend", "local", "--state-dir", state, "--lock", "early", "--log-level", "debug", "--log-format", "json",
-		"--", "sh", "-c", `echo "parent=$PPID"`)
-	cmd.WaitDelay = 10 * time.Second
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("run: %v\n%s", err, out)
+	job := `echo "parent=$PPID $(cat /proc/$PPID/comm)"; grep SigCgt /proc/$PPID/status`
+	run := func(args ...string) (adopted, parent int, comm string, caught uint64) {
+		t.Helper()
+		cmd := exec.Command(bin, append([]string{"--backend", "local", "--state-dir", state, "--lock", "early",
+			"--log-level", "debug", "--log-format", "json", "--kill-signal", "SIGUSR1"}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			var rec struct {
+				Msg      string `json:"msg"`
+				Watchdog int    `json:"watchdog"`
+			}
+			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "adopted the watchdog launched at start" {
+				adopted = rec.Watchdog
+			}
+			if v, ok := strings.CutPrefix(line, "parent="); ok {
+				p, c, _ := strings.Cut(v, " ")
+				parent, _ = strconv.Atoi(p)
+				comm = c
+			}
+			if v, ok := strings.CutPrefix(line, "SigCgt:"); ok {
+				caught, _ = strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			}
+		}
+		if comm != "leaderrun-dog" || caught&(1<<(syscall.SIGUSR1-1)) == 0 {
+			t.Errorf("%v: the command's parent is %q (SigCgt %x), want leaderrun-dog catching SIGUSR1\n%s", args, comm, caught, out)
+		}
+		return adopted, parent, comm, caught
 	}
-	var adopted, parent int
-	for _, line := range strings.Split(string(out), "\n") {
-		var rec struct {
-			Msg      string `json:"msg"`
-			Watchdog int    `json:"watchdog"`
-		}
-		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "adopted the watchdog launched at start" {
-			adopted = rec.Watchdog
-		}
-		if v, ok := strings.CutPrefix(line, "parent="); ok {
-			parent, _ = strconv.Atoi(v)
-		}
+	if adopted, parent, _, _ := run("--", "sh", "-c", job); adopted == 0 || adopted != parent {
+		t.Errorf("the log names watchdog %d as adopted, the command's parent is %d; want the same, not 0", adopted, parent)
 	}
-	if adopted == 0 || adopted != parent {
-		t.Fatalf("the log names watchdog %d as adopted, the command's parent is %d; want the same, not 0\n%s", adopted, parent, out)
+	if adopted, _, _, _ := run("sh", "-c", job); adopted != 0 {
+		t.Errorf("without \"--\": the log names watchdog %d as adopted, want none (launched by the run)", adopted)
 	}
 
-	// Refused after the launch: "15" has no unit. The pipe closes with
-	// leaderrun (WaitDelay would otherwise end the wait with an error).
-	cmd = exec.Command(bin, "--backend", "local", "--state-dir", state, "--lock", "early", "--lease-duration", "15", "--", "true")
+	// Refused after the launch: "15" has no unit. Both processes ran
+	// (each traces the init of golang.org/x/sys/unix), and the output
+	// closes with leaderrun, not WaitDelay later.
+	cmd := exec.Command(bin, "--backend", "local", "--state-dir", state, "--lock", "early", "--lease-duration", "15", "--", "true")
+	cmd.Env = append(os.Environ(), "GODEBUG=inittrace=1")
 	cmd.WaitDelay = 10 * time.Second
 	start := time.Now()
-	out, err = cmd.CombinedOutput()
+	out, err := cmd.CombinedOutput()
+	took := time.Since(start)
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 64 {
-		t.Fatalf("--lease-duration 15: %v after %v, want exit 64 with the output closed\n%s", err, time.Since(start), out)
+		t.Fatalf("--lease-duration 15: %v, want exit 64\n%s", err, out)
 	}
-	if strings.Contains(string(out), "watchdog") {
-		t.Errorf("--lease-duration 15: the output speaks of the watchdog:\n%s", out)
+	if n := strings.Count(string(out), "init golang.org/x/sys/unix @"); n != 2 {
+		t.Errorf("--lease-duration 15: %d processes traced their init, want 2 (leaderrun and its watchdog)\n%s", n, out)
+	}
+	if took > 5*time.Second {
+		t.Errorf("--lease-duration 15: the output closed %v after the start, want it closed with leaderrun", took)
 	}
 }

@@ -2,8 +2,8 @@
 // fencing token, renew the lease and watch for its loss, stop the child, and
 // release the lease only once the child is gone.
 //
-// New validates a Config and starts the command's watchdog; Run campaigns
-// and runs the command while leading.
+// New validates a Config and readies the command's watchdog; Run
+// campaigns and runs the command while leading.
 //
 // The runner owns time; backends only speak to their store. The promises it
 // keeps are S1-S10 of docs/safety.md, which also argues why they hold. It

@@ -9,12 +9,13 @@ import (
 	"github.com/leaderrun/leaderrun/signals"
 )
 
-// Runner is one run of a command under a lock: New validates it and starts
-// the command's watchdog, Run campaigns and runs the command while leading.
+// Runner is one run of a command under a lock: New validates it and
+// readies the command's watchdog, Run campaigns and runs the command while
+// leading.
 type Runner struct {
 	cfg Config
 	log *slog.Logger
-	// sup is the command's watchdog, started by New and handed to the
+	// sup is the command's watchdog, readied by New and handed to the
 	// command's start by Run; nil once Run or Close took it.
 	sup *signals.Supervisor
 	// slots are the backends of the lock's slots (--holders): the

@@ -48,6 +48,10 @@ func BecomeSubreaper() error {
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, syscall.SIGCHLD)
 	go func() {
+		// Once now: a child that exited before (the watchdog that this
+		// process launched before it became this program: see
+		// DismissEarly) sent its SIGCHLD to nobody.
+		reapOrphans()
 		for range ch {
 			reapOrphans()
 		}

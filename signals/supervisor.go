@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/leaderrun/leaderrun/signals/watchdog"
+	"golang.org/x/sys/unix"
 )
 
 // readyTimeout bounds the wait for the watchdog's word that it forked the
@@ -60,7 +61,7 @@ func Prepare(spec Spec) (*Supervisor, error) {
 	stdio := [3]*os.File{orDefault(spec.Stdin, os.Stdin), orDefault(spec.Stdout, os.Stdout), orDefault(spec.Stderr, os.Stderr)}
 	env := watchdog.Env()
 	if w := early.Swap(nil); w != nil {
-		if w.Stdio == stdio && slices.Equal(w.Env, env) {
+		if w.Stdio == stdio && slices.Equal(w.Env, env) && alive(w.Conn) {
 			spec.Log.Debug("adopted the watchdog launched at start", "watchdog", w.Proc.Pid)
 			s.ready(w)
 			return s, nil
@@ -113,16 +114,35 @@ func init() {
 }
 
 // DismissEarly lets go of the watchdog launched at start, if Prepare has
-// not adopted it: for a leaderrun that becomes another program (execve),
-// whose child it would otherwise stay, unreaped, once it exits.
+// not adopted it, for a leaderrun about to become another program
+// (execve): its socket is closed, so that it exits, and nothing waits for
+// that; the program this process becomes reaps it as an orphan (see
+// BecomeSubreaper).
 func DismissEarly() {
 	if w := early.Swap(nil); w != nil {
-		dismissEarly(w)
+		w.Conn.Close()
 	}
 }
 
-// dismissEarly lets go of a watchdog launched at start that does not fit:
-// closing its socket before it was told anything makes it exit.
+// alive reports whether the watchdog at the other end of conn is there:
+// it writes nothing before it forked the command, so a socket that is
+// readable, or hung up, before then is one whose watchdog exited.
+func alive(conn *os.File) bool {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return false
+	}
+	ok := false
+	_ = rc.Control(func(fd uintptr) {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(pfd, 0)
+		ok = err == nil && n == 0
+	})
+	return ok
+}
+
+// dismissEarly lets go of a watchdog launched at start that does not fit,
+// or died: closing its socket before it was told anything makes it exit.
 func dismissEarly(w *watchdog.Launched) {
 	w.Conn.Close()
 	done := make(chan struct{})

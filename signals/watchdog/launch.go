@@ -33,7 +33,8 @@ type Launched struct {
 }
 
 // Launch starts self as a watchdog with env and stdio. Its fd 3 is the
-// other end of Conn. Until it reads a MsgConfig it logs as text at INFO.
+// other end of Conn. Until it reads a MsgConfig it logs only errors, as
+// text, and catches only the forwarded signals and SIGPIPE.
 func Launch(self string, stdio [3]*os.File, env []string) (*Launched, error) {
 	fds, err := socketpair()
 	if err != nil {
@@ -109,12 +110,13 @@ func Adopt() *Launched { return early.Swap(nil) }
 
 // looksLikeRun reports whether args are leaderrun's run command: the
 // default command or "run", a "--" followed by the command, and no help
-// or version flag before it (see cmd's withDefaultCommand). Test
-// binaries (-test. flags) never launch one. A guess that is wrong only
+// or version flag before it (see cmd's withDefaultCommand), and no shell
+// completion. Test binaries (-test. flags) never launch one. A guess that is wrong only
 // costs time: a watchdog that is not adopted exits when leaderrun does
 // (its socket closes), and one that is not launched is launched later.
 func looksLikeRun(args []string) bool {
-	if len(args) < 3 || (args[1] != "run" && !strings.HasPrefix(args[1], "-")) {
+	if len(args) < 3 || (args[1] != "run" && !strings.HasPrefix(args[1], "-")) ||
+		args[len(args)-1] == "--generate-bash-completion" {
 		return false
 	}
 	for i, a := range args[1:] {

@@ -19,13 +19,12 @@ const Arg = "_leaderrun_watchdog"
 // ProcessName is the watchdog's argv[0] and its name in ps.
 const ProcessName = "leaderrun-dog"
 
-// init makes any binary that links this package its own watchdog when
-// signals.Prepare re-executes it as one: leaderrun, and every test binary
-// that starts a command, with no TestMain to remember. It runs before main
-// and before the packages that import this one are initialised, and
-// early among the rest: see doc.go.
-// Otherwise, in leaderrun, it launches the watchdog if the arguments look
-// like a run (launch.go).
+// init makes any binary that links this package its own watchdog when it
+// is re-executed as one (Launch): leaderrun, and every test binary that
+// starts a command, with no TestMain to remember. It runs before main and
+// before the packages that import this one are initialised, and early
+// among the rest: see doc.go. In any other process whose arguments look
+// like a run, it launches the watchdog (launchEarly).
 func init() {
 	if isWatchdog(os.Args) {
 		os.Exit(watchdog())
@@ -90,7 +89,7 @@ type dog struct {
 // code.
 func watchdog() int {
 	runtime.LockOSThread() // the command's parent-death signal is this thread's
-	d := &dog{sock: 3, pidfd: -1, format: "text", level: levelInfo, absorb: make(chan os.Signal, 1), signalled: map[int]bool{}}
+	d := &dog{sock: 3, pidfd: -1, format: "text", level: levelError, absorb: make(chan os.Signal, 1), signalled: map[int]bool{}}
 	// Not ignored (a child would inherit SIG_IGN): caught and dropped.
 	// These could reach the watchdog by mistake: a unit's KillMode=
 	// control-group sends SIGTERM to every process of the unit. The kill
@@ -112,8 +111,8 @@ func watchdog() int {
 		return 70
 	}
 	d.al = al
-	// Prepared now, while leaderrun campaigns: winning the lock is then
-	// followed by nothing but the command's fork and exec.
+	// Prepared now, while leaderrun connects and campaigns: winning the
+	// lock is then followed by nothing but the command's fork and exec.
 	d.guard, d.detail, d.cg = prepareGuard()
 	return d.run()
 }
