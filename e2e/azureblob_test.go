@@ -65,9 +65,7 @@ func (e *azEnv) run(t *testing.T, events, mode, lock, id string, extra ...string
 func (e *azEnv) output(t *testing.T, command, lock string, extra ...string) (string, int) {
 	t.Helper()
 	args := append([]string{command, "--azure-container", e.container, "--lock", lock}, extra...)
-	cmd := startProgram(t, e.env(), testenv.Leaderrun(t), args...)
-	code := cmd.wait(30 * time.Second)
-	return cmd.stderr.String(), code
+	return outputEnv(t, e.env(), args...)
 }
 
 func (e *azEnv) status(t *testing.T, lock string) (etcdStatus, int) {

@@ -75,16 +75,7 @@ func (e *ddbEnv) runVia(t *testing.T, endpoint, akid, events, mode, lock, id str
 // recording child) to the end, with akid's permissions.
 func (e *ddbEnv) leaderrun(t *testing.T, akid string, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(testenv.Leaderrun(t), args...)
-	cmd.Env = append(cmd.Environ(), testenv.DynamoDBEnv(akid)...)
-	out, err := cmd.CombinedOutput()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return string(out), code
+	return outputEnv(t, testenv.DynamoDBEnv(akid), args...)
 }
 
 // store are the store flags of status and history.

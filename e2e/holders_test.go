@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,8 +13,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
 // Pool of TestHolders: holders slots, candidates leaderrun processes.
@@ -183,24 +180,6 @@ func (p *pool) checkInvariants() {
 		}
 	}
 	t.Logf("%d children in %d slots, tokens per slot %v", count(evs, "start"), len(tokens), tokens)
-}
-
-// outputEnv is output with env added to the test's environment: stdout
-// and stderr together, and the exit code.
-func outputEnv(t *testing.T, env []string, args ...string) (string, int) {
-	t.Helper()
-	cmd := exec.Command(testenv.Leaderrun(t), args...)
-	cmd.Env = append(os.Environ(), env...)
-	out, err := cmd.CombinedOutput()
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return string(out), 0
-	case errors.As(err, &ee):
-		return string(out), ee.ExitCode()
-	}
-	t.Fatalf("leaderrun %v: %v", args, err)
-	return "", -1
 }
 
 // TestHoldersCheckCatches: the flocks TestHolders relies on do catch what
