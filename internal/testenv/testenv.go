@@ -11,10 +11,13 @@
 package testenv
 
 import (
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -75,18 +78,55 @@ type scope interface {
 	Cleanup(func())
 }
 
-// FreePort asks the kernel for a free TCP port on ip.
+// FreePort returns a TCP port on ip that is free now, for a server the
+// test starts; see freePort.
 func FreePort(t testing.TB, ip string) int {
 	t.Helper()
 	return freePort(t, ip)
 }
 
+// freePort returns a TCP port on ip that nothing listens on now, chosen at
+// random below the kernel's ephemeral range (ip_local_port_range) when
+// there is room below it. A port from the ephemeral range, as a listen on
+// port 0 gives, can be taken between our check and the server's bind by
+// any outgoing connection on the host, and the tests of other packages
+// run beside with hundreds of them: a Consul agent failed to start in CI
+// with "bind: address already in use" that way. Below the range, only
+// another test's random pick can take it.
 func freePort(t scope, ip string) int {
 	t.Helper()
+	if low := ephemeralLow(); low > portFloor+1000 {
+		for range 100 {
+			port := portFloor + rand.IntN(low-portFloor)
+			if l, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port))); err == nil {
+				l.Close()
+				return port
+			}
+		}
+	}
 	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
 		t.Fatalf("free port on %s: %v", ip, err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// portFloor is the lowest port freePort picks: above the ports that
+// services commonly listen on.
+const portFloor = 10000
+
+// ephemeralLow is the first port of the kernel's ephemeral range, 0 if
+// unknown (not Linux).
+func ephemeralLow() int {
+	data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	fields := strings.Fields(string(data))
+	if len(fields) == 0 {
+		return 0
+	}
+	low, _ := strconv.Atoi(fields[0])
+	return low
 }
