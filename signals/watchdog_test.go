@@ -47,6 +47,7 @@ func TestMain(m *testing.M) {
 // file $SIGNALS_TEST_HOLD flocked and handed to the watchdog (if set). It
 // writes the pids and the guard to dir/started, and, once the tree is
 // gone, whether the watchdog stopped it for the deadline to dir/done.
+// After each renewal has been sent, it writes its deadline to dir/renewed.
 func leaderMain(dir string) int {
 	grace, _ := time.ParseDuration(os.Getenv("SIGNALS_TEST_GRACE"))
 	sup, err := Prepare(Spec{Path: "/bin/sh", Args: []string{"sh", "-c", os.Getenv("SIGNALS_TEST_SCRIPT")}, KillGrace: grace})
@@ -89,7 +90,9 @@ func leaderMain(dir string) int {
 	for {
 		select {
 		case <-tick:
-			c.SetDeadline(time.Now().Add(offset))
+			d := time.Now().Add(offset)
+			c.SetDeadline(d)
+			writeAtomic(filepath.Join(dir, "renewed"), strconv.FormatInt(d.UnixNano(), 10))
 		case <-c.Done():
 			writeAtomic(filepath.Join(dir, "done"), fmt.Sprintf("expired %v\n", c.Expired()))
 			c.Wait()
@@ -204,6 +207,22 @@ func (l *leader) expired(t *testing.T) bool {
 		return err == nil
 	})
 	return strings.TrimSpace(string(data)) == "expired true"
+}
+
+// renewed is the last deadline the leader recorded as sent (zero if none).
+// Read while the leader is stopped, it is the last one sent, or the one
+// before if the leader was stopped between a send and its record.
+func (l *leader) renewed(t *testing.T) time.Time {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(l.dir, "renewed"))
+	if err != nil {
+		return time.Time{}
+	}
+	ns, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil {
+		t.Fatalf("the leader's renewed deadline %q: %v", data, err)
+	}
+	return time.Unix(0, ns)
 }
 
 // startTree starts, under a new Supervisor, a command that leaves a
