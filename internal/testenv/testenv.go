@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -85,31 +86,69 @@ func FreePort(t testing.TB, ip string) int {
 	return freePort(t, ip)
 }
 
-// freePort returns a TCP port on ip that nothing listens on now, chosen at
-// random below the kernel's ephemeral range (ip_local_port_range) when
-// there is room below it. A port from the ephemeral range, as a listen on
-// port 0 gives, can be taken between our check and the server's bind by
-// any outgoing connection on the host, and the tests of other packages
-// run beside with hundreds of them: a Consul agent failed to start in CI
-// with "bind: address already in use" that way. Below the range, only
-// another test's random pick can take it.
+// freePort returns a TCP port on ip that nothing listens on now and that
+// this process has not handed out before, chosen at random below the
+// kernel's ephemeral range (ip_local_port_range) when there is room below
+// it. A port from the ephemeral range, as a listen on port 0 gives, can be
+// taken between our check and the server's bind by any outgoing
+// connection on the host, and the tests of other packages run beside with
+// hundreds of them: a Consul agent failed to start in CI with "bind:
+// address already in use" that way. Below the range, only another test's
+// pick can take it, and picks of this process never repeat: a Consul
+// agent's three ports are all picked before it binds any, and once two of
+// them were the same random port ("Serf Advertise LAN address ... already
+// configured for HTTP").
 func freePort(t scope, ip string) int {
 	t.Helper()
 	if low := ephemeralLow(); low > portFloor+1000 {
 		for range 100 {
 			port := portFloor + rand.IntN(low-portFloor)
-			if l, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port))); err == nil {
-				l.Close()
+			if handedOut.claim(port) && listenable(ip, port) {
 				return port
 			}
 		}
 	}
-	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Fatalf("free port on %s: %v", ip, err)
+	for range 100 {
+		l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+		if err != nil {
+			t.Fatalf("free port on %s: %v", ip, err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if handedOut.claim(port) {
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatalf("free port on %s: every port offered was handed out before", ip)
+	return 0
+}
+
+// handedOut holds every port freePort has returned in this process.
+var handedOut = portSet{ports: map[int]bool{}}
+
+type portSet struct {
+	mu    sync.Mutex
+	ports map[int]bool
+}
+
+// claim adds port to the set and reports whether it was not in it.
+func (s *portSet) claim(port int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ports[port] {
+		return false
+	}
+	s.ports[port] = true
+	return true
+}
+
+func listenable(ip string, port int) bool {
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
 }
 
 // portFloor is the lowest port freePort picks: above the ports that

@@ -27,3 +27,18 @@ func TestFreePortBelowEphemeralRange(t *testing.T) {
 		l.Close()
 	}
 }
+
+// TestFreePortNeverRepeats: a server's ports are all picked before it
+// binds any, so a pick must never return a port handed out before, even
+// one nothing listens on yet. With random picks below the ephemeral range
+// and no memory, 3,000 picks repeat one almost surely (about 200 pairs).
+func TestFreePortNeverRepeats(t *testing.T) {
+	seen := map[int]bool{}
+	for range 3000 {
+		port := FreePort(t, "127.0.0.1")
+		if seen[port] {
+			t.Fatalf("FreePort returned %d twice", port)
+		}
+		seen[port] = true
+	}
+}
