@@ -103,7 +103,7 @@ func freePort(t scope, ip string) int {
 	if low := ephemeralLow(); low > portFloor+1000 {
 		for range 100 {
 			port := portFloor + rand.IntN(low-portFloor)
-			if handedOut.claim(port) && listenable(ip, port) {
+			if claim(port) && listenable(ip, port) {
 				return port
 			}
 		}
@@ -115,7 +115,7 @@ func freePort(t scope, ip string) int {
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		if handedOut.claim(port) {
+		if claim(port) {
 			return port
 		}
 	}
@@ -124,22 +124,12 @@ func freePort(t scope, ip string) int {
 }
 
 // handedOut holds every port freePort has returned in this process.
-var handedOut = portSet{ports: map[int]bool{}}
+var handedOut sync.Map
 
-type portSet struct {
-	mu    sync.Mutex
-	ports map[int]bool
-}
-
-// claim adds port to the set and reports whether it was not in it.
-func (s *portSet) claim(port int) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ports[port] {
-		return false
-	}
-	s.ports[port] = true
-	return true
+// claim records port as handed out and reports whether it was not before.
+func claim(port int) bool {
+	_, before := handedOut.LoadOrStore(port, true)
+	return !before
 }
 
 func listenable(ip string, port int) bool {
