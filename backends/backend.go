@@ -1,23 +1,40 @@
-// Package backends defines what the runner needs from a coordination store
-// (S1-S9 below are the promises of docs/safety.md):
-// a Backend that campaigns for one named lock and a Lease that proves, for as
-// long as it is renewed, that this process holds it.
+// Package backends is leaderrun's one election loop, and the narrow
+// interfaces that a coordination store implements under it.
 //
-// A backend speaks to its store and nothing else. It never touches processes,
-// and it owns no timing policy beyond what its store imposes: the runner
-// decides when to renew and when a silence has lasted too long (see
-// runner.Config). That split follows client-go's leaderelection, where the
-// lock stores state and one elector owns time.
+// The split follows client-go's leaderelection and etcd's concurrency
+// package: a store keeps state and nothing else, and the loop that decides
+// when to try, wait, retry, give up and take over exists once, here
+// (Campaign). A store is opened once (Store) and hands out locks by name
+// (Store.Lock); a lock holds no connection of its own, so the slots of a
+// pool (--holders) are simply more locks, named by SlotLock.
 //
-// One rule for who renews: from the moment Campaign returns a Lease, the
-// runner's calls to Lease.Renew are the only renewals of it. A backend may
-// keep a session alive on its own while it waits in line (a waiter has no
-// runner deadline yet), but it stops doing so before Campaign returns, so
+// A store's lock is one of two kinds:
+//
+//   - RecordLock: a compare-and-set record, as client-go's resourcelock
+//     (Kubernetes, DynamoDB, Azure Blob, PostgreSQL, Redis, the local
+//     store). The store reads the record, takes it over conditionally,
+//     renews and frees it; the driver decides when a record may be taken:
+//     when it is free, when the store's own clock says its lease ran out,
+//     or, for stores that have no clock, when it has not changed for its
+//     lease duration on this candidate's monotonic clock (client-go's
+//     observed-record rule, implemented once in record.go).
+//   - QueueLock: a queue that the store orders, as etcd's Election (etcd,
+//     ZooKeeper, Consul): a candidate joins the queue in a session the
+//     store keeps alive while it waits, and leads once it is first.
+//
+// Every lock also keeps two small documents beside its lease, read and
+// replaced whole by conditional writes: the lock's history and its
+// completion markers (journal.go formats both, once, for every store).
+//
+// One rule for who renews: from the moment a campaign returns a lease, the
+// runner's renewals are the only renewals of it. A store may keep a
+// session alive on its own while a candidate waits in line (a waiter has
+// no deadline yet), but stops doing so before it hands out the grant, so
 // that a lease the runner has stopped renewing (its deadline passed, the
 // child is being stopped) is never kept alive behind its back. ZooKeeper is
-// the one exception the store imposes: its client library heartbeats the
-// session by protocol, so there Renew proves that the session and the
-// leader's znode are still ours instead of extending anything.
+// the one exception the store imposes: its client heartbeats the session
+// by protocol, so there a renewal proves that the session and the leader's
+// znode are still ours instead of extending anything (docs/safety.md).
 package backends
 
 import (
@@ -26,172 +43,308 @@ import (
 	"time"
 )
 
-// Shared errors. Backends wrap them with detail (endpoint, key, cause) so that
-// callers can test with errors.Is and still print a useful message.
+// Shared errors. Stores wrap them with detail (endpoint, key, cause) so
+// that callers can test with errors.Is and still print a useful message.
 var (
-	// ErrLocked means the lock is held by another candidate and the caller
-	// asked not to wait (CampaignOptions.Try).
+	// ErrLocked means the lock is held by another candidate and the
+	// candidate asked not to wait (--try), or its --wait ran out.
 	ErrLocked = errors.New("backends: lock held by another candidate")
 
-	// ErrUnavailable means the store could not be reached, or refused the
-	// request (authentication, permissions), before leadership was won.
+	// ErrUnavailable means the store could not be reached, or refused
+	// the request, before leadership was won.
 	ErrUnavailable = errors.New("backends: store unavailable")
 
+	// ErrRefused marks what asking again cannot fix: the store refused
+	// the request (credentials, permissions), or answered as no store of
+	// its kind does (too large, malformed, a redirect). It always comes
+	// with ErrUnavailable, and ends a campaign in every mode.
+	ErrRefused = errors.New("backends: refused")
+
 	// ErrLeaseLost means the store reports that this candidate's lease is
-	// gone: revoked, expired, its key deleted or taken by another session.
+	// gone: revoked, expired, its key deleted or taken by another.
 	ErrLeaseLost = errors.New("backends: lease lost")
 
-	// ErrCorruptState means state kept by the backend itself (the local
-	// backend's token counter) is corrupt or unreadable: going on could
+	// ErrConflict means a conditional write found the record or document
+	// changed since it was read: read it again and decide again.
+	ErrConflict = errors.New("backends: changed since it was read")
+
+	// ErrEnded means a waiting candidacy ended before it won (its
+	// session expired while the store was out of reach, or was
+	// destroyed): the driver campaigns again with a new one.
+	ErrEnded = errors.New("backends: candidacy ended while waiting")
+
+	// ErrCorruptState means state kept by the store itself (the local
+	// store's token counter) is corrupt or unreadable: going on could
 	// hand out a token that was granted before, so it stops and says
 	// which file.
 	ErrCorruptState = errors.New("backends: stored state is corrupt or unreadable")
 
-	// ErrUnsafeState means the place the backend keeps its state in (the
-	// local backend's directory) could be tampered with by another user.
+	// ErrUnsafeState means the place the store keeps its state in (the
+	// local store's directory) could be tampered with by another user.
 	ErrUnsafeState = errors.New("backends: state directory is not safe")
 )
 
-// Backend campaigns for one lock in one store. A Backend is bound to its lock
-// name when it is built; it may be used for several campaigns in a row, but
-// for one at a time.
-type Backend interface {
-	// Name is the backend's name as the CLI spells it: "etcd", "consul",
-	// "postgres", "kubernetes", "zookeeper", "redis", "local".
+// Store is an open connection to one coordination store. It hands out
+// the locks it keeps by name; Close it after every lease was released.
+type Store interface {
+	// Name is the backend's name as the command line spells it: "etcd",
+	// "consul", "postgres", "kubernetes", "zookeeper", "redis",
+	// "dynamodb", "azureblob", "local".
 	Name() string
 
-	// Campaign blocks until this candidate holds the lock and returns the
-	// lease that proves it.
-	//
-	// With opts.Try it returns an error wrapping ErrLocked at once if another
-	// candidate holds the lock, and leaves no trace of its candidacy in the
-	// store. Cancelling ctx withdraws the candidacy (its key, session or
-	// queue slot) before Campaign returns ctx's error; the withdrawal runs on
-	// its own short context so that a cancelled caller still cleans up.
-	// An unreachable store, or one that refuses the request (credentials,
-	// permissions), is an error wrapping ErrUnavailable; a refusal is final,
-	// in every mode, and names what was refused.
-	Campaign(ctx context.Context, opts CampaignOptions) (Lease, error)
+	// Lock returns the lock named name: a name ValidateLockName accepts,
+	// or a slot's name from SlotLock. It does no I/O and cannot fail; the
+	// lock uses the store's connections. It is a RecordLock or a
+	// QueueLock.
+	Lock(name string) Lock
 
-	// Status reports who holds the lock, without campaigning.
-	Status(ctx context.Context) (Status, error)
-
-	// History returns the most recent terms of the lock, newest first, at
-	// most limit of them (limit <= 0: all that the store keeps, at most
-	// HistoryLimit). A lock that was never held has an empty history.
-	History(ctx context.Context, limit int) ([]Term, error)
-
-	// Completed returns the completion marker recorded for a once-key by a
-	// lease of this backend's lock (see Lease.Complete), or nil if there
-	// is none or it has expired. It is a plain read and needs no lease, so
-	// that a candidate can read the markers of every slot of a pool (see
-	// Slot) while it holds one of them.
-	Completed(ctx context.Context, key string) (*Marker, error)
-
-	// Slot returns the backend for slot i of this backend's lock: the lock
-	// named SlotLock(lock, i), a lock of its own with its own lease and
-	// its own tokens, reached through this backend's connections (client,
-	// pool, session), so that a candidate for N slots does not open N
-	// connections. Slot(0) returns the backend itself; the slots of a slot
-	// backend are those of the lock it was made from. i must not be
-	// negative. Closing this backend closes what its slot backends share
-	// with it, so it is closed last; closing a slot backend releases only
-	// what is its own.
-	Slot(i int) Backend
-
-	// Close releases the backend's connections. Leases must be released first.
+	// Close releases the store's connections.
 	Close() error
 }
 
-// LeaseDurationChecker is implemented by backends whose store bounds the
-// lease duration it accepts (Consul: 10 s to 24 h). The runner asks before
-// it campaigns, so that a duration the store would refuse or change is a
+// LeaseDurationChecker is implemented by stores that bound the lease
+// duration they accept (Consul: 10 s to 24 h). runner.New asks before it
+// campaigns, so that a duration the store would refuse or change is a
 // configuration error, not a surprise after the grant.
 type LeaseDurationChecker interface {
 	CheckLeaseDuration(d time.Duration) error
 }
 
-// CampaignOptions tune one campaign.
-type CampaignOptions struct {
-	// Identity is stored with the lock so that Status can show who holds it.
-	Identity string
+// Lock is one lock of a store, with the documents it keeps beside its
+// lease.
+type Lock interface {
+	// Key is where the lock lives in the store (a key, a row, an
+	// object, a file), for messages and status.
+	Key() string
 
-	// Try makes Campaign return ErrLocked instead of waiting when the lock
-	// is held. Zero value: wait.
-	Try bool
+	// ReadDoc reads the lock's document name (DocHistory, DocMarkers).
+	// A document that does not exist reads as a Doc with nil Data and
+	// nil Version. A store bounds what it reads to MaxDoc.
+	ReadDoc(ctx context.Context, name string) (Doc, error)
 
-	// LeaseDuration is the lease lifetime to ask of the store: how long
-	// after the last acknowledged renewal the store may let another
-	// candidate take over. It comes from the runner, which owns every
-	// timing (see docs/safety.md); the store may grant something else, which
-	// Lease.TTL reports. Required for stores whose leases expire.
-	LeaseDuration time.Duration
-
-	// Holders is the size of the pool this candidate campaigns in
-	// (--holders N: slots 0 to N-1, see SlotLock). It is recorded in the
-	// holder's record at the grant, so that Status.Holders tells every
-	// other candidate the N of the holder and they can all agree on it.
-	// Zero value: 1, a lock of one holder, for which nothing is recorded:
-	// its record is exactly what leaderrun wrote before pools existed.
-	Holders int
+	// WriteDoc replaces document d.Name with d.Data if it is still at
+	// d.Version (nil: only if it does not exist), and returns
+	// ErrConflict if it is not. It needs no lease: a leader that lost its
+	// lease still records its term.
+	WriteDoc(ctx context.Context, d Doc) error
 }
 
-// Lease is held leadership. Its methods are safe for concurrent use.
-type Lease interface {
-	// Token is the fencing token of this grant: strictly greater than the
-	// token of every earlier grant of the same lock in the same store.
+// Doc is one of the small documents a lock keeps: its content and the
+// version a conditional write of it is conditioned on.
+type Doc struct {
+	// Name is DocHistory or DocMarkers.
+	Name string
+	// Data is the document, at most MaxDoc bytes; nil if none exists.
+	Data []byte
+	// Version is the store's own version of what was read (a revision,
+	// an index, an ETag), opaque to the driver; nil if none exists.
+	Version any
+}
+
+// The documents of a lock.
+const (
+	DocHistory = "history"
+	DocMarkers = "markers"
+)
+
+// MaxDoc bounds a document, read or written, in every store.
+const MaxDoc = 128 << 10
+
+// Claim is what a candidate asks of a store: who it is, how long its
+// lease lives, and what identifies its grant.
+type Claim struct {
+	// Identity is stored with the lock so that status can show who
+	// holds it. Never empty.
+	Identity string
+	// Owner is a random value, new for every candidacy, written with
+	// the grant where the store's record has room for it: it tells this
+	// candidacy's grant from any other, even one of the same identity
+	// (a grant whose answer was lost is recognised by it).
+	Owner string
+	// Holders is the size of the pool the candidate campaigns in, as
+	// recorded in the holder's record: 0 for a lock of one holder,
+	// whose record is then exactly what leaderrun wrote before pools
+	// existed.
+	Holders int
+	// Timings are the lease's timings; a store takes LeaseDuration as
+	// the TTL to ask for, and RetryPeriod and AttemptTimeout as the pace
+	// and bound of its requests.
+	Timings Timings
+}
+
+// Grant is a lease that a QueueLock handed out. Its methods are safe for
+// concurrent use.
+type Grant interface {
+	// Token is the fencing token: strictly greater than the token of
+	// every earlier grant of the same lock in the same store.
 	Token() uint64
 
-	// TTL is the lease lifetime the store actually granted, which may differ
-	// from what was asked (etcd rounds to whole seconds and raises small
-	// values). It is how long after its last renewal the store may let
-	// another candidate take over. Zero means the store never expires the
-	// lease on its own (the local backend: the kernel drops the lock when
-	// the process dies).
+	// TTL is the lease lifetime the store granted, which may differ from
+	// what was asked (etcd rounds to whole seconds and raises small
+	// values): how long after its last renewal the store may let another
+	// candidate take over.
 	TTL() time.Duration
 
-	// Acquired is the send time of the latest request that the store
-	// acknowledged while the lease was alive, at or before the grant. The
-	// runner counts its first renewal deadline from it, and renews once
-	// before it starts the child if it is old (a candidate that waited).
-	// It is never later than the true start of the lease's current
-	// lifetime in the store.
+	// Acquired is the send time of the latest request the store
+	// acknowledged while the lease was alive, at or before the grant.
 	Acquired() time.Time
 
-	// Renew asks the store to extend the lease once and returns nil only if
-	// the store acknowledged it. The caller records the send time before
-	// calling. An error wrapping ErrLeaseLost means the lease is gone for
-	// good; other errors may be transient.
+	// Renew asks the store to extend the lease once and returns nil only
+	// if it acknowledged. An error wrapping ErrLeaseLost means the lease
+	// is gone for good; others may pass.
 	Renew(ctx context.Context) error
 
 	// Lost is closed when the store reports the lease gone (revoked,
-	// expired, key deleted or taken). It is the fast path of S3; a store
-	// that cannot report loss never closes it and relies on Renew.
+	// expired, key deleted or taken): the fast path of S3.
 	Lost() <-chan struct{}
 
-	// Err says why Lost was closed; nil while the lease is believed held.
+	// Err says why Lost was closed; nil before.
 	Err() error
 
-	// Complete records m for the lease's lock (Backend.Completed reads it
-	// back), fenced: in one conditional write (a transaction,
-	// or a write conditional on the lease's record) that succeeds only
-	// while this lease still holds the lock. If the lease no longer holds,
-	// nothing is written and the error wraps ErrLeaseLost; any other error
-	// may or may not have written it (a lost answer), which the caller
-	// logs. The store forgets the marker by itself after m.Expires.
-	Complete(ctx context.Context, m Marker) error
+	// WriteDoc is Lock.WriteDoc fenced by this grant: in one conditional
+	// write (a transaction, or a write conditional on the lease's own
+	// record) that succeeds only while the grant holds the lock. If it
+	// does not, nothing is written and the error wraps ErrLeaseLost.
+	WriteDoc(ctx context.Context, d Doc) error
 
-	// Release gives the lock up and appends term to the lock's history
-	// (term nil: no history, as for a candidacy that never ran anything).
-	// It is safe to call after Lost was closed and more than once; only
-	// the first call records term. The caller must have stopped everything
-	// that the lease protects first (S8). The history is written even when
-	// the lease was lost; a failure to write it does not keep the lock.
-	Release(ctx context.Context, term *Term) error
+	// Release gives the lock up. It is safe to call after Lost closed
+	// and more than once.
+	Release(ctx context.Context) error
 }
 
-// HistoryLimit is about how many terms a store keeps per lock; older ones
-// are dropped by the writer or by the store's own expiry.
+// QueueLock is a lock whose store orders its candidates in a queue.
+type QueueLock interface {
+	Lock
+
+	// Status reports who holds the lock, without campaigning; the
+	// driver fills in Lock, Backend and Key.
+	Status(ctx context.Context) (Status, error)
+
+	// Join enters c in the lock's queue, in a session of its own that
+	// the store keeps alive while the candidate waits. With try it may
+	// answer ErrLocked at once, leaving no trace, if another candidate
+	// holds the lock.
+	Join(ctx context.Context, c Claim, try bool) (Ticket, error)
+}
+
+// Ticket is a candidate's place in a QueueLock's queue.
+type Ticket interface {
+	// Lead waits until the ticket is first in line and returns the
+	// grant. A ticket joined with try answers ErrLocked at once if
+	// another candidate is ahead. ErrEnded: the ticket's session ended
+	// while it waited; the driver leaves and joins again. Cancelling ctx
+	// returns its error; the driver then leaves.
+	Lead(ctx context.Context) (Grant, error)
+
+	// Leave withdraws the candidacy: its entry, its session, and a grant
+	// it may hold without having learnt so. It does nothing once Lead
+	// returned a grant (the grant is released instead).
+	Leave(ctx context.Context) error
+}
+
+// RecordLock is a lock kept as one compare-and-set record.
+type RecordLock interface {
+	Lock
+
+	// Get reads the lock's record: Version "" if there is none.
+	Get(ctx context.Context) (Record, error)
+
+	// Take grants the lock to c, conditional on the stored record still
+	// being prev (by its Version; "": only if there is none). It draws a
+	// new token, and returns the record it wrote. ErrConflict: the
+	// record changed since prev was read. Any other error may or may not
+	// have written it (a lost answer); the driver then looks for c.Owner
+	// when it withdraws.
+	Take(ctx context.Context, prev Record, c Claim) (Record, error)
+
+	// Keep renews held, the record this candidate holds, and returns the
+	// record as it is now; an error wrapping ErrLeaseLost if the record
+	// is no longer held's (by owner or version, as the store can tell).
+	Keep(ctx context.Context, held Record) (Record, error)
+
+	// Free gives held up; nil if it is no longer held's. The record may
+	// stay, freed, as proof of the last token granted.
+	Free(ctx context.Context, held Record) error
+
+	// WriteDocHeld is WriteDoc fenced by held: it succeeds only while
+	// held still holds the lock; if it does not, nothing is written and
+	// the error wraps ErrLeaseLost.
+	WriteDocHeld(ctx context.Context, d Doc, held Record) error
+
+	// Follow starts following the record for the candidacy c while it
+	// waits (held nil) or, once it holds the lock, for the holder of
+	// held, to learn of a loss at once. It returns a nil Follower (and
+	// nil error) if the store cannot tell of changes: the driver then
+	// looks again every retry period while waiting, and relies on
+	// renewals while holding. An error wrapping ErrRefused (a watch that
+	// permissions forbid) ends the campaign.
+	Follow(ctx context.Context, c Claim, held *Record) (Follower, error)
+}
+
+// Follower tells a candidate or a holder when to look at a record again.
+type Follower interface {
+	// Changed receives when the record may have changed, or when a
+	// waiter became first in the store's queue of waiters. Several
+	// changes may arrive as one.
+	Changed() <-chan struct{}
+
+	// Behind reports whether another waiter is ahead of this one in the
+	// store's queue of waiters: the one ahead times the holder, and this
+	// one waits to be woken (stores without a queue: always false).
+	Behind() bool
+
+	// Close stops following, and leaves the queue of waiters.
+	Close()
+}
+
+// Record is a lock's lease as a RecordLock keeps it.
+type Record struct {
+	// Holder is the identity of the holder; "" if the lock is free.
+	Holder string
+	// Owner is the holder's Claim.Owner, "" if the store's record has no
+	// room for it or the holder is not a leaderrun (a client-go elector
+	// on a Kubernetes Lease).
+	Owner string
+	// Token is the fencing token of the holder's grant; 0 if none.
+	Token uint64
+	// Holders is the pool size recorded at the grant (Claim.Holders).
+	Holders int
+	// TTL is the lease duration the holder's grant asked for, as the
+	// store keeps it. Zero: the lease never expires by time (the local
+	// store, where the kernel drops a dead holder's lock).
+	TTL time.Duration
+	// Acquired and Renewed are the holder's wall-clock times of its
+	// grant and of its last renewal, zero where the store keeps none.
+	// They are for status and for --try's guess alone, never for the
+	// decision to take a lock over (hosts' clocks differ).
+	Acquired, Renewed time.Time
+	// Left is how long the lease has left by the store's own clock, for
+	// stores that expire leases themselves (0: it ran out). Stores that
+	// have no clock set -1, and the driver times the record on its own
+	// monotonic clock from when it saw it change.
+	Left time.Duration
+	// Waiting is the number of candidates waiting, -1 if unknown.
+	Waiting int
+	// Node is the store node or host the holder is attached to, if the
+	// store knows it.
+	Node string
+	// Version identifies this state of the record and changes with
+	// every write of it that the driver must notice (a grant, a
+	// renewal of a store without a clock, a release); "" means there is
+	// no record.
+	Version string
+	// Handle is the store's own state of a grant (a lease ID, an open
+	// file): Take sets it, and Keep, Free and WriteDocHeld get it back.
+	Handle any
+}
+
+// Exists reports whether the store has a record.
+func (r Record) Exists() bool { return r.Version != "" }
+
+// Term, Marker and Status are what the driver reads and writes for the
+// commands: see journal.go and status.go.
+
+// HistoryLimit is about how many terms a lock's history keeps.
 const HistoryLimit = 100
 
 // Marker says that the run for one once-key completed successfully: the
@@ -205,7 +358,7 @@ type Marker struct {
 	Token    uint64 `json:"token"`
 	// At is when the command exited (wall clock of the completing host).
 	At time.Time `json:"at"`
-	// Expires is when the store may forget the marker.
+	// Expires is when the marker may be forgotten.
 	Expires time.Time `json:"expires"`
 }
 
@@ -260,7 +413,7 @@ type Term struct {
 type Status struct {
 	// Lock is the lock name.
 	Lock string `json:"lock"`
-	// Backend is the backend's name.
+	// Backend is the store's name.
 	Backend string `json:"backend"`
 	// Key is where the lock lives in the store (a key, or a file path).
 	Key string `json:"key"`
@@ -281,9 +434,8 @@ type Status struct {
 	Waiting int `json:"waiting"`
 	// Node is the store node or host the holder is attached to, if known.
 	Node string `json:"node,omitempty"`
-	// Holders is the pool size the holder campaigned with
-	// (CampaignOptions.Holders), as recorded at its grant; 0 when none is
-	// recorded (a lock of one holder, or a holder of a leaderrun that
-	// predates pools), which means 1.
+	// Holders is the pool size the holder campaigned with, as recorded at
+	// its grant; 0 when none is recorded (a lock of one holder), which
+	// means 1.
 	Holders int `json:"holders,omitempty"`
 }

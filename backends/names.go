@@ -69,3 +69,15 @@ func SlotLock(lock string, i int) string {
 	}
 	return lock + slotSuffix + strconv.Itoa(i)
 }
+
+// ParseHolders reads a pool size from a holder's record, as a store wrote
+// it with strconv.Itoa(Claim.Holders): 0 for anything that is not a
+// decimal number of 2 or more (nothing recorded, or a record written by
+// hand), which status reports as a lock of one holder.
+func ParseHolders(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 2 {
+		return 0
+	}
+	return n
+}

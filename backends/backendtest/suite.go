@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,21 +20,28 @@ import (
 
 // Harness tells the suite how to reach one store.
 type Harness struct {
-	// New returns a backend for lock. The suite closes it.
-	New func(t *testing.T, lock string) backends.Backend
-	// Drop makes the store end the lease behind its holder's back, the way
-	// an operator or a failure would (revoke the etcd lease, destroy the
-	// Consul session, remove the lock file).
-	Drop func(t *testing.T, l backends.Lease)
+	// Open opens the store: a connection of its own, as a candidate on
+	// another host would have. The suite closes it.
+	Open func(t *testing.T) backends.Store
+	// Drop makes the store end the lease l of lock behind its holder's
+	// back, the way an operator or a failure would (revoke the etcd
+	// lease, destroy the Consul session, delete the row, remove the lock
+	// file).
+	Drop func(t *testing.T, lock string, l *backends.Lease)
 	// Handovers is the number of grants in the token test. Zero: 50.
 	Handovers int
-	// LeaseDuration is asked of the store in every campaign. Zero: 10 s
-	// (Consul's smallest session TTL).
-	LeaseDuration time.Duration
+	// Timings are every campaign's. Zero: DefaultTimings.
+	Timings backends.Timings
 	// SlotGrants is the number of grants per slot in the test of a pool's
 	// slots (three slots, two candidates each). Zero: 10.
 	SlotGrants int
 }
+
+// DefaultTimings are the suite's: a lease of 10 s (Consul's smallest
+// session TTL), and a retry period short enough that a store without
+// notifications wakes a waiter well within a second.
+var DefaultTimings = backends.Timings{LeaseDuration: 10 * time.Second, RenewDeadline: 6 * time.Second,
+	RetryPeriod: 300 * time.Millisecond, KillGrace: 3 * time.Second}
 
 var lockSeq atomic.Int64
 
@@ -47,13 +55,15 @@ func Run(t *testing.T, h Harness) {
 	if h.Handovers == 0 {
 		h.Handovers = 50
 	}
-	if h.LeaseDuration == 0 {
-		h.LeaseDuration = 10 * time.Second
+	if h.Timings == (backends.Timings{}) {
+		h.Timings = DefaultTimings
 	}
 	if h.SlotGrants == 0 {
 		h.SlotGrants = 10
 	}
-	leaseDuration = h.LeaseDuration
+	if err := h.Timings.Validate(); err != nil {
+		t.Fatalf("harness timings: %v", err)
+	}
 	t.Run("MutualExclusionAndMonotonicTokens", func(t *testing.T) { testExclusion(t, h) })
 	t.Run("Try", func(t *testing.T) { testTry(t, h) })
 	t.Run("WaitTimesOutAndWithdraws", func(t *testing.T) { testWaitWithdraws(t, h) })
@@ -69,41 +79,59 @@ func Run(t *testing.T, h Harness) {
 	t.Run("SlotsAreLocks", func(t *testing.T) { testSlotsAreLocks(t, h) })
 	t.Run("SlotTokens", func(t *testing.T) { testSlotTokens(t, h) })
 	t.Run("MarkersOfSlots", func(t *testing.T) { testMarkersOfSlots(t, h) })
+	t.Run("PoolMismatchRefused", func(t *testing.T) { testPoolMismatch(t, h) })
 }
 
-// leaseDuration is Harness.LeaseDuration for the helpers below; Run sets it
-// before any test starts.
-var leaseDuration = 10 * time.Second
-
-// Options are the campaign options the suite uses for id.
-func Options(id string) backends.CampaignOptions {
-	return backends.CampaignOptions{Identity: id, LeaseDuration: leaseDuration}
+// candidate is one candidate of the suite: a store of its own, and the
+// lock it campaigns for.
+type candidate struct {
+	h     Harness
+	store backends.Store
+	lock  string
 }
 
-func newBackend(t *testing.T, h Harness, lock string) backends.Backend {
-	b := h.New(t, lock)
-	t.Cleanup(func() { b.Close() })
-	return b
+// open opens a store for a candidate for lock, closed when the test ends.
+func open(t *testing.T, h Harness, lock string) *candidate {
+	s := h.Open(t)
+	t.Cleanup(func() { s.Close() })
+	return &candidate{h: h, store: s, lock: lock}
+}
+
+// slot is the candidate for slot i of c's lock, through c's store.
+func (c *candidate) slot(i int) *candidate {
+	return &candidate{h: c.h, store: c.store, lock: backends.SlotLock(c.lock, i)}
+}
+
+// campaign campaigns as id, in a pool of holders (0: none) with try.
+func (c *candidate) campaign(ctx context.Context, id string, holders int, try bool) (*backends.Lease, error) {
+	return backends.Campaign(ctx, c.store, c.lock, backends.Candidate{Identity: id, Timings: c.h.Timings,
+		Holders: holders, Try: try})
+}
+
+func (c *candidate) status(ctx context.Context) (backends.Status, error) {
+	return backends.ReadStatus(ctx, c.store, c.lock)
+}
+
+func (c *candidate) history(ctx context.Context, limit int) ([]backends.Term, error) {
+	return backends.ReadHistory(ctx, c.store, c.lock, limit)
+}
+
+func (c *candidate) completed(ctx context.Context, key string) (*backends.Marker, error) {
+	return backends.ReadMarker(ctx, c.store, c.lock, key)
 }
 
 // Campaign campaigns as id and fails the test if that does not succeed
 // within 30 s.
-func Campaign(t *testing.T, b backends.Backend, id string) backends.Lease {
+func (c *candidate) Campaign(t *testing.T, id string) *backends.Lease {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	l, err := b.Campaign(ctx, Options(id))
-	if err != nil {
-		t.Fatalf("%s: campaign: %v", id, err)
-	}
-	return l
+	return campaignIn(t, c, id, 0, false)
 }
 
 // Release releases l, recording no term, and reports an error to the test.
-func Release(t *testing.T, l backends.Lease) { ReleaseTerm(t, l, nil) }
+func Release(t *testing.T, l *backends.Lease) { ReleaseTerm(t, l, nil) }
 
 // ReleaseTerm releases l, recording term, and reports an error to the test.
-func ReleaseTerm(t *testing.T, l backends.Lease, term *backends.Term) {
+func ReleaseTerm(t *testing.T, l *backends.Lease, term *backends.Term) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -117,25 +145,24 @@ func ReleaseTerm(t *testing.T, l backends.Lease, term *backends.Term) {
 // grant's token is greater than the one before.
 func testExclusion(t *testing.T, h Harness) {
 	lock := lockName(t)
-	var bs []backends.Backend
+	var cs []*candidate
 	for range 5 {
-		bs = append(bs, newBackend(t, h, lock))
+		cs = append(cs, open(t, h, lock))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	tokens := contend(ctx, t, bs, h.Handovers, 0)
+	tokens := contend(ctx, t, cs, h.Handovers, 0)
 	if len(tokens) < h.Handovers {
 		t.Fatalf("only %d grants, want %d", len(tokens), h.Handovers)
 	}
 	increasing(t, "grant", tokens)
 }
 
-// contend runs one candidate on each of bs, all backends for the same
-// lock, campaigning with holders as CampaignOptions.Holders, until grants
-// grants were made between them. It reports to the test any moment when
-// two held the lock at once, and returns the tokens in the order they
-// were granted.
-func contend(ctx context.Context, t *testing.T, bs []backends.Backend, grants, holders int) []uint64 {
+// contend runs the candidates cs, all for the same lock, campaigning in a
+// pool of holders (0: none), until grants grants were made between them.
+// It reports to the test any moment when two held the lock at once, and
+// returns the tokens in the order they were granted.
+func contend(ctx context.Context, t *testing.T, cs []*candidate, grants, holders int) []uint64 {
 	var (
 		held   atomic.Int32
 		mu     sync.Mutex
@@ -143,13 +170,11 @@ func contend(ctx context.Context, t *testing.T, bs []backends.Backend, grants, h
 		n      atomic.Int32
 		wg     sync.WaitGroup
 	)
-	for i, b := range bs {
+	for i, c := range cs {
 		wg.Go(func() {
 			id := fmt.Sprintf("candidate-%d", i)
-			opts := Options(id)
-			opts.Holders = holders
 			for n.Load() < int32(grants) {
-				l, err := b.Campaign(ctx, opts)
+				l, err := c.campaign(ctx, id, holders, false)
 				if err != nil {
 					t.Errorf("%s: campaign: %v", id, err)
 					return
@@ -191,14 +216,12 @@ func increasing(t *testing.T, what string, tokens []uint64) {
 
 func testTry(t *testing.T, h Harness) {
 	lock := lockName(t)
-	a, b := newBackend(t, h, lock), newBackend(t, h, lock)
-	la := Campaign(t, a, "a")
+	a, b := open(t, h, lock), open(t, h, lock)
+	la := a.Campaign(t, "a")
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	try := Options("b")
-	try.Try = true
-	lb, err := b.Campaign(ctx, try)
+	lb, err := b.campaign(ctx, "b", 0, true)
 	if !errors.Is(err, backends.ErrLocked) {
 		if lb != nil {
 			Release(t, lb)
@@ -209,7 +232,7 @@ func testTry(t *testing.T, h Harness) {
 		t.Errorf("try on a held lock took %v, want well under 1s", d)
 	}
 	Release(t, la)
-	lb, err = b.Campaign(ctx, try)
+	lb, err = b.campaign(ctx, "b", 0, true)
 	if err != nil {
 		t.Fatalf("try on a released lock: %v", err)
 	}
@@ -223,12 +246,12 @@ func testTry(t *testing.T, h Harness) {
 // error, and leaves nothing behind that could later hold the lock.
 func testWaitWithdraws(t *testing.T, h Harness) {
 	lock := lockName(t)
-	a, b, c := newBackend(t, h, lock), newBackend(t, h, lock), newBackend(t, h, lock)
-	la := Campaign(t, a, "a")
+	a, b, c := open(t, h, lock), open(t, h, lock), open(t, h, lock)
+	la := a.Campaign(t, "a")
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	lb, err := b.Campaign(ctx, Options("b"))
+	lb, err := b.campaign(ctx, "b", 0, false)
 	took := time.Since(start)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		if lb != nil {
@@ -243,9 +266,7 @@ func testWaitWithdraws(t *testing.T, h Harness) {
 	// The withdrawn waiter must not have been queued: c gets the lock at once.
 	tctx, tcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer tcancel()
-	try := Options("c")
-	try.Try = true
-	lc, err := c.Campaign(tctx, try)
+	lc, err := c.campaign(tctx, "c", 0, true)
 	if err != nil {
 		t.Fatalf("after the waiter withdrew and the holder released, try: %v", err)
 	}
@@ -254,18 +275,18 @@ func testWaitWithdraws(t *testing.T, h Harness) {
 
 func testReleaseWakes(t *testing.T, h Harness) {
 	lock := lockName(t)
-	a, b := newBackend(t, h, lock), newBackend(t, h, lock)
-	la := Campaign(t, a, "a")
-	got := make(chan backends.Lease, 1)
+	a, b := open(t, h, lock), open(t, h, lock)
+	la := a.Campaign(t, "a")
+	got := make(chan *backends.Lease, 1)
 	go func() {
-		l, err := b.Campaign(context.Background(), Options("b"))
+		l, err := b.campaign(context.Background(), "b", 0, false)
 		if err != nil {
 			t.Errorf("waiter: %v", err)
 		}
 		got <- l
 	}()
 	WaitFor(t, "the waiter to be queued", func() bool {
-		st, err := a.Status(context.Background())
+		st, err := a.status(context.Background())
 		return err == nil && (st.Waiting != 0)
 	})
 	// Hold on a while, so that the waiter's campaign is old when it wins:
@@ -301,13 +322,13 @@ func testReleaseWakes(t *testing.T, h Harness) {
 
 func testLoss(t *testing.T, h Harness) {
 	lock := lockName(t)
-	a := newBackend(t, h, lock)
-	la := Campaign(t, a, "a")
+	a := open(t, h, lock)
+	la := a.Campaign(t, "a")
 	defer Release(t, la)
 	if err := la.Err(); err != nil {
 		t.Fatalf("fresh lease reports %v", err)
 	}
-	h.Drop(t, la)
+	h.Drop(t, lock, la)
 	dropped := time.Now()
 	select {
 	case <-la.Lost():
@@ -327,25 +348,25 @@ func testLoss(t *testing.T, h Harness) {
 
 func testStatus(t *testing.T, h Harness) {
 	lock := lockName(t)
-	a := newBackend(t, h, lock)
+	a := open(t, h, lock)
 	ctx := context.Background()
-	st, err := a.Status(ctx)
+	st, err := a.status(ctx)
 	if err != nil {
 		t.Fatalf("status of a free lock: %v", err)
 	}
 	if st.Held {
 		t.Fatalf("free lock reported held: %+v", st)
 	}
-	la := Campaign(t, a, "holder-1")
-	st, err = a.Status(ctx)
+	la := a.Campaign(t, "holder-1")
+	st, err = a.status(ctx)
 	if err != nil {
 		t.Fatalf("status: %v", err)
 	}
-	if !st.Held || st.Identity != "holder-1" || st.Token != la.Token() {
-		t.Errorf("status = %+v, want held by holder-1 with token %d", st, la.Token())
+	if !st.Held || st.Identity != "holder-1" || st.Token != la.Token() || st.Lock != lock || st.Key == "" {
+		t.Errorf("status = %+v, want lock %s held by holder-1 with token %d", st, lock, la.Token())
 	}
 	Release(t, la)
-	st, err = a.Status(ctx)
+	st, err = a.status(ctx)
 	if err != nil {
 		t.Fatalf("status: %v", err)
 	}
@@ -368,7 +389,7 @@ func WaitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // complete writes a marker for key with lease l, expiring after keep.
-func complete(ctx context.Context, l backends.Lease, key, id string, keep time.Duration) (backends.Marker, error) {
+func complete(ctx context.Context, l *backends.Lease, key, id string, keep time.Duration) (backends.Marker, error) {
 	now := time.Now()
 	m := backends.Marker{Key: key, Identity: id, Token: l.Token(), At: now, Expires: now.Add(keep)}
 	return m, l.Complete(ctx, m)
@@ -378,11 +399,11 @@ func complete(ctx context.Context, l backends.Lease, key, id string, keep time.D
 // one, for its key only.
 func testCompletion(t *testing.T, h Harness) {
 	lock := lockName(t)
-	a, b := newBackend(t, h, lock), newBackend(t, h, lock)
+	a, b := open(t, h, lock), open(t, h, lock)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	la := Campaign(t, a, "a")
-	if m, err := a.Completed(ctx, "period-1"); err != nil || m != nil {
+	la := a.Campaign(t, "a")
+	if m, err := la.Completed(ctx, "period-1", false); err != nil || m != nil {
 		t.Fatalf("marker of a key never completed: %+v, %v; want nil, nil", m, err)
 	}
 	want, err := complete(ctx, la, "period-1", "a", time.Hour)
@@ -390,9 +411,9 @@ func testCompletion(t *testing.T, h Harness) {
 		t.Fatalf("complete while holding the lock: %v", err)
 	}
 	Release(t, la)
-	lb := Campaign(t, b, "b")
+	lb := b.Campaign(t, "b")
 	defer Release(t, lb)
-	got, err := b.Completed(ctx, "period-1")
+	got, err := lb.Completed(ctx, "period-1", false)
 	if err != nil || got == nil {
 		t.Fatalf("next leader reads the marker: %+v, %v", got, err)
 	}
@@ -400,7 +421,7 @@ func testCompletion(t *testing.T, h Harness) {
 		absDiff(got.At, want.At) > time.Millisecond || absDiff(got.Expires, want.Expires) > time.Second {
 		t.Errorf("marker read back as %+v, want %+v", *got, want)
 	}
-	if m, err := b.Completed(ctx, "period-2"); err != nil || m != nil {
+	if m, err := lb.Completed(ctx, "period-2", false); err != nil || m != nil {
 		t.Errorf("marker of another key: %+v, %v; want nil, nil", m, err)
 	}
 }
@@ -410,18 +431,18 @@ func testCompletion(t *testing.T, h Harness) {
 // the lease, not the holder's belief.
 func testCompleteFenced(t *testing.T, h Harness) {
 	lock := lockName(t)
-	a, b := newBackend(t, h, lock), newBackend(t, h, lock)
+	a, b := open(t, h, lock), open(t, h, lock)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	la := Campaign(t, a, "a")
-	h.Drop(t, la)
+	la := a.Campaign(t, "a")
+	h.Drop(t, lock, la)
 	if _, err := complete(ctx, la, "fenced", "a", time.Hour); !errors.Is(err, backends.ErrLeaseLost) {
 		t.Errorf("complete after the store dropped the lease: %v, want ErrLeaseLost", err)
 	}
 	Release(t, la)
-	lb := Campaign(t, b, "b")
+	lb := b.Campaign(t, "b")
 	defer Release(t, lb)
-	if m, err := b.Completed(ctx, "fenced"); err != nil || m != nil {
+	if m, err := b.completed(ctx, "fenced"); err != nil || m != nil {
 		t.Errorf("a fenced-out marker was written: %+v, %v", m, err)
 	}
 }
@@ -429,19 +450,19 @@ func testCompleteFenced(t *testing.T, h Harness) {
 // testMarkerExpires: a marker is gone once it expired.
 func testMarkerExpires(t *testing.T, h Harness) {
 	lock := lockName(t)
-	a := newBackend(t, h, lock)
+	a := open(t, h, lock)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	la := Campaign(t, a, "a")
+	la := a.Campaign(t, "a")
 	defer Release(t, la)
 	if _, err := complete(ctx, la, "short", "a", 1500*time.Millisecond); err != nil {
 		t.Fatalf("complete: %v", err)
 	}
-	if m, err := a.Completed(ctx, "short"); err != nil || m == nil {
+	if m, err := a.completed(ctx, "short"); err != nil || m == nil {
 		t.Fatalf("marker right after writing it: %+v, %v", m, err)
 	}
 	WaitFor(t, "the marker to expire", func() bool {
-		m, err := a.Completed(ctx, "short")
+		m, err := a.completed(ctx, "short")
 		return err == nil && m == nil
 	})
 }
@@ -450,10 +471,10 @@ func testMarkerExpires(t *testing.T, h Harness) {
 // first, as they were written, even for a lease that was lost.
 func testHistory(t *testing.T, h Harness) {
 	lock := lockName(t)
-	a := newBackend(t, h, lock)
+	a := open(t, h, lock)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if terms, err := a.History(ctx, 0); err != nil || len(terms) != 0 {
+	if terms, err := a.history(ctx, 0); err != nil || len(terms) != 0 {
 		t.Fatalf("history of a lock never held: %+v, %v; want none", terms, err)
 	}
 	var want []backends.Term
@@ -464,7 +485,7 @@ func testHistory(t *testing.T, h Harness) {
 		{End: backends.EndLost, ExitCode: 137, Reason: "lease revoked"},
 	}
 	for i, end := range ends {
-		l := Campaign(t, a, fmt.Sprintf("h%d", i))
+		l := a.Campaign(t, fmt.Sprintf("h%d", i))
 		term := end
 		term.Identity = fmt.Sprintf("h%d", i)
 		term.Token = l.Token()
@@ -472,7 +493,7 @@ func testHistory(t *testing.T, h Harness) {
 		term.Started = time.Now().Add(-900 * time.Millisecond)
 		term.Ended = time.Now()
 		if end.End == backends.EndLost {
-			h.Drop(t, l)
+			h.Drop(t, lock, l)
 			select {
 			case <-l.Lost():
 			case <-time.After(5 * time.Second):
@@ -482,7 +503,7 @@ func testHistory(t *testing.T, h Harness) {
 		ReleaseTerm(t, l, &term)
 		want = append([]backends.Term{term}, want...)
 	}
-	got, err := a.History(ctx, 0)
+	got, err := a.history(ctx, 0)
 	if err != nil {
 		t.Fatalf("history: %v", err)
 	}
@@ -498,13 +519,13 @@ func testHistory(t *testing.T, h Harness) {
 			t.Errorf("term %d read back as %+v, want %+v", i, g, w)
 		}
 	}
-	if got, err := a.History(ctx, 2); err != nil || len(got) != 2 || got[0].Token != want[0].Token {
+	if got, err := a.history(ctx, 2); err != nil || len(got) != 2 || got[0].Token != want[0].Token {
 		t.Errorf("history limited to 2: %+v, %v", got, err)
 	}
 	// A release without a term records nothing.
-	l := Campaign(t, a, "quiet")
+	l := a.Campaign(t, "quiet")
 	Release(t, l)
-	if got, err := a.History(ctx, 0); err != nil || len(got) != len(want) {
+	if got, err := a.history(ctx, 0); err != nil || len(got) != len(want) {
 		t.Errorf("a release without a term changed the history: %d terms, %v", len(got), err)
 	}
 }
@@ -513,19 +534,19 @@ func testHistory(t *testing.T, h Harness) {
 // the newest ones.
 func testHistoryBounded(t *testing.T, h Harness) {
 	lock := lockName(t)
-	a := newBackend(t, h, lock)
+	a := open(t, h, lock)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	n := backends.HistoryLimit + 5
 	var last uint64
 	for i := range n {
-		l := Campaign(t, a, "b")
+		l := a.Campaign(t, "b")
 		now := time.Now()
 		ReleaseTerm(t, l, &backends.Term{Identity: fmt.Sprintf("b%d", i), Token: l.Token(), Acquired: now, Ended: now,
 			End: backends.EndExited, ExitCode: -1})
 		last = l.Token()
 	}
-	got, err := a.History(ctx, 0)
+	got, err := a.history(ctx, 0)
 	if err != nil {
 		t.Fatalf("history: %v", err)
 	}
@@ -547,25 +568,14 @@ func absDiff(a, b time.Time) time.Duration {
 	return b.Sub(a)
 }
 
-// slot is slot i of b, closed when the test ends (before b, which was
-// made first) unless it is b itself.
-func slot(t *testing.T, b backends.Backend, i int) backends.Backend {
-	s := b.Slot(i)
-	if i != 0 {
-		t.Cleanup(func() { s.Close() })
-	}
-	return s
-}
-
-// campaignIn campaigns as id in a pool of holders, and fails the test if
-// that does not succeed within 30 s. With try, it does not wait.
-func campaignIn(t *testing.T, b backends.Backend, id string, holders int, try bool) backends.Lease {
+// campaignIn campaigns as id in a pool of holders (0: none), and fails
+// the test if that does not succeed within 30 s. With try, it does not
+// wait.
+func campaignIn(t *testing.T, c *candidate, id string, holders int, try bool) *backends.Lease {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	opts := Options(id)
-	opts.Holders, opts.Try = holders, try
-	l, err := b.Campaign(ctx, opts)
+	l, err := c.campaign(ctx, id, holders, try)
 	if err != nil {
 		t.Fatalf("%s: campaign: %v", id, err)
 	}
@@ -573,11 +583,11 @@ func campaignIn(t *testing.T, b backends.Backend, id string, holders int, try bo
 }
 
 // testHolders: the pool size a holder campaigned with is in its record,
-// where Status reads it from any backend of the lock; a holder that named
-// none (or 1) reads as 0 or 1, whatever the grant before it recorded.
+// where status reads it through any store; a holder that named none (or
+// 1) reads as 0 or 1, whatever the grant before it recorded.
 func testHolders(t *testing.T, h Harness) {
 	lock := lockName(t)
-	a, b := newBackend(t, h, lock), newBackend(t, h, lock)
+	a, b := open(t, h, lock), open(t, h, lock)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, tc := range []struct {
@@ -591,8 +601,11 @@ func testHolders(t *testing.T, h Harness) {
 		{"one holder after a pool", 2, 1, []int{0, 1}},
 		{"pool of 7", 0, 7, []int{7}},
 	} {
-		l := campaignIn(t, slot(t, a, tc.slot), "holder", tc.holders, false)
-		st, err := slot(t, b, tc.slot).Status(ctx)
+		// The slot's own lock, campaigned for as a lock of one holder
+		// that records the pool's size: the driver's pool logic is
+		// tested in testSlotsAreLocks.
+		l := recordHolders(t, a.slot(tc.slot), "holder", tc.holders)
+		st, err := b.slot(tc.slot).status(ctx)
 		Release(t, l)
 		switch {
 		case err != nil:
@@ -605,134 +618,210 @@ func testHolders(t *testing.T, h Harness) {
 	}
 }
 
+// recordHolders takes c's lock as a slot of a pool of holders does: it
+// campaigns in the pool and keeps trying until it wins the wanted slot
+// (the lowest free one, since the others are free).
+func recordHolders(t *testing.T, c *candidate, id string, holders int) *backends.Lease {
+	t.Helper()
+	base, i := c.lock, 0
+	if j := strings.LastIndex(base, ".slot"); j >= 0 {
+		base, i = base[:j], atoi(base[j+len(".slot"):])
+	}
+	if holders <= 1 {
+		return campaignIn(t, &candidate{h: c.h, store: c.store, lock: c.lock}, id, 0, false)
+	}
+	// Hold the slots below i, so that the pool's campaign wins slot i.
+	var below []*backends.Lease
+	for k := range i {
+		below = append(below, campaignIn(t, &candidate{h: c.h, store: c.store, lock: base}, fmt.Sprintf("%s-below-%d", id, k), holders, true))
+	}
+	l := campaignIn(t, &candidate{h: c.h, store: c.store, lock: base}, id, holders, true)
+	for _, b := range below {
+		Release(t, b)
+	}
+	if l.Slot() != i {
+		t.Fatalf("%s: won slot %d, want %d", id, l.Slot(), i)
+	}
+	return l
+}
+
+func atoi(s string) int {
+	n := 0
+	for _, c := range s {
+		n = n*10 + int(c-'0')
+	}
+	return n
+}
+
 // testSlotsAreLocks: the slots of one lock are locks of their own: two
-// can be held at once, a held slot is refused to --try while another is
-// free, Status of each names its own holder, releasing one frees only it,
-// and a slot backend's Close leaves the backend it came from usable.
+// can be held at once, a candidate takes the lowest free slot, a full
+// pool is refused to --try, status of each slot names its own holder,
+// releasing one frees only it, and each slot's tokens grow on their own.
 func testSlotsAreLocks(t *testing.T, h Harness) {
 	lock := lockName(t)
-	a, b := newBackend(t, h, lock), newBackend(t, h, lock)
-	if a.Slot(0) != a {
-		t.Errorf("Slot(0) is not the backend itself")
-	}
-	a1, b1, b2 := slot(t, a, 1), slot(t, b, 1), slot(t, b, 2)
+	a, b := open(t, h, lock), open(t, h, lock)
 	l0 := campaignIn(t, a, "a0", 3, true)
-	l1 := campaignIn(t, a1, "a1", 3, true)
+	l1 := campaignIn(t, a, "a1", 3, true)
+	l2 := campaignIn(t, b, "b2", 3, true)
+	for i, l := range []*backends.Lease{l0, l1, l2} {
+		if l.Slot() != i {
+			t.Fatalf("grant %d holds slot %d, want the lowest free one, %d", i, l.Slot(), i)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	try := Options("b1")
-	try.Holders, try.Try = 3, true
-	if l, err := b1.Campaign(ctx, try); !errors.Is(err, backends.ErrLocked) {
+	if l, err := b.campaign(ctx, "b3", 3, true); !errors.Is(err, backends.ErrLocked) {
 		if l != nil {
 			Release(t, l)
 		}
-		t.Fatalf("try on slot 1 while it is held: got %v, want ErrLocked", err)
+		t.Fatalf("try on a full pool: got %v, want ErrLocked", err)
 	}
-	l2 := campaignIn(t, b2, "b2", 3, true)
-	for i, want := range []backends.Lease{l0, l1, l2} {
-		st, err := slot(t, b, i).Status(ctx)
+	for i, want := range []*backends.Lease{l0, l1, l2} {
+		st, err := b.slot(i).status(ctx)
 		if err != nil {
 			t.Fatalf("status of slot %d: %v", i, err)
 		}
-		if id := []string{"a0", "a1", "b2"}[i]; !st.Held || st.Identity != id || st.Token != want.Token() {
-			t.Errorf("status of slot %d = %+v, want held by %s with token %d", i, st, id, want.Token())
+		if id := []string{"a0", "a1", "b2"}[i]; !st.Held || st.Identity != id || st.Token != want.Token() || st.Holders != 3 {
+			t.Errorf("status of slot %d = %+v, want held by %s with token %d in a pool of 3", i, st, id, want.Token())
 		}
 	}
 	Release(t, l1)
-	l1b := campaignIn(t, b1, "b1", 3, true)
-	if l1b.Token() <= l1.Token() {
-		t.Errorf("slot 1's next token %d is not greater than its last %d", l1b.Token(), l1.Token())
+	l1b := campaignIn(t, b, "b1", 3, true)
+	if l1b.Slot() != 1 || l1b.Token() <= l1.Token() {
+		t.Errorf("after slot 1 was released, a candidate won slot %d with token %d; want slot 1 with a token above %d",
+			l1b.Slot(), l1b.Token(), l1.Token())
 	}
-	if st, err := a.Status(ctx); err != nil || !st.Held || st.Identity != "a0" {
+	if st, err := a.status(ctx); err != nil || !st.Held || st.Identity != "a0" {
 		t.Errorf("slot 0 after slot 1 changed hands: %+v, %v; want still held by a0", st, err)
-	}
-	Release(t, l2)
-	if err := b2.Close(); err != nil {
-		t.Errorf("close slot 2's backend: %v", err)
-	}
-	if st, err := b.Status(ctx); err != nil || !st.Held || st.Identity != "a0" {
-		t.Errorf("status through a backend whose slot 2 was closed: %+v, %v", st, err)
 	}
 	if err := l0.Renew(ctx); err != nil {
 		t.Errorf("renew slot 0: %v", err)
 	}
+	Release(t, l2)
 	Release(t, l0)
 	Release(t, l1b)
 	l := campaignIn(t, b, "b0", 3, true)
-	if l.Token() <= l0.Token() {
-		t.Errorf("slot 0's next token %d is not greater than its last %d", l.Token(), l0.Token())
+	if l.Slot() != 0 || l.Token() <= l0.Token() {
+		t.Errorf("slot 0's next grant: slot %d, token %d; want slot 0 with a token above %d", l.Slot(), l.Token(), l0.Token())
 	}
 	Release(t, l)
 }
 
-// testSlotTokens: three slots of one lock, two candidates on each (every
-// candidate a backend of its own), all at once, until SlotGrants grants
-// per slot: no slot ever has two holders, and each slot's tokens strictly
+// testSlotTokens: a pool of three slots, six candidates (each with a store
+// of its own), all at once, until SlotGrants grants per slot on average:
+// never more than three holders at once, and each slot's tokens strictly
 // increase.
 func testSlotTokens(t *testing.T, h Harness) {
 	lock := lockName(t)
-	const slots, candidates = 3, 2
+	const slots, candidates = 3, 6
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second)
 	defer cancel()
-	tokens := make([][]uint64, slots)
-	var wg sync.WaitGroup
-	for i := range slots {
-		var bs []backends.Backend
-		for range candidates {
-			bs = append(bs, slot(t, newBackend(t, h, lock), i))
-		}
-		wg.Go(func() { tokens[i] = contend(ctx, t, bs, h.SlotGrants, slots) })
+	var (
+		mu     sync.Mutex
+		tokens = make([][]uint64, slots)
+		held   atomic.Int32
+		grants atomic.Int32
+		wg     sync.WaitGroup
+	)
+	for i := range candidates {
+		c := open(t, h, lock)
+		wg.Go(func() {
+			id := fmt.Sprintf("candidate-%d", i)
+			for grants.Load() < int32(h.SlotGrants*slots) {
+				l, err := c.campaign(ctx, id, slots, false)
+				if err != nil {
+					t.Errorf("%s: campaign: %v", id, err)
+					return
+				}
+				if k := held.Add(1); k > slots {
+					t.Errorf("%s: %d holders at once in a pool of %d", id, k, slots)
+				}
+				mu.Lock()
+				tokens[l.Slot()] = append(tokens[l.Slot()], l.Token())
+				mu.Unlock()
+				grants.Add(1)
+				time.Sleep(2 * time.Millisecond)
+				held.Add(-1)
+				Release(t, l)
+			}
+		})
 	}
 	wg.Wait()
 	for i, ts := range tokens {
-		if len(ts) < h.SlotGrants {
-			t.Fatalf("slot %d: only %d grants, want %d", i, len(ts), h.SlotGrants)
+		if len(ts) == 0 {
+			t.Fatalf("slot %d was never granted", i)
 		}
 		increasing(t, fmt.Sprintf("slot %d: grant", i), ts)
 	}
-	t.Logf("%d grants per slot, tokens strictly increasing in each of %d slots", h.SlotGrants, slots)
+	t.Logf("%d grants in %d slots, tokens strictly increasing in each", grants.Load(), slots)
 }
 
-// testMarkersOfSlots: Backend.Completed reads, without a lease, the
-// markers that the leases of its lock wrote, and only those: a marker
-// written through slot 1 is read through another backend's Slot(1), and
-// is not slot 0's.
+// testMarkersOfSlots: a lease reads the markers that count for it: its own
+// slot's with ownSlot, else those of every slot of the pool; a marker
+// written through slot 1 is read back through another store, and is not
+// slot 0's.
 func testMarkersOfSlots(t *testing.T, h Harness) {
 	lock := lockName(t)
-	a, b := newBackend(t, h, lock), newBackend(t, h, lock)
+	a, b := open(t, h, lock), open(t, h, lock)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	la := Campaign(t, a, "a")
-	if m, err := b.Completed(ctx, "k0"); err != nil || m != nil {
-		t.Fatalf("marker of a key never completed: %+v, %v; want nil, nil", m, err)
-	}
-	want, err := complete(ctx, la, "k0", "a", time.Hour)
-	if err != nil {
-		t.Fatalf("complete: %v", err)
-	}
-	// While a holds the lock, and once nobody does.
-	for _, when := range []string{"held", "released"} {
-		if when == "released" {
-			Release(t, la)
-		}
-		if m, err := b.Completed(ctx, "k0"); err != nil || m == nil || m.Token != want.Token || m.Identity != "a" {
-			t.Errorf("%s: another backend reads the marker as %+v, %v; want %+v", when, m, err, want)
-		}
-	}
-	l1 := campaignIn(t, slot(t, a, 1), "a1", 2, false)
+	l0 := campaignIn(t, a, "a0", 2, true)
+	l1 := campaignIn(t, a, "a1", 2, true)
 	want1, err := complete(ctx, l1, "k1", "a1", time.Hour)
 	if err != nil {
 		t.Fatalf("complete through slot 1: %v", err)
 	}
-	Release(t, l1)
-	b1 := slot(t, b, 1)
-	if m, err := b1.Completed(ctx, "k1"); err != nil || m == nil || m.Token != want1.Token || m.Identity != "a1" {
-		t.Errorf("another backend's Slot(1) reads slot 1's marker as %+v, %v; want %+v", m, err, want1)
+	if m, err := l0.Completed(ctx, "k1", false); err != nil || m == nil || m.Token != want1.Token {
+		t.Errorf("slot 0 reads the pool's marker as %+v, %v; want %+v", m, err, want1)
 	}
-	if m, err := b.Completed(ctx, "k1"); err != nil || m != nil {
+	if m, err := l0.Completed(ctx, "k1", true); err != nil || m != nil {
+		t.Errorf("slot 0 reads slot 1's marker as its own: %+v, %v; want nil, nil", m, err)
+	}
+	Release(t, l0)
+	Release(t, l1)
+	if m, err := b.slot(1).completed(ctx, "k1"); err != nil || m == nil || m.Token != want1.Token || m.Identity != "a1" {
+		t.Errorf("another store reads slot 1's marker as %+v, %v; want %+v", m, err, want1)
+	}
+	if m, err := b.completed(ctx, "k1"); err != nil || m != nil {
 		t.Errorf("slot 0 reads slot 1's marker: %+v, %v; want nil, nil", m, err)
 	}
-	if m, err := b1.Completed(ctx, "k0"); err != nil || m != nil {
-		t.Errorf("slot 1 reads slot 0's marker: %+v, %v; want nil, nil", m, err)
+}
+
+// testPoolMismatch: a candidate whose pool size differs from the holders'
+// is refused, in both directions, and takes nothing.
+func testPoolMismatch(t *testing.T, h Harness) {
+	lock := lockName(t)
+	a, b := open(t, h, lock), open(t, h, lock)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// A pool of 2 holds both slots; a candidate of one holder waits.
+	p0 := campaignIn(t, a, "p0", 2, true)
+	p1 := campaignIn(t, a, "p1", 2, true)
+	if l, err := b.campaign(ctx, "single", 0, false); !errors.Is(err, backends.ErrHoldersDiffer) {
+		if l != nil {
+			Release(t, l)
+		}
+		t.Errorf("a candidate of one holder facing a pool of 2: %v, want ErrHoldersDiffer", err)
+	}
+	// The pool's slot 0 frees: the single candidate still must not take it.
+	Release(t, p0)
+	if l, err := b.campaign(ctx, "single", 0, false); !errors.Is(err, backends.ErrHoldersDiffer) {
+		if l != nil {
+			Release(t, l)
+		}
+		t.Errorf("a candidate of one holder, slot 0 free, slot 1 held by a pool of 2: %v, want ErrHoldersDiffer", err)
+	}
+	Release(t, p1)
+	// A lock of one holder is held; a pool's candidate is refused.
+	s := b.Campaign(t, "single")
+	defer Release(t, s)
+	if l, err := a.campaign(ctx, "pool", 2, true); !errors.Is(err, backends.ErrHoldersDiffer) {
+		if l != nil {
+			Release(t, l)
+		}
+		t.Errorf("a pool's candidate facing a lock of one holder: %v, want ErrHoldersDiffer", err)
+	}
+	if st, err := a.slot(1).status(ctx); err != nil || st.Held {
+		t.Errorf("the refused pool candidate left slot 1 as %+v, %v; want free", st, err)
 	}
 }
