@@ -26,11 +26,12 @@ func requireRoot(t *testing.T) {
 	}
 }
 
-// campaign campaigns once for lock "job" in dir and releases at once.
+// campaign tries once (--try: a failing store is not retried) for lock
+// "job" in dir and releases at once.
 func campaign(dir string, identity string) error {
-	b := local.New(local.Config{Dir: dir, Lock: "job"})
-	defer b.Close()
-	l, err := b.Campaign(context.Background(), backends.CampaignOptions{Identity: identity})
+	s := local.Open(dir)
+	defer s.Close()
+	l, err := backends.Campaign(context.Background(), s, "job", backends.Candidate{Identity: identity, Timings: backends.DefaultTimings, Try: true})
 	if err != nil {
 		return err
 	}

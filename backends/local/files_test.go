@@ -93,14 +93,15 @@ func TestPlantedFilesRefused(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			b := New(Config{Dir: shared, Lock: "job"})
-			b.d = &dir{path: shared, f: os.NewFile(uintptr(fd), shared), euid: os.Geteuid()}
-			defer b.Close()
+			s := Open(shared)
+			s.d = &dir{path: shared, f: os.NewFile(uintptr(fd), shared), euid: os.Geteuid()}
+			defer s.Close()
 			if tc.status {
-				_, err = b.Status(context.Background())
+				_, err = backends.ReadStatus(context.Background(), s, "job")
 			} else {
-				var l backends.Lease
-				if l, err = b.Campaign(context.Background(), backends.CampaignOptions{Identity: "root-run"}); err == nil {
+				var l *backends.Lease
+				if l, err = backends.Campaign(context.Background(), s, "job",
+					backends.Candidate{Identity: "root-run", Timings: backends.DefaultTimings}); err == nil {
 					_ = l.Release(context.Background(), nil)
 				}
 			}

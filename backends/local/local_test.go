@@ -16,13 +16,11 @@ import (
 func TestConformance(t *testing.T) {
 	dir := t.TempDir()
 	backendtest.Run(t, backendtest.Harness{
-		New: func(t *testing.T, lock string) backends.Backend {
-			return local.New(local.Config{Dir: dir, Lock: lock})
-		},
+		Open:       func(t *testing.T) backends.Store { return local.Open(dir) },
 		SlotGrants: 200,
-		Drop: func(t *testing.T, l backends.Lease) {
+		Drop: func(t *testing.T, lock string, l *backends.Lease) {
 			// Removing the lock file lets a newcomer lock a new one.
-			if err := os.Remove(l.(interface{ String() string }).String()); err != nil {
+			if err := os.Remove(filepath.Join(dir, lock+".lock")); err != nil {
 				t.Fatal(err)
 			}
 		},
@@ -37,24 +35,25 @@ func TestConformance(t *testing.T) {
 // waiter must still get the lock, not wait for an event that never comes.
 func TestWaiterWokenTooEarlyTriesAgain(t *testing.T) {
 	dir := t.TempDir()
-	b := local.New(local.Config{Dir: dir, Lock: "early"})
-	defer b.Close()
-	holder, err := b.Campaign(context.Background(), backends.CampaignOptions{Identity: "holder"})
+	s := local.Open(dir)
+	defer s.Close()
+	cand := func(id string) backends.Candidate { return backends.Candidate{Identity: id, Timings: backends.DefaultTimings} }
+	holder, err := backends.Campaign(context.Background(), s, "early", cand("holder"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan error, 1)
 	go func() {
-		w := local.New(local.Config{Dir: dir, Lock: "early"})
+		w := local.Open(dir)
 		defer w.Close()
-		l, err := w.Campaign(context.Background(), backends.CampaignOptions{Identity: "waiter"})
+		l, err := backends.Campaign(context.Background(), w, "early", cand("waiter"))
 		if err == nil {
 			err = l.Release(context.Background(), nil)
 		}
 		got <- err
 	}()
 	for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		st, err := b.Status(context.Background())
+		st, err := backends.ReadStatus(context.Background(), s, "early")
 		if err == nil && st.Waiting == 1 {
 			break
 		}
@@ -68,7 +67,7 @@ func TestWaiterWokenTooEarlyTriesAgain(t *testing.T) {
 	}
 	other.Close()                    // the close event, with the lock still held
 	time.Sleep(5 * time.Millisecond) // the kernel's window, made long
-	lf := holder.(interface{ LockFile() *os.File }).LockFile()
+	lf := holder.LockFile()
 	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_UN); err != nil {
 		t.Fatal(err)
 	}

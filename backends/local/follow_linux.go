@@ -10,12 +10,103 @@ import (
 	"io"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/leaderrun/leaderrun/backends"
 )
 
 var errEOF = io.EOF
+
+// Follow implements backends.RecordLock with an inotify watch of the lock
+// file: waiters wake when a holder closes it (release or death), and a
+// holder learns at once that its file was unlinked, renamed or replaced.
+// A waiter also holds a shared flock on <lock>.queue, which counts it for
+// status; the kernel drops it if the waiter dies.
+func (l *lock) Follow(_ context.Context, _ backends.Claim, h *backends.Record) (backends.Follower, error) {
+	d, err := l.s.dir()
+	if err != nil {
+		return nil, err
+	}
+	w, err := newWatcher(l.Key())
+	if err != nil {
+		return nil, unavailable(l.s.path, "watch lock file", err)
+	}
+	f := &follower{w: w, ch: make(chan struct{}, 1), done: make(chan struct{})}
+	if h == nil {
+		q, err := d.open(l.queueName(), unix.O_RDONLY|unix.O_CREAT)
+		if err == nil {
+			if err = flock(q, syscall.LOCK_SH); err != nil {
+				q.Close()
+			}
+		}
+		if err != nil {
+			w.close()
+			return nil, unavailable(l.s.path, "join the queue", err)
+		}
+		f.queue = q
+	}
+	var ctx context.Context
+	ctx, f.cancel = context.WithCancel(context.Background())
+	go f.run(ctx, h == nil)
+	return f, nil
+}
+
+// follower is an inotify watch of a lock file.
+type follower struct {
+	w      *watcher
+	queue  *os.File // a waiter's shared flock on the queue file
+	ch     chan struct{}
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (f *follower) Changed() <-chan struct{} { return f.ch }
+func (f *follower) Behind() bool             { return false }
+
+func (f *follower) Close() {
+	f.cancel()
+	<-f.done
+	f.w.close()
+	if f.queue != nil {
+		f.queue.Close()
+	}
+}
+
+func (f *follower) poke() {
+	select {
+	case f.ch <- struct{}{}:
+	default:
+	}
+}
+
+// run pokes on every event. The kernel reports the close of a file before
+// it drops the flock that goes with it, so a waiter woken by a holder that
+// died without unlocking (killed before it handed its lock file to its
+// command's watchdog) may look a moment too early, and would then wait for
+// an event that never comes: a waiter is poked again a few times within
+// some 20 ms of each event.
+func (f *follower) run(ctx context.Context, waiter bool) {
+	defer close(f.done)
+	for {
+		if err := f.w.wait(ctx); err != nil {
+			return
+		}
+		f.poke()
+		for delay := time.Millisecond; waiter && delay <= 16*time.Millisecond; delay *= 4 {
+			t := time.NewTimer(delay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			f.poke()
+		}
+	}
+}
 
 // watcher is an inotify instance watching one file. Its descriptor is
 // non-blocking, so os.File puts it on the runtime poller and a read can be
@@ -58,35 +149,10 @@ func (w *watcher) wait(ctx context.Context) error {
 
 func (w *watcher) close() { w.f.Close() }
 
-// watchLoss closes Lost() as soon as the lock file is unlinked, renamed or
-// replaced (S3); Renew runs the same check as a backstop.
-func (l *lease) watchLoss() error {
-	w, err := newWatcher(l.b.lockPath())
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	l.stopWatch = cancel
-	l.watchWG.Add(1)
-	go func() {
-		defer l.watchWG.Done()
-		defer w.close()
-		for {
-			if err := w.wait(ctx); err != nil {
-				return
-			}
-			if l.check() != nil {
-				return
-			}
-		}
-	}()
-	return nil
-}
-
 // isHeld asks the kernel, through /proc/locks, whether any process holds a
 // flock on f's inode. Unlike a probing flock it cannot disturb a candidate
 // that is trying the lock at the same moment.
-func isHeld(f *os.File, _ map[string]string) (bool, error) {
+func isHeld(f *os.File, _ int) (bool, error) {
 	n, err := flockCount(f)
 	return n > 0, err
 }
