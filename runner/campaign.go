@@ -4,26 +4,37 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"syscall"
+	"time"
 
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/signals"
 )
 
-// campaign waits for leadership of a slot (see acquire), withdrawing on a
-// signal, on ctx, on --try or when --wait runs out.
-func (r *Runner) campaign(ctx context.Context) (backends.Lease, int, error) {
+// Lease is what the runner needs of held leadership: *backends.Lease.
+type Lease interface {
+	Token() uint64
+	TTL() time.Duration
+	Acquired() time.Time
+	Renew(ctx context.Context) error
+	Lost() <-chan struct{}
+	Err() error
+	Slot() int
+	Completed(ctx context.Context, key string, ownSlot bool) (*backends.Marker, error)
+	Complete(ctx context.Context, m backends.Marker) error
+	Release(ctx context.Context, term *backends.Term) error
+	LockFile() *os.File
+}
+
+// campaign waits for leadership of the lock or a slot of its pool
+// (backends.Campaign), withdrawing on a signal or on ctx; the driver gives
+// up on --try and when --wait runs out.
+func (r *Runner) campaign(ctx context.Context) (Lease, error) {
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	waitCtx := cctx
-	if r.cfg.Wait > 0 {
-		var c2 context.CancelFunc
-		waitCtx, c2 = context.WithTimeout(cctx, r.cfg.Wait)
-		defer c2()
-	}
 	type result struct {
-		lease backends.Lease
-		slot  int
+		lease *backends.Lease
 		err   error
 	}
 	done := make(chan result, 1)
@@ -34,8 +45,9 @@ func (r *Runner) campaign(ctx context.Context) (backends.Lease, int, error) {
 	}
 	r.cfg.Observer.Observe(Event{Kind: Campaigning})
 	go func() {
-		l, slot, err := r.acquire(waitCtx)
-		done <- result{l, slot, err}
+		l, err := backends.Campaign(cctx, r.cfg.Store, r.cfg.Lock, backends.Candidate{Identity: r.cfg.Identity,
+			Timings: r.cfg.Timings, Try: r.cfg.Try, Wait: r.cfg.Wait, Holders: r.cfg.Holders, Log: r.log})
+		done <- result{l, err}
 	}()
 
 	var interrupted syscall.Signal
@@ -47,9 +59,12 @@ func (r *Runner) campaign(ctx context.Context) (backends.Lease, int, error) {
 					r.release(res.lease, nil)
 				}
 				r.log.Info("candidacy withdrawn", "signal", signals.Name(interrupted))
-				return nil, 0, &InterruptedError{Signal: interrupted}
+				return nil, &InterruptedError{Signal: interrupted}
 			}
-			return res.lease, res.slot, r.campaignErr(ctx, waitCtx, res.err)
+			if res.err != nil {
+				return nil, r.campaignErr(ctx, res.err)
+			}
+			return res.lease, nil
 		case s := <-r.cfg.Signals:
 			sig, _ := s.(syscall.Signal)
 			switch sig {
@@ -65,28 +80,16 @@ func (r *Runner) campaign(ctx context.Context) (backends.Lease, int, error) {
 	}
 }
 
-// campaignErr says why a campaign that returned err won nothing; nil if
-// err is.
-func (r *Runner) campaignErr(ctx, waitCtx context.Context, err error) error {
+// campaignErr says why a campaign that returned err won nothing.
+func (r *Runner) campaignErr(ctx context.Context, err error) error {
+	var held *backends.HeldError
 	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, backends.ErrLocked) && r.cfg.Holders > 1:
-		return &NotAcquiredError{Reason: fmt.Sprintf("all %d slots of lock %q are held (--try)", r.cfg.Holders, r.cfg.Lock)}
-	case errors.Is(err, backends.ErrLocked):
-		return &NotAcquiredError{Reason: fmt.Sprintf("lock %q is held by another candidate (--try)", r.cfg.Lock)}
-	case errors.As(err, new(*ConfigError)):
-		return err
-	case r.cfg.Wait > 0 && errors.Is(waitCtx.Err(), context.DeadlineExceeded) && ctx.Err() == nil:
-		// Only our own --wait timer counts as "not acquired"; a
-		// backend error that merely wraps a deadline is not.
-		if r.cfg.Holders > 1 {
-			return &NotAcquiredError{Reason: fmt.Sprintf("all %d slots of lock %q still held after --wait %v", r.cfg.Holders, r.cfg.Lock, r.cfg.Wait)}
-		}
-		return &NotAcquiredError{Reason: fmt.Sprintf("lock %q still held by another candidate after --wait %v", r.cfg.Lock, r.cfg.Wait)}
+	case errors.As(err, &held):
+		return &NotAcquiredError{Reason: held.Reason}
+	case errors.Is(err, backends.ErrHoldersDiffer):
+		return &ConfigError{msg: err.Error()}
 	case ctx.Err() != nil:
 		return &InterruptedError{Signal: syscall.SIGTERM}
-	default:
-		return fmt.Errorf("campaign for %q: %w", r.cfg.Lock, err)
 	}
+	return fmt.Errorf("campaign for %q: %w", r.cfg.Lock, err)
 }

@@ -11,46 +11,24 @@ import (
 	"github.com/leaderrun/leaderrun/signals"
 )
 
-// The command line's defaults of the timing flags (README, "Flags of
-// run"). The runner has no defaults for them: a caller sets all four.
-const (
-	DefaultLeaseDuration = 15 * time.Second
-	DefaultRenewDeadline = 10 * time.Second
-	DefaultRetryPeriod   = 2 * time.Second
-	DefaultKillGrace     = 3 * time.Second
-)
-
 // Config is everything one run needs. New validates it and sets the
 // defaults noted per field.
 type Config struct {
-	// Backend is the store to campaign in. Required.
-	Backend backends.Backend
+	// Store is the store to campaign in. Required.
+	Store backends.Store
 	// Lock and Identity are passed to the child and shown in logs.
 	// Identity is stored with the lock for status; empty:
 	// "hostname:pid".
 	Lock     string
 	Identity string
 
-	// LeaseDuration is the TTL asked of the store: how long after the last
-	// renewal another candidate may take over. Longer means slower failover
-	// after a crash; shorter means a slow store or a GC pause can cost
-	// leadership. Must exceed RenewDeadline + Child.KillGrace so that the
-	// child is dead before the store lets the lease go. Required; the
-	// command line's default is DefaultLeaseDuration.
-	LeaseDuration time.Duration
-
-	// RenewDeadline is how long the runner tolerates no acknowledged renewal,
-	// counted from the send time of the last one, before it stops the child.
-	// Too short stops healthy jobs on a brief store hiccup; too long leaves
-	// too little of the lease for the kill grace. Required; the command
-	// line's default is DefaultRenewDeadline.
-	RenewDeadline time.Duration
-
-	// RetryPeriod is the interval between renewals, and between retries of a
-	// failed one. Must be well under RenewDeadline (RenewDeadline > 1.2 ×
-	// RetryPeriod) so that several attempts fit. Required; the command
-	// line's default is DefaultRetryPeriod.
-	RetryPeriod time.Duration
+	// Timings are the lease's timings (backends.Timings, whose fields
+	// say what each means and what goes wrong if it is too short or too
+	// long): validated by New, and handed to the store with every
+	// campaign. KillGrace is also the child's, from the kill signal to
+	// SIGKILL of the whole tree. Required; the command line's defaults
+	// are backends.DefaultTimings.
+	Timings backends.Timings
 
 	// Try returns ErrNotAcquired at once if the lock is held.
 	Try bool
@@ -65,9 +43,8 @@ type Config struct {
 
 	// Child is the command and how it is stopped: Path (resolved, see
 	// signals.Resolve) and Args (Args[0] included) are required;
-	// KillSignal starts the stop sequence (zero: SIGTERM); KillGrace,
-	// from the kill signal to SIGKILL of the whole tree, is required and
-	// counts against LeaseDuration. Log zero: Log with the lock and
+	// KillSignal starts the stop sequence (zero: SIGTERM); KillGrace is
+	// Timings.KillGrace (New sets it). Log zero: Log with the lock and
 	// identity.
 	Child signals.Spec
 
@@ -122,7 +99,7 @@ type Config struct {
 
 	// Holders is the size of the pool (--holders N): up to N holders of
 	// the lock at once, each in a slot of its own (see pool.go and
-	// docs/safety.md, "Pools"), 1 to MaxHolders. Every candidate of a
+	// docs/safety.md, "Pools"), 1 to backends.MaxHolders. Every candidate of a
 	// lock must use the same N. Zero: 1, the lock alone.
 	Holders int
 
@@ -140,6 +117,7 @@ func (c *Config) setDefaults() {
 		}
 		c.Identity = fmt.Sprintf("%s:%d", host, os.Getpid())
 	}
+	c.Child.KillGrace = c.Timings.KillGrace
 	if c.Child.KillSignal == 0 {
 		c.Child.KillSignal = syscall.SIGTERM
 	}

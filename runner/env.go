@@ -28,7 +28,7 @@ func childEnv(base []string, cfg Config, token uint64, slot int) []string {
 		"FENCE_TOKEN="+strconv.FormatUint(token, 10),
 		"LEADERRUN_LOCK="+cfg.Lock,
 		"LEADERRUN_IDENTITY="+cfg.Identity,
-		"LEADERRUN_BACKEND="+cfg.Backend.Name(),
+		"LEADERRUN_BACKEND="+cfg.Store.Name(),
 		"LEADERRUN_SLOT="+strconv.Itoa(slot),
 	)
 	if cfg.Socket != "" {

@@ -99,7 +99,7 @@ func newLeadership(cfg *Config, log *slog.Logger, token uint64, c child, lastAck
 		token:    token,
 		child:    c,
 		lastAck:  lastAck,
-		deadline: lastAck.Add(cfg.RenewDeadline),
+		deadline: lastAck.Add(cfg.Timings.RenewDeadline),
 		started:  started,
 	}
 	l.watchProgress()
@@ -132,7 +132,7 @@ func (l *leadership) renewed(now time.Time, rn renewal) {
 	case rn.err == nil:
 		if rn.sent.After(l.lastAck) {
 			l.lastAck = rn.sent
-			l.deadline = l.lastAck.Add(l.cfg.RenewDeadline)
+			l.deadline = l.lastAck.Add(l.cfg.Timings.RenewDeadline)
 			if !unsafeLateKill {
 				l.child.SetDeadline(l.deadline)
 			}
@@ -154,7 +154,7 @@ func (l *leadership) deadlinePassed(now time.Time) {
 		return
 	}
 	l.lose(now, fmt.Errorf("no renewal acknowledged for --renew-deadline %v (last sent %v ago)",
-		l.cfg.RenewDeadline, now.Sub(l.lastAck).Round(time.Millisecond)))
+		l.cfg.Timings.RenewDeadline, now.Sub(l.lastAck).Round(time.Millisecond)))
 }
 
 // leaseLost handles the store reporting the lease gone (S3).
@@ -182,7 +182,7 @@ func (l *leadership) lose(now time.Time, reason error) {
 	if unsafeLateKill {
 		// The deliberately broken build of unsafe_on.go: let the child
 		// run on well past the lease.
-		l.lateStop = now.Add(l.cfg.LeaseDuration + l.cfg.Child.KillGrace)
+		l.lateStop = now.Add(l.cfg.Timings.LeaseDuration + l.cfg.Child.KillGrace)
 	} else if l.phase == leading {
 		// Signal first, log after: a slow stderr must not delay S2/S3.
 		l.child.Stop(l.cfg.Child.KillSignal)
@@ -210,7 +210,7 @@ func (l *leadership) childExited(now time.Time, status signals.Status) {
 		// The watchdog stopped the child at the deadline, before this
 		// process noticed (it was frozen or starved): the same loss.
 		l.lose(now, fmt.Errorf("no renewal acknowledged for --renew-deadline %v; the watchdog stopped the child (last renewal sent %v ago)",
-			l.cfg.RenewDeadline, now.Sub(l.lastAck).Round(time.Millisecond)))
+			l.cfg.Timings.RenewDeadline, now.Sub(l.lastAck).Round(time.Millisecond)))
 	}
 	l.exited, l.status = true, status
 	l.log.Info("child exited", "status", status.String(), "exit_code", status.ExitCode(), "ran", now.Sub(l.started).Round(time.Millisecond))

@@ -105,10 +105,8 @@ func fixture(t *testing.T, mutate func(*Config)) (*leadership, *fakeChild, *even
 	t.Helper()
 	ev := &events{}
 	cfg := Config{
-		LeaseDuration: 15 * time.Second,
-		RenewDeadline: 10 * time.Second,
-		RetryPeriod:   2 * time.Second,
-		Child:         signals.Spec{KillGrace: 3 * time.Second, KillSignal: syscall.SIGTERM},
+		Timings: backends.DefaultTimings,
+		Child:   signals.Spec{KillGrace: 3 * time.Second, KillSignal: syscall.SIGTERM},
 		Observer:      ev,
 		Log:           slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
@@ -367,7 +365,9 @@ func (l *fakeLease) Token() uint64                   { return 7 }
 func (l *fakeLease) TTL() time.Duration              { return 15 * time.Second }
 func (l *fakeLease) Acquired() time.Time             { return time.Now() }
 func (l *fakeLease) Renew(ctx context.Context) error { return l.Err() }
-func (l *fakeLease) Completed(context.Context, string) (*backends.Marker, error) {
+func (l *fakeLease) Slot() int          { return 0 }
+func (l *fakeLease) LockFile() *os.File { return nil }
+func (l *fakeLease) Completed(context.Context, string, bool) (*backends.Marker, error) {
 	return nil, nil
 }
 func (l *fakeLease) Complete(context.Context, backends.Marker) error { return nil }
@@ -383,7 +383,7 @@ func TestRunWaitsForChildTree(t *testing.T) {
 	ev := &events{seen: make(chan EventKind, 16)}
 	sigs := make(chan os.Signal, 1)
 	cfg := Config{
-		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+		Timings: backends.DefaultTimings,
 		Child: signals.Spec{KillGrace: 3 * time.Second, KillSignal: syscall.SIGTERM}, Observer: ev,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Signals: sigs,
 	}
@@ -439,7 +439,7 @@ func (l *staleLease) Renew(context.Context) error {
 // and counts the first deadline from that renewal; a grant the store says
 // is gone starts nothing; a fresh grant is not renewed.
 func TestFreshBeforeStart(t *testing.T) {
-	cfg := Config{LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+	cfg := Config{Timings: backends.DefaultTimings,
 		Child: signals.Spec{KillGrace: 3 * time.Second}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	r := &Runner{cfg: cfg, log: cfg.Log}
 	cases := []struct {

@@ -5,15 +5,13 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/leaderrun/leaderrun/backends"
 )
 
 // run drives the leadership from real events until it is done: renewals
 // from a goroutine of its own, the deadline, progress and hold timers,
 // the child's progress reports, the store's loss report, the child's end,
 // signals and ctx.
-func (l *leadership) run(ctx context.Context, lease backends.Lease) {
+func (l *leadership) run(ctx context.Context, lease Lease) {
 	cfg := l.cfg
 	renewals := make(chan renewal)
 	rctx, stopRenewing := context.WithCancel(context.Background())
@@ -21,7 +19,7 @@ func (l *leadership) run(ctx context.Context, lease backends.Lease) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		renewLoop(rctx, lease, cfg.RetryPeriod, renewAttemptTimeout(cfg), renewals)
+		renewLoop(rctx, lease, cfg.Timings.RetryPeriod, cfg.Timings.AttemptTimeout(), renewals)
 	}()
 	defer func() {
 		stopRenewing()

@@ -24,24 +24,40 @@ type poolEnv struct {
 	t      *testing.T
 	dir    string
 	events string
-	other  backends.Backend // another candidate's backend of the lock
+	other  backends.Store // another candidate's store
 }
 
 func newPoolEnv(t *testing.T) *poolEnv {
 	dir := t.TempDir()
-	other := local.New(local.Config{Dir: dir, Lock: "runner"})
+	other := local.Open(dir)
 	t.Cleanup(func() { other.Close() })
 	return &poolEnv{t: t, dir: dir, events: filepath.Join(dir, "events"), other: other}
 }
 
 // hold takes slot i for another candidate of a pool of holders, with --try.
-func (e *poolEnv) hold(i, holders int) backends.Lease {
+func (e *poolEnv) hold(i, holders int) *backends.Lease {
 	e.t.Helper()
-	b := e.other.Slot(i)
-	l, err := b.Campaign(context.Background(), backends.CampaignOptions{Identity: "other", Try: true,
-		LeaseDuration: 10 * time.Second, Holders: holders})
-	if err != nil {
-		e.t.Fatalf("hold slot %d: %v", i, err)
+	// A pool's candidate takes the lowest free slot: hold the free ones
+	// below i meanwhile.
+	var below []*backends.Lease
+	var l *backends.Lease
+	for {
+		var err error
+		l, err = backends.Campaign(context.Background(), e.other, "runner", backends.Candidate{Identity: "other", Try: true,
+			Timings: backends.DefaultTimings, Holders: holders})
+		if err != nil {
+			e.t.Fatalf("hold slot %d: %v", i, err)
+		}
+		if l.Slot() == i {
+			break
+		}
+		if l.Slot() > i {
+			e.t.Fatalf("hold slot %d: took slot %d", i, l.Slot())
+		}
+		below = append(below, l)
+	}
+	for _, b := range below {
+		_ = b.Release(context.Background(), nil)
 	}
 	e.t.Cleanup(func() { _ = l.Release(context.Background(), nil) })
 	return l
@@ -49,7 +65,7 @@ func (e *poolEnv) hold(i, holders int) backends.Lease {
 
 // config is the runner's configuration for a pool of holders.
 func (e *poolEnv) config(holders int) runner.Config {
-	cfg := baseConfig(e.t, local.New(local.Config{Dir: e.dir, Lock: "runner"}), e.events)
+	cfg := baseConfig(e.t, local.Open(e.dir), e.events)
 	cfg.Holders = holders
 	return cfg
 }
@@ -102,7 +118,7 @@ func TestPoolTakesLowestFreeSlot(t *testing.T) {
 			if slot != "1" {
 				t.Errorf("child got LEADERRUN_SLOT=%s, want 1, the lowest free slot", slot)
 			}
-			st, err := e.other.Slot(1).Status(context.Background())
+			st, err := backends.ReadStatus(context.Background(), e.other, backends.SlotLock("runner", 1))
 			if err != nil || !st.Held || st.Identity != t.Name() || st.Holders != 3 {
 				t.Errorf("status of slot 1: %+v, %v; want held by the runner, recording 3 holders", st, err)
 			}
@@ -154,7 +170,7 @@ func TestPoolAllHeld(t *testing.T) {
 // campaigns are withdrawn, so a slot freed after that stays free.
 func TestPoolWaitsForAnySlot(t *testing.T) {
 	e := newPoolEnv(t)
-	held := []backends.Lease{e.hold(0, 3), e.hold(1, 3), e.hold(2, 3)}
+	held := []*backends.Lease{e.hold(0, 3), e.hold(1, 3), e.hold(2, 3)}
 	cfg := e.config(3)
 	var log testenv.LockedBuffer
 	cfg.Log = slog.New(slog.NewTextHandler(&log, nil))
@@ -169,14 +185,14 @@ func TestPoolWaitsForAnySlot(t *testing.T) {
 	if err := held[0].Release(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
-	st, err := e.other.Slot(0).Status(context.Background())
+	st, err := backends.ReadStatus(context.Background(), e.other, "runner")
 	if err != nil || st.Held {
 		t.Errorf("slot 0 after its holder released it: %+v, %v; want free (the runner withdrew from it)", st, err)
 	}
 	if err := stop(); err != nil {
 		t.Errorf("Run: %v", err)
 	}
-	terms, err := e.other.Slot(0).History(context.Background(), 0)
+	terms, err := backends.ReadHistory(context.Background(), e.other, "runner", 0)
 	if err != nil || len(terms) != 0 {
 		t.Errorf("slot 0's history %+v, %v; want none (no term for a slot where nothing ran)", terms, err)
 	}
@@ -228,7 +244,7 @@ func TestPoolOnceMarkers(t *testing.T) {
 	e.hold(1, 3) // so that the runner takes slot 0
 	cfg := e.config(3)
 	cfg.Try, cfg.OnceKey, cfg.OnceKeep = true, "k", time.Hour
-	cfg.Child = signals.Spec{Path: "/bin/sh", Args: []string{"sh", "-c", "exit 0"}, KillGrace: time.Second}
+	cfg.Child = signals.Spec{Path: "/bin/sh", Args: []string{"sh", "-c", "exit 0"}}
 	_, err := run(context.Background(), cfg)
 	var done *runner.DoneError
 	if !errors.As(err, &done) || done.Marker.Identity != "other" {
@@ -239,7 +255,7 @@ func TestPoolOnceMarkers(t *testing.T) {
 	if err != nil || status.ExitCode() != 0 {
 		t.Fatalf("Run with --once-per-slot: %v, %v; want the command run in slot 0", status, err)
 	}
-	if m, err := e.other.Completed(context.Background(), "k"); err != nil || m == nil || m.Identity != t.Name() {
+	if m, err := backends.ReadMarker(context.Background(), e.other, "runner", "k"); err != nil || m == nil || m.Identity != t.Name() {
 		t.Errorf("slot 0's marker after the run: %+v, %v; want one written by the runner", m, err)
 	}
 }

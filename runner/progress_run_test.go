@@ -34,7 +34,7 @@ func reportEvery(p *runner.Progress, period time.Duration, n int) time.Time {
 func TestProgressTimeoutStopsChild(t *testing.T) {
 	dir := t.TempDir()
 	events := filepath.Join(dir, "events")
-	b := local.New(local.Config{Dir: dir, Lock: "runner"})
+	b := local.Open(dir)
 	cfg := baseConfig(t, b, events)
 	cfg.ProgressTimeout, cfg.Progress = time.Second, runner.NewProgress()
 	done := make(chan error, 1)
@@ -55,12 +55,12 @@ func TestProgressTimeoutStopsChild(t *testing.T) {
 	if !errors.As(err, &st) || !st.Reported {
 		t.Fatalf("Run returned %v, want a *StalledError after reports", err)
 	}
-	terms, herr := b.History(context.Background(), 1)
+	terms, herr := backends.ReadHistory(context.Background(), b, cfg.Lock, 1)
 	if herr != nil || len(terms) != 1 || terms[0].End != backends.EndStalled || !strings.Contains(terms[0].Reason, "--progress-timeout 1s") {
 		t.Errorf("history %+v (%v), want one stalled term with the reason", terms, herr)
 	}
-	next, err := local.New(local.Config{Dir: dir, Lock: "runner"}).Campaign(context.Background(),
-		backends.CampaignOptions{Identity: "next", Try: true, LeaseDuration: cfg.LeaseDuration})
+	next, err := backends.Campaign(context.Background(), local.Open(dir), cfg.Lock,
+		backends.Candidate{Identity: "next", Try: true, Timings: cfg.Timings})
 	if err != nil {
 		t.Fatalf("the lock is not free after the stall: %v", err)
 	}
@@ -73,7 +73,7 @@ func TestProgressTimeoutStopsChild(t *testing.T) {
 func TestProgressKeepsChild(t *testing.T) {
 	dir := t.TempDir()
 	events := filepath.Join(dir, "events")
-	cfg := baseConfig(t, local.New(local.Config{Dir: dir, Lock: "runner"}), events)
+	cfg := baseConfig(t, local.Open(dir), events)
 	cfg.ProgressTimeout, cfg.Progress = time.Second, runner.NewProgress()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -155,7 +155,7 @@ func TestRunStopsStalledChild(t *testing.T) {
 	const timeout = time.Second
 	ev := &events{seen: make(chan EventKind, 64)}
 	cfg := Config{
-		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+		Timings: backends.DefaultTimings,
 		Child: signals.Spec{KillGrace: 3 * time.Second, KillSignal: syscall.SIGTERM}, Observer: ev,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), ProgressTimeout: timeout, Progress: NewProgress(),
 	}

@@ -20,12 +20,12 @@ type renewal struct {
 // queue, a slow store) is renewed once, so that the child starts with a
 // whole deadline; if that renewal fails, the old proof stands, unless the
 // deadline has passed or the store says the lease is gone.
-func (r *Runner) fresh(ctx context.Context, lease backends.Lease) (time.Time, error) {
+func (r *Runner) fresh(ctx context.Context, lease Lease) (time.Time, error) {
 	cfg := &r.cfg
 	lastAck := lease.Acquired()
-	if time.Since(lastAck) > cfg.RetryPeriod {
+	if time.Since(lastAck) > cfg.Timings.RetryPeriod {
 		sent := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, renewAttemptTimeout(cfg))
+		rctx, cancel := context.WithTimeout(ctx, cfg.Timings.AttemptTimeout())
 		err := lease.Renew(rctx)
 		cancel()
 		switch {
@@ -37,24 +37,16 @@ func (r *Runner) fresh(ctx context.Context, lease backends.Lease) (time.Time, er
 			r.log.Warn("renewal before starting the child failed", "token", lease.Token(), "error", err)
 		}
 	}
-	if !time.Now().Before(lastAck.Add(cfg.RenewDeadline)) {
+	if !time.Now().Before(lastAck.Add(cfg.Timings.RenewDeadline)) {
 		return lastAck, errors.New("renew deadline passed before the child could start")
 	}
 	return lastAck, nil
 }
 
-// renewAttemptTimeout bounds one renewal. A request stuck on a dead
-// connection or a store that is electing a new leader must not use up the
-// whole deadline: a retry over a fresh connection, or to another member,
-// may well succeed.
-func renewAttemptTimeout(cfg *Config) time.Duration {
-	return max(cfg.RetryPeriod, cfg.RenewDeadline/3)
-}
-
 // renewLoop renews every period until ctx ends or the lease is lost for
 // good, reporting each attempt with its send time. During leadership it
 // is the lease's only renewal (backends/backend.go).
-func renewLoop(ctx context.Context, lease backends.Lease, period, timeout time.Duration, out chan<- renewal) {
+func renewLoop(ctx context.Context, lease Lease, period, timeout time.Duration, out chan<- renewal) {
 	t := time.NewTimer(period)
 	defer t.Stop()
 	for {

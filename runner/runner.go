@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 
-	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/signals"
 )
 
@@ -18,9 +17,6 @@ type Runner struct {
 	// sup is the command's watchdog, readied by New and handed to the
 	// command's start by Run; nil once Run or Close took it.
 	sup *signals.Supervisor
-	// slots are the backends of the lock's slots (--holders): the
-	// backend itself alone for one holder.
-	slots []backends.Backend
 }
 
 // New sets cfg's defaults, validates it (the timings and how they relate,
@@ -40,7 +36,7 @@ func New(cfg Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	log := cfg.Log.With("lock", cfg.Lock, "identity", cfg.Identity, "backend", cfg.Backend.Name())
+	log := cfg.Log.With("lock", cfg.Lock, "identity", cfg.Identity, "backend", cfg.Store.Name())
 	return &Runner{cfg: cfg, log: log, sup: sup}, nil
 }
 
@@ -51,7 +47,7 @@ func New(cfg Config) (*Runner, error) {
 // *LostError, *StalledError (no progress for ProgressTimeout; the child
 // was stopped), *DoneError, *ConfigError (the store granted a lease too
 // short for the timings), an error from starting the command
-// (signals.ErrNotFound, signals.ErrNotExecutable) or a backend error
+// (signals.ErrNotFound, signals.ErrNotExecutable) or a store's error
 // (backends.ErrUnavailable).
 //
 // Every error Run returns has been logged, once, by the time it returns;
@@ -67,15 +63,13 @@ func (r *Runner) Run(ctx context.Context) (signals.Status, error) {
 		return signals.Status{}, errors.New("runner: Run called after Run or Close")
 	}
 	r.sup = nil
-	r.openSlots()
-	defer r.closeSlots()
-	lease, slot, err := r.campaign(ctx)
+	lease, err := r.campaign(ctx)
 	if err != nil {
 		sup.Abort()
 		r.logEnd(err)
 		return signals.Status{}, err
 	}
-	status, err := r.lead(ctx, lease, slot, sup)
+	status, err := r.lead(ctx, lease, sup)
 	r.logEnd(err)
 	return status, err
 }

@@ -72,36 +72,41 @@ func recorded(t *testing.T, path, what string) time.Time {
 	return time.Time{}
 }
 
-// flaky wraps the real local backend and lets a test decide what renewals
+// flaky wraps the real local store and lets a test decide what renewals
 // do, standing in for a store that stops answering: the one thing a local
 // flock cannot be made to do for real.
 type flaky struct {
-	backends.Backend
+	backends.Store
 	mu   sync.Mutex
 	fail func(n int) error // nil: pass through
-	// complete, if set, is what Complete returns instead of writing.
+	// complete, if set, is what a fenced write of the markers returns
+	// instead of writing.
 	complete error
 	delay    time.Duration
 	sends    []time.Time // send time of each acknowledged renewal
 	n        int
 }
 
-func (f *flaky) Campaign(ctx context.Context, o backends.CampaignOptions) (backends.Lease, error) {
-	l, err := f.Backend.Campaign(ctx, o)
-	if err != nil {
-		return nil, err
-	}
-	return &flakyLease{Lease: l, f: f}, nil
+func newFlaky(dir string) *flaky { return &flaky{Store: local.Open(dir)} }
+
+func (f *flaky) Lock(name string) backends.Lock {
+	return &flakyLock{RecordLock: f.Store.Lock(name).(backends.RecordLock), f: f}
 }
 
-type flakyLease struct {
-	backends.Lease
+type flakyLock struct {
+	backends.RecordLock
 	f *flaky
 }
 
-func (l *flakyLease) TTL() time.Duration { return 10 * time.Second }
+// Take grants a lease of 10 s, as a store with a clock would, rather
+// than the flock's, which never expires.
+func (l *flakyLock) Take(ctx context.Context, prev backends.Record, c backends.Claim) (backends.Record, error) {
+	rec, err := l.RecordLock.Take(ctx, prev, c)
+	rec.TTL = 10 * time.Second
+	return rec, err
+}
 
-func (l *flakyLease) Renew(ctx context.Context) error {
+func (l *flakyLock) Keep(ctx context.Context, held backends.Record) (backends.Record, error) {
 	sent := time.Now()
 	l.f.mu.Lock()
 	l.f.n++
@@ -111,30 +116,31 @@ func (l *flakyLease) Renew(ctx context.Context) error {
 		select {
 		case <-time.After(delay):
 		case <-ctx.Done():
-			return ctx.Err()
+			return held, ctx.Err()
 		}
 	}
 	if fail != nil {
 		if err := fail(n); err != nil {
-			return err
+			return held, err
 		}
 	}
-	if err := l.Lease.Renew(ctx); err != nil {
-		return err
+	rec, err := l.RecordLock.Keep(ctx, held)
+	if err != nil {
+		return rec, err
 	}
 	l.f.mu.Lock()
 	l.f.sends = append(l.f.sends, sent)
 	l.f.mu.Unlock()
-	return nil
+	return rec, nil
 }
 
-// Complete fails as the store's fenced write does when the lease was lost
-// after the command exited, if the test says so.
-func (l *flakyLease) Complete(ctx context.Context, m backends.Marker) error {
-	if err := l.f.complete; err != nil {
+// WriteDocHeld fails as the store's fenced write does when the lease was
+// lost after the command exited, if the test says so.
+func (l *flakyLock) WriteDocHeld(ctx context.Context, d backends.Doc, held backends.Record) error {
+	if err := l.f.complete; err != nil && d.Name == backends.DocMarkers {
 		return err
 	}
-	return l.Lease.Complete(ctx, m)
+	return l.RecordLock.WriteDocHeld(ctx, d, held)
 }
 
 func (f *flaky) lastAck(before time.Time) time.Time {
@@ -149,20 +155,19 @@ func (f *flaky) lastAck(before time.Time) time.Time {
 	return last
 }
 
-func baseConfig(t *testing.T, b backends.Backend, events string) runner.Config {
+func baseConfig(t *testing.T, s backends.Store, events string) runner.Config {
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	return runner.Config{
-		Backend:       b,
-		Lock:          "runner",
-		Identity:      t.Name(),
-		LeaseDuration: 10 * time.Second,
-		RenewDeadline: 600 * time.Millisecond,
-		RetryPeriod:   100 * time.Millisecond,
-		Child:         signals.Spec{Path: self, Args: []string{self}, KillGrace: 2 * time.Second},
-		Env:           append(os.Environ(), "RUNNER_TEST_CHILD="+events, "GORACE=atexit_sleep_ms=0"),
+		Store:    s,
+		Lock:     "runner",
+		Identity: t.Name(),
+		Timings: backends.Timings{LeaseDuration: 10 * time.Second, RenewDeadline: 600 * time.Millisecond,
+			RetryPeriod: 100 * time.Millisecond, KillGrace: 2 * time.Second},
+		Child: signals.Spec{Path: self, Args: []string{self}},
+		Env:   append(os.Environ(), "RUNNER_TEST_CHILD="+events, "GORACE=atexit_sleep_ms=0"),
 	}
 }
 
@@ -196,7 +201,7 @@ func TestRenewDeadline(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			events := filepath.Join(dir, "events")
-			f := &flaky{Backend: local.New(local.Config{Dir: dir, Lock: "runner"})}
+			f := newFlaky(dir)
 			f.fail = tc.fail
 			cfg := baseConfig(t, f, events)
 			done := make(chan error, 1)
@@ -219,12 +224,12 @@ func TestRenewDeadline(t *testing.T) {
 			}
 			last := f.lastAck(signalled)
 			gap := signalled.Sub(last)
-			t.Logf("child signalled %v after the send time of the last acknowledged renewal (deadline %v)", gap, cfg.RenewDeadline)
-			if gap > cfg.RenewDeadline+100*time.Millisecond {
-				t.Errorf("signalled %v after the last acknowledged send, beyond the %v deadline", gap, cfg.RenewDeadline)
+			t.Logf("child signalled %v after the send time of the last acknowledged renewal (deadline %v)", gap, cfg.Timings.RenewDeadline)
+			if gap > cfg.Timings.RenewDeadline+100*time.Millisecond {
+				t.Errorf("signalled %v after the last acknowledged send, beyond the %v deadline", gap, cfg.Timings.RenewDeadline)
 			}
-			if gap < cfg.RenewDeadline {
-				t.Errorf("signalled after only %v, before the %v deadline", gap, cfg.RenewDeadline)
+			if gap < cfg.Timings.RenewDeadline {
+				t.Errorf("signalled after only %v, before the %v deadline", gap, cfg.Timings.RenewDeadline)
 			}
 		})
 	}
@@ -235,7 +240,7 @@ func TestRenewDeadline(t *testing.T) {
 func TestTransientFailuresTolerated(t *testing.T) {
 	dir := t.TempDir()
 	events := filepath.Join(dir, "events")
-	f := &flaky{Backend: local.New(local.Config{Dir: dir, Lock: "runner"})}
+	f := newFlaky(dir)
 	// Attempts 2-4 fail: 300 ms without an ack, half the deadline.
 	f.fail = func(n int) error {
 		if n >= 2 && n <= 4 {
@@ -264,10 +269,10 @@ func TestTransientFailuresTolerated(t *testing.T) {
 func TestLostStopsChildAndReleasesAfter(t *testing.T) {
 	dir := t.TempDir()
 	events := filepath.Join(dir, "events")
-	b := local.New(local.Config{Dir: dir, Lock: "runner"})
+	b := local.Open(dir)
 	cfg := baseConfig(t, b, events)
-	cfg.RenewDeadline = 5 * time.Second
-	cfg.RetryPeriod = time.Second
+	cfg.Timings.RenewDeadline = 5 * time.Second
+	cfg.Timings.RetryPeriod = time.Second
 	done := make(chan error, 1)
 	go func() {
 		_, err := run(context.Background(), cfg)
@@ -296,20 +301,20 @@ func TestLostStopsChildAndReleasesAfter(t *testing.T) {
 func TestTTLTooShortRefused(t *testing.T) {
 	dir := t.TempDir()
 	events := filepath.Join(dir, "events")
-	f := &flaky{Backend: local.New(local.Config{Dir: dir, Lock: "runner"})}
+	f := newFlaky(dir)
 	cfg := baseConfig(t, f, events)
 	// 12s asked passes the check of the flags; the 10s the wrapper grants
 	// is not more than 9s + 2s grace.
-	cfg.LeaseDuration = 12 * time.Second
-	cfg.RenewDeadline = 9 * time.Second
-	cfg.RetryPeriod = time.Second
+	cfg.Timings.LeaseDuration = 12 * time.Second
+	cfg.Timings.RenewDeadline = 9 * time.Second
+	cfg.Timings.RetryPeriod = time.Second
 	_, err := run(context.Background(), cfg)
 	var ce *runner.ConfigError
 	if !errors.As(err, &ce) {
 		t.Fatalf("Run returned %v, want *ConfigError", err)
 	}
 	// The wrapper grants 10s whatever is asked: 1s more would do.
-	if want := fmt.Sprintf("raise --lease-duration above %v", cfg.LeaseDuration+time.Second); !strings.Contains(err.Error(), want) {
+	if want := fmt.Sprintf("raise --lease-duration above %v", cfg.Timings.LeaseDuration+time.Second); !strings.Contains(err.Error(), want) {
 		t.Errorf("error %q does not say %q", err, want)
 	}
 	if _, err := os.Stat(events); err == nil {
@@ -324,7 +329,7 @@ func TestTTLTooShortRefused(t *testing.T) {
 // that exited.
 func TestMarkerLostIsALostTerm(t *testing.T) {
 	dir := t.TempDir()
-	f := &flaky{Backend: local.New(local.Config{Dir: dir, Lock: "runner"})}
+	f := newFlaky(dir)
 	f.complete = fmt.Errorf("lock file removed: %w", backends.ErrLeaseLost)
 	cfg := baseConfig(t, f, filepath.Join(dir, "events"))
 	cfg.Child.Path, cfg.Child.Args = "/bin/sh", []string{"sh", "-c", "exit 0"}
@@ -334,7 +339,7 @@ func TestMarkerLostIsALostTerm(t *testing.T) {
 	if !errors.As(err, &lost) || !errors.Is(err, backends.ErrLeaseLost) {
 		t.Fatalf("Run returned %v (status %v), want a *LostError for the marker", err, status)
 	}
-	terms, err := f.History(context.Background(), 1)
+	terms, err := backends.ReadHistory(context.Background(), f, cfg.Lock, 1)
 	if err != nil || len(terms) != 1 {
 		t.Fatalf("history: %v, %v", terms, err)
 	}
@@ -345,7 +350,7 @@ func TestMarkerLostIsALostTerm(t *testing.T) {
 	if term.ExitCode != 0 || term.OnceKey != cfg.OnceKey {
 		t.Errorf("term %+v: want the command's exit code 0 and the once-key", term)
 	}
-	if m, err := f.Completed(context.Background(), cfg.OnceKey); err != nil || m != nil {
+	if m, err := backends.ReadMarker(context.Background(), f, cfg.Lock, cfg.OnceKey); err != nil || m != nil {
 		t.Errorf("marker %+v, %v: want none", m, err)
 	}
 }
@@ -359,18 +364,17 @@ func TestNewRefuses(t *testing.T) {
 		want   string
 	}{
 		{name: "defaults of the command line", change: func(c *runner.Config) {
-			c.LeaseDuration, c.RenewDeadline, c.RetryPeriod = runner.DefaultLeaseDuration, runner.DefaultRenewDeadline, runner.DefaultRetryPeriod
-			c.Child.KillGrace = runner.DefaultKillGrace
+			c.Timings = backends.DefaultTimings
 		}},
 		{name: "lease equals deadline plus grace", change: func(c *runner.Config) {
-			c.LeaseDuration, c.RenewDeadline, c.RetryPeriod, c.Child.KillGrace = 13*time.Second, 10*time.Second, 2*time.Second, 3*time.Second
+			c.Timings = backends.Timings{LeaseDuration: 13 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second, KillGrace: 3 * time.Second}
 		}, want: "--lease-duration (13s) must be greater than --renew-deadline (10s) + --kill-grace (3s)"},
 		{name: "retry too close to deadline", change: func(c *runner.Config) {
-			c.RenewDeadline, c.RetryPeriod = 2*time.Second, 2*time.Second
+			c.Timings.RenewDeadline, c.Timings.RetryPeriod = 2*time.Second, 2*time.Second
 		}, want: "1.2 × --retry-period"},
-		{name: "zero grace", change: func(c *runner.Config) { c.Child.KillGrace = 0 }, want: "--kill-grace must be greater than 0"},
-		{name: "zero lease", change: func(c *runner.Config) { c.LeaseDuration = 0 }, want: "--lease-duration must be greater than 0"},
-		{name: "overflowing deadline", change: func(c *runner.Config) { c.RenewDeadline = 1 << 62 }, want: "--renew-deadline 1281023h"},
+		{name: "zero grace", change: func(c *runner.Config) { c.Timings.KillGrace = 0 }, want: "--kill-grace must be greater than 0"},
+		{name: "zero lease", change: func(c *runner.Config) { c.Timings.LeaseDuration = 0 }, want: "--lease-duration must be greater than 0"},
+		{name: "overflowing deadline", change: func(c *runner.Config) { c.Timings.RenewDeadline = 1 << 62 }, want: "--renew-deadline 1281023h"},
 		{name: "negative wait", change: func(c *runner.Config) { c.Wait = -time.Second }, want: "--wait -1s: must not be negative"},
 		{name: "negative min-hold", change: func(c *runner.Config) { c.MinHold = -time.Second }, want: "--min-hold -1s"},
 		{name: "huge wait", change: func(c *runner.Config) { c.Wait = 400 * 24 * time.Hour }, want: "--wait 9600h0m0s is longer than the 8784h0m0s"},
@@ -378,7 +382,7 @@ func TestNewRefuses(t *testing.T) {
 		{name: "kill signal that stops nothing", change: func(c *runner.Config) { c.Child.KillSignal = syscall.SIGSTOP }, want: "--kill-signal SIGSTOP"},
 		{name: "once-key without a lifetime", change: func(c *runner.Config) { c.OnceKey = "k" }, want: "marker lifetime"},
 		{name: "no command", change: func(c *runner.Config) { c.Child.Args = nil }, want: "no command"},
-		{name: "no store", change: func(c *runner.Config) { c.Backend = nil }, want: "no store"},
+		{name: "no store", change: func(c *runner.Config) { c.Store = nil }, want: "no store"},
 		{name: "progress timeout", change: func(c *runner.Config) { c.ProgressTimeout, c.Progress = time.Second, runner.NewProgress() }},
 		{name: "progress timeout too short", change: func(c *runner.Config) {
 			c.ProgressTimeout, c.Progress = 999*time.Millisecond, runner.NewProgress()
@@ -399,7 +403,7 @@ func TestNewRefuses(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			cfg := baseConfig(t, local.New(local.Config{Dir: dir, Lock: "runner"}), filepath.Join(dir, "events"))
+			cfg := baseConfig(t, local.Open(dir), filepath.Join(dir, "events"))
 			tc.change(&cfg)
 			r, err := runner.New(cfg)
 			if tc.want == "" {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"time"
 
 	"github.com/leaderrun/leaderrun/backends"
@@ -20,16 +19,16 @@ import (
 type tenure struct {
 	r        *Runner
 	cfg      *Config
-	lease    backends.Lease
+	lease    Lease
 	slot     int
 	token    uint64
 	acquired time.Time
 	log      *slog.Logger
 }
 
-// lead runs the command under lease, of slot slot, with its prepared
-// watchdog sup.
-func (r *Runner) lead(ctx context.Context, lease backends.Lease, slot int, sup *signals.Supervisor) (signals.Status, error) {
+// lead runs the command under lease with its prepared watchdog sup.
+func (r *Runner) lead(ctx context.Context, lease Lease, sup *signals.Supervisor) (signals.Status, error) {
+	slot := lease.Slot()
 	t := &tenure{r: r, cfg: &r.cfg, lease: lease, slot: slot, token: lease.Token(), acquired: time.Now()}
 	t.log = r.log.With("token", t.token)
 	if r.cfg.Holders > 1 {
@@ -67,14 +66,14 @@ func (r *Runner) lead(ctx context.Context, lease backends.Lease, slot int, sup *
 // run already done (*DoneError), or its marker unreadable.
 func (t *tenure) admit(ctx context.Context) (time.Time, error) {
 	cfg := t.cfg
-	if err := validateGrantedTTL(t.lease.TTL(), cfg.LeaseDuration, cfg.RenewDeadline, cfg.Child.KillGrace); err != nil {
-		return time.Time{}, err
+	if err := cfg.Timings.CheckGranted(t.lease.TTL()); err != nil {
+		return time.Time{}, &ConfigError{msg: err.Error()}
 	}
 	lastAck, err := t.r.fresh(ctx, t.lease)
 	if err != nil {
 		return time.Time{}, &LostError{Reason: err}
 	}
-	deadline := lastAck.Add(cfg.RenewDeadline)
+	deadline := lastAck.Add(cfg.Timings.RenewDeadline)
 	t.log.Info("leadership acquired", "ttl", t.lease.TTL())
 	cfg.Observer.Observe(Event{Kind: Acquired, Token: t.token, Deadline: deadline})
 	if cfg.OnceKey != "" {
@@ -94,12 +93,12 @@ func (t *tenure) admit(ctx context.Context) (time.Time, error) {
 // (unsafe_on.go).
 func (t *tenure) start(sup *signals.Supervisor, lastAck time.Time) (*signals.Child, error) {
 	cfg := t.cfg
-	deadline := lastAck.Add(cfg.RenewDeadline)
+	deadline := lastAck.Add(cfg.Timings.RenewDeadline)
 	firstDeadline := deadline
 	if unsafeLateKill {
 		firstDeadline = time.Time{}
 	}
-	c, err := sup.Start(childEnv(cfg.Env, *cfg, t.token, t.slot), firstDeadline, heldFile(t.lease))
+	c, err := sup.Start(childEnv(cfg.Env, *cfg, t.token, t.slot), firstDeadline, t.lease.LockFile())
 	if err != nil {
 		return nil, err
 	}
@@ -138,12 +137,12 @@ func (t *tenure) notStarted(err error) *backends.Term {
 }
 
 // completed reads the marker of the once-key, under the lock: of the
-// whole pool, or of the own slot alone (see completedIn).
+// whole pool, or of the own slot alone with --once-per-slot.
 func (t *tenure) completed(ctx context.Context) (*backends.Marker, error) {
 	cfg := t.cfg
 	rctx, cancel := context.WithTimeout(ctx, markerTimeout)
 	defer cancel()
-	m, err := t.r.completedIn(rctx, t.slot)
+	m, err := t.lease.Completed(rctx, cfg.OnceKey, cfg.OncePerSlot)
 	if err != nil {
 		return nil, fmt.Errorf("read the completion marker of %q for lock %q: %w", cfg.OnceKey, cfg.Lock, err)
 	}
@@ -183,7 +182,7 @@ const releaseTimeout = 5 * time.Second
 
 // release gives the lease back on its own bounded context: it must happen
 // even when the run was cancelled (S8: only ever after the child is gone).
-func (r *Runner) release(lease backends.Lease, term *backends.Term) {
+func (r *Runner) release(lease Lease, term *backends.Term) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	if err := lease.Release(ctx, term); err != nil {
@@ -194,17 +193,13 @@ func (r *Runner) release(lease backends.Lease, term *backends.Term) {
 	r.cfg.Observer.Observe(Event{Kind: Released, Token: lease.Token()})
 }
 
-// lockHolder is a lease whose lock is an open file (the local backend's
-// flock): the command's watchdog holds it too, so that the kernel cannot
-// hand the lock on while any of the command's tree runs, even after
-// leaderrun died (docs/safety.md, S10).
-type lockHolder interface {
-	LockFile() *os.File
+// slotted tells its observer which slot the run holds, on every event.
+type slotted struct {
+	Observer
+	slot int
 }
 
-func heldFile(lease backends.Lease) *os.File {
-	if h, ok := lease.(lockHolder); ok {
-		return h.LockFile()
-	}
-	return nil
+func (s slotted) Observe(e Event) {
+	e.Slot = s.slot
+	s.Observer.Observe(e)
 }

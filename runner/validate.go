@@ -19,12 +19,6 @@ func configErrorf(format string, args ...any) error {
 	return &ConfigError{msg: fmt.Sprintf(format, args...)}
 }
 
-// MaxDuration bounds every lease-related duration (--lease-duration,
-// --renew-deadline, --retry-period, --kill-grace): a day is longer than
-// any store's lease needs to be, and with every term bounded the sums below
-// cannot overflow.
-const MaxDuration = 24 * time.Hour
-
 // MaxWait bounds --wait, --min-hold and --once-per, so that no deadline
 // computed from them can overflow.
 const MaxWait = 366 * 24 * time.Hour
@@ -33,18 +27,18 @@ const MaxWait = 366 * 24 * time.Hour
 // starts: the timings and how they relate, the lease duration against
 // what the store accepts, the waits, the kill signal and the once-key.
 func (c *Config) validate() error {
-	if c.Backend == nil {
+	if c.Store == nil {
 		return configErrorf("no store to campaign in")
 	}
 	if c.Child.Path == "" || len(c.Child.Args) == 0 {
 		return configErrorf("no command given")
 	}
-	if err := validateTimings(c.LeaseDuration, c.RenewDeadline, c.RetryPeriod, c.Child.KillGrace); err != nil {
-		return err
+	if err := c.Timings.Validate(); err != nil {
+		return &ConfigError{msg: err.Error()}
 	}
-	if chk, ok := c.Backend.(backends.LeaseDurationChecker); ok {
-		if err := chk.CheckLeaseDuration(c.LeaseDuration); err != nil {
-			return configErrorf("--lease-duration %v: %v", c.LeaseDuration, err)
+	if chk, ok := c.Store.(backends.LeaseDurationChecker); ok {
+		if err := chk.CheckLeaseDuration(c.Timings.LeaseDuration); err != nil {
+			return configErrorf("--lease-duration %v: %v", c.Timings.LeaseDuration, err)
 		}
 	}
 	if err := c.validateWaits(); err != nil {
@@ -79,32 +73,6 @@ func (c *Config) validateProgress() error {
 	return nil
 }
 
-// validateTimings checks how the timings relate, as client-go's elector
-// does.
-func validateTimings(lease, deadline, retry, grace time.Duration) error {
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"--lease-duration", lease}, {"--renew-deadline", deadline}, {"--retry-period", retry}, {"--kill-grace", grace}} {
-		if d.v <= 0 {
-			return configErrorf("%s must be greater than 0, got %v", d.name, d.v)
-		}
-		if d.v > MaxDuration {
-			return configErrorf("%s %v is longer than the %v this tool accepts", d.name, d.v, MaxDuration)
-		}
-	}
-	// Each term is at most a day, so these sums and products are far from
-	// overflowing an int64 of nanoseconds.
-	if lease <= deadline+grace {
-		return configErrorf("--lease-duration (%v) must be greater than --renew-deadline (%v) + --kill-grace (%v), "+
-			"or the child could outlive the lease", lease, deadline, grace)
-	}
-	if 5*deadline <= 6*retry {
-		return configErrorf("--renew-deadline (%v) must be greater than 1.2 × --retry-period (%v)", deadline, retry)
-	}
-	return nil
-}
-
 // validateWaits checks --wait and --min-hold.
 func (c *Config) validateWaits() error {
 	for _, d := range []struct {
@@ -124,17 +92,13 @@ func (c *Config) validateWaits() error {
 	return nil
 }
 
-// validateGrantedTTL checks the TTL the store actually granted for the
-// lease duration asked, which may differ from it (etcd rounds to whole
-// seconds; ZooKeeper's TTL leaves out how much earlier than its session
-// timeout an ensemble may expire a session). Zero means the lease never
-// expires by itself. The message says which lease duration would do, on
-// the assumption that the store grants what is asked less the same
-// amount, as it does unless it caps the TTL.
-func validateGrantedTTL(ttl, asked, deadline, grace time.Duration) error {
-	if ttl > 0 && ttl <= deadline+grace {
-		return configErrorf("the store granted a lease of %v for --lease-duration %v, not more than --renew-deadline (%v) + --kill-grace (%v): "+
-			"raise --lease-duration above %v, or lower --renew-deadline or --kill-grace", ttl, asked, deadline, grace, asked+deadline+grace-ttl)
+// validatePool checks --holders and --once-per-slot.
+func (c *Config) validatePool() error {
+	if c.Holders < 1 || c.Holders > backends.MaxHolders {
+		return configErrorf("--holders %d: want 1-%d", c.Holders, backends.MaxHolders)
+	}
+	if c.OncePerSlot && c.OnceKey == "" {
+		return configErrorf("--once-per-slot needs --once-per or --once-key")
 	}
 	return nil
 }
