@@ -115,7 +115,10 @@ func (e *elector) explain(ctx, wctx context.Context, err error) error {
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case wctx.Err() != nil && e.answered.Load():
-		return fmt.Errorf("%s still held by another candidate after --wait %v: %w", e.what(), e.c.Wait, ErrLocked)
+		if e.c.Holders > 1 {
+			return &HeldError{Reason: fmt.Sprintf("all %d slots of lock %q still held after --wait %v", e.c.Holders, e.lock, e.c.Wait)}
+		}
+		return &HeldError{Reason: fmt.Sprintf("lock %q still held by another candidate after --wait %v", e.lock, e.c.Wait)}
 	case wctx.Err() != nil:
 		e.mu.Lock()
 		last := e.lastErr
@@ -125,18 +128,21 @@ func (e *elector) explain(ctx, wctx context.Context, err error) error {
 		}
 		return fmt.Errorf("no answer from %s within --wait %v: %w", e.store.Name(), e.c.Wait, last)
 	case errors.Is(err, ErrLocked):
-		return fmt.Errorf("%s held by another candidate (--try): %w", e.what(), err)
+		if e.c.Holders > 1 {
+			return &HeldError{Reason: fmt.Sprintf("all %d slots of lock %q are held (--try)", e.c.Holders, e.lock)}
+		}
+		return &HeldError{Reason: fmt.Sprintf("lock %q is held by another candidate (--try)", e.lock)}
 	}
 	return err
 }
 
-// what names the lock, or its pool, in messages.
-func (e *elector) what() string {
-	if e.c.Holders > 1 {
-		return fmt.Sprintf("all %d slots of lock %q are", e.c.Holders, e.lock)
-	}
-	return fmt.Sprintf("lock %q is", e.lock)
-}
+// HeldError is a campaign that gave up because the lock (every slot of
+// its pool) stayed held: --try found it held, or --wait ran out while the
+// store answered. It wraps ErrLocked.
+type HeldError struct{ Reason string }
+
+func (e *HeldError) Error() string { return e.Reason }
+func (e *HeldError) Unwrap() error { return ErrLocked }
 
 // candidacy is one candidate's campaign for one lock, as its kind of
 // store needs it (record.go, queue.go). step runs until the candidate

@@ -49,9 +49,9 @@ func updateDoc(ctx context.Context, lk Lock, name string, change func([]byte) ([
 	return fmt.Errorf("%s of %s: %w", name, lk.Key(), err)
 }
 
-// decodeTerms reads a history document. One that cannot be read (written
+// DecodeTerms reads a history document. One that cannot be read (written
 // by hand, or cut short) starts over rather than stops every release.
-func decodeTerms(data []byte) []Term {
+func DecodeTerms(data []byte) []Term {
 	var terms []Term
 	if len(data) > MaxDoc || json.Unmarshal(data, &terms) != nil {
 		return nil
@@ -63,7 +63,7 @@ func decodeTerms(data []byte) []Term {
 // terms within maxHistoryBytes.
 func appendTerm(ctx context.Context, lk Lock, t Term) error {
 	return updateDoc(ctx, lk, DocHistory, func(data []byte) ([]byte, error) {
-		terms := append(decodeTerms(data), t)
+		terms := append(DecodeTerms(data), t)
 		slices.SortStableFunc(terms, func(a, b Term) int { return cmp.Compare(a.Token, b.Token) })
 		terms = terms[max(len(terms)-HistoryLimit, 0):]
 		for {
@@ -83,7 +83,7 @@ func readHistory(ctx context.Context, lk Lock, limit int) ([]Term, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewestFirst(decodeTerms(d.Data), limit), nil
+	return NewestFirst(DecodeTerms(d.Data), limit), nil
 }
 
 // NewestFirst sorts terms by token, newest first, drops duplicates of one

@@ -34,10 +34,11 @@ type store struct {
 	// variables (KUBECONFIG, DATABASE_URL, PG*) never select a store.
 	// Nil: never inferred (local).
 	selected func(c *cli.Context) bool
-	// open validates the store's flags and builds the backend. It must
-	// not wait on the network: a store that cannot be reached shows in the
-	// first Campaign or Status.
-	open func(c *cli.Context, cfg storeConfig) (backends.Backend, error)
+	// open validates the store's flags and opens the store. It must not
+	// wait on the network: a store that cannot be reached shows in the
+	// first campaign or status. It reads no timing flag: the store gets
+	// the run's timings with every campaign (backends.Claim).
+	open func(c *cli.Context, cfg storeConfig) (backends.Store, error)
 	// handOver, when set, runs once the store is chosen, before any
 	// signal is caught or anything started: a leaderrun built without the
 	// store's backend checks the store's flags and replaces itself with
@@ -63,11 +64,11 @@ var localStore = store{
 				Usage: "`DIR` of the local backend's lock and token files: this user's or root's, writable by its owner alone (created 0700 if missing)"},
 		}
 	},
-	open: func(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
+	open: func(c *cli.Context, cfg storeConfig) (backends.Store, error) {
 		if strings.TrimSpace(c.String("state-dir")) == "" {
 			return nil, usageErrorf("--state-dir must not be empty")
 		}
-		return local.New(local.Config{Dir: c.String("state-dir"), Lock: cfg.Lock}), nil
+		return local.Open(c.String("state-dir")), nil
 	},
 	address: "--backend local for a single host",
 }
@@ -144,7 +145,9 @@ func newLogger(c *cli.Context, w *os.File) (*slog.Logger, error) {
 	return nil, usageErrorf("--log-format %q: want text or json", c.String("log-format"))
 }
 
-// storeConfig is what every backend constructor needs.
+// storeConfig is what every store's constructor needs: the lock is
+// named only for a companion's hand-over, which checks it; the store
+// hands out every lock.
 type storeConfig struct {
 	Lock   string
 	Prefix string
@@ -231,8 +234,8 @@ func commandLineFlags(c *cli.Context) map[string]bool {
 // argsKey is where run keeps the raw arguments in the app's Metadata.
 const argsKey = "args"
 
-// openBackend validates the store flags and builds the chosen backend.
-func openBackend(c *cli.Context) (backends.Backend, store, error) {
+// openStore validates the store flags and opens the chosen store.
+func openStore(c *cli.Context) (backends.Store, store, error) {
 	s, err := storeToServe(c)
 	if err != nil {
 		return nil, s, err

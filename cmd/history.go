@@ -34,11 +34,11 @@ func historyCommand(st *state) *cli.Command {
 			if err != nil {
 				return err
 			}
-			return withStore(c, "history", func(ctx context.Context, backend backends.Backend) error {
+			return withStore(c, "history", func(ctx context.Context, s backends.Store) error {
 				if holders > 1 {
-					return poolHistory(ctx, c, st, backend, holders, limit)
+					return poolHistory(ctx, c, st, s, holders, limit)
 				}
-				terms, err := backend.History(ctx, limit)
+				terms, err := backends.ReadHistory(ctx, s, c.String("lock"), limit)
 				if err != nil {
 					return err
 				}

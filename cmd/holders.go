@@ -22,11 +22,11 @@ func holdersFlag(usage string) cli.Flag {
 	return &cli.IntFlag{Name: "holders", Category: categoryLock, EnvVars: []string{"LEADERRUN_HOLDERS"}, Value: 1, Usage: usage}
 }
 
-// holdersOf reads --holders: 1 to runner.MaxHolders.
+// holdersOf reads --holders: 1 to backends.MaxHolders.
 func holdersOf(c *cli.Context) (int, error) {
 	n := c.Int("holders")
-	if n < 1 || n > runner.MaxHolders {
-		return 0, usageErrorf("--holders %d: want 1-%d", n, runner.MaxHolders)
+	if n < 1 || n > backends.MaxHolders {
+		return 0, usageErrorf("--holders %d: want 1-%d", n, backends.MaxHolders)
 	}
 	return n, nil
 }
@@ -62,14 +62,10 @@ type poolJSON struct {
 
 // poolStatus prints the holder of every slot of a pool of n;
 // errNoLeader if no slot is held.
-func poolStatus(ctx context.Context, c *cli.Context, st *state, backend backends.Backend, n int) error {
-	p := poolJSON{Lock: c.String("lock"), Backend: backend.Name(), Holders: n}
+func poolStatus(ctx context.Context, c *cli.Context, st *state, store backends.Store, n int) error {
+	p := poolJSON{Lock: c.String("lock"), Backend: store.Name(), Holders: n}
 	for i := range n {
-		b := backend.Slot(i)
-		s, err := b.Status(ctx)
-		if i > 0 {
-			b.Close()
-		}
+		s, err := backends.ReadStatus(ctx, store, backends.SlotLock(p.Lock, i))
 		if err != nil {
 			return fmt.Errorf("slot %d: %w", i, err)
 		}
@@ -122,14 +118,10 @@ type slotTerm struct {
 
 // poolHistory prints the newest limit terms of all n slots of a pool,
 // newest first by when they ended, each with its slot.
-func poolHistory(ctx context.Context, c *cli.Context, st *state, backend backends.Backend, n, limit int) error {
+func poolHistory(ctx context.Context, c *cli.Context, st *state, store backends.Store, n, limit int) error {
 	var all []slotTerm
 	for i := range n {
-		b := backend.Slot(i)
-		terms, err := b.History(ctx, limit)
-		if i > 0 {
-			b.Close()
-		}
+		terms, err := backends.ReadHistory(ctx, store, backends.SlotLock(c.String("lock"), i), limit)
 		if err != nil {
 			return fmt.Errorf("slot %d: %w", i, err)
 		}

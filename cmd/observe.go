@@ -1,6 +1,7 @@
 package cmd
 
 import (
+	"context"
 	"log/slog"
 	"os"
 
@@ -16,7 +17,7 @@ import (
 // observers builds what watches a run: the check socket, the memory
 // keeper, sd_notify when under systemd, and metrics when --metrics-addr is
 // set. cleanup stops them all; call it after the runner's Run returns.
-func observers(c *cli.Context, cfg *runner.Config, backend backends.Backend, log *slog.Logger) (runner.Observer, func(), error) {
+func observers(c *cli.Context, cfg *runner.Config, s backends.Store, log *slog.Logger) (runner.Observer, func(), error) {
 	var (
 		obs     runner.Observers
 		closers []func()
@@ -47,7 +48,7 @@ func observers(c *cli.Context, cfg *runner.Config, backend backends.Backend, log
 	obs = append(obs, mem)
 
 	if addr := c.String("metrics-addr"); addr != "" {
-		m := metrics.New(cfg.Lock, backend.Name())
+		m := metrics.New(cfg.Lock, s.Name())
 		ms, err := metrics.Serve(addr, m, metrics.Limits{})
 		if err != nil {
 			cleanup()
@@ -58,10 +59,11 @@ func observers(c *cli.Context, cfg *runner.Config, backend backends.Backend, log
 		obs = append(obs, m)
 	}
 
-	if n := notify.New(cfg.Lock, backend.Status, log); n != nil {
-		if iv := n.WatchdogInterval(); iv > 0 && iv < cfg.RetryPeriod {
+	status := func(ctx context.Context) (backends.Status, error) { return backends.ReadStatus(ctx, s, cfg.Lock) }
+	if n := notify.New(cfg.Lock, status, log); n != nil {
+		if iv := n.WatchdogInterval(); iv > 0 && iv < cfg.Timings.RetryPeriod {
 			log.Warn("systemd's WatchdogSec is shorter than two --retry-period; the watchdog may fire while renewals are healthy",
-				"watchdog_half", iv, "retry_period", cfg.RetryPeriod)
+				"watchdog_half", iv, "retry_period", cfg.Timings.RetryPeriod)
 		}
 		closers = append(closers, n.Close)
 		obs = append(obs, n)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/runner"
 	"github.com/leaderrun/leaderrun/signals"
 )
@@ -37,13 +38,13 @@ func runFlags() []cli.Flag {
 			Usage: "with --holders, a completed run counts in its own slot only (default: a run completed in any slot counts for the pool)"},
 		&cli.IntFlag{Name: "done-exit-code", Category: categoryLock, EnvVars: []string{"LEADERRUN_DONE_EXIT_CODE"}, Value: 0,
 			Usage: "exit `CODE` when the run for this period or key was already completed"},
-		&cli.DurationFlag{Name: "lease-duration", Category: categoryTiming, EnvVars: []string{"LEADERRUN_LEASE_DURATION"}, Value: runner.DefaultLeaseDuration,
+		&cli.DurationFlag{Name: "lease-duration", Category: categoryTiming, EnvVars: []string{"LEADERRUN_LEASE_DURATION"}, Value: backends.DefaultLeaseDuration,
 			Usage: "lease TTL `D` asked of the store; must exceed --renew-deadline + --kill-grace"},
-		&cli.DurationFlag{Name: "renew-deadline", Category: categoryTiming, EnvVars: []string{"LEADERRUN_RENEW_DEADLINE"}, Value: runner.DefaultRenewDeadline,
+		&cli.DurationFlag{Name: "renew-deadline", Category: categoryTiming, EnvVars: []string{"LEADERRUN_RENEW_DEADLINE"}, Value: backends.DefaultRenewDeadline,
 			Usage: "stop the command when no renewal was acknowledged for `D`, counted from the renewal's send time"},
-		&cli.DurationFlag{Name: "retry-period", Category: categoryTiming, EnvVars: []string{"LEADERRUN_RETRY_PERIOD"}, Value: runner.DefaultRetryPeriod,
+		&cli.DurationFlag{Name: "retry-period", Category: categoryTiming, EnvVars: []string{"LEADERRUN_RETRY_PERIOD"}, Value: backends.DefaultRetryPeriod,
 			Usage: "renew (and retry a failed renewal) every `D`"},
-		&cli.DurationFlag{Name: "kill-grace", Category: categoryChild, EnvVars: []string{"LEADERRUN_KILL_GRACE"}, Value: runner.DefaultKillGrace,
+		&cli.DurationFlag{Name: "kill-grace", Category: categoryChild, EnvVars: []string{"LEADERRUN_KILL_GRACE"}, Value: backends.DefaultKillGrace,
 			Usage: "time `D` between the kill signal and SIGKILL"},
 		&cli.StringFlag{Name: "kill-signal", Category: categoryChild, EnvVars: []string{"LEADERRUN_KILL_SIGNAL"}, Value: "SIGTERM",
 			Usage: "first `SIGNAL` sent to stop the command"},
@@ -86,13 +87,13 @@ func runAction(c *cli.Context, st *state) error {
 	sigs := catchSignals()
 	defer sigs.stop()
 	cfg.Signals = sigs.ch
-	backend, err := chosen.open(c, storeConfig{Lock: cfg.Lock, Prefix: c.String("prefix")})
+	s, err := chosen.open(c, storeConfig{Lock: cfg.Lock, Prefix: c.String("prefix")})
 	if err != nil {
 		return err
 	}
-	defer backend.Close()
-	cfg.Backend = backend
-	obs, cleanup, err := observers(c, &cfg, backend, log)
+	defer s.Close()
+	cfg.Store = s
+	obs, cleanup, err := observers(c, &cfg, s, log)
 	if err != nil {
 		return err
 	}
@@ -206,15 +207,17 @@ func (s *caught) stop() {
 // runner's to check.
 func runConfig(c *cli.Context, now time.Time) (runner.Config, error) {
 	cfg := runner.Config{
-		Lock:          c.String("lock"),
-		Identity:      c.String("identity"),
-		LeaseDuration: c.Duration("lease-duration"),
-		RenewDeadline: c.Duration("renew-deadline"),
-		RetryPeriod:   c.Duration("retry-period"),
-		Try:           c.Bool("try"),
-		Wait:          c.Duration("wait"),
-		MinHold:       c.Duration("min-hold"),
-		Child:         signals.Spec{KillGrace: c.Duration("kill-grace")},
+		Lock:     c.String("lock"),
+		Identity: c.String("identity"),
+		Timings: backends.Timings{
+			LeaseDuration: c.Duration("lease-duration"),
+			RenewDeadline: c.Duration("renew-deadline"),
+			RetryPeriod:   c.Duration("retry-period"),
+			KillGrace:     c.Duration("kill-grace"),
+		},
+		Try:     c.Bool("try"),
+		Wait:    c.Duration("wait"),
+		MinHold: c.Duration("min-hold"),
 
 		ProgressTimeout: c.Duration("progress-timeout"),
 	}

@@ -27,21 +27,21 @@ func readFlags(jsonUsage string, more ...cli.Flag) []cli.Flag {
 // withStore opens the chosen store for a command that reads it, and runs
 // read with a context bounded by --timeout. A store that does not answer in
 // time is unreachable (exit 69), whatever the backend said.
-func withStore(c *cli.Context, what string, read func(context.Context, backends.Backend) error) error {
+func withStore(c *cli.Context, what string, read func(context.Context, backends.Store) error) error {
 	if _, err := newLogger(c, os.Stderr); err != nil {
 		return err
 	}
-	backend, _, err := openBackend(c)
+	s, _, err := openStore(c)
 	if err != nil {
 		return err
 	}
-	defer backend.Close()
+	defer s.Close()
 	timeout := c.Duration("timeout")
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	err = read(ctx, backend)
+	err = read(ctx, s)
 	if errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, backends.ErrUnavailable) {
-		err = fmt.Errorf("no answer from %s within --timeout %v: %w: %w", backend.Name(), timeout, backends.ErrUnavailable, err)
+		err = fmt.Errorf("no answer from %s within --timeout %v: %w: %w", s.Name(), timeout, backends.ErrUnavailable, err)
 	}
 	if err != nil && !errors.Is(err, errNoLeader) {
 		return fmt.Errorf("%s of %q: %w", what, c.String("lock"), err)
@@ -59,34 +59,35 @@ func statusCommand(st *state) *cli.Command {
 		OnUsageError: onUsageError,
 		Action: func(c *cli.Context) error {
 			st.command = "status "
-			return withStore(c, "status", func(ctx context.Context, backend backends.Backend) error {
-				return status(ctx, c, st, backend)
+			return withStore(c, "status", func(ctx context.Context, s backends.Store) error {
+				return status(ctx, c, st, s)
 			})
 		},
 	}
 }
 
 // status prints who holds the lock; errNoLeader if nobody does.
-func status(ctx context.Context, c *cli.Context, st *state, backend backends.Backend) error {
+func status(ctx context.Context, c *cli.Context, st *state, store backends.Store) error {
+	lock := c.String("lock")
 	if n, err := holdersOf(c); err != nil || n > 1 {
 		if err != nil {
 			return err
 		}
-		return poolStatus(ctx, c, st, backend, n)
+		return poolStatus(ctx, c, st, store, n)
 	}
-	s, err := backend.Status(ctx)
+	s, err := backends.ReadStatus(ctx, store, lock)
 	if err != nil {
 		return err
 	}
 	if !c.IsSet("holders") && s.Held && s.Holders > 1 {
 		// The lock's holder campaigns in a pool: show every slot, as
 		// --holders would.
-		return poolStatus(ctx, c, st, backend, min(s.Holders, runner.MaxHolders))
+		return poolStatus(ctx, c, st, store, min(s.Holders, backends.MaxHolders))
 	}
 	// The last term is a courtesy: a store that cannot read its history
 	// still gives its status.
 	var last *backends.Term
-	if terms, err := backend.History(ctx, 1); err == nil && len(terms) == 1 {
+	if terms, err := backends.ReadHistory(ctx, store, lock, 1); err == nil && len(terms) == 1 {
 		last = &terms[0]
 	}
 	if c.Bool("json") {

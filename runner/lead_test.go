@@ -105,10 +105,10 @@ func fixture(t *testing.T, mutate func(*Config)) (*leadership, *fakeChild, *even
 	t.Helper()
 	ev := &events{}
 	cfg := Config{
-		Timings: backends.DefaultTimings,
-		Child:   signals.Spec{KillGrace: 3 * time.Second, KillSignal: syscall.SIGTERM},
-		Observer:      ev,
-		Log:           slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Timings:  backends.DefaultTimings,
+		Child:    signals.Spec{KillGrace: 3 * time.Second, KillSignal: syscall.SIGTERM},
+		Observer: ev,
+		Log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -365,8 +365,8 @@ func (l *fakeLease) Token() uint64                   { return 7 }
 func (l *fakeLease) TTL() time.Duration              { return 15 * time.Second }
 func (l *fakeLease) Acquired() time.Time             { return time.Now() }
 func (l *fakeLease) Renew(ctx context.Context) error { return l.Err() }
-func (l *fakeLease) Slot() int          { return 0 }
-func (l *fakeLease) LockFile() *os.File { return nil }
+func (l *fakeLease) Slot() int                       { return 0 }
+func (l *fakeLease) LockFile() *os.File              { return nil }
 func (l *fakeLease) Completed(context.Context, string, bool) (*backends.Marker, error) {
 	return nil, nil
 }
@@ -384,7 +384,7 @@ func TestRunWaitsForChildTree(t *testing.T) {
 	sigs := make(chan os.Signal, 1)
 	cfg := Config{
 		Timings: backends.DefaultTimings,
-		Child: signals.Spec{KillGrace: 3 * time.Second, KillSignal: syscall.SIGTERM}, Observer: ev,
+		Child:   signals.Spec{KillGrace: 3 * time.Second, KillSignal: syscall.SIGTERM}, Observer: ev,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Signals: sigs,
 	}
 	c := newFakeChild()

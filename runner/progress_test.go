@@ -156,7 +156,7 @@ func TestRunStopsStalledChild(t *testing.T) {
 	ev := &events{seen: make(chan EventKind, 64)}
 	cfg := Config{
 		Timings: backends.DefaultTimings,
-		Child: signals.Spec{KillGrace: 3 * time.Second, KillSignal: syscall.SIGTERM}, Observer: ev,
+		Child:   signals.Spec{KillGrace: 3 * time.Second, KillSignal: syscall.SIGTERM}, Observer: ev,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), ProgressTimeout: timeout, Progress: NewProgress(),
 	}
 	c := newFakeChild()

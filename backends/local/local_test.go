@@ -37,7 +37,9 @@ func TestWaiterWokenTooEarlyTriesAgain(t *testing.T) {
 	dir := t.TempDir()
 	s := local.Open(dir)
 	defer s.Close()
-	cand := func(id string) backends.Candidate { return backends.Candidate{Identity: id, Timings: backends.DefaultTimings} }
+	cand := func(id string) backends.Candidate {
+		return backends.Candidate{Identity: id, Timings: backends.DefaultTimings}
+	}
 	holder, err := backends.Campaign(context.Background(), s, "early", cand("holder"))
 	if err != nil {
 		t.Fatal(err)
