@@ -129,9 +129,9 @@ func (e *elector) explain(ctx, wctx context.Context, err error) error {
 		return fmt.Errorf("no answer from %s within --wait %v: %w", e.store.Name(), e.c.Wait, last)
 	case errors.Is(err, ErrLocked):
 		if e.c.Holders > 1 {
-			return &HeldError{Reason: fmt.Sprintf("all %d slots of lock %q are held (--try)", e.c.Holders, e.lock)}
+			return &HeldError{Reason: fmt.Sprintf("all %d slots of lock %q are held (--try)", e.c.Holders, e.lock), Cause: err}
 		}
-		return &HeldError{Reason: fmt.Sprintf("lock %q is held by another candidate (--try)", e.lock)}
+		return &HeldError{Reason: fmt.Sprintf("lock %q is held by another candidate (--try)", e.lock), Cause: err}
 	}
 	return err
 }
@@ -139,10 +139,21 @@ func (e *elector) explain(ctx, wctx context.Context, err error) error {
 // HeldError is a campaign that gave up because the lock (every slot of
 // its pool) stayed held: --try found it held, or --wait ran out while the
 // store answered. It wraps ErrLocked.
-type HeldError struct{ Reason string }
+type HeldError struct {
+	// Reason says which lock stayed held, and why the campaign gave up.
+	Reason string
+	// Cause is the store's own word on it (who holds the lock), if any.
+	Cause error
+}
 
 func (e *HeldError) Error() string { return e.Reason }
-func (e *HeldError) Unwrap() error { return ErrLocked }
+
+func (e *HeldError) Unwrap() error {
+	if e.Cause != nil {
+		return e.Cause
+	}
+	return ErrLocked
+}
 
 // candidacy is one candidate's campaign for one lock, as its kind of
 // store needs it (record.go, queue.go). step runs until the candidate

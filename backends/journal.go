@@ -17,9 +17,9 @@ import (
 // also on the lease, see Lease.Complete), and both are bounded, so that a
 // store's object, item or annotation never grows past what it takes.
 const (
-	// maxHistoryBytes bounds the history document: the oldest terms go
-	// first.
-	maxHistoryBytes = 64 << 10
+	// MaxHistoryDoc bounds the history document, the larger of the two
+	// that leaderrun writes: the oldest terms go first.
+	MaxHistoryDoc = 64 << 10
 	// maxMarkers and maxMarkerBytes bound the markers document: the
 	// expired go first, then the oldest.
 	maxMarkers     = 64
@@ -60,7 +60,7 @@ func DecodeTerms(data []byte) []Term {
 }
 
 // appendTerm adds t to lk's history, keeping the newest HistoryLimit
-// terms within maxHistoryBytes.
+// terms within MaxHistoryDoc.
 func appendTerm(ctx context.Context, lk Lock, t Term) error {
 	return updateDoc(ctx, lk, DocHistory, func(data []byte) ([]byte, error) {
 		terms := append(DecodeTerms(data), t)
@@ -68,7 +68,7 @@ func appendTerm(ctx context.Context, lk Lock, t Term) error {
 		terms = terms[max(len(terms)-HistoryLimit, 0):]
 		for {
 			out, err := json.Marshal(terms)
-			if err != nil || len(out) <= maxHistoryBytes || len(terms) == 1 {
+			if err != nil || len(out) <= MaxHistoryDoc || len(terms) == 1 {
 				return out, err
 			}
 			terms = terms[1:]

@@ -44,7 +44,7 @@ var etcdStore = store{
 	credentials: []string{"ETCDCTL_USER", "ETCDCTL_PASSWORD", "ETCDCTL_CERT", "ETCDCTL_KEY"},
 }
 
-func newEtcdBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
+func newEtcdBackend(c *cli.Context, cfg storeConfig) (backends.Store, error) {
 	endpoints, err := etcdEndpoints(c.String("etcd-endpoints"))
 	if err != nil {
 		return nil, err
@@ -83,14 +83,13 @@ func newEtcdBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	return etcd.New(etcd.Config{
+	return etcd.Open(etcd.Config{
 		Endpoints:   endpoints,
 		TLS:         tlsCfg,
 		Username:    user,
 		Password:    password,
 		DialTimeout: dial,
 		Prefix:      cfg.Prefix,
-		Lock:        cfg.Lock,
 		Log:         log,
 	})
 }

@@ -37,10 +37,10 @@ const (
 )
 
 // What leaderrun reads from etcd is small: at most two candidates' keys
-// (their values are identities, at most 256 bytes), a count, one marker,
-// watch events on one key, and the history, read in pages of historyPage
-// terms of at most maxTermBytes each (under 100 KiB a page, with long
-// keys). recvLimit bounds every answer above that, and well below what
+// (their values are identities, at most 256 bytes), a count, watch events
+// on one key, and a lock's two documents (at most 64 KiB of history, 16 KiB
+// of markers: backends/journal.go). recvLimit bounds every answer above
+// that, and well below what
 // could hurt: the smallest protobuf elements decode into many times their
 // size (an empty KeyValue is 2 bytes on the wire and about 170 bytes in
 // memory, measured by TestReceiveLimitBoundsMemory), so an answer of
@@ -50,17 +50,15 @@ const (
 // sends (e2e TestEtcdHostileStore; 256 KiB came to 60 MiB). A larger
 // answer fails its request with "received message larger than max".
 const (
-	recvLimit    = 128 << 10
-	historyPage  = 20
-	maxTermBytes = 4 << 10
+	recvLimit = 128 << 10
 
 	// maxHeaderList bounds the headers and trailers of one answer
 	// (etcd's are a few hundred bytes; gRPC's default is 16 MiB).
 	maxHeaderList = 64 << 10
 )
 
-// Config describes one lock in one etcd cluster. The zero value of each
-// field is noted.
+// Config describes one etcd cluster. The zero value of each field is
+// noted.
 type Config struct {
 	// Endpoints are the client URLs of the cluster's members, as etcdctl
 	// takes them: http://host:port, https://host:port, host:port (TLS if
@@ -82,13 +80,12 @@ type Config struct {
 	// Zero: DefaultDialTimeout.
 	DialTimeout time.Duration
 
-	// Prefix and Lock name the election: <Prefix><Lock>. Lock is required;
-	// see backends.ValidateLockName.
-	Prefix, Lock string
+	// Prefix begins the key of every lock: the election of lock L is
+	// <Prefix>L.
+	Prefix string
 
-	// Log receives a line when a waiting candidate has to campaign again,
-	// and the etcd client's own warnings and errors. Nil: nothing is
-	// logged.
+	// Log receives the etcd client's own warnings and errors. Nil:
+	// nothing is logged.
 	Log *slog.Logger
 }
 

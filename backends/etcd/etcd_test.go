@@ -18,13 +18,13 @@ import (
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
-// etcdLease is what the tests need of the backend's lease beyond
-// backends.Lease.
-type etcdLease interface {
-	backends.Lease
+// etcdGrant is what the tests need of the store's grant.
+type etcdGrant interface {
 	Key() string
-	ID() int64
+	ID() clientv3.LeaseID
 }
+
+func grantOf(l *backends.Lease) etcdGrant { return l.Grant().(etcdGrant) }
 
 // TestEtcd runs every test of the backend against one real etcd: starting
 // one costs about a second.
@@ -65,57 +65,65 @@ type env struct {
 	cli *clientv3.Client
 }
 
-// testBackend asks every campaign for the lease duration it was built with,
-// as the runner would.
-type testBackend struct {
-	*etcd.Backend
-	ttl time.Duration
+// candidate campaigns for one lock through a store of its own, with the
+// lease duration it was made with, as the runner would.
+type candidate struct {
+	s    *etcd.Store
+	lock string
+	ttl  time.Duration
 }
 
-func (b testBackend) Campaign(ctx context.Context, o backends.CampaignOptions) (backends.Lease, error) {
-	o.LeaseDuration = b.ttl
-	return b.Backend.Campaign(ctx, o)
+// timings are valid timings around a lease of ttl.
+func timings(ttl time.Duration) backends.Timings {
+	return backends.Timings{LeaseDuration: ttl, RenewDeadline: ttl / 2, RetryPeriod: ttl / 5, KillGrace: ttl / 4}
 }
 
-func newBackend(t *testing.T, eps []string, lock string, ttl time.Duration) testBackend {
+func (c candidate) Campaign(ctx context.Context, id string, try bool) (*backends.Lease, error) {
+	return backends.Campaign(ctx, c.s, c.lock, backends.Candidate{Identity: id, Try: try, Timings: timings(c.ttl)})
+}
+
+func (c candidate) Status(ctx context.Context) (backends.Status, error) {
+	return backends.ReadStatus(ctx, c.s, c.lock)
+}
+
+func open(t *testing.T, eps []string, dial time.Duration) *etcd.Store {
 	t.Helper()
-	b, err := etcd.New(etcd.Config{Endpoints: eps, Prefix: "leaderrun-test/", Lock: lock, DialTimeout: 2 * time.Second})
+	s, err := etcd.Open(etcd.Config{Endpoints: eps, Prefix: "leaderrun-test/", DialTimeout: dial})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { b.Close() })
-	return testBackend{b, ttl}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func newBackend(t *testing.T, eps []string, lock string, ttl time.Duration) candidate {
+	t.Helper()
+	return candidate{s: open(t, eps, 2*time.Second), lock: lock, ttl: ttl}
 }
 
 func testConformance(t *testing.T, env *env) {
 	backendtest.Run(t, backendtest.Harness{
-		New: func(t *testing.T, lock string) backends.Backend {
-			b, err := etcd.New(etcd.Config{Endpoints: env.eps, Prefix: "leaderrun-test/", Lock: lock})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return b
-		},
-		LeaseDuration: 5 * time.Second,
-		SlotGrants:    200,
-		Drop: func(t *testing.T, l backends.Lease) {
-			if _, err := env.cli.Revoke(context.Background(), clientv3.LeaseID(l.(etcdLease).ID())); err != nil {
+		Open:       func(t *testing.T) backends.Store { return open(t, env.eps, 0) },
+		Timings:    timings(5 * time.Second),
+		SlotGrants: 200,
+		Drop: func(t *testing.T, _ string, l *backends.Lease) {
+			if _, err := env.cli.Revoke(context.Background(), grantOf(l).ID()); err != nil {
 				t.Fatal(err)
 			}
 		},
 	})
 }
 
-func campaign(t *testing.T, b testBackend, id string) etcdLease {
+func campaign(t *testing.T, b candidate, id string) *backends.Lease {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	l, err := b.Campaign(ctx, backends.CampaignOptions{Identity: id})
+	l, err := b.Campaign(ctx, id, false)
 	if err != nil {
 		t.Fatalf("%s: campaign: %v", id, err)
 	}
 	t.Cleanup(func() { l.Release(context.Background(), nil) })
-	return l.(etcdLease)
+	return l
 }
 
 // keys lists the candidates' keys of lock, oldest first.
@@ -170,7 +178,7 @@ func testKeyDeleted(t *testing.T, env *env) {
 	cli := env.cli
 	b := newBackend(t, env.eps, "key-deleted", 5*time.Second)
 	l := campaign(t, b, "a")
-	if _, err := cli.Delete(context.Background(), l.Key()); err != nil {
+	if _, err := cli.Delete(context.Background(), grantOf(l).Key()); err != nil {
 		t.Fatal(err)
 	}
 	deleted := time.Now()
@@ -202,7 +210,7 @@ func testKeyOverwritten(t *testing.T, env *env) {
 	lock := "key-overwritten"
 	b := newBackend(t, env.eps, lock, 5*time.Second)
 	l := campaign(t, b, "a")
-	if _, err := env.cli.Put(context.Background(), l.Key(), "intruder"); err != nil {
+	if _, err := env.cli.Put(context.Background(), grantOf(l).Key(), "intruder"); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -232,15 +240,15 @@ func testTryLeavesNoTrace(t *testing.T, env *env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = b.Campaign(context.Background(), backends.CampaignOptions{Identity: "b", Try: true})
+	_, err = b.Campaign(context.Background(), "b", true)
 	if !errors.Is(err, backends.ErrLocked) {
 		t.Fatalf("try: %v, want ErrLocked", err)
 	}
-	if !strings.Contains(err.Error(), `"a"`) {
-		t.Errorf("error %q does not name the holder", err)
+	if cause := errors.Unwrap(err); cause == nil || !strings.Contains(cause.Error(), `"a"`) {
+		t.Errorf("error %q (cause %v) does not name the holder", err, cause)
 	}
-	if ks := keys(t, cli, lock); len(ks) != 1 || ks[0] != la.Key() {
-		t.Errorf("keys after try: %v, want only the holder's %s", ks, la.Key())
+	if ks := keys(t, cli, lock); len(ks) != 1 || ks[0] != grantOf(la).Key() {
+		t.Errorf("keys after try: %v, want only the holder's %s", ks, grantOf(la).Key())
 	}
 	after, err := cli.Leases(context.Background())
 	if err != nil {
@@ -258,10 +266,10 @@ func testWaiterSessionEnds(t *testing.T, env *env) {
 	lock := "waiter-session-ends"
 	a, b := newBackend(t, env.eps, lock, 5*time.Second), newBackend(t, env.eps, lock, 5*time.Second)
 	la := campaign(t, a, "a")
-	got := make(chan backends.Lease, 1)
+	got := make(chan *backends.Lease, 1)
 	errc := make(chan error, 1)
 	go func() {
-		l, err := b.Campaign(context.Background(), backends.CampaignOptions{Identity: "b"})
+		l, err := b.Campaign(context.Background(), "b", false)
 		errc <- err
 		got <- l
 	}()
@@ -294,9 +302,9 @@ func testWaiterSessionEnds(t *testing.T, env *env) {
 		if err != nil {
 			t.Fatalf("waiter: %v", err)
 		}
-		lb := (<-got).(etcdLease)
+		lb := <-got
 		defer lb.Release(context.Background(), nil)
-		if lb.Key() == first {
+		if grantOf(lb).Key() == first {
 			t.Errorf("waiter won with its revoked key %s", first)
 		}
 		if lb.Token() <= la.Token() {
@@ -316,10 +324,10 @@ func testAcquiredAfterWaiting(t *testing.T, env *env) {
 	lock := "acquired-after-waiting"
 	a, b := newBackend(t, env.eps, lock, 5*time.Second), newBackend(t, env.eps, lock, 5*time.Second)
 	la := campaign(t, a, "a")
-	got := make(chan backends.Lease, 1)
+	got := make(chan *backends.Lease, 1)
 	start := time.Now()
 	go func() {
-		l, err := b.Campaign(context.Background(), backends.CampaignOptions{Identity: "b"})
+		l, err := b.Campaign(context.Background(), "b", false)
 		if err != nil {
 			t.Errorf("waiter: %v", err)
 		}
@@ -359,7 +367,7 @@ func testCancelWhileStoreStalled(t *testing.T, env *env) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		_, err := b.Campaign(ctx, backends.CampaignOptions{Identity: "b"})
+		_, err := b.Campaign(ctx, "b", false)
 		errc <- err
 	}()
 	waitFor(t, "the waiter to queue", func() bool {
@@ -385,28 +393,30 @@ func testCancelWhileStoreStalled(t *testing.T, env *env) {
 	}
 }
 
-// testUnreachable: a store that cannot be reached fails fast, naming it.
+// testUnreachable: a store that cannot be reached fails a --try at once,
+// naming it; a candidate that waits retries it until its --wait ends, and
+// then fails the same way, since the store never answered.
 func testUnreachable(t *testing.T, env *env) {
 	ep := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))
-	for _, try := range []bool{false, true} {
-		b, err := etcd.New(etcd.Config{Endpoints: []string{ep}, Lock: "unreachable", DialTimeout: 300 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, tc := range []struct {
+		name string
+		try  bool
+		wait time.Duration
+	}{{"try", true, 0}, {"wait", false, 1500 * time.Millisecond}} {
+		s := open(t, []string{ep}, 300*time.Millisecond)
 		start := time.Now()
-		_, err = b.Campaign(context.Background(), backends.CampaignOptions{Identity: "a", Try: try})
+		_, err := backends.Campaign(context.Background(), s, "unreachable",
+			backends.Candidate{Identity: "a", Try: tc.try, Wait: tc.wait, Timings: timings(5 * time.Second)})
 		took := time.Since(start)
 		if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), ep) {
-			t.Errorf("try=%v: campaign: %v, want ErrUnavailable naming %s", try, err, ep)
+			t.Errorf("%s: campaign: %v, want ErrUnavailable naming %s", tc.name, err, ep)
 		}
-		if took > 2*time.Second {
-			t.Errorf("try=%v: took %v to give up, want about the dial timeout", try, took)
+		if took < tc.wait || took > tc.wait+2*time.Second {
+			t.Errorf("%s: took %v to give up, want about the dial timeout after %v", tc.name, took, tc.wait)
 		}
-		_, err = b.Status(context.Background())
-		if !errors.Is(err, backends.ErrUnavailable) {
+		if _, err = backends.ReadStatus(context.Background(), s, "unreachable"); !errors.Is(err, backends.ErrUnavailable) {
 			t.Errorf("status: %v, want ErrUnavailable", err)
 		}
-		b.Close()
 	}
 }
 
@@ -431,7 +441,7 @@ func testFailover(t *testing.T, env *env) {
 			for _, try := range []bool{false, true} {
 				b := newBackend(t, append([]string{tc.first}, env.eps...), "failover-"+tc.name, 5*time.Second)
 				start := time.Now()
-				l, err := b.Campaign(context.Background(), backends.CampaignOptions{Identity: "a", Try: try})
+				l, err := b.Campaign(context.Background(), "a", try)
 				took := time.Since(start)
 				if err != nil {
 					t.Fatalf("try=%v: campaign with %s first: %v", try, tc.name, err)
@@ -452,9 +462,9 @@ func testFailover(t *testing.T, env *env) {
 }
 
 // remaining is the time etcd says lease id has left, in whole seconds.
-func remaining(t *testing.T, cli *clientv3.Client, id int64) int64 {
+func remaining(t *testing.T, cli *clientv3.Client, id clientv3.LeaseID) int64 {
 	t.Helper()
-	resp, err := cli.TimeToLive(context.Background(), clientv3.LeaseID(id))
+	resp, err := cli.TimeToLive(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -472,19 +482,18 @@ func testOnlyRenewRenews(t *testing.T, env *env) {
 			b := newBackend(t, env.eps, fmt.Sprintf("only-renew-%v", try), 3*time.Second)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			got, err := b.Campaign(ctx, backends.CampaignOptions{Identity: "a", Try: try})
+			l, err := b.Campaign(ctx, "a", try)
 			if err != nil {
 				t.Fatal(err)
 			}
-			l := got.(etcdLease)
 			defer l.Release(context.Background(), nil)
 			won := time.Now()
-			waitFor(t, "the lease to run down to less than 1 s left", func() bool { return remaining(t, env.cli, l.ID()) == 0 })
+			waitFor(t, "the lease to run down to less than 1 s left", func() bool { return remaining(t, env.cli, grantOf(l).ID()) == 0 })
 			t.Logf("less than 1 s left %v after the campaign returned", time.Since(won).Round(time.Millisecond))
 			if err := l.Renew(context.Background()); err != nil {
 				t.Fatalf("renew: %v", err)
 			}
-			if left := remaining(t, env.cli, l.ID()); left < 2 {
+			if left := remaining(t, env.cli, grantOf(l).ID()); left < 2 {
 				t.Errorf("%d s left right after Renew, want the TTL back (3 s)", left)
 			}
 			select {
@@ -504,9 +513,9 @@ func testWaiterKeptAlive(t *testing.T, env *env) {
 	lock := "waiter-kept-alive"
 	a, b := newBackend(t, env.eps, lock, 30*time.Second), newBackend(t, env.eps, lock, 2*time.Second)
 	la := campaign(t, a, "a")
-	got := make(chan backends.Lease, 1)
+	got := make(chan *backends.Lease, 1)
 	go func() {
-		l, err := b.Campaign(context.Background(), backends.CampaignOptions{Identity: "b"})
+		l, err := b.Campaign(context.Background(), "b", false)
 		if err != nil {
 			t.Errorf("waiter: %v", err)
 		}
@@ -534,7 +543,7 @@ func testWaiterKeptAlive(t *testing.T, env *env) {
 		return
 	}
 	defer lb.Release(context.Background(), nil)
-	if k := lb.(etcdLease).Key(); k != queued {
+	if k := grantOf(lb).Key(); k != queued {
 		t.Errorf("won with %s, want the key it queued with, %s", k, queued)
 	}
 }

@@ -2,13 +2,10 @@ package etcd
 
 import (
 	"bytes"
-	"encoding/json"
 	"log/slog"
 	"runtime"
 	"strings"
 	"testing"
-	"time"
-	"unicode/utf8"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -70,46 +67,18 @@ func TestReceiveLimitBoundsMemory(t *testing.T) {
 	}
 }
 
-// TestHistoryPageFits: a page of the history at the largest terms that
-// leaderrun writes (a reason cut by encodeTerm, the longest identity made
-// of characters that JSON escapes) fits in recvLimit.
-func TestHistoryPageFits(t *testing.T) {
-	now := time.Now()
-	term := backends.Term{
-		Identity: strings.Repeat("<", 256),
-		Token:    1<<63 - 1, Acquired: now, Started: now, Ended: now,
-		End: backends.EndLost, ExitCode: 255, Signal: "SIGTERM",
-		Reason:  strings.Repeat("é<", 100_000),
-		OnceKey: strings.Repeat("k", 128),
-	}
-	data, err := encodeTerm(term)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(data) > maxTermBytes {
-		t.Fatalf("term of %d bytes, want at most %d", len(data), maxTermBytes)
-	}
-	var got backends.Term
-	if err := json.Unmarshal(data, &got); err != nil || !utf8.ValidString(got.Reason) || !strings.HasSuffix(got.Reason, "…") {
-		t.Fatalf("cut term does not read back with a valid, marked reason: %v %q", err, got.Reason)
-	}
+// TestDocumentFits: the largest document leaderrun writes (the history,
+// backends.MaxHistoryDoc) fits in one answer, under the longest key.
+func TestDocumentFits(t *testing.T) {
 	page := &pb.RangeResponse{Header: &pb.ResponseHeader{ClusterId: 1<<64 - 1, MemberId: 1<<64 - 1, Revision: 1<<63 - 1, RaftTerm: 1<<64 - 1},
-		More: true, Count: 1<<63 - 1}
-	for range historyPage {
-		page.Kvs = append(page.Kvs, &mvccpb.KeyValue{
+		Count: 1, Kvs: []*mvccpb.KeyValue{{
 			Key:            []byte(strings.Repeat("p", 512)), // a long --prefix, the longest lock
-			Value:          data,
+			Value:          bytes.Repeat([]byte{'x'}, backends.MaxHistoryDoc),
 			CreateRevision: 1<<63 - 1, ModRevision: 1<<63 - 1, Version: 1<<63 - 1, Lease: 1<<63 - 1,
-		})
-	}
-	t.Logf("a page of %d terms of %d bytes: %d bytes, limit %d", historyPage, len(data), proto.Size(page), recvLimit)
+		}}}
+	t.Logf("the largest document: %d bytes in an answer, limit %d", proto.Size(page), recvLimit)
 	if n := proto.Size(page); n > recvLimit {
-		t.Errorf("a page of the history is %d bytes, over recvLimit (%d)", n, recvLimit)
-	}
-	// A short reason is kept whole.
-	term.Reason = "key deleted"
-	if data, _ := encodeTerm(term); !bytes.Contains(data, []byte(`"reason":"key deleted"`)) {
-		t.Errorf("short reason not kept: %s", data)
+		t.Errorf("the largest document is %d bytes in an answer, over recvLimit (%d)", n, recvLimit)
 	}
 }
 
@@ -122,7 +91,7 @@ func TestClientLogRouted(t *testing.T) {
 	zl := zapLogger(log.With("lock", "x")).With(zap.String("target", "etcd-endpoints://0x1/127.0.0.1:2379"))
 	zl.Debug("backoff", zap.Uint("attempt", 1))
 	zl.Info("set etcd endpoints by autoSync")
-	zl.Warn("retrying of unary invoker failed", zap.String("method", "/etcdserverpb.KV/Range"), zap.Error(errFinal))
+	zl.Warn("retrying of unary invoker failed", zap.String("method", "/etcdserverpb.KV/Range"), zap.Error(errBadAnswer))
 	// An attempt that ended with leaderrun's own deadline: the caller
 	// reports it, once.
 	zl.Warn("retrying of unary invoker failed", zap.Error(status.Error(codes.DeadlineExceeded, "context deadline exceeded")))
@@ -132,7 +101,7 @@ func TestClientLogRouted(t *testing.T) {
 		t.Fatalf("logged %d lines, want the warning and the error:\n%s", len(lines), buf.String())
 	}
 	for _, want := range []string{"level=WARN", `msg="retrying of unary invoker failed"`, "lock=x", "component=etcd-client",
-		"target=etcd-endpoints://0x1/127.0.0.1:2379", "method=/etcdserverpb.KV/Range", `error="etcd: final"`} {
+		"target=etcd-endpoints://0x1/127.0.0.1:2379", "method=/etcdserverpb.KV/Range", `error="etcd: malformed answer"`} {
 		if !strings.Contains(lines[0], want) {
 			t.Errorf("warning line %q lacks %s", lines[0], want)
 		}

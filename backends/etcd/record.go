@@ -13,15 +13,15 @@ const holdersLine = "holders="
 
 // candidateValue is the value of a candidate's key: its identity, which is
 // what `etcdctl elect` shows as the leader's proposal, and in a pool of
-// more than one holder (CampaignOptions.Holders) a second line,
+// more than one holder (Claim.Holders) a second line,
 // "holders=N". A lock of one holder keeps exactly the value leaderrun
 // always wrote. An identity cannot hold a line break (the CLI refuses
 // control characters), so the two never mix.
-func candidateValue(opts backends.CampaignOptions) string {
-	if n := opts.RecordedHolders(); n > 0 {
-		return opts.Identity + "\n" + holdersLine + strconv.Itoa(n)
+func candidateValue(c backends.Claim) string {
+	if c.Holders > 1 {
+		return c.Identity + "\n" + holdersLine + strconv.Itoa(c.Holders)
 	}
-	return opts.Identity
+	return c.Identity
 }
 
 // value is what a candidate's key says of it.

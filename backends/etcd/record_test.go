@@ -9,17 +9,17 @@ import (
 func TestCandidateValue(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		opts     backends.CampaignOptions
+		claim    backends.Claim
 		value    string
 		identity string
 		holders  int
 	}{
-		{"one holder: the identity alone, as always", backends.CampaignOptions{Identity: "h:1"}, "h:1", "h:1", 0},
-		{"a pool of 1 is one holder", backends.CampaignOptions{Identity: "h:1", Holders: 1}, "h:1", "h:1", 0},
-		{"a pool of 3", backends.CampaignOptions{Identity: "h:1", Holders: 3}, "h:1\nholders=3", "h:1", 3},
+		{"one holder: the identity alone, as always", backends.Claim{Identity: "h:1"}, "h:1", "h:1", 0},
+		{"a pool of 1 is one holder", backends.Claim{Identity: "h:1", Holders: 1}, "h:1", "h:1", 0},
+		{"a pool of 3", backends.Claim{Identity: "h:1", Holders: 3}, "h:1\nholders=3", "h:1", 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v := candidateValue(tc.opts)
+			v := candidateValue(tc.claim)
 			if v != tc.value {
 				t.Errorf("value %q, want %q", v, tc.value)
 			}
