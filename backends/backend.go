@@ -319,9 +319,11 @@ type Record struct {
 	// decision to take a lock over (hosts' clocks differ).
 	Acquired, Renewed time.Time
 	// Left is how long the lease has left by the store's own clock, for
-	// stores that expire leases themselves (0: it ran out). Stores that
-	// have no clock set -1, and the driver times the record on its own
-	// monotonic clock from when it saw it change.
+	// stores that expire leases themselves: 0 once it ran out (or its
+	// holder is gone), LeftUnknown while it runs if the store does not
+	// say for how long. Stores that have no clock set NoClock, and the
+	// driver times the record on its own monotonic clock from when it saw
+	// it change.
 	Left time.Duration
 	// Waiting is the number of candidates waiting, -1 if unknown.
 	Waiting int
@@ -340,6 +342,15 @@ type Record struct {
 
 // Exists reports whether the store has a record.
 func (r Record) Exists() bool { return r.Version != "" }
+
+// Values of Record.Left that are not a time left.
+const (
+	// NoClock: the store does not expire leases by itself.
+	NoClock time.Duration = -1
+	// LeftUnknown: the store's clock will expire the lease, and does
+	// not say when.
+	LeftUnknown time.Duration = -2
+)
 
 // Term, Marker and Status are what the driver reads and writes for the
 // commands: see journal.go and status.go.

@@ -99,11 +99,9 @@ func (c *recordCandidacy) ours(rec Record) bool {
 func (c *recordCandidacy) takeable(now time.Time) bool {
 	r := c.cur
 	switch {
-	case !r.Exists(), r.Holder == "":
+	case !r.Exists(), r.Holder == "", r.Left == 0:
 		return true
-	case r.Left >= 0:
-		return r.Left == 0
-	case r.TTL <= 0:
+	case r.Left != NoClock, r.TTL <= 0:
 		return false
 	}
 	return now.After(c.observedAt.Add(r.TTL))
@@ -119,7 +117,7 @@ func (c *recordCandidacy) tryWatches(now time.Time) bool {
 	if c.watching != "" {
 		return r.Version == c.watching
 	}
-	if r.Left >= 0 || r.TTL <= 0 || r.Renewed.IsZero() || now.Before(r.Renewed.Add(r.TTL)) {
+	if r.Left != NoClock || r.TTL <= 0 || r.Renewed.IsZero() || now.Before(r.Renewed.Add(r.TTL)) {
 		return false
 	}
 	c.watching = r.Version
@@ -172,7 +170,7 @@ func (c *recordCandidacy) expiresIn() (time.Duration, bool) {
 	switch {
 	case r.Left > 0:
 		return r.Left + wakeSlack, true
-	case r.Left < 0 && r.TTL > 0:
+	case r.Left == NoClock && r.TTL > 0:
 		// client-go's test is "expiry before now": wake just after it.
 		return max(time.Until(c.observedAt.Add(r.TTL))+time.Millisecond, 0), true
 	}

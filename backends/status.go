@@ -57,7 +57,7 @@ func recordStatus(rec Record, now time.Time) Status {
 	switch {
 	case rec.Left > 0:
 		st.Remaining = rec.Left
-	case rec.TTL > 0 && !rec.Renewed.IsZero():
+	case rec.Left == NoClock && rec.TTL > 0 && !rec.Renewed.IsZero():
 		st.Remaining = rec.Renewed.Add(rec.TTL).Sub(now)
 		if st.Remaining <= 0 {
 			st.Remaining = 0

@@ -118,8 +118,8 @@ type held struct{ f *os.File }
 func (h *held) LockFile() *os.File { return h.f }
 
 // Get implements backends.RecordLock: the holder record in the lock file,
-// and whether any process holds its flock (Left -1 while one does, 0
-// once the kernel dropped it).
+// and whether any process holds its flock (Left is LeftUnknown while one
+// does, 0 once the kernel dropped it).
 func (l *lock) Get(context.Context) (backends.Record, error) {
 	d, err := l.s.dir()
 	if err != nil {
@@ -143,7 +143,7 @@ func (l *lock) Get(context.Context) (backends.Record, error) {
 		return rec, unavailable(l.s.path, "inspect locks", err)
 	}
 	if locked {
-		rec.Left = -1
+		rec.Left = backends.LeftUnknown
 	}
 	return rec, nil
 }
@@ -230,7 +230,7 @@ func (l *lock) grant(d *dir, f *os.File, c backends.Claim) (backends.Record, err
 	if err != nil {
 		return backends.Record{}, unavailable(l.s.path, "record holder", err)
 	}
-	rec := backends.Record{Left: -1, Waiting: -1, Handle: &held{f: f}}
+	rec := backends.Record{Left: backends.LeftUnknown, Waiting: -1, Handle: &held{f: f}}
 	if _, err := readRecord(f, &rec); err != nil {
 		return backends.Record{}, unavailable(l.s.path, "read lock file", err)
 	}
