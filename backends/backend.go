@@ -281,6 +281,17 @@ type RecordLock interface {
 	Follow(ctx context.Context, c Claim, held *Record) (Follower, error)
 }
 
+// HeldChecker is implemented by record stores that can tell whether a
+// grant still holds the lock better than a read of the record can (an
+// Azure blob lease, whose id only its holder knows): when the holder's
+// Follower says to look again, the driver asks Check instead of reading
+// the record. Check returns an error wrapping ErrLeaseLost if held no
+// longer holds the lock, nil if it does; other errors decide nothing. It
+// must not renew anything.
+type HeldChecker interface {
+	Check(ctx context.Context, held Record) error
+}
+
 // Follower tells a candidate or a holder when to look at a record again.
 type Follower interface {
 	// Changed receives when the record may have changed, or when a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -35,6 +36,7 @@ type recordCandidacy struct {
 
 	follow   Follower // tells of changes while waiting; nil if the store cannot
 	followed bool     // Follow was asked
+	polled   bool     // a store that cannot tell of changes was looked at again
 
 	// watching is the version of a record that a --try watches for one
 	// lease duration, because it looked expired by its own timestamps
@@ -139,9 +141,15 @@ func (c *recordCandidacy) wait(ctx context.Context) error {
 	}
 	var changed <-chan struct{}
 	timeout := time.Duration(-1)
-	if c.follow != nil {
+	switch {
+	case c.follow != nil:
 		changed = c.follow.Changed()
-	} else {
+	case !c.polled:
+		// The first look comes at a random moment of the first period,
+		// so that waiters started together do not look together.
+		c.polled = true
+		timeout = rand.N(c.claim.Timings.RetryPeriod) + 1
+	default:
 		timeout = c.claim.Timings.RetryPeriod
 	}
 	if c.follow == nil || !c.follow.Behind() {
@@ -285,16 +293,28 @@ func (g *recordGrant) watch(ctx context.Context, f Follower) {
 		case <-f.Changed():
 		}
 		rctx, cancel := context.WithTimeout(ctx, g.claim.Timings.AttemptTimeout())
-		rec, err := g.lock.Get(rctx)
+		err := g.look(rctx)
 		cancel()
-		if err != nil {
-			continue
-		}
-		if err := g.check(rec); err != nil {
+		if errors.Is(err, ErrLeaseLost) {
 			g.Set(err)
 			return
 		}
 	}
+}
+
+// look asks the store whether the grant still holds the lock: its own
+// check if it has one, else a read of the record. An error wrapping
+// ErrLeaseLost says it does not; other errors decide nothing (renewals
+// do).
+func (g *recordGrant) look(ctx context.Context) error {
+	if c, ok := g.lock.(HeldChecker); ok {
+		return c.Check(ctx, g.current())
+	}
+	rec, err := g.lock.Get(ctx)
+	if err != nil {
+		return err
+	}
+	return g.check(rec)
 }
 
 // check returns why rec, the record as read, says the grant is lost; nil
