@@ -129,7 +129,8 @@ func (c *recordCandidacy) tryWatches(now time.Time) bool {
 // wait blocks until the record may have changed, its lease may have run
 // out, or, for a store that cannot tell of changes, a retry period has
 // passed. The first wait only starts following the record, and returns at
-// once so that a change before the follower began is read.
+// once so that a change before the follower began is read (unless the
+// store has no follower).
 func (c *recordCandidacy) wait(ctx context.Context) error {
 	if !c.followed {
 		f, err := c.lock.Follow(ctx, c.claim, nil)
@@ -137,7 +138,9 @@ func (c *recordCandidacy) wait(ctx context.Context) error {
 			return err
 		}
 		c.follow, c.followed = f, true
-		return nil
+		if f != nil {
+			return nil
+		}
 	}
 	var changed <-chan struct{}
 	timeout := time.Duration(-1)
@@ -148,7 +151,7 @@ func (c *recordCandidacy) wait(ctx context.Context) error {
 		// The first look comes at a random moment of the first period,
 		// so that waiters started together do not look together.
 		c.polled = true
-		timeout = rand.N(c.claim.Timings.RetryPeriod) + 1
+		timeout = rand.N(max(c.claim.Timings.RetryPeriod, time.Millisecond)) + 1
 	default:
 		timeout = c.claim.Timings.RetryPeriod
 	}

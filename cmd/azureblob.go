@@ -47,11 +47,9 @@ var azureStore = store{
 }
 
 // newAzureBackend validates the Azure Blob flags and builds the backend.
-// Waiters read the blob every --retry-period (zero, for status and
-// history, which have no such flag: the backend's default). No message
-// shows a key, a SAS or a connection string: the backend's name the part
-// that is wrong, never its value.
-func newAzureBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
+// No message shows a key, a SAS or a connection string: the store's
+// name the part that is wrong, never its value.
+func newAzureBackend(c *cli.Context, cfg storeConfig) (backends.Store, error) {
 	name := c.String("azure-container")
 	if strings.TrimSpace(name) == "" {
 		return nil, usageErrorf("--backend azureblob needs --azure-container (or LEADERRUN_AZURE_CONTAINER)")
@@ -71,7 +69,7 @@ func newAzureBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) 
 	if err != nil {
 		return nil, err
 	}
-	b, err := azureblob.New(azureblob.Config{
+	s, err := azureblob.Open(azureblob.Config{
 		AccountURL: c.String("azure-account-url"),
 		Container:  name,
 		Credentials: azureblob.Credentials{
@@ -80,14 +78,12 @@ func newAzureBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) 
 			Key:              os.Getenv(envAzureKey),
 			SAS:              os.Getenv(envAzureSAS),
 		},
-		Prefix:      cfg.Prefix,
-		Lock:        cfg.Lock,
-		RetryPeriod: c.Duration("retry-period"),
-		Log:         log,
+		Prefix: cfg.Prefix,
+		Log:    log,
 	})
 	if err != nil {
-		// The backend's message names the variable or flag at fault.
+		// The store's message names the variable or flag at fault.
 		return nil, usageErrorf("%v", err)
 	}
-	return b, nil
+	return s, nil
 }

@@ -9,47 +9,41 @@
 //   - the lock blob, <prefix><lock>: its lease is the lock. Its metadata
 //     names the holder and its grant (leaderrun_holder, the identity
 //     URL-escaped; leaderrun_token; leaderrun_ttl, the lease duration in
-//     seconds; leaderrun_holders, the pool's size N, only in a pool of
-//     N > 1 holders), written under the lease at each grant; its content
-//     is the completion markers, JSON, at most 64 KiB.
+//     seconds; leaderrun_owner, the candidacy's Owner; leaderrun_holders,
+//     the pool's size N, only in a pool of N > 1 holders), written under
+//     the lease at each grant; its content is the completion markers,
+//     {"markers": [...]}, written under the lease: that is their fence.
 //   - the state blob, <prefix><lock>~state: never leased. Its metadata
 //     holds the token's high-water mark (leaderrun_token); its content is
-//     the history, the last backends.HistoryLimit terms, JSON, at most
-//     128 KiB.
+//     the history, {"history": [...]}, written with If-Match on the ETag
+//     read.
 //
 // A lock name cannot contain "~", so no lock's blob is another's state
-// blob. The slots of a pool (--holders) are locks of their own, blobs
-// <prefix><lock>.slot<i> beside the lock's. The container must exist, or the credentials must allow creating
+// blob. The container must exist, or the credentials must allow creating
 // it.
 //
 // # Lease
 //
-// A grant is a lease of --lease-duration on the lock blob (Azure accepts
-// 15 to 60 s, in whole seconds; CheckLeaseDuration refuses the rest, and
-// infinite leases, which a dead leader would hold for ever), acquired
-// with a lease id of the candidate's own, so that an acquisition whose
-// answer was lost can be sent again, or undone. The service's lease is
-// the truth: the runner's Renew renews it (nothing else does), and a
-// renewal the service refuses is a loss (S3). A lease of our own that
-// expired is renewed by the service as long as nobody took it meanwhile;
-// that is no danger, since nobody did.
+// A backends.RecordLock whose clock is the service's: a grant is a lease
+// of --lease-duration on the lock blob (Azure accepts 15 to 60 s, in whole
+// seconds; CheckLeaseDuration refuses the rest, and infinite leases, which
+// a dead leader would hold for ever), acquired with a lease id derived from
+// the candidacy's Owner. The service's lease is the truth: the runner's
+// renewals renew it (nothing else does), and a renewal the service refuses
+// is a loss (S3). The service does not say when a lease ends, so a read
+// reports a held lease's time left as backends.LeftUnknown.
 //
-// Azure tells nobody when a lease ends, so a lease checks itself: when no
-// request has proved it (a renewal, or a check) for half a retry period,
-// at most 700 ms, it reads the blob's properties with its lease id, which
-// the service answers only while that lease is active, and sees its loss
-// if the answer is 412 or 404, or if the lease is being broken. So a lease
-// broken or a blob deleted is seen within 700 ms and two round trips,
-// within S3's 1 s (docs/safety.md) while a round trip takes under 150 ms.
-// With renewals every retry period of 1.4 s or less, that is one read per
-// renewal; with leaderrun's default 2 s, two.
-//
-// A waiter reads the lock blob's properties every retry period, starting
-// at a random moment of the first period, and tries to acquire the lease
-// only when the read shows it free (available, expired or broken): reads
-// cost a tenth of writes, and a release is raced only by the waiters
-// whose reads land in the round trip before the first acquisition, not by
-// all of them. A release is seen within a retry period.
+// Azure tells nobody when a lease ends, so a holder checks itself (Check,
+// driven by its Follower): when no request has proved the lease (a
+// renewal, or a check) for half a retry period, at most 700 ms, it reads
+// the blob's properties with its lease id, which the service answers only
+// while that lease is active, and sees its loss if the answer is 412 or
+// 404, or if the lease is being broken. So a lease broken or a blob
+// deleted is seen within 700 ms and two round trips, within S3's 1 s
+// (docs/safety.md) while a round trip takes under 150 ms. A waiter reads
+// the lock blob's properties every retry period (the driver's polling) and
+// tries to acquire the lease only when the read shows it free (available,
+// expired or broken): reads cost a tenth of writes.
 //
 // # Fencing token
 //
@@ -58,7 +52,7 @@
 // than the larger, writes it to the state blob with a write conditional
 // on the ETag it read (If-Match, or If-None-Match: * if it found none),
 // and then to the lock blob's metadata under its lease. Only then is the
-// lease handed out; a conflict on the state blob starts the three steps
+// grant handed out; a conflict on the state blob starts the three steps
 // again; a refusal of the lock blob's write is a lost lease.
 //
 // Why it never goes backwards. Both blobs' tokens only grow while they
@@ -81,14 +75,6 @@
 // the service no longer accepts, and its state-blob writes only ever
 // raise the mark.
 //
-// # Completion markers and history
-//
-// A marker is written into the lock blob's content with the lease id, so
-// the service accepts it only while this lease is active: that is the
-// fence. History terms go to the state blob, appended by a write
-// conditional on the ETag read (a lost leader's term too, once the lock
-// is someone else's), before the lease is released.
-//
 // # Credentials, and what is read from the network
 //
 // As the Azure CLI reads them: AZURE_STORAGE_CONNECTION_STRING, or
@@ -102,9 +88,7 @@
 package azureblob
 
 import (
-	"context"
-	"crypto/rand"
-	"errors"
+	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -113,16 +97,9 @@ import (
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/blob"
-	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/blockblob"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
 
 	"github.com/leaderrun/leaderrun/backends"
-)
-
-// Defaults of Config.
-const (
-	// DefaultRetryPeriod is leaderrun's --retry-period default.
-	DefaultRetryPeriod = 2 * time.Second
 )
 
 // The lease durations Azure accepts, other than infinite.
@@ -132,22 +109,17 @@ const (
 )
 
 const (
-	// requestTimeout bounds the requests the backend sends on its own
-	// behalf (campaign attempts, checks, Status, History), so that a
-	// stalled connection cannot hang them.
+	// requestTimeout bounds the requests the store sends on its own
+	// behalf (reads, checks, status, history), so that a stalled
+	// connection cannot hang them.
 	requestTimeout = 10 * time.Second
-	// withdrawTimeout bounds the clean-up of a candidacy that may hold
-	// the lease without knowing it: if the service does not answer in
-	// time either, the lease expires on its own.
-	withdrawTimeout = 2 * time.Second
 	// stateSuffix names the state blob: <prefix><lock>~state.
 	stateSuffix = "~state"
 	// maxBlobName is Azure's limit on a blob's name.
 	maxBlobName = 1024
 )
 
-// Config describes one lock in one container. The zero value of each
-// field is noted.
+// Config describes one container. The zero value of each field is noted.
 type Config struct {
 	// AccountURL is the blob service endpoint: for the public cloud
 	// https://ACCOUNT.blob.core.windows.net, which is the zero value's
@@ -164,63 +136,37 @@ type Config struct {
 	// Credentials say how to authenticate; see Credentials.
 	Credentials Credentials
 
-	// Prefix and Lock name the lock blob: Prefix + Lock. Lock is
-	// required; see backends.ValidateLockName.
-	Prefix, Lock string
+	// Prefix begins every lock blob's name: <Prefix><lock>.
+	Prefix string
 
-	// RetryPeriod is how often the holder renews (the runner's
-	// --retry-period). A waiter reads the lock blob once per period, and
-	// a lease checks itself when nothing has proved it for half a period,
-	// at most maxCheckGap (see the package doc). Too short costs a read
-	// per waiter per period; too long delays a handover by up to a
-	// period. Zero value: DefaultRetryPeriod.
-	RetryPeriod time.Duration
-
-	// Log receives a line when a waiter meets errors or a check fails.
-	// Nil: nothing is logged.
+	// Log receives a line when the container is created. Nil: nothing
+	// is logged.
 	Log *slog.Logger
 }
 
-// Backend campaigns for one lock in one container. Its methods are safe
-// for concurrent use, but Campaign is meant for one campaign at a time.
-type Backend struct {
+// Store is one container, reached by one client.
+type Store struct {
 	container *container.Client
 	transport *transport
 	endpoint  string // the container's URL, without a query
 	name      string // the container's name
-	prefix    string // Config.Prefix
-	lock      string
-	blob      string // the lock blob's name
-	lockBlob  *blockblob.Client
-	stateBlob *blockblob.Client
-	retry     time.Duration
+	prefix    string
 	log       *slog.Logger
-	logBase   *slog.Logger // log, without the lock
-	// root is the backend this one is a slot of (see Slot), nil for one
-	// that New made: the container's client is root's.
-	root *Backend
 }
 
 var (
-	_ backends.Backend              = (*Backend)(nil)
-	_ backends.LeaseDurationChecker = (*Backend)(nil)
+	_ backends.Store                = (*Store)(nil)
+	_ backends.LeaseDurationChecker = (*Store)(nil)
 )
 
-// New returns a backend for cfg.Lock. It validates cfg and builds the
-// client, but sends nothing to the service until the first Campaign,
-// Status or History.
-func New(cfg Config) (*Backend, error) {
-	if err := backends.ValidateLockName(cfg.Lock); err != nil {
-		return nil, fmt.Errorf("azureblob: %w", err)
-	}
+// Open validates cfg and builds the client, but sends nothing to the
+// service until a lock is first used.
+func Open(cfg Config) (*Store, error) {
 	if err := ValidateContainer(cfg.Container); err != nil {
 		return nil, err
 	}
 	if err := ValidatePrefix(cfg.Prefix); err != nil {
 		return nil, err
-	}
-	if cfg.RetryPeriod <= 0 {
-		cfg.RetryPeriod = DefaultRetryPeriod
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -230,42 +176,15 @@ func New(cfg Config) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	name := cfg.Prefix + cfg.Lock
-	return &Backend{
-		container: c,
-		transport: tr,
-		endpoint:  endpoint,
-		name:      cfg.Container,
-		prefix:    cfg.Prefix,
-		lock:      cfg.Lock,
-		blob:      name,
-		lockBlob:  c.NewBlockBlobClient(name),
-		stateBlob: c.NewBlockBlobClient(name + stateSuffix),
-		retry:     cfg.RetryPeriod,
-		log:       cfg.Log.With("backend", "azureblob", "lock", cfg.Lock),
-		logBase:   cfg.Log.With("backend", "azureblob"),
-	}, nil
+	return &Store{container: c, transport: tr, endpoint: endpoint, name: cfg.Container, prefix: cfg.Prefix,
+		log: cfg.Log.With("backend", "azureblob")}, nil
 }
 
-// Slot implements backends.Backend: slot i is the lock
-// backends.SlotLock(lock, i), whose lock and state blobs sit beside the
-// lock's in the same container, reached through b's client.
-func (b *Backend) Slot(i int) backends.Backend {
-	r := b
-	if b.root != nil {
-		r = b.root
-	}
-	if i == 0 {
-		return r
-	}
-	s := *r
-	s.lock = backends.SlotLock(r.lock, i)
-	s.blob = r.prefix + s.lock
-	s.lockBlob = r.container.NewBlockBlobClient(s.blob)
-	s.stateBlob = r.container.NewBlockBlobClient(s.blob + stateSuffix)
-	s.log = r.logBase.With("lock", s.lock)
-	s.root = r
-	return &s
+// Lock implements backends.Store: the lock blob <prefix><name> and its
+// state blob.
+func (s *Store) Lock(name string) backends.Lock {
+	b := s.prefix + name
+	return &lock{s: s, blob: b, lockBlob: s.container.NewBlockBlobClient(b), stateBlob: s.container.NewBlockBlobClient(b + stateSuffix)}
 }
 
 // ValidateContainer returns an error unless name is a valid container
@@ -299,22 +218,15 @@ func ValidatePrefix(prefix string) error {
 	return nil
 }
 
-// Name implements backends.Backend.
-func (b *Backend) Name() string { return "azureblob" }
-
-// Key is where the lock lives: container/blob.
-func (b *Backend) Key() string { return b.name + "/" + b.blob }
+// Name implements backends.Store.
+func (s *Store) Name() string { return "azureblob" }
 
 // Endpoint is the container's URL, without a query.
-func (b *Backend) Endpoint() string { return b.endpoint }
+func (s *Store) Endpoint() string { return s.endpoint }
 
-// Close implements backends.Backend: it closes idle connections, unless
-// b is a slot backend, which has nothing of its own to close. Leases must
-// be released first.
-func (b *Backend) Close() error {
-	if b.root == nil {
-		b.transport.closeIdle()
-	}
+// Close implements backends.Store: it closes idle connections.
+func (s *Store) Close() error {
+	s.transport.closeIdle()
 	return nil
 }
 
@@ -322,7 +234,7 @@ func (b *Backend) Close() error {
 // leases last 15 to 60 s in whole seconds (a fraction is rounded up: the
 // lease may only last longer than asked). Infinite leases are refused: a
 // leader that died would keep the lock until someone broke its lease.
-func (b *Backend) CheckLeaseDuration(d time.Duration) error {
+func (s *Store) CheckLeaseDuration(d time.Duration) error {
 	if s := leaseSeconds(d); time.Duration(s)*time.Second < MinLeaseDuration || time.Duration(s)*time.Second > MaxLeaseDuration {
 		return fmt.Errorf("azureblob: lease duration %v out of range: Azure blob leases last %v to %v", d, MinLeaseDuration, MaxLeaseDuration)
 	}
@@ -335,51 +247,10 @@ func leaseSeconds(d time.Duration) int32 {
 	return int32(min(max(s, -1), 1<<31-1))
 }
 
-// unavailable wraps an error met before leadership: it names the
-// container and the blob, never a credential.
-func (b *Backend) unavailable(op string, err error) error {
-	return fmt.Errorf("azureblob at %s: %s %s: %w: %w", b.endpoint, op, b.blob, backends.ErrUnavailable, clean(err))
-}
-
-// Status implements backends.Backend from one read of the lock blob's
-// properties: held while its lease is leased or being broken, by the
-// holder its metadata names. Remaining is -1 (the service does not say
-// when a lease ends), and so is Waiting (waiters leave no trace).
-func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
-	st := backends.Status{Lock: b.lock, Backend: b.Name(), Key: b.Key(), Remaining: -1, Waiting: -1}
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	p, err := b.lockBlob.GetProperties(ctx, nil)
-	switch {
-	case has(err, notFound...):
-		return st, nil
-	case err != nil:
-		return st, b.unavailable("read", err)
-	}
-	if s := leaseStateOf(p); s != leased && s != breaking {
-		return st, nil
-	}
-	g := grantOf(p.Metadata)
-	st.Held = true
-	st.Identity, st.Token, st.Holders = g.holder, g.token, g.holders
-	st.TTL = time.Duration(g.seconds) * time.Second
-	return st, nil
-}
-
-// History implements backends.Backend from the state blob.
-func (b *Backend) History(ctx context.Context, limit int) ([]backends.Term, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	s, err := b.readState(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("azureblob at %s: read the history in %s: %w: %w", b.endpoint, b.blob+stateSuffix, backends.ErrUnavailable, clean(err))
-	}
-	return backends.NewestFirst(s.History, limit), nil
-}
-
 // grant is what the lock blob's metadata says of its holder.
 type grant struct {
 	holder  string
+	owner   string
 	token   uint64
 	seconds int32
 	holders int // the size of the holder's pool; 0 for one holder
@@ -392,13 +263,14 @@ const (
 	metaHolder  = "leaderrun_holder"
 	metaToken   = "leaderrun_token"
 	metaTTL     = "leaderrun_ttl"
+	metaOwner   = "leaderrun_owner"
 	metaHolders = "leaderrun_holders" // only in a pool of more than one holder
 )
 
 // metadata is g as the lock blob's metadata.
 func (g grant) metadata() map[string]*string {
-	holder, token, ttl := url.QueryEscape(g.holder), strconv.FormatUint(g.token, 10), strconv.Itoa(int(g.seconds))
-	m := map[string]*string{metaHolder: &holder, metaToken: &token, metaTTL: &ttl}
+	holder, token, ttl, owner := url.QueryEscape(g.holder), strconv.FormatUint(g.token, 10), strconv.Itoa(int(g.seconds)), g.owner
+	m := map[string]*string{metaHolder: &holder, metaToken: &token, metaTTL: &ttl, metaOwner: &owner}
 	if g.holders > 1 {
 		holders := strconv.Itoa(g.holders)
 		m[metaHolders] = &holders
@@ -411,6 +283,7 @@ func (g grant) metadata() map[string]*string {
 func grantOf(m map[string]*string) grant {
 	var g grant
 	g.holder, _ = url.QueryUnescape(meta(m, metaHolder))
+	g.owner = meta(m, metaOwner)
 	g.token, _ = strconv.ParseUint(meta(m, metaToken), 10, 64)
 	s, _ := strconv.ParseInt(meta(m, metaTTL), 10, 32)
 	g.seconds = int32(s)
@@ -444,14 +317,12 @@ func leaseStateOf(p blob.GetPropertiesResponse) string {
 	return string(*p.LeaseState)
 }
 
-// newLeaseID is a random UUID (version 4), as the service wants lease ids.
-func newLeaseID() string {
-	var u [16]byte
-	_, _ = rand.Read(u[:])
+// leaseID is the lease id of the candidacy of owner: a UUID (version 4,
+// as the service wants lease ids) drawn from owner, so that only that
+// candidacy knows it, and releasing it releases nobody else's lease.
+func leaseID(owner string) string {
+	u := sha256.Sum256([]byte("leaderrun lease " + owner))
 	u[6] = u[6]&0x0f | 0x40
 	u[8] = u[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 }
-
-// errHeld is an acquisition refused because someone holds the lease.
-var errHeld = errors.New("azureblob: lease held")

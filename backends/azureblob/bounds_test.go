@@ -27,22 +27,20 @@ func hostile(t *testing.T, answer func(w http.ResponseWriter, r *http.Request)) 
 	return srv, &n
 }
 
-// against is a backend of an account at srv, authenticated with a key.
-func against(t *testing.T, srv *httptest.Server) *azureblob.Backend {
+// against is a candidate of an account at srv, authenticated with a key.
+func against(t *testing.T, srv *httptest.Server) *candidate {
 	t.Helper()
-	b, err := azureblob.New(azureblob.Config{
+	s, err := azureblob.Open(azureblob.Config{
 		AccountURL:  srv.URL + "/acct",
 		Container:   "locks",
 		Credentials: azureblob.Credentials{Account: "acct", Key: "a2V5a2V5a2V5a2V5"},
 		Prefix:      prefix,
-		Lock:        "hostile",
-		RetryPeriod: retry,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { b.Close() })
-	return b
+	t.Cleanup(func() { s.Close() })
+	return &candidate{s: s, lock: "hostile", retry: retry}
 }
 
 // TestHostileServer: what a server (or something posing as one) answers
@@ -68,13 +66,13 @@ func TestHostileServer(t *testing.T) {
 			// A blob read (the SDK streams it to us), and an answer the
 			// SDK reads whole itself (an acquisition's).
 			began := time.Now()
-			_, err := against(t, srv).History(ctx, 0)
+			_, err := against(t, srv).History(ctx)
 			t.Logf("declared %v, history: %v after %v", declared, err, time.Since(began).Round(time.Millisecond))
 			if err == nil || !strings.Contains(err.Error(), "bytes") {
 				t.Errorf("declared %v: a 1 GiB blob: %v, want an error on its size", declared, err)
 			}
 			began = time.Now()
-			_, err = against(t, srv).Campaign(ctx, options("big"))
+			_, err = against(t, srv).Campaign(ctx, "big", false)
 			t.Logf("declared %v, campaign: %v after %v", declared, err, time.Since(began).Round(time.Millisecond))
 			if err == nil || !strings.Contains(err.Error(), "more than the 1048576") {
 				t.Errorf("declared %v: a 1 GiB answer: %v, want an error on its size", declared, err)
@@ -101,7 +99,7 @@ func TestHostileServer(t *testing.T) {
 		}
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		if _, err := b.Campaign(cctx, options("r")); !errors.Is(err, backends.ErrUnavailable) {
+		if _, err := b.Campaign(cctx, "r", false); !errors.Is(err, backends.ErrUnavailable) {
 			t.Errorf("campaign through a redirect: %v, want ErrUnavailable", err)
 		}
 		if n := reached.Load(); n != 0 {
@@ -146,7 +144,7 @@ func TestHostileServer(t *testing.T) {
 // TestLeaseDurations: Azure grants 15 to 60 s, whole seconds; a fraction
 // is rounded up, and what it rounds to must be in range.
 func TestLeaseDurations(t *testing.T) {
-	b, err := azureblob.New(azureblob.Config{Container: "locks", Lock: "d",
+	b, err := azureblob.Open(azureblob.Config{Container: "locks",
 		Credentials: azureblob.Credentials{Account: "acct", Key: "a2V5a2V5a2V5a2V5"}})
 	if err != nil {
 		t.Fatal(err)
@@ -164,11 +162,11 @@ func TestLeaseDurations(t *testing.T) {
 	}
 }
 
-// TestConfigRefused: configurations New refuses, with a message naming
+// TestConfigRefused: configurations Open refuses, with a message naming
 // what is wrong and never a secret.
 func TestConfigRefused(t *testing.T) {
 	const key = "c2VjcmV0a2V5c2VjcmV0a2V5"
-	base := azureblob.Config{Container: "locks", Lock: "x", Credentials: azureblob.Credentials{Account: "acct", Key: key}}
+	base := azureblob.Config{Container: "locks", Credentials: azureblob.Credentials{Account: "acct", Key: key}}
 	for _, tc := range []struct {
 		name string
 		edit func(*azureblob.Config)
@@ -177,7 +175,6 @@ func TestConfigRefused(t *testing.T) {
 		{"no container", func(c *azureblob.Config) { c.Container = "" }, "container name"},
 		{"container with capitals", func(c *azureblob.Config) { c.Container = "Locks" }, "container name"},
 		{"container with two hyphens", func(c *azureblob.Config) { c.Container = "a--b" }, "container name"},
-		{"lock with a tilde", func(c *azureblob.Config) { c.Lock = "a~state" }, "lock name"},
 		{"prefix with a backslash", func(c *azureblob.Config) { c.Prefix = `a\b` }, "prefix"},
 		{"no credentials", func(c *azureblob.Config) { c.Credentials = azureblob.Credentials{Account: "acct"} }, "no credentials"},
 		{"no account", func(c *azureblob.Config) { c.Credentials = azureblob.Credentials{Key: key} }, "no storage account"},
@@ -191,9 +188,9 @@ func TestConfigRefused(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := base
 			tc.edit(&cfg)
-			_, err := azureblob.New(cfg)
+			_, err := azureblob.Open(cfg)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("New: %v, want an error saying %q", err, tc.want)
+				t.Fatalf("Open: %v, want an error saying %q", err, tc.want)
 			}
 			if strings.Contains(err.Error(), key) {
 				t.Errorf("the error shows the key: %v", err)

@@ -226,13 +226,16 @@ func (t *transport) Do(req *http.Request) (*http.Response, error) {
 	}
 	if resp.ContentLength > maxAnswer {
 		resp.Body.Close()
-		return nil, fmt.Errorf("azureblob: %s answered %d bytes, more than the %d accepted", req.URL.Host, resp.ContentLength, maxAnswer)
+		return nil, fmt.Errorf("azureblob: %s answered %d bytes, more than the %d accepted: %w", req.URL.Host, resp.ContentLength, maxAnswer, errOversize)
 	}
 	resp.Body = &capped{r: resp.Body, left: maxAnswer, host: req.URL.Host}
 	return resp, nil
 }
 
 func (t *transport) closeIdle() { t.c.CloseIdleConnections() }
+
+// errOversize marks an answer larger than any the service sends: final.
+var errOversize = errors.New("answer too large")
 
 // capped fails a read past its limit: a server that sends more than it
 // declared, or declares nothing and streams on, gets an error.
@@ -247,7 +250,7 @@ func (c *capped) Read(p []byte) (int, error) {
 		var one [1]byte
 		n, err := c.r.Read(one[:])
 		if n > 0 {
-			return 0, fmt.Errorf("azureblob: %s answered more than the %d bytes accepted", c.host, maxAnswer)
+			return 0, fmt.Errorf("azureblob: %s answered more than the %d bytes accepted: %w", c.host, maxAnswer, errOversize)
 		}
 		return 0, err
 	}

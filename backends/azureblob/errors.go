@@ -64,11 +64,15 @@ func status(err error) int {
 func has(err error, codes ...bloberror.Code) bool { return bloberror.HasCode(err, codes...) }
 
 // refused reports whether err is the service refusing us for good:
-// credentials or permissions (401, 403), or a request it cannot serve
-// (400, 405, 411, 413, 416, and a 404 or 409 the caller did not expect),
+// credentials or permissions (401, 403), a request it cannot serve (400,
+// 405, 411, 413, 416, and a 404 or 409 the caller did not expect), or an
+// answer no service sends (a redirect, too large),
 // as opposed to a failure that may pass: the network, a timeout, the
 // service throttling (429) or failing (5xx, 408).
 func refused(err error) bool {
+	if errors.Is(err, errOversize) {
+		return true
+	}
 	switch s := status(err); {
 	case s == 0, s == http.StatusRequestTimeout, s == http.StatusTooManyRequests, s >= 500:
 		return false
