@@ -3,7 +3,6 @@ package cmd
 import (
 	"net/url"
 	"os"
-	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -57,11 +56,11 @@ func dynamodbSelected(c *cli.Context) bool {
 // which leaves the AWS SDK out and hands a DynamoDB run over to the
 // companion leaderrun-dynamodb (companion.go); leaderrun-dynamodb sets it
 // with RegisterDynamoDB.
-var openDynamoDB func(spec.Settings) (backends.Backend, error)
+var openDynamoDB func(spec.Settings) (backends.Store, error)
 
 // RegisterDynamoDB links the DynamoDB backend in: leaderrun-dynamodb's
 // main calls it, before Main.
-func RegisterDynamoDB(open func(spec.Settings) (backends.Backend, error)) { openDynamoDB = open }
+func RegisterDynamoDB(open func(spec.Settings) (backends.Store, error)) { openDynamoDB = open }
 
 // handOverDynamoDB: a leaderrun without the DynamoDB backend checks the
 // DynamoDB flags, then becomes leaderrun-dynamodb.
@@ -75,10 +74,10 @@ func handOverDynamoDB(c *cli.Context, cfg storeConfig) error {
 	return handOver(c, "leaderrun-dynamodb", "DynamoDB")
 }
 
-// newDynamoDBBackend validates the DynamoDB flags and builds the backend.
+// newDynamoDBBackend validates the DynamoDB flags and opens the store.
 // Nothing is sent: a table that cannot be reached, or an action refused,
 // shows in the first request, as exit 69 naming the action.
-func newDynamoDBBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
+func newDynamoDBBackend(c *cli.Context, cfg storeConfig) (backends.Store, error) {
 	s, err := dynamodbSettings(c, cfg)
 	if err != nil {
 		return nil, err
@@ -114,24 +113,9 @@ func dynamodbSettings(c *cli.Context, cfg storeConfig) (spec.Settings, error) {
 		}
 	}
 	return spec.Settings{
-		Table:          table,
-		Region:         c.String("dynamodb-region"),
-		Endpoint:       endpoint,
-		Prefix:         cfg.Prefix,
-		Lock:           cfg.Lock,
-		PollInterval:   c.Duration("retry-period"),
-		RequestTimeout: dynamodbRequestTimeout(c.Duration("retry-period"), c.Duration("renew-deadline")),
+		Table:    table,
+		Region:   c.String("dynamodb-region"),
+		Endpoint: endpoint,
+		Prefix:   cfg.Prefix,
 	}, nil
-}
-
-// dynamodbRequestTimeout bounds each HTTP attempt so that two fit in one
-// renewal attempt of the runner (max(--retry-period, --renew-deadline/3)):
-// a request stuck on a dead connection is retried on a fresh one within
-// the same renewal. Half a second at least; status and history, which
-// have no timings, get the backend's default.
-func dynamodbRequestTimeout(retry, deadline time.Duration) time.Duration {
-	if retry <= 0 {
-		return 0
-	}
-	return min(max(max(retry, deadline/3)/2, 500*time.Millisecond), spec.DefaultRequestTimeout)
 }

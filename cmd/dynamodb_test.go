@@ -188,25 +188,3 @@ func TestHandedOver(t *testing.T) {
 		}
 	})
 }
-
-// TestDynamoDBRequestTimeout: two HTTP attempts fit in one renewal
-// attempt of the runner, within bounds.
-func TestDynamoDBRequestTimeout(t *testing.T) {
-	for _, tc := range []struct {
-		name            string
-		retry, deadline time.Duration
-		want            time.Duration
-	}{
-		{"defaults", 2 * time.Second, 10 * time.Second, 10 * time.Second / 3 / 2},
-		{"fast", 500 * time.Millisecond, 3 * time.Second, 500 * time.Millisecond},
-		{"very fast: floor", 100 * time.Millisecond, 300 * time.Millisecond, 500 * time.Millisecond},
-		{"slow: ceiling", 20 * time.Second, 60 * time.Second, 5 * time.Second},
-		{"status: the backend's default", 0, 0, 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := dynamodbRequestTimeout(tc.retry, tc.deadline); got != tc.want {
-				t.Errorf("dynamodbRequestTimeout(%v, %v) = %v, want %v", tc.retry, tc.deadline, got, tc.want)
-			}
-		})
-	}
-}

@@ -350,44 +350,8 @@ func (l *lock) Follow(_ context.Context, c backends.Claim, rec *backends.Record)
 	}
 	h := rec.Handle.(*leaseHandle)
 	every := min(c.Timings.RetryPeriod/2, maxCheckGap)
-	f := &ticker{ch: make(chan struct{}, 1), done: make(chan struct{})}
-	ctx, cancel := context.WithCancel(context.Background())
-	f.cancel = cancel
-	go func() {
-		defer close(f.done)
-		t := time.NewTimer(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if wait := time.Until(h.dueFrom().Add(every)); wait > 0 {
-				t.Reset(wait)
-				continue
-			}
-			select {
-			case f.ch <- struct{}{}:
-			case <-ctx.Done():
-				return
-			}
-			t.Reset(every)
-		}
-	}()
-	return f, nil
+	return backends.Poll(every, func() time.Time { return h.dueFrom().Add(every) }), nil
 }
-
-// ticker is a holder's Follower: it asks for checks.
-type ticker struct {
-	ch     chan struct{}
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-func (f *ticker) Changed() <-chan struct{} { return f.ch }
-func (f *ticker) Behind() bool             { return false }
-func (f *ticker) Close()                   { f.cancel(); <-f.done }
 
 // Check implements backends.HeldChecker: it reads the lock blob's
 // properties with the lease id, which the service answers only while that

@@ -46,27 +46,40 @@ var errAnswerTooLarge = fmt.Errorf("dynamodb: answer larger than %d bytes", maxA
 
 // cappedClient bounds every answer's body at maxAnswerBytes: the SDK
 // reads whole bodies, and a hostile endpoint must get an error, never our
-// memory.
-type cappedClient struct{ inner aws.HTTPClient }
+// memory. It also bounds each attempt, answer read included, by try()
+// (zero: only by the caller's context and connTimeout).
+type cappedClient struct {
+	inner aws.HTTPClient
+	try   func() time.Duration
+}
 
 func (c cappedClient) Do(req *http.Request) (*http.Response, error) {
+	cancel := context.CancelFunc(func() {})
+	if d := c.try(); d > 0 {
+		var ctx context.Context
+		ctx, cancel = context.WithTimeout(req.Context(), d)
+		req = req.WithContext(ctx)
+	}
 	resp, err := c.inner.Do(req)
 	if err != nil {
+		cancel()
 		return nil, err
 	}
 	if resp.ContentLength > maxAnswerBytes {
 		resp.Body.Close()
+		cancel()
 		return nil, fmt.Errorf("%w: Content-Length %d", errAnswerTooLarge, resp.ContentLength)
 	}
-	resp.Body = &cappedBody{rc: resp.Body, left: maxAnswerBytes}
+	resp.Body = &cappedBody{rc: resp.Body, left: maxAnswerBytes, cancel: cancel}
 	return resp, nil
 }
 
 // cappedBody reads at most left bytes, and fails (rather than truncates)
 // if the body goes on beyond them.
 type cappedBody struct {
-	rc   io.ReadCloser
-	left int64
+	rc     io.ReadCloser
+	left   int64
+	cancel context.CancelFunc // ends the attempt's own deadline
 }
 
 func (b *cappedBody) Read(p []byte) (int, error) {
@@ -87,7 +100,10 @@ func (b *cappedBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (b *cappedBody) Close() error { return b.rc.Close() }
+func (b *cappedBody) Close() error {
+	defer b.cancel()
+	return b.rc.Close()
+}
 
 // newHTTPClient is the client of every request the SDK sends for the
 // backend, credential lookups (STS, SSO, IMDS) included: each attempt
@@ -145,13 +161,13 @@ func newRetryer() aws.Retryer {
 // newDynamoDB builds the service client; endpoint, if set, overrides the
 // one the SDK resolves (AWS_ENDPOINT_URL_DYNAMODB, AWS_ENDPOINT_URL, the
 // profile's, else the region's).
-func newDynamoDB(cfg aws.Config, endpoint string) *dynamodb.Client {
+func newDynamoDB(cfg aws.Config, endpoint string, try func() time.Duration) *dynamodb.Client {
 	return dynamodb.NewFromConfig(cfg, func(o *dynamodb.Options) {
 		if endpoint != "" {
 			o.BaseEndpoint = aws.String(endpoint)
 		}
 		o.Retryer = newRetryer()
-		o.HTTPClient = cappedClient{inner: cfg.HTTPClient}
+		o.HTTPClient = cappedClient{inner: cfg.HTTPClient, try: try}
 	})
 }
 

@@ -23,9 +23,16 @@ import (
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
-// testPoll is the poll interval of the tests' backends: the conformance
-// suite wants a loss seen, and a release handed over, within a second.
+// testPoll is the retry period of the tests' campaigns, and so the poll
+// interval of waiters and holders: the conformance suite wants a loss
+// seen, and a release handed over, within a second.
 const testPoll = 100 * time.Millisecond
+
+// timings are valid timings around a lease of lease, polling every
+// testPoll.
+func timings(lease time.Duration) backends.Timings {
+	return backends.Timings{LeaseDuration: lease, RenewDeadline: lease / 2, RetryPeriod: testPoll, KillGrace: lease / 4}
+}
 
 // TestDynamoDB runs every test of the backend against one emulator; tests
 // that need a table of their own name one.
@@ -65,42 +72,64 @@ func table(t *testing.T) string {
 
 // config is the configuration of a backend for lock in table, with
 // credentials of access key id akid (see internal/testenv/ddbemu).
-func (e *env) config(table, lock, akid string) Config {
+func (e *env) config(table, akid string) Config {
 	return Config{
-		Settings: spec.Settings{
-			Table: table, Region: testenv.DynamoDBRegion, Endpoint: e.emu.URL,
-			Prefix: "leaderrun/", Lock: lock, PollInterval: testPoll,
-		},
+		Settings:    spec.Settings{Table: table, Region: testenv.DynamoDBRegion, Endpoint: e.emu.URL, Prefix: "leaderrun/"},
 		Credentials: e.emu.Credentials(akid),
 	}
 }
 
-func (e *env) backend(t *testing.T, table, lock, akid string) *Backend {
+// candidate is a candidate for one lock, through a store of its own.
+type candidate struct {
+	s    *Store
+	lock string
+	key  string // the lock item's name
+}
+
+func (e *env) backend(t *testing.T, table, lock, akid string) *candidate {
 	t.Helper()
-	b, err := New(e.config(table, lock, akid))
+	s, err := Open(e.config(table, akid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { b.Close() })
-	return b
+	t.Cleanup(func() { s.Close() })
+	return &candidate{s: s, lock: lock, key: "leaderrun/" + lock}
 }
 
-func options(id string, lease time.Duration) backends.CampaignOptions {
-	return backends.CampaignOptions{Identity: id, LeaseDuration: lease}
+type options struct {
+	id    string
+	lease time.Duration
+	try   bool
 }
 
-func campaign(t *testing.T, b *Backend, opts backends.CampaignOptions) *lease {
+func (c *candidate) Campaign(ctx context.Context, o options) (*backends.Lease, error) {
+	return backends.Campaign(ctx, c.s, c.lock, backends.Candidate{Identity: o.id, Try: o.try, Timings: timings(o.lease)})
+}
+
+func (c *candidate) Status(ctx context.Context) (backends.Status, error) {
+	return backends.ReadStatus(ctx, c.s, c.lock)
+}
+
+func (c *candidate) History(ctx context.Context) ([]backends.Term, error) {
+	return backends.ReadHistory(ctx, c.s, c.lock, 0)
+}
+
+func (c *candidate) Completed(ctx context.Context, key string) (*backends.Marker, error) {
+	return backends.ReadMarker(ctx, c.s, c.lock, key)
+}
+
+func campaign(t *testing.T, b *candidate, o options) *backends.Lease {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	l, err := b.Campaign(ctx, opts)
+	l, err := b.Campaign(ctx, o)
 	if err != nil {
-		t.Fatalf("%s: campaign: %v", opts.Identity, err)
+		t.Fatalf("%s: campaign: %v", o.id, err)
 	}
-	return l.(*lease)
+	return l
 }
 
-func release(t *testing.T, l backends.Lease) {
+func release(t *testing.T, l *backends.Lease) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -112,15 +141,16 @@ func release(t *testing.T, l backends.Lease) {
 func testConformance(t *testing.T, e *env) {
 	tbl := table(t)
 	backendtest.Run(t, backendtest.Harness{
-		New: func(t *testing.T, lock string) backends.Backend {
-			b, err := New(e.config(tbl, lock, "admin"))
+		Open: func(t *testing.T) backends.Store {
+			s, err := Open(e.config(tbl, "admin"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			return b
+			return s
 		},
+		Timings: timings(10 * time.Second),
 		// An operator deletes the lock item.
-		Drop: func(t *testing.T, l backends.Lease) { e.emu.DeleteItem(t, tbl, l.(*lease).b.key) },
+		Drop: func(t *testing.T, lock string, _ *backends.Lease) { e.emu.DeleteItem(t, tbl, "leaderrun/"+lock) },
 	})
 }
 
@@ -132,7 +162,7 @@ func testTokensAcrossDeletes(t *testing.T, e *env) {
 	b := e.backend(t, tbl, "deleted", "admin")
 	var last uint64
 	for i := range 500 {
-		l := campaign(t, b, options("h", 10*time.Second))
+		l := campaign(t, b, options{id: "h", lease: 10 * time.Second})
 		if l.Token() <= last {
 			t.Fatalf("grant %d: token %d, not greater than the previous grant's %d", i, l.Token(), last)
 		}
@@ -156,9 +186,9 @@ func testTokensAcrossDeletes(t *testing.T, e *env) {
 func testStaleHolder(t *testing.T, e *env) {
 	tbl := table(t)
 	a, c := e.backend(t, tbl, "stale", "admin"), e.backend(t, tbl, "stale", "admin")
-	la := campaign(t, a, options("a", 10*time.Second))
+	la := campaign(t, a, options{id: "a", lease: 10 * time.Second})
 	e.emu.DeleteItem(t, tbl, a.key)
-	lc := campaign(t, c, options("c", 10*time.Second))
+	lc := campaign(t, c, options{id: "c", lease: 10 * time.Second})
 	defer release(t, lc)
 	if lc.Token() <= la.Token() {
 		t.Fatalf("token after the deletion %d, not greater than the stale holder's %d", lc.Token(), la.Token())
@@ -183,7 +213,7 @@ func testStaleHolder(t *testing.T, e *env) {
 	if m, err := c.Completed(ctx, "k"); err != nil || m != nil {
 		t.Errorf("the stale holder's marker was written: %+v, %v", m, err)
 	}
-	terms, err := c.History(ctx, 0)
+	terms, err := c.History(ctx)
 	if err != nil || len(terms) != 1 || terms[0].Token != la.Token() {
 		t.Errorf("history: %+v, %v; want the stale holder's term", terms, err)
 	}
@@ -196,16 +226,14 @@ func testWaiterClock(t *testing.T, e *env) {
 	tbl := table(t)
 	a, w := e.backend(t, tbl, "clock", "admin"), e.backend(t, tbl, "clock", "admin")
 	const leaseD = 1500 * time.Millisecond
-	la := campaign(t, a, options("a", leaseD))
-	got := make(chan *lease, 1)
+	la := campaign(t, a, options{id: "a", lease: leaseD})
+	got := make(chan *backends.Lease, 1)
 	go func() {
-		l, err := w.Campaign(context.Background(), options("w", leaseD))
+		l, err := w.Campaign(context.Background(), options{id: "w", lease: leaseD})
 		if err != nil {
 			t.Errorf("waiter: %v", err)
-			got <- nil
-			return
 		}
-		got <- l.(*lease)
+		got <- l
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -222,7 +250,7 @@ func testWaiterClock(t *testing.T, e *env) {
 		default:
 		}
 	}
-	var lw *lease
+	var lw *backends.Lease
 	select {
 	case lw = <-got:
 	case <-time.After(leaseD + 5*time.Second):
@@ -252,11 +280,8 @@ func testTryOnDeadHolder(t *testing.T, e *env) {
 	tbl := table(t)
 	a, b := e.backend(t, tbl, "dead", "admin"), e.backend(t, tbl, "dead", "admin")
 	const leaseD = time.Second
-	la := campaign(t, a, options("a", leaseD))
-	la.stopPoll() // a holder that died: no renewals, no release
-	<-la.pollDone
-	try := options("b", leaseD)
-	try.Try = true
+	campaign(t, a, options{id: "a", lease: leaseD}) // a holder that died: no renewals, no release
+	try := options{id: "b", lease: leaseD, try: true}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	start := time.Now()
@@ -275,32 +300,32 @@ func testTryOnDeadHolder(t *testing.T, e *env) {
 	}
 }
 
-// testRenewAfterLostAnswer: a renewal whose answer was lost but which went
-// through (simulated: the rvn it would have written is in the item) is
-// still ours: the next renewal succeeds, and the poll sees no loss.
+// testRenewAfterLostAnswer: a renewal whose answer was lost but which
+// went through (simulated: another rvn in the item, the grant's owner and
+// token unchanged) is still the grant's: the holder sees no loss, and its
+// next renewal succeeds.
 func testRenewAfterLostAnswer(t *testing.T, e *env) {
 	tbl := table(t)
 	b := e.backend(t, tbl, "lost-answer", "admin")
-	l := campaign(t, b, options("a", 10*time.Second))
+	l := campaign(t, b, options{id: "a", lease: 10 * time.Second})
 	defer release(t, l)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	unseen := newRVN()
-	l.remember(unseen)
 	_, err := e.emu.Client().UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName: aws.String(tbl), Key: key(b.key), UpdateExpression: aws.String("SET #r = :r"),
-		ExpressionAttributeNames: map[string]string{"#r": attrRVN}, ExpressionAttributeValues: map[string]types.AttributeValue{":r": str(unseen)},
+		ExpressionAttributeNames: map[string]string{"#r": attrRVN}, ExpressionAttributeValues: map[string]types.AttributeValue{":r": str(newRVN())},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	polled := l.polls.Load()
-	backendtest.WaitFor(t, "two polls of the lock item", func() bool { return l.polls.Load() >= polled+2 })
-	if err := l.Err(); err != nil {
-		t.Fatalf("the poll took our own write for a loss: %v", err)
-	}
 	if err := l.Renew(ctx); err != nil {
 		t.Fatalf("renewal after a lost answer: %v", err)
+	}
+	if err := l.Err(); err != nil {
+		t.Fatalf("the holder took its own write for a loss: %v", err)
+	}
+	if st, err := b.Status(ctx); err != nil || !st.Held || st.Token != l.Token() {
+		t.Errorf("status: %+v, %v; want still held with token %d", st, err, l.Token())
 	}
 }
 
@@ -308,7 +333,7 @@ func testRenewAfterLostAnswer(t *testing.T, e *env) {
 func testTableCreated(t *testing.T, e *env) {
 	tbl := table(t)
 	b := e.backend(t, tbl, "created", "admin")
-	l := campaign(t, b, options("a", 10*time.Second))
+	l := campaign(t, b, options{id: "a", lease: 10 * time.Second})
 	release(t, l)
 	if e.emu.Item(t, tbl, b.key) == nil {
 		t.Error("no lock item in the table created on first use")
@@ -321,7 +346,7 @@ func testTableCreationRefused(t *testing.T, e *env) {
 	b := e.backend(t, table(t), "refused", "deny.CreateTable")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := b.Campaign(ctx, options("a", 10*time.Second))
+	_, err := b.Campaign(ctx, options{id: "a", lease: 10 * time.Second})
 	if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "dynamodb:CreateTable") {
 		t.Fatalf("campaign with a missing table that may not be created: %v; want ErrUnavailable naming dynamodb:CreateTable", err)
 	}
@@ -333,13 +358,13 @@ func testTableCreationRefused(t *testing.T, e *env) {
 // history and status need (the emulator refuses every other action).
 func testLeastPrivilege(t *testing.T, e *env) {
 	tbl := table(t)
-	l := campaign(t, e.backend(t, tbl, "least", "admin"), options("creator", 10*time.Second))
+	l := campaign(t, e.backend(t, tbl, "least", "admin"), options{id: "creator", lease: 10 * time.Second})
 	release(t, l)
 	const akid = "allow.GetItem.UpdateItem.ConditionCheckItem"
 	a, b := e.backend(t, tbl, "least", akid), e.backend(t, tbl, "least", akid)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	la := campaign(t, a, options("a", 10*time.Second))
+	la := campaign(t, a, options{id: "a", lease: 10 * time.Second})
 	if err := la.Renew(ctx); err != nil {
 		t.Fatalf("renew: %v", err)
 	}
@@ -347,7 +372,7 @@ func testLeastPrivilege(t *testing.T, e *env) {
 	if err := la.Complete(ctx, backends.Marker{Key: "k", Identity: "a", Token: la.Token(), At: now, Expires: now.Add(time.Hour)}); err != nil {
 		t.Fatalf("complete: %v", err)
 	}
-	if m, err := a.Completed(ctx, "k"); err != nil || m == nil {
+	if m, err := la.Completed(ctx, "k", false); err != nil || m == nil {
 		t.Fatalf("completed: %+v, %v", m, err)
 	}
 	if st, err := b.Status(ctx); err != nil || !st.Held {
@@ -357,21 +382,21 @@ func testLeastPrivilege(t *testing.T, e *env) {
 	if err := la.Release(ctx, &term); err != nil {
 		t.Fatalf("release: %v", err)
 	}
-	if terms, err := b.History(ctx, 0); err != nil || len(terms) != 1 {
+	if terms, err := b.History(ctx); err != nil || len(terms) != 1 {
 		t.Fatalf("history: %+v, %v", terms, err)
 	}
-	release(t, campaign(t, b, options("b", 10*time.Second)))
+	release(t, campaign(t, b, options{id: "b", lease: 10 * time.Second}))
 }
 
 // testRefusedRead: credentials that may not read the item are refused at
 // once, with DynamoDB's message naming the action.
 func testRefusedRead(t *testing.T, e *env) {
 	tbl := table(t)
-	release(t, campaign(t, e.backend(t, tbl, "noread", "admin"), options("creator", 10*time.Second)))
+	release(t, campaign(t, e.backend(t, tbl, "noread", "admin"), options{id: "creator", lease: 10 * time.Second}))
 	b := e.backend(t, tbl, "noread", "deny.GetItem")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := b.Campaign(ctx, options("a", 10*time.Second))
+	_, err := b.Campaign(ctx, options{id: "a", lease: 10 * time.Second})
 	if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "dynamodb:GetItem") {
 		t.Fatalf("campaign without GetItem: %v; want ErrUnavailable naming dynamodb:GetItem", err)
 	}
@@ -387,7 +412,7 @@ func testNoTable(t *testing.T, e *env) {
 	if st, err := b.Status(ctx); err != nil || st.Held {
 		t.Errorf("status without a table: %+v, %v", st, err)
 	}
-	if terms, err := b.History(ctx, 0); err != nil || len(terms) != 0 {
+	if terms, err := b.History(ctx); err != nil || len(terms) != 0 {
 		t.Errorf("history without a table: %+v, %v", terms, err)
 	}
 	_, err := e.emu.Client().DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(tbl)})
@@ -413,15 +438,15 @@ func TestAnswerBounded(t *testing.T) {
 				_, _ = io.WriteString(w, body)
 			}))
 			defer srv.Close()
-			b, err := New(Config{Settings: spec.Settings{Region: testenv.DynamoDBRegion, Endpoint: srv.URL, Lock: "big", RequestTimeout: 5 * time.Second},
+			s, err := Open(Config{Settings: spec.Settings{Region: testenv.DynamoDBRegion, Endpoint: srv.URL},
 				Credentials: credentials.NewStaticCredentialsProvider("a", "b", "")})
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer b.Close()
+			defer s.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, err = b.Status(ctx)
+			_, err = backends.ReadStatus(ctx, s, "big")
 			if !errors.Is(err, errAnswerTooLarge) {
 				t.Fatalf("status from a server that answers 4 MiB: %v; want errAnswerTooLarge", err)
 			}
@@ -436,16 +461,15 @@ func TestValidate(t *testing.T) {
 		cfg        spec.Settings
 		wantErrSub string
 	}{
-		{"prefix with #", spec.Settings{Lock: "a", Prefix: "x#y"}, "prefix"},
-		{"short table", spec.Settings{Lock: "a", Table: "ab"}, "table name"},
-		{"table with a slash", spec.Settings{Lock: "a", Table: "a/b"}, "table name"},
-		{"bad lock", spec.Settings{Lock: "a b"}, "lock name"},
+		{"prefix with #", spec.Settings{Prefix: "x#y"}, "prefix"},
+		{"short table", spec.Settings{Table: "ab"}, "table name"},
+		{"table with a slash", spec.Settings{Table: "a/b"}, "table name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Region = testenv.DynamoDBRegion
-			_, err := New(Config{Settings: tc.cfg})
+			_, err := Open(Config{Settings: tc.cfg})
 			if err == nil || !strings.Contains(err.Error(), tc.wantErrSub) {
-				t.Errorf("New(%+v): %v; want an error about %s", tc.cfg, err, tc.wantErrSub)
+				t.Errorf("Open(%+v): %v; want an error about %s", tc.cfg, err, tc.wantErrSub)
 			}
 		})
 	}

@@ -3,9 +3,7 @@ package dynamodb
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"slices"
 	"strconv"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 const (
 	attrName     = "name"     // the partition key
 	attrHolder   = "holder"   // the holder's identity; "" when free
+	attrOwner    = "owner"    // the holder's candidacy (backends.Claim.Owner)
 	attrRVN      = "rvn"      // record version number: random, new at every write
 	attrToken    = "token"    // lock item: the holder's token; counter: the last token granted
 	attrLease    = "lease_ms" // the holder's lease duration, in milliseconds
@@ -38,53 +37,27 @@ const (
 	suffixHistory = "#history"
 )
 
-// Bounds of the JSON that the markers and history items hold: every
-// completion and every release rewrites the whole item, and DynamoDB bills
-// writes by the KiB.
-const (
-	maxMarkerBytes  = 32 << 10
-	maxHistoryBytes = 64 << 10
-)
-
-// record is the lock item's state.
-type record struct {
-	holder   string
-	rvn      string
-	token    uint64
-	leaseMS  int64
-	acquired string
-	renewed  string
-	holders  int // the size of the holder's pool; 0 if its grant recorded none
-}
-
-// held reports whether the record names a holder.
-func (r *record) held() bool { return r.holder != "" }
-
-// lease is the holder's lease duration as the record states it.
-func (r *record) lease() time.Duration { return time.Duration(r.leaseMS) * time.Millisecond }
-
-// parseRecord reads a lock item; nil for no item.
-func parseRecord(item map[string]types.AttributeValue) (*record, error) {
+// recordOf reads a lock item (nil: none). An item without an rvn (none,
+// or one written by hand) reads as no record, taken only by a grant
+// conditional on having none.
+func recordOf(item map[string]types.AttributeValue) (backends.Record, error) {
+	rec := backends.Record{Left: backends.NoClock, Waiting: -1}
 	if item == nil {
-		return nil, nil
+		return rec, nil
 	}
-	r := &record{
-		holder:   stringAttr(item, attrHolder),
-		rvn:      stringAttr(item, attrRVN),
-		acquired: stringAttr(item, attrAcquired),
-		renewed:  stringAttr(item, attrRenewed),
-	}
+	rec.Holder, rec.Owner, rec.Version = stringAttr(item, attrHolder), stringAttr(item, attrOwner), stringAttr(item, attrRVN)
+	rec.Acquired, rec.Renewed = parseTime(stringAttr(item, attrAcquired)), parseTime(stringAttr(item, attrRenewed))
 	var err error
-	if r.token, err = numberAttr(item, attrToken); err != nil {
-		return nil, err
+	if rec.Token, err = numberAttr(item, attrToken); err != nil {
+		return rec, err
 	}
-	lease, err := numberAttr(item, attrLease)
+	leaseMS, err := numberAttr(item, attrLease)
 	if err != nil {
-		return nil, err
+		return rec, err
 	}
-	r.leaseMS = int64(min(lease, 1<<53))
-	r.holders = poolOf(item, r.token)
-	return r, nil
+	rec.TTL = time.Duration(min(leaseMS, 1<<53)) * time.Millisecond
+	rec.Holders = poolOf(item, rec.Token)
+	return rec, nil
 }
 
 // Keys of the pool attribute's map.
@@ -180,67 +153,4 @@ func parseTime(s string) time.Time {
 		return time.Time{}
 	}
 	return t
-}
-
-// parseMarkers reads the markers item's JSON; a mangled attribute reads as
-// none, so that a leader can always write it afresh.
-func parseMarkers(item map[string]types.AttributeValue) []backends.Marker {
-	var all []backends.Marker
-	if v := stringAttr(item, attrMarkers); v != "" {
-		_ = json.Unmarshal([]byte(v), &all)
-	}
-	return all
-}
-
-// withMarker is all with m in place of the marker of the same key, the
-// markers expired at now dropped, oldest first, trimmed to maxMarkerBytes
-// from the oldest.
-func withMarker(all []backends.Marker, m backends.Marker, now time.Time) string {
-	all = slices.DeleteFunc(slices.Clone(all), func(old backends.Marker) bool {
-		return old.Key == m.Key || !old.Expires.After(now)
-	})
-	all = append(all, m)
-	slices.SortStableFunc(all, func(a, b backends.Marker) int { return a.At.Compare(b.At) })
-	data := mustJSON(all)
-	for len(data) > maxMarkerBytes && len(all) > 1 {
-		all = all[1:]
-		data = mustJSON(all)
-	}
-	return string(data)
-}
-
-// parseTerms reads the history item's JSON, oldest first; a mangled
-// attribute reads as none.
-func parseTerms(item map[string]types.AttributeValue) []backends.Term {
-	var all []backends.Term
-	if v := stringAttr(item, attrTerms); v != "" {
-		_ = json.Unmarshal([]byte(v), &all)
-	}
-	return all
-}
-
-// withTerm is the history all with term appended (unless a term of the
-// same token is there: a retried write), keeping the newest
-// backends.HistoryLimit terms within maxHistoryBytes.
-func withTerm(all []backends.Term, term backends.Term) string {
-	if !slices.ContainsFunc(all, func(t backends.Term) bool { return t.Token == term.Token }) {
-		all = append(slices.Clone(all), term)
-	}
-	if n := len(all) - backends.HistoryLimit; n > 0 {
-		all = all[n:]
-	}
-	data := mustJSON(all)
-	for len(data) > maxHistoryBytes && len(all) > 1 {
-		all = all[1:]
-		data = mustJSON(all)
-	}
-	return string(data)
-}
-
-func mustJSON(v any) []byte {
-	data, err := json.Marshal(v)
-	if err != nil {
-		panic(err) // only markers and terms: strings, numbers and times
-	}
-	return data
 }

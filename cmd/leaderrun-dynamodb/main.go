@@ -16,8 +16,8 @@ import (
 )
 
 func main() {
-	cmd.RegisterDynamoDB(func(s spec.Settings) (backends.Backend, error) {
-		return dynamodb.New(dynamodb.Config{Settings: s})
+	cmd.RegisterDynamoDB(func(s spec.Settings) (backends.Store, error) {
+		return dynamodb.Open(dynamodb.Config{Settings: s})
 	})
 	os.Exit(cmd.Main(os.Args))
 }

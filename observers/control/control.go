@@ -21,8 +21,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/runner"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Answer is what the socket says.
@@ -111,11 +111,13 @@ func (s *Server) Path() string { return s.path }
 // second, so the longest pause is short enough for a check that arrived
 // during the failure to be answered within its second once a descriptor
 // is free again.
-var acceptBackoff = backends.Backoff{Min: 5 * time.Millisecond, Max: 100 * time.Millisecond}
+func acceptBackoff() wait.Backoff {
+	return wait.Backoff{Duration: 5 * time.Millisecond, Factor: 2, Steps: 8, Cap: 100 * time.Millisecond}
+}
 
 func (s *Server) serve(state *State) {
 	defer s.wg.Done()
-	retry := acceptBackoff
+	retry, failed := acceptBackoff(), 0
 	busy := make(chan struct{}, maxConns)
 	for {
 		c, err := s.ln.Accept()
@@ -127,17 +129,22 @@ func (s *Server) serve(state *State) {
 			// pending connection stays queued, and accept works again once
 			// the job or the store's client closes something. Ending here
 			// would leave every later check hanging while we still lead.
-			if retry.Failures() == 0 {
+			if failed == 0 {
 				s.log.Warn("check socket: accept failed; retrying", "socket", s.path, "error", err)
 			}
-			if retry.Sleep(s.stop) != nil {
+			failed++
+			t := time.NewTimer(retry.Step())
+			select {
+			case <-s.stop.Done():
+				t.Stop()
 				return
+			case <-t.C:
 			}
 			continue
 		}
-		if n := retry.Failures(); n > 0 {
-			s.log.Info("check socket: accepting again", "socket", s.path, "failed_accepts", n)
-			retry.Reset()
+		if failed > 0 {
+			s.log.Info("check socket: accepting again", "socket", s.path, "failed_accepts", failed)
+			retry, failed = acceptBackoff(), 0
 		}
 		if !allowed(c) {
 			c.Close()

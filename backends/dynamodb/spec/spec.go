@@ -11,20 +11,16 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"time"
 )
 
-// Defaults of Settings.
-const (
-	DefaultTable          = "leaderrun_locks"
-	DefaultRequestTimeout = 5 * time.Second
-)
+// DefaultTable is Settings.Table's default.
+const DefaultTable = "leaderrun_locks"
 
 // maxPrefix keeps the item names within DynamoDB's 2048-byte keys.
 const maxPrefix = 1024
 
-// Settings describe one lock in one DynamoDB table. The zero value of
-// each field is noted.
+// Settings describe one DynamoDB table. The zero value of each field is
+// noted.
 type Settings struct {
 	// Table is the table's name. Empty: DefaultTable.
 	Table string
@@ -35,19 +31,9 @@ type Settings struct {
 	// endpoint). Empty: as the SDK resolves it (AWS_ENDPOINT_URL_DYNAMODB,
 	// AWS_ENDPOINT_URL, the profile's, else the Region's).
 	Endpoint string
-	// Prefix and Lock name the lock item: <Prefix><Lock>.
-	Prefix, Lock string
-	// PollInterval is how often a waiter reads the lock item to see a
-	// release or an expiry, and how often a holder reads it to see a
-	// loss (DynamoDB has no watches), the holder at least every 500 ms.
-	// Shorter: faster handovers, one strongly consistent read (a read
-	// unit) more per interval and process. Zero: the backend's default;
-	// leaderrun passes --retry-period.
-	PollInterval time.Duration
-	// RequestTimeout bounds each HTTP attempt (the SDK retries within
-	// the caller's context). Zero: DefaultRequestTimeout.
-	RequestTimeout time.Duration
-	// Log receives the backend's events (a table created). Nil: none.
+	// Prefix begins every lock item's name: <Prefix><lock>.
+	Prefix string
+	// Log receives the store's events (a table created). Nil: none.
 	Log *slog.Logger
 }
 
