@@ -50,8 +50,14 @@ type recordCandidacy struct {
 }
 
 // step runs until the candidate holds the record, a --try finds it held,
-// ctx ends or a request fails.
-func (c *recordCandidacy) step(ctx context.Context) (Grant, error) {
+// ctx ends or a request fails; after a failure, the next step reads the
+// record again.
+func (c *recordCandidacy) step(ctx context.Context) (g Grant, err error) {
+	defer func() {
+		if err != nil {
+			c.fresh = false
+		}
+	}()
 	for {
 		if !c.fresh {
 			rec, err := c.lock.Get(ctx)
