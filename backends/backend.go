@@ -252,9 +252,10 @@ type RecordLock interface {
 	// Take grants the lock to c, conditional on the stored record still
 	// being prev (by its Version; "": only if there is none). It draws a
 	// new token, and returns the record it wrote. ErrConflict: the
-	// record changed since prev was read. Any other error may or may not
-	// have written it (a lost answer); the driver then looks for c.Owner
-	// when it withdraws.
+	// record changed since prev was read. ErrLocked: the store keeps the
+	// free lock for a waiter ahead of c in its queue (c waits to be
+	// woken). Any other error may or may not have written it (a lost
+	// answer); the driver then looks for c.Owner when it withdraws.
 	Take(ctx context.Context, prev Record, c Claim) (Record, error)
 
 	// Keep renews held, the record this candidate holds, and returns the
@@ -300,8 +301,9 @@ type Follower interface {
 	Changed() <-chan struct{}
 
 	// Behind reports whether another waiter is ahead of this one in the
-	// store's queue of waiters: the one ahead times the holder, and this
-	// one waits to be woken (stores without a queue: always false).
+	// store's queue of waiters: the one ahead times the holder and takes
+	// the lock, and this one waits to be woken (stores without a queue:
+	// always false).
 	Behind() bool
 
 	// Close stops following, and leaves the queue of waiters.

@@ -72,13 +72,16 @@ func (c *recordCandidacy) step(ctx context.Context) (g Grant, err error) {
 		case c.uncertain && c.ours(c.cur):
 			// The Take whose answer was lost went through.
 			return c.won(ctx, c.cur, c.takeSent)
-		case c.takeable(now):
+		case c.takeable(now) && !c.behind():
 			g, err := c.take(ctx)
-			if errors.Is(err, ErrConflict) {
+			switch {
+			case errors.Is(err, ErrConflict):
 				c.fresh = false
 				continue
+			case !errors.Is(err, ErrLocked) || c.try:
+				return g, err
 			}
-			return g, err
+			// The store keeps the lock for a waiter ahead of this one.
 		case c.try && !c.tryWatches(now):
 			return nil, fmt.Errorf("%s is held by %q: %w", c.lock.Key(), c.cur.Holder, ErrLocked)
 		}
@@ -102,6 +105,10 @@ func (c *recordCandidacy) observe(rec Record) {
 func (c *recordCandidacy) ours(rec Record) bool {
 	return rec.Exists() && rec.Owner != "" && rec.Owner == c.claim.Owner && rec.Left != 0
 }
+
+// behind reports whether another waiter is ahead of this one in the
+// store's queue: it takes even a free lock only once woken as the first.
+func (c *recordCandidacy) behind() bool { return c.follow != nil && c.follow.Behind() }
 
 // takeable reports whether the record may be taken now.
 func (c *recordCandidacy) takeable(now time.Time) bool {
@@ -203,7 +210,7 @@ func (c *recordCandidacy) take(ctx context.Context) (Grant, error) {
 	sent := time.Now()
 	rec, err := c.lock.Take(wctx, c.cur, c.claim)
 	if err != nil {
-		if !errors.Is(err, ErrConflict) && !errors.Is(err, ErrRefused) {
+		if !errors.Is(err, ErrConflict) && !errors.Is(err, ErrRefused) && !errors.Is(err, ErrLocked) {
 			c.uncertain, c.takeSent = true, sent
 		}
 		return nil, err
