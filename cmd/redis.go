@@ -44,7 +44,7 @@ var redisStore = store{
 	name:     "redis",
 	flags:    redisFlags,
 	selected: func(c *cli.Context) bool { return c.String("redis-url") != "" || c.String("redis-sentinels") != "" },
-	open:     newRedisBackend,
+	open:     newRedisStore,
 	address:  "--redis-url (LEADERRUN_REDIS_URL), or --redis-sentinels with --redis-sentinel-master",
 	// What lets a job write to the lock's keys: the URL (it may carry a
 	// password), redis-cli's password variable, the Sentinels' password
@@ -53,12 +53,10 @@ var redisStore = store{
 		"LEADERRUN_REDIS_CERT", "LEADERRUN_REDIS_KEY"},
 }
 
-// newRedisBackend validates the Redis flags and builds the backend.
-// Waiters try again every --retry-period (zero, for status and history,
-// which have no such flag: the backend's default). No message shows a
-// password: the URL is printed without its user information, and the
-// backend's messages are redacted again here.
-func newRedisBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
+// newRedisStore validates the Redis flags and opens the store. No
+// message shows a password: the URL is printed without its user
+// information, and the store's messages are redacted again here.
+func newRedisStore(c *cli.Context, cfg storeConfig) (backends.Store, error) {
 	rawURL, master := c.String("redis-url"), c.String("redis-sentinel-master")
 	var sentinels []string
 	for _, s := range strings.Split(c.String("redis-sentinels"), ",") {
@@ -93,7 +91,7 @@ func newRedisBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) 
 	if err != nil {
 		return nil, err
 	}
-	b, err := redis.New(redis.Config{
+	s, err := redis.New(redis.Config{
 		URL:              rawURL,
 		Password:         os.Getenv("REDISCLI_AUTH"),
 		SentinelMaster:   master,
@@ -101,16 +99,14 @@ func newRedisBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) 
 		SentinelPassword: c.String("redis-sentinel-password"),
 		TLS:              files,
 		Prefix:           cfg.Prefix,
-		Lock:             cfg.Lock,
 		MinReplicas:      n,
-		RetryPeriod:      c.Duration("retry-period"),
 		Log:              log,
 	})
 	if err != nil {
 		msg := err.Error()
-		for _, s := range secrets {
-			if s != "" {
-				msg = strings.ReplaceAll(msg, s, "xxxxx")
+		for _, p := range secrets {
+			if p != "" {
+				msg = strings.ReplaceAll(msg, p, "xxxxx")
 			}
 		}
 		if len(sentinels) > 0 {
@@ -118,5 +114,5 @@ func newRedisBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) 
 		}
 		return nil, usageErrorf("--redis-url %q: %s", backends.Redact(rawURL), msg)
 	}
-	return b, nil
+	return s, nil
 }
