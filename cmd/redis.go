@@ -1,6 +1,10 @@
 package cmd
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
 	"net/url"
 	"os"
 	"strings"
@@ -80,10 +84,10 @@ func newRedisStore(c *cli.Context, cfg storeConfig) (backends.Store, error) {
 	if n < 0 {
 		return nil, usageErrorf("--redis-min-replicas %d: want 0 or more", n)
 	}
-	var files *redis.TLSFiles
+	var tlsCfg *tls.Config
 	if ca, cert, key := c.String("redis-cacert"), c.String("redis-cert"), c.String("redis-key"); ca+cert+key != "" {
-		files = &redis.TLSFiles{CA: ca, Cert: cert, Key: key}
-		if err := files.Check(); err != nil {
+		var err error
+		if tlsCfg, err = redisTLS(ca, cert, key); err != nil {
 			return nil, usageErrorf("--redis-cacert %q, --redis-cert %q, --redis-key %q: %v", ca, cert, key, err)
 		}
 	}
@@ -97,7 +101,7 @@ func newRedisStore(c *cli.Context, cfg storeConfig) (backends.Store, error) {
 		SentinelMaster:   master,
 		Sentinels:        sentinels,
 		SentinelPassword: c.String("redis-sentinel-password"),
-		TLS:              files,
+		TLS:              tlsCfg,
 		Prefix:           cfg.Prefix,
 		MinReplicas:      n,
 		Log:              log,
@@ -115,4 +119,32 @@ func newRedisStore(c *cli.Context, cfg storeConfig) (backends.Store, error) {
 		return nil, usageErrorf("--redis-url %q: %s", backends.Redact(rawURL), msg)
 	}
 	return s, nil
+}
+
+// redisTLS reads the files of --redis-cacert, --redis-cert and
+// --redis-key, as redis-cli reads them. Each may be empty.
+func redisTLS(ca, cert, key string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, fmt.Errorf("CA bundle: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("CA bundle %s: no PEM certificate in it", ca)
+		}
+	}
+	if (cert == "") != (key == "") {
+		return nil, errors.New("a client certificate needs both the certificate and its key")
+	}
+	if cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			// Its messages name files, never what a key holds.
+			return nil, fmt.Errorf("client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
 }

@@ -3,12 +3,11 @@ package redis
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,133 +24,94 @@ import (
 // dial_timeout says otherwise.
 const DefaultDialTimeout = 5 * time.Second
 
-// TLSFiles are the files of a TLS configuration, as redis-cli's --cacert,
-// --cert and --key take them. Each may be empty.
-type TLSFiles struct {
-	CA, Cert, Key string
-}
-
-// Check reads the files as the store will, for a configuration error
-// before anything is contacted.
-func (f TLSFiles) Check() error {
-	_, err := f.load()
-	return err
-}
-
-func (f TLSFiles) load() (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if f.CA != "" {
-		pem, err := os.ReadFile(f.CA)
-		if err != nil {
-			return nil, fmt.Errorf("CA bundle: %w", err)
-		}
-		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("CA bundle %s: no PEM certificate in it", f.CA)
-		}
+// New returns the store of cfg. It sends nothing to the server until a
+// lock is first used.
+func New(cfg Config) (*Store, error) {
+	if cfg.MinReplicas < 0 {
+		return nil, fmt.Errorf("redis: %d replicas to wait for: want 0 or more", cfg.MinReplicas)
 	}
-	if (f.Cert == "") != (f.Key == "") {
-		return nil, errors.New("a client certificate needs both the certificate and its key")
-	}
-	if f.Cert != "" {
-		pair, err := tls.LoadX509KeyPair(f.Cert, f.Key)
-		if err != nil {
-			// Its messages name files, never what a key holds.
-			return nil, fmt.Errorf("client certificate: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{pair}
-	}
-	return cfg, nil
-}
-
-// opener builds a client of the configured server (or Sentinel-managed
-// primary) with a pool of the given size, onConnect run on every new
-// connection.
-type opener func(pool int, onConnect func(context.Context, *redis.Conn) error) *redis.Client
-
-// newClient parses cfg, and returns how to open its clients, the address
-// for messages and the secrets to redact from them.
-func newClient(cfg Config) (open opener, addr string, secrets []string, err error) {
 	base, err := parseURL(cfg)
 	if err != nil {
-		return nil, "", nil, err
+		return nil, err
 	}
 	if base.Password == "" {
 		base.Password = cfg.Password
 	}
-	secrets = []string{base.Password, cfg.SentinelPassword}
-	var tlsCfg *tls.Config
-	if base.TLSConfig != nil || cfg.TLS != nil {
+	tlsCfg := cfg.TLS
+	if base.TLSConfig != nil || tlsCfg != nil {
 		if base.TLSConfig == nil {
-			return nil, "", nil, errors.New("redis: TLS files given for a redis:// or unix:// URL: use rediss://")
+			return nil, errors.New("redis: TLS files given for a redis:// or unix:// URL: use rediss://")
+		} else if tlsCfg == nil {
+			tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
 		}
-		files := TLSFiles{}
-		if cfg.TLS != nil {
-			files = *cfg.TLS
-		}
-		if tlsCfg, err = files.load(); err != nil {
-			return nil, "", nil, fmt.Errorf("redis: %w", err)
-		}
+		tlsCfg = tlsCfg.Clone()
 		tlsCfg.InsecureSkipVerify = base.TLSConfig.InsecureSkipVerify // skip_verify=true in the URL
 	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{prefix: cfg.Prefix, addr: base.Addr, secrets: []string{base.Password, cfg.SentinelPassword},
+		minRepl: cfg.MinReplicas, log: cfg.Log.With("backend", "redis")}
 	dial := guardedDialer(base.DialTimeout, tlsCfg)
-	if cfg.SentinelMaster == "" && len(cfg.Sentinels) == 0 {
-		addr = base.Addr
+	switch {
+	case cfg.SentinelMaster == "" && len(cfg.Sentinels) == 0:
 		if base.Network == "unix" {
-			addr = "unix:" + addr
+			s.addr = "unix:" + s.addr
 		}
-		return func(pool int, onConnect func(context.Context, *redis.Conn) error) *redis.Client {
+		s.open = func(pool int, onConnect func(context.Context, *redis.Conn) error) *redis.Client {
 			o := *base // NewClient changes what it is given
 			tune(&o, dial, pool)
 			o.OnConnect = onConnect
 			return redis.NewClient(&o)
-		}, addr, secrets, nil
-	}
-	if cfg.SentinelMaster == "" || len(cfg.Sentinels) == 0 {
-		return nil, "", nil, errors.New("redis: Sentinel needs both the master name and the Sentinels' addresses")
-	}
-	for _, s := range cfg.Sentinels {
-		if _, port, err := net.SplitHostPort(s); err != nil || port == "" {
-			return nil, "", nil, fmt.Errorf("redis: Sentinel %q: want HOST:PORT", backends.Redact(s))
+		}
+	case cfg.SentinelMaster == "" || len(cfg.Sentinels) == 0:
+		return nil, errors.New("redis: Sentinel needs both the master name and the Sentinels' addresses")
+	default:
+		for _, a := range cfg.Sentinels {
+			if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+				return nil, fmt.Errorf("redis: Sentinel %q: want HOST:PORT", backends.Redact(a))
+			}
+		}
+		s.addr = fmt.Sprintf("Sentinel master %q via %s", cfg.SentinelMaster, strings.Join(cfg.Sentinels, ","))
+		s.open = func(pool int, onConnect func(context.Context, *redis.Conn) error) *redis.Client {
+			var o redis.Options
+			tune(&o, dial, pool)
+			// OnConnect runs on the Sentinels' connections too, where
+			// tracking fails and says nothing (follow.go).
+			return redis.NewFailoverClient(&redis.FailoverOptions{
+				MasterName: cfg.SentinelMaster, SentinelAddrs: cfg.Sentinels, SentinelPassword: cfg.SentinelPassword,
+				Username: base.Username, Password: base.Password, DB: base.DB, TLSConfig: tlsCfg, OnConnect: onConnect,
+				DialTimeout: base.DialTimeout, ReadTimeout: base.ReadTimeout, WriteTimeout: base.WriteTimeout,
+				Protocol: o.Protocol, PoolSize: o.PoolSize, MaxIdleConns: o.MaxIdleConns, PipelinePoolSize: o.PipelinePoolSize,
+				ReadBufferSize: o.ReadBufferSize, WriteBufferSize: o.WriteBufferSize, DisableIdentity: true, ClientName: o.ClientName,
+				ContextTimeoutEnabled: true, Dialer: dial, DialerRetries: o.DialerRetries, MaxRetries: o.MaxRetries,
+			})
 		}
 	}
-	addr = fmt.Sprintf("Sentinel master %q via %s", cfg.SentinelMaster, strings.Join(cfg.Sentinels, ","))
-	return func(pool int, onConnect func(context.Context, *redis.Conn) error) *redis.Client {
-		var o redis.Options
-		tune(&o, dial, pool)
-		// OnConnect runs on the Sentinels' connections too, where
-		// tracking fails and says nothing: the holder's probe tells.
-		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName: cfg.SentinelMaster, SentinelAddrs: cfg.Sentinels, SentinelPassword: cfg.SentinelPassword,
-			Username: base.Username, Password: base.Password, DB: base.DB, TLSConfig: tlsCfg, OnConnect: onConnect,
-			DialTimeout: base.DialTimeout, ReadTimeout: base.ReadTimeout, WriteTimeout: base.WriteTimeout,
-			Protocol: o.Protocol, PoolSize: o.PoolSize, MaxIdleConns: o.MaxIdleConns, PipelinePoolSize: o.PipelinePoolSize,
-			ReadBufferSize: o.ReadBufferSize, WriteBufferSize: o.WriteBufferSize, DisableIdentity: true, ClientName: o.ClientName,
-			ContextTimeoutEnabled: true, Dialer: dial, DialerRetries: o.DialerRetries, MaxRetries: o.MaxRetries,
-		})
-	}, addr, secrets, nil
+	s.c = s.open(4, nil)
+	s.ctx, s.stop = context.WithCancel(context.Background())
+	libraryLog.Store(s)
+	libraryOnce.Do(func() { redis.SetLogger(libShim{}) })
+	return s, nil
 }
 
 // parseURL parses cfg.URL with go-redis's ParseURL. With Sentinels the
 // URL names no host (the Sentinels name the primary), and may be empty.
 // Errors never show the URL: it may carry a password.
 func parseURL(cfg Config) (*redis.Options, error) {
-	sentinel := cfg.SentinelMaster != "" || len(cfg.Sentinels) > 0
-	raw := cfg.URL
-	if raw == "" {
-		if !sentinel {
-			return nil, errors.New("redis: no server URL")
-		}
+	sentinel, raw := cfg.SentinelMaster != "" || len(cfg.Sentinels) > 0, cfg.URL
+	if raw == "" && !sentinel {
+		return nil, errors.New("redis: no server URL")
+	} else if raw == "" {
 		raw = "redis://"
 	}
 	u, err := url.Parse(raw)
-	if err != nil {
+	switch {
+	case err != nil:
 		return nil, errors.New("redis: the URL does not parse (scheme://[user:password@]host:port[/db])")
-	}
-	if sentinel && u.Scheme != "redis" && u.Scheme != "rediss" {
+	case sentinel && u.Scheme != "redis" && u.Scheme != "rediss":
 		return nil, fmt.Errorf("redis: with Sentinel, the URL's scheme is redis:// or rediss://, not %s://", u.Scheme)
-	}
-	if sentinel && u.Host != "" {
+	case sentinel && u.Host != "":
 		return nil, fmt.Errorf("redis: with Sentinel, the URL names no host, only the scheme, user, password and database (e.g. %s://user:password@/0): the Sentinels name the primary",
 			u.Scheme)
 	}
@@ -221,16 +181,29 @@ func guardedDialer(timeout time.Duration, tlsCfg *tls.Config) func(context.Conte
 	}
 }
 
-// certificateError reports whether err is a TLS certificate that is not
-// trusted, or a TLS handshake with something that does not speak TLS.
-func certificateError(err error) bool {
-	var unknown x509.UnknownAuthorityError
-	var host x509.HostnameError
-	var invalid x509.CertificateInvalidError
+// refused reports whether err is the server refusing us for good
+// (credentials, ACL permissions, an unknown command, a key of the wrong
+// type, a certificate either side does not trust, something that does not
+// speak TLS) or answering as no Redis does (the guard's bounds), rather
+// than a failure that may pass: the network, a restart (LOADING), a
+// failover (READONLY, MASTERDOWN), too few replicas (NOREPLICAS), a busy
+// script (BUSY).
+func refused(err error) bool {
+	var rerr redis.Error
 	var verify *tls.CertificateVerificationError
 	var header tls.RecordHeaderError
-	return errors.As(err, &unknown) || errors.As(err, &host) || errors.As(err, &invalid) ||
-		errors.As(err, &verify) || errors.As(err, &header)
+	if errors.As(err, &verify) || errors.As(err, &header) || errors.Is(err, errHostileReply) {
+		return true
+	} else if !errors.As(err, &rerr) {
+		return false
+	}
+	for _, transient := range []string{"LOADING", "READONLY", "MASTERDOWN", "NOREPLICAS", "BUSY", "TRYAGAIN",
+		"CLUSTERDOWN", "MASTER_DOWN", "ERR max number of clients"} {
+		if strings.HasPrefix(rerr.Error(), transient) {
+			return false
+		}
+	}
+	return true
 }
 
 // libraryLog is where go-redis's own lines go (it has one logger per
@@ -248,11 +221,11 @@ func (libShim) Printf(_ context.Context, format string, v ...any) {
 	}
 }
 
-// startChecks asks the server, once per store and in the background
-// (the first campaign does not wait for it), for what its users should
-// know: replicas while no replica is waited for (a failover can lose a
-// grant), fewer replicas than waited for (no child will start), and no
-// append-only file (a restart can repeat tokens).
+// startChecks asks the server, once per store and in the background (a
+// campaign does not wait for it), for what its users should know:
+// replicas while none is waited for (a failover can lose a grant), fewer
+// replicas than waited for (no child will start), and no append-only file
+// (a restart can repeat tokens).
 func (s *Store) startChecks() {
 	s.checks.Do(func() {
 		s.wg.Go(func() {
@@ -262,7 +235,7 @@ func (s *Store) startChecks() {
 				return nil
 			})
 			if err != nil {
-				s.log.Debug("redis: could not read INFO replication and persistence", "err", s.redact(err))
+				s.log.Debug("redis: could not read INFO replication and persistence", "err", s.redactString(err.Error()))
 				return
 			}
 			n, err := strconv.Atoi(infoField(repl.Val(), "connected_slaves"))
@@ -284,12 +257,10 @@ func (s *Store) startChecks() {
 	})
 }
 
-// infoField is the value of name in an INFO section's text, "" if none.
+// infoField is the value of name in an INFO section's text (never on its
+// first line, the section's title), "" if none.
 func infoField(info, name string) string {
-	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			return v
-		}
-	}
-	return ""
+	_, v, _ := strings.Cut(info, "\n"+name+":")
+	v, _, _ = strings.Cut(v, "\r")
+	return strings.TrimSpace(v)
 }

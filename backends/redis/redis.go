@@ -1,39 +1,26 @@
-// Package redis is the Redis store: the lock most cron fleets already
-// keep in Redis (SET key PX), made as safe as Redis allows: a lease the
-// server times and checks on every renewal, a fencing token granted in
-// the same step as the lock, and the limits of an asynchronously
-// replicated store said where a user reads them (docs/backends/redis.md,
-// which also lists every key).
+// Package redis is the Redis store: the lock most cron fleets already keep
+// in Redis, made as safe as Redis allows (docs/backends/redis.md, which
+// lists every key and says what holds and what does not).
 //
-// Each lock is a backends.RecordLock on the server's clock. Its key,
+// A lock is a backends.RecordLock on the server's clock: its key,
 // <prefix><lock>, holds the JSON value {"identity","nonce","token",
-// "lease_ms"} (and "holders" in a pool) with a PX expiry of the lease;
-// <key>:token is the counter the token is drawn from, never expired or
-// deleted. Every change is one Lua script (scripts.go): the grant is INCR
-// and SET in one step, and renewal, release and the fenced write act only
-// while the key holds the holder's value, byte for byte. The history and
-// the completion markers are the documents <key>:doc:history and
-// <key>:doc:markers, replaced whole by a script conditional on the digest
-// read.
-//
-// Waiters queue in two sorted sets, <prefix>:waiters:<lock> (by the
-// server's clock when they joined) and <prefix>:alive:<lock> (each one's
-// liveness deadline), and each listens on a pub/sub channel of its own:
-// a release, or a withdrawal that leaves the lock free, wakes the first
-// live waiter alone, and only that one times the holder's lease (see
-// follow.go). The queue's keys start with no lock's key, so that a
-// holder, which hears of every change of a key under its own (client
-// tracking), does not hear of every waiter's heartbeat.
-//
-// The token is strictly increasing for as long as the server never
-// forgets an INCR it acknowledged: one primary with appendfsync always.
-// An asynchronously replicated primary that fails over can forget a grant
-// and its token; Config.MinReplicas narrows that window, it does not close
-// it. Redis Cluster is not supported (the scripts use several keys).
+// "lease_ms"} (and "holders" in a pool) with a PX expiry of the lease, and
+// <key>:token is the counter its tokens are drawn from, never expired or
+// deleted. Every change is one Lua script (scripts.go), atomic on the
+// server: the grant is INCR and SET in one step, and renewal, release and
+// the fenced write act only while the key holds the holder's value, byte
+// for byte. The documents are <key>:doc:history and <key>:doc:markers.
+// Waiters queue in <prefix>:waiters:<lock> and <prefix>:alive:<lock>
+// (follow.go). The token is strictly increasing for as long as the server
+// never forgets an INCR it acknowledged (appendfsync always); a primary
+// that fails over to an asynchronous replica can, and Config.MinReplicas
+// narrows that window without closing it. Redis Cluster is not supported:
+// the scripts use several keys.
 package redis
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,6 +28,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -49,52 +37,41 @@ import (
 
 // Config describes one Redis. The zero value of each field is noted.
 type Config struct {
-	// URL is the server: redis://[user:password@]host:port[/db],
-	// rediss:// (TLS), or unix://[user:password@]/path/to/socket, with
-	// go-redis's query parameters (dial_timeout, read_timeout, db, ...).
-	// With Sentinels, it gives only the scheme, the user, password and
-	// database of the primary, and no host (rediss://user:pass@/0); it may
-	// then be empty. leaderrun sets the protocol (RESP2), the pools, the
+	// URL is the server: redis://[user:password@]host:port[/db], rediss://
+	// (TLS) or unix://[user:password@]/path, with go-redis's query
+	// parameters. With Sentinels it names no host, only the scheme, user,
+	// password and database of the primary (rediss://user:pass@/0), and
+	// may be empty. leaderrun sets the protocol (RESP2), the pools, the
 	// client name and the dialer itself.
 	URL string
-
 	// Password is used when the URL carries none: redis-cli's
-	// REDISCLI_AUTH. Zero: no password unless the URL has one.
+	// REDISCLI_AUTH. Zero: none.
 	Password string
-
-	// SentinelMaster and Sentinels name a Sentinel-managed primary: the
-	// master name and the Sentinels' host:port. Zero: no Sentinel; URL
-	// names the server.
-	SentinelMaster string
-	Sentinels      []string
-	// SentinelPassword authenticates to the Sentinels. Zero: none.
-	SentinelPassword string
-
-	// TLS holds the CA and client certificate for rediss:// (the
-	// server's name is checked as the address gives it). Zero: the
-	// system's roots, no client certificate.
-	TLS *TLSFiles
-
-	// Prefix starts every key: a lock's key is Prefix + its name.
-	// Zero: no prefix.
+	// SentinelMaster and Sentinels (host:port) name a Sentinel-managed
+	// primary, SentinelPassword authenticates to the Sentinels. Zero: no
+	// Sentinel.
+	SentinelMaster, SentinelPassword string
+	Sentinels                        []string
+	// TLS is for rediss:// (the server's name is checked as the address
+	// gives it). Nil: TLS 1.2 or later with the system's roots.
+	TLS *tls.Config
+	// Prefix starts every key. Zero: none.
 	Prefix string
-
-	// MinReplicas is how many replicas must acknowledge a grant before
-	// it is handed out, and every renewal before it counts (WAIT, for at
-	// most the retry period and 1 s). Zero: none are waited for; if the
-	// server reports replicas, the store logs once what that risks.
+	// MinReplicas is how many replicas must acknowledge a grant before it
+	// is handed out, and each renewal before it counts (WAIT). Zero: none;
+	// if the server reports replicas, the store logs once what that risks.
 	MinReplicas int
-
-	// Log receives the store's lines (the replica and persistence
-	// warnings, whether a holder tracks or polls its key) and go-redis's
-	// own, at debug level. Nil: nothing is logged.
+	// Log receives the store's lines, and go-redis's at debug level. Nil:
+	// nothing is logged.
 	Log *slog.Logger
 }
 
 // Store is one Redis, shared by every lock the process campaigns for.
 type Store struct {
-	c       *redis.Client
-	open    opener // for a holder's tracking connection
+	c *redis.Client
+	// open builds a client with a pool of its own, onConnect run on each
+	// new connection: a holder's tracking connection.
+	open    func(pool int, onConnect func(context.Context, *redis.Conn) error) *redis.Client
 	prefix  string
 	addr    string   // the server or Sentinels, for messages; never a password
 	secrets []string // to redact, should a message ever carry one
@@ -109,27 +86,6 @@ type Store struct {
 	woken atomic.Uint64 // wake-ups of waiters, for the herd test
 }
 
-// New returns the store of cfg. It parses the configuration but sends
-// nothing to the server until a lock is first used.
-func New(cfg Config) (*Store, error) {
-	if cfg.MinReplicas < 0 {
-		return nil, fmt.Errorf("redis: %d replicas to wait for: want 0 or more", cfg.MinReplicas)
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.New(slog.DiscardHandler)
-	}
-	open, addr, secrets, err := newClient(cfg)
-	if err != nil {
-		return nil, err
-	}
-	s := &Store{c: open(4, nil), open: open, prefix: cfg.Prefix, addr: addr, secrets: secrets,
-		minRepl: cfg.MinReplicas, log: cfg.Log.With("backend", "redis")}
-	s.ctx, s.stop = context.WithCancel(context.Background())
-	libraryLog.Store(s)
-	libraryOnce.Do(func() { redis.SetLogger(libShim{}) })
-	return s, nil
-}
-
 // Name implements backends.Store.
 func (s *Store) Name() string { return "redis" }
 
@@ -140,61 +96,175 @@ func (s *Store) Close() error {
 	return s.c.Close()
 }
 
-// Lock implements backends.Store.
+// Lock implements backends.Store. Lock names have no colon, so the
+// queue's keys ("<prefix>:...") start with no lock's key, and a holder,
+// which hears of every key under its own, does not hear of heartbeats.
 func (s *Store) Lock(name string) backends.Lock {
-	key := s.prefix + name
-	// Lock names have no colon, so "<prefix>:" starts no lock's key.
-	return &lock{s: s, name: name, key: key, waiters: s.prefix + ":waiters:" + name, alive: s.prefix + ":alive:" + name}
+	return &lock{s: s, name: name, key: s.prefix + name, waiters: s.prefix + ":waiters:" + name, alive: s.prefix + ":alive:" + name}
 }
 
-// lock is one lock's keys.
 type lock struct {
-	s              *Store
-	name, key      string
-	waiters, alive string
+	s                         *Store
+	name, key, waiters, alive string
 }
 
-// Key implements backends.Lock.
-func (l *lock) Key() string { return l.key }
-
-func (l *lock) tokenKey() string         { return l.key + ":token" }
+func (l *lock) Key() string              { return l.key }
 func (l *lock) docKey(doc string) string { return l.key + ":doc:" + doc }
 func (l *lock) wakePrefix() string       { return l.key + ":wake:" }
 
-// value is the lock's value as the take script writes it.
-type value struct {
-	Identity string `json:"identity"`
-	Nonce    string `json:"nonce"`
-	Token    uint64 `json:"token"`
-	LeaseMS  int64  `json:"lease_ms"`
-	// Holders is the pool size the holder campaigned with, when more
-	// than 1 (--holders).
-	Holders int `json:"holders,omitempty"`
+// Get implements backends.RecordLock: the lock's value, what is left of
+// its lease by the server's clock, and the live waiters.
+func (l *lock) Get(ctx context.Context) (backends.Record, error) {
+	res, err := getScript().Run(ctx, l.s.c, []string{l.key, l.alive}).Slice()
+	if err == nil && len(res) != 3 {
+		err = fmt.Errorf("the get script answered %d values, want 3", len(res))
+	}
+	if err != nil {
+		return backends.Record{}, l.s.fail("read", l.key, err)
+	}
+	rec := backends.Record{}
+	if raw, ok := res[0].(string); ok {
+		pttl, _ := res[1].(int64)
+		rec = l.parse(raw, pttl)
+	}
+	waiting, _ := res[2].(int64)
+	rec.Waiting = int(waiting)
+	return rec, nil
 }
 
-// foreign is the holder of a value leaderrun did not write: held, by no
-// one it knows.
-const foreign = "(not leaderrun's value)"
+// parse reads a value of the lock with pttl ms left (-1: no expiry). Its
+// Version is the value itself, which names the grant by its nonce.
+func (l *lock) parse(raw string, pttl int64) backends.Record {
+	rec := backends.Record{Holder: "(not leaderrun's value)", Left: -1, Node: l.s.addr, Version: raw}
+	var v struct {
+		Identity, Nonce string
+		Token           uint64
+		LeaseMS         int64 `json:"lease_ms"`
+		Holders         int
+	}
+	if json.Unmarshal([]byte(raw), &v) == nil && v.Identity != "" {
+		rec.Holder, rec.Owner, rec.Token, rec.Holders = v.Identity, v.Nonce, v.Token, v.Holders
+		rec.TTL = time.Duration(v.LeaseMS) * time.Millisecond
+	}
+	if pttl >= 0 {
+		rec.Left = time.Duration(pttl) * time.Millisecond
+	} else {
+		rec.TTL = 0 // no expiry (set by hand): held for ever, never taken over
+	}
+	return rec
+}
+
+// Take implements backends.RecordLock: the lock is granted only if its key
+// does not exist, whatever prev says: the server's clock expires a lease,
+// so a lease that ran out is a key that is gone.
+func (l *lock) Take(ctx context.Context, _ backends.Record, c backends.Claim) (backends.Record, error) {
+	l.s.startChecks()
+	ms := max(c.Timings.LeaseDuration.Milliseconds(), 1)
+	raw, err := takeScript().Run(ctx, l.s.c, []string{l.key, l.key + ":token", l.docKey(backends.DocHistory), l.waiters, l.alive},
+		c.Owner, c.Identity, ms, c.Holders).Text()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return backends.Record{}, fmt.Errorf("redis: %q: %w", l.key, backends.ErrConflict)
+	case err != nil:
+		return backends.Record{}, l.s.fail("take", l.key, err)
+	}
+	return l.parse(raw, ms), nil
+}
+
+// Keep implements backends.RecordLock. With Config.MinReplicas, a WAIT on
+// the same connection follows: it counts the replicas that acknowledged
+// the renewal, and with it every earlier write, the grant and its token
+// included. The WAIT takes at most a second, and half of what is left of
+// ctx, so that its answer comes in time.
+func (l *lock) Keep(ctx context.Context, held backends.Record) (backends.Record, error) {
+	cn := l.s.c.Conn()
+	defer cn.Close()
+	if n, err := renewScript().Run(ctx, cn, []string{l.key}, held.Version, max(held.TTL.Milliseconds(), 1)).Int64(); err != nil {
+		return held, l.s.fail("renew", l.key, err)
+	} else if n != 1 {
+		return held, fmt.Errorf("redis: %q no longer holds token %d (deleted, expired by the server's clock, or taken): %w",
+			l.key, held.Token, backends.ErrLeaseLost)
+	}
+	if l.s.minRepl == 0 {
+		return held, nil
+	}
+	wait := time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		wait = max(min(wait, time.Until(dl)/2), time.Millisecond)
+	}
+	n, err := cn.Do(ctx, "WAIT", l.s.minRepl, wait.Milliseconds()).Int64()
+	if err == nil && n < int64(l.s.minRepl) {
+		err = fmt.Errorf("%d of the %d replicas asked for (--redis-min-replicas) acknowledged token %d within %v", n, l.s.minRepl, held.Token, wait)
+	}
+	if err != nil {
+		return held, l.s.fail("replicate", l.key, err)
+	}
+	return held, nil
+}
+
+// Free implements backends.RecordLock: the key is deleted if it still
+// holds held's value, and the first live waiter woken. If the server
+// cannot be reached, the lease expires by its clock.
+func (l *lock) Free(ctx context.Context, held backends.Record) error {
+	return l.leave(ctx, held.Version, "")
+}
+
+func (l *lock) leave(ctx context.Context, val, nonce string) error {
+	if err := leaveScript().Run(ctx, l.s.c, []string{l.key, l.waiters, l.alive}, val, nonce, l.wakePrefix()).Err(); err != nil {
+		return l.s.fail("leave", l.key, err)
+	}
+	return nil
+}
+
+// ReadDoc implements backends.Lock. It reads at most one byte more than
+// backends.MaxDoc. The version is the content itself (the write script
+// compares it), and an empty string is no document.
+func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
+	d, key := backends.Doc{Name: name}, l.docKey(name)
+	s, err := l.s.c.GetRange(ctx, key, 0, backends.MaxDoc).Result()
+	switch {
+	case err != nil:
+		return d, l.s.fail("read", key, err)
+	case len(s) > backends.MaxDoc:
+		return d, fmt.Errorf("redis: %q is more than the %d bytes a document may hold", key, backends.MaxDoc)
+	case s != "":
+		d.Data, d.Version = []byte(s), s
+	}
+	return d, nil
+}
+
+// WriteDoc implements backends.Lock.
+func (l *lock) WriteDoc(ctx context.Context, d backends.Doc) error {
+	return l.WriteDocHeld(ctx, d, backends.Record{})
+}
+
+// WriteDocHeld implements backends.RecordLock: one script, which writes
+// only while the lock holds held's value (any, for WriteDoc).
+func (l *lock) WriteDocHeld(ctx context.Context, d backends.Doc, held backends.Record) error {
+	key := l.docKey(d.Name)
+	version, _ := d.Version.(string)
+	n, err := docScript().Run(ctx, l.s.c, []string{key, l.key}, version, d.Data, held.Version).Int64()
+	switch {
+	case err != nil:
+		return l.s.fail("write", key, err)
+	case n == 0:
+		return fmt.Errorf("redis: %q: %w", key, backends.ErrConflict)
+	case n < 0:
+		return fmt.Errorf("redis: %q no longer holds token %d; %q not written: %w", l.key, held.Token, key, backends.ErrLeaseLost)
+	}
+	return nil
+}
 
 // fail wraps an error of op on key as the store being unavailable, and
-// refused when asking again cannot help. It names the server and the key,
-// never a password.
+// refused when asking again cannot help; it names the server, never a
+// password.
 func (s *Store) fail(op, key string, err error) error {
 	if refused(err) {
 		err = fmt.Errorf("%w: %w", backends.ErrRefused, err)
 	}
-	return s.redact(fmt.Errorf("redis at %s: %s %q: %w: %w", s.addr, op, key, backends.ErrUnavailable, err))
-}
-
-// redact replaces every secret in err's message; errors.Is and errors.As
-// still see through it.
-func (s *Store) redact(err error) error {
-	if err == nil {
-		return nil
-	}
-	msg := err.Error()
-	if red := s.redactString(msg); red != msg {
-		return &redacted{err: err, msg: red}
+	err = fmt.Errorf("redis at %s: %s %q: %w: %w", s.addr, op, key, backends.ErrUnavailable, err)
+	if msg := err.Error(); s.redactString(msg) != msg {
+		return &redacted{err, s.redactString(msg)}
 	}
 	return err
 }
@@ -208,6 +278,8 @@ func (s *Store) redactString(str string) string {
 	return str
 }
 
+// redacted is an error whose message lost its secrets; errors.Is and
+// errors.As still see through it.
 type redacted struct {
 	err error
 	msg string
@@ -215,49 +287,3 @@ type redacted struct {
 
 func (r *redacted) Error() string { return r.msg }
 func (r *redacted) Unwrap() error { return r.err }
-
-// refused reports whether err is the server refusing us for good
-// (credentials, ACL permissions, a command it does not know, a key of
-// the wrong type, a certificate it or we do not trust) or answering as no
-// Redis does (the guard's bounds), as opposed to a failure that may pass:
-// the network, a restart (LOADING), a failover (READONLY, MASTERDOWN),
-// too few replicas for its min-replicas-to-write (NOREPLICAS), a busy
-// script (BUSY).
-func refused(err error) bool {
-	if certificateError(err) || errors.Is(err, errHostileReply) {
-		return true
-	}
-	var rerr redis.Error
-	if !errors.As(err, &rerr) {
-		return false
-	}
-	msg := rerr.Error()
-	for _, transient := range []string{"LOADING", "READONLY", "MASTERDOWN", "NOREPLICAS", "BUSY", "TRYAGAIN",
-		"CLUSTERDOWN", "MASTER_DOWN", "ERR max number of clients"} {
-		if strings.HasPrefix(msg, transient) {
-			return false
-		}
-	}
-	return true
-}
-
-// parseRecord reads the lock's value, as the get script found it with
-// pttl ms left, into a record; Version is the value itself, which names
-// the grant (its nonce).
-func (l *lock) parseRecord(raw string, pttl int64) backends.Record {
-	rec := backends.Record{Left: -1, Waiting: -1, Node: l.s.addr, Version: raw}
-	var v value
-	if err := json.Unmarshal([]byte(raw), &v); err != nil || v.Identity == "" {
-		rec.Holder = foreign
-	} else {
-		rec.Holder, rec.Owner, rec.Token, rec.Holders = v.Identity, v.Nonce, v.Token, v.Holders
-		rec.TTL = msDuration(v.LeaseMS)
-	}
-	if pttl >= 0 {
-		rec.Left = msDuration(pttl)
-	} else {
-		// No expiry (set by hand): held for ever, never taken over.
-		rec.TTL = 0
-	}
-	return rec
-}

@@ -137,7 +137,7 @@ func testConformance(t *testing.T, e *env) { conformance(t, e, redis.Config{URL:
 // checked against the test's CA, the password from REDISCLI_AUTH's place
 // in the configuration rather than the URL.
 func testConformanceTLS(t *testing.T, e *env) {
-	conformance(t, e, redis.Config{URL: "rediss://" + e.r.TLSAddr(), Password: password, TLS: &redis.TLSFiles{CA: e.r.CAFile()}})
+	conformance(t, e, redis.Config{URL: "rediss://" + e.r.TLSAddr(), Password: password, TLS: e.r.TLSConfig(t)})
 }
 
 // testConformanceUnix: the same over the server's unix socket.

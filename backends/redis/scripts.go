@@ -7,25 +7,20 @@ import (
 )
 
 // script returns a script built on first use: building one hashes its
-// source, which every leaderrun would otherwise pay at start, whatever
-// its store.
+// source, which every leaderrun would otherwise pay at start.
 func script(src string) func() *redis.Script {
 	return sync.OnceValue(func() *redis.Script { return redis.NewScript(src) })
 }
 
-// The Lua scripts of the store: each is atomic on the server (Redis runs
-// one script at a time, and replicates its writes as one transaction),
-// which is what makes a grant and its token one step. Every key a script
-// touches is in KEYS. Numbers go to redis.call as strings
-// (string.format('%d') or the strings Redis returned): Lua turns a number
-// into text with 14 significant digits, which would round the
-// microsecond clock of the queue's order.
-
-// luaLib is shared by the scripts that read the queue: now() is the
-// server's clock in milliseconds; head() the first waiter whose liveness
-// deadline has not passed, dropping from the front any whose has (a
-// waiter that died must not hold the queue up); wake() publishes to the
-// first live waiter's channel.
+// The store's Lua scripts. Redis runs one at a time and replicates its
+// writes as one transaction, which makes a grant and its token one step.
+// Every key a script touches is in KEYS. Numbers go to redis.call as
+// strings: Lua writes a number with 14 significant digits, which would
+// round the queue's microsecond clock.
+//
+// luaLib: now() is the server's clock in ms; head() the first waiter
+// whose liveness deadline has not passed, dropping any whose has (a dead
+// waiter must not hold the queue up); wake() publishes to it alone.
 const luaLib = `
 local function now()
   local t = redis.call('TIME')
@@ -40,7 +35,6 @@ local function head(waiters, alive, ms)
     redis.call('ZREM', waiters, h)
     redis.call('ZREM', alive, h)
   end
-  return nil
 end
 local function wake(waiters, alive, prefix)
   local h = head(waiters, alive, now())
@@ -48,23 +42,17 @@ local function wake(waiters, alive, prefix)
 end
 `
 
-// getScript reads the lock and counts the live waiters.
-//
-//	KEYS: lock, alive
-//	returns {value or false, pttl, live waiters}
+// getScript: KEYS lock, alive. Returns {value or false, pttl, live waiters}.
 var getScript = script(luaLib + `
 return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1]),
   redis.call('ZCOUNT', KEYS[2], string.format('%d', now()), '+inf')}
 `)
 
-// takeScript grants a free lock: INCR of the token counter and SET PX of
-// the lock, whose value holds the token, in one step. If the counter was
-// deleted by hand, it goes on from the newest term in the history rather
-// than from 1. The candidate leaves the queue of waiters.
-//
-//	KEYS: lock, token, history, waiters, alive
-//	ARGV: nonce, identity, lease ms, holders
-//	returns the value written; false if the lock is held
+// takeScript grants a free lock: INCR of the counter and SET PX of the
+// value that holds the token, and the candidate leaves the queue. A
+// counter deleted by hand goes on from the history's newest term, not 1.
+// KEYS lock, token, history, waiters, alive; ARGV nonce, identity, lease
+// ms, holders. Returns the value, false if the lock is held.
 var takeScript = script(`
 if redis.call('GET', KEYS[1]) then return false end
 if redis.call('INCR', KEYS[2]) == 1 then
@@ -85,33 +73,24 @@ redis.call('ZREM', KEYS[5], ARGV[1])
 return v
 `)
 
-// renewScript extends the lease if the lock still holds our value.
-//
-//	KEYS: lock
-//	ARGV: value, lease ms
-//	returns 1 when renewed, else the lock's value ("" if none)
+// renewScript: KEYS lock; ARGV value, lease ms. Returns 1 if renewed, 0
+// if the lock no longer holds the value.
 var renewScript = script(`
-local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return cur or ''
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 `)
 
-// leaveScript frees the lock if it holds value (a release), or takes the
-// waiter nonce out of the queue (a withdrawal); either way, a free lock
-// wakes the first live waiter.
-//
-//	KEYS: lock, waiters, alive
-//	ARGV: value or "", nonce or "", wake prefix
+// leaveScript frees the lock if it holds a value (a release), or takes a
+// waiter's nonce out of the queue (a withdrawal); a free lock wakes the
+// first live waiter. KEYS lock, waiters, alive; ARGV value or "", nonce
+// or "", wake prefix.
 var leaveScript = script(luaLib + `
 if ARGV[2] ~= '' then
   redis.call('ZREM', KEYS[2], ARGV[2])
   redis.call('ZREM', KEYS[3], ARGV[2])
 end
 local cur = redis.call('GET', KEYS[1])
-if cur and cur == ARGV[1] then
+if ARGV[1] ~= '' and cur == ARGV[1] then
   redis.call('DEL', KEYS[1])
   cur = false
 end
@@ -119,13 +98,11 @@ if not cur then wake(KEYS[2], KEYS[3], ARGV[3]) end
 return 1
 `)
 
-// queueScript puts a waiter in the queue, or refreshes its liveness
-// deadline there; if the lock is free and another live waiter is first,
-// it wakes that one (it may have missed its wake-up).
-//
-//	KEYS: lock, waiters, alive
-//	ARGV: nonce, liveness window ms, wake prefix
-//	returns {rank, 1 if the lock is free}
+// queueScript puts a waiter in the queue by the server's clock, or
+// refreshes its liveness deadline there; a free lock whose first live
+// waiter is another wakes that one (its wake-up may have been lost).
+// KEYS lock, waiters, alive; ARGV nonce, liveness window ms, wake prefix.
+// Returns {rank, 1 if the lock is free}.
 var queueScript = script(luaLib + `
 local ms, t = now()
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
@@ -141,17 +118,13 @@ if free and h and h ~= ARGV[1] then redis.call('PUBLISH', ARGV[3] .. h, 'free') 
 return {redis.call('ZRANK', KEYS[2], ARGV[1]), free and 1 or 0}
 `)
 
-// docScript replaces a document if its digest is still the one read
-// ("": only if there is none) and, for a fenced write, only while the
-// lock holds the holder's value.
-//
-//	KEYS: document, lock
-//	ARGV: digest or "", data, value or ""
-//	returns 1 if written, 0 if the document changed, -1 if the lock did
+// docScript replaces a document if it is still what was read ("" if
+// none) and, for a fenced write, the lock holds the holder's value.
+// KEYS document, lock; ARGV content read, data, value or "". Returns 1 if
+// written, 0 if the document changed, -1 if the lock did.
 var docScript = script(`
 if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[3] then return -1 end
-local cur = redis.call('GET', KEYS[1])
-if (cur and cur ~= '' and redis.sha1hex(cur) or '') ~= ARGV[1] then return 0 end
+if (redis.call('GET', KEYS[1]) or '') ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2])
 return 1
 `)
