@@ -1,21 +1,17 @@
 // Package redis is the Redis store: the lock most cron fleets already keep
-// in Redis, made as safe as Redis allows (docs/backends/redis.md, which
-// lists every key and says what holds and what does not).
+// in Redis, made as safe as Redis allows. docs/backends/redis.md lists its
+// keys and says what holds and what does not.
 //
-// A lock is a backends.RecordLock on the server's clock: its key,
-// <prefix><lock>, holds the JSON value {"identity","nonce","token",
-// "lease_ms"} (and "holders" in a pool) with a PX expiry of the lease, and
-// <key>:token is the counter its tokens are drawn from, never expired or
-// deleted. Every change is one Lua script (scripts.go), atomic on the
-// server: the grant is INCR and SET in one step, and renewal, release and
-// the fenced write act only while the key holds the holder's value, byte
-// for byte. The documents are <key>:doc:history and <key>:doc:markers.
-// Waiters queue in <prefix>:waiters:<lock> and <prefix>:alive:<lock>
-// (follow.go). The token is strictly increasing for as long as the server
-// never forgets an INCR it acknowledged (appendfsync always); a primary
-// that fails over to an asynchronous replica can, and Config.MinReplicas
-// narrows that window without closing it. Redis Cluster is not supported:
-// the scripts use several keys.
+// A lock is a backends.RecordLock on the server's clock: the key
+// <prefix><lock> holds the holder's JSON value with a PX expiry of its
+// lease, and <key>:token is the counter its tokens come from, never
+// expired or deleted. Every change is one Lua script (scripts.go), atomic
+// on the server: a grant is INCR and SET in one step, and renewal, release
+// and the fenced write act only while the key holds the holder's value,
+// byte for byte. Tokens strictly increase as long as the server never
+// forgets an acknowledged INCR (appendfsync always); a failover to an
+// asynchronous replica can, which Config.MinReplicas narrows without
+// closing. Redis Cluster is not supported: the scripts use several keys.
 package redis
 
 import (
@@ -38,11 +34,9 @@ import (
 // Config describes one Redis. The zero value of each field is noted.
 type Config struct {
 	// URL is the server: redis://[user:password@]host:port[/db], rediss://
-	// (TLS) or unix://[user:password@]/path, with go-redis's query
-	// parameters. With Sentinels it names no host, only the scheme, user,
-	// password and database of the primary (rediss://user:pass@/0), and
-	// may be empty. leaderrun sets the protocol (RESP2), the pools, the
-	// client name and the dialer itself.
+	// or unix://[user:password@]/path, with go-redis's query parameters
+	// but those the store sets itself (protocol, pools, dialer). With
+	// Sentinels it names no host (rediss://user:pass@/0), or is empty.
 	URL string
 	// Password is used when the URL carries none: redis-cli's
 	// REDISCLI_AUTH. Zero: none.
