@@ -126,10 +126,11 @@ func (l *lock) Get(ctx context.Context) (backends.Record, error) {
 	return rec, nil
 }
 
-// parse reads a value of the lock with pttl ms left (-1: no expiry). Its
-// Version is the value itself, which names the grant by its nonce.
+// parse reads a value of the lock with pttl ms left (-1: no expiry, a key
+// set by hand). Its Version is the value itself, which names the grant by
+// its nonce.
 func (l *lock) parse(raw string, pttl int64) backends.Record {
-	rec := backends.Record{Holder: "(not leaderrun's value)", Left: -1, Node: l.s.addr, Version: raw}
+	rec := backends.Record{Holder: "(not leaderrun's value)", Left: backends.NoClock, Node: l.s.addr, Version: raw}
 	var v struct {
 		Identity, Nonce string
 		Token           uint64
@@ -143,7 +144,7 @@ func (l *lock) parse(raw string, pttl int64) backends.Record {
 	if pttl >= 0 {
 		rec.Left = time.Duration(pttl) * time.Millisecond
 	} else {
-		rec.TTL = 0 // no expiry (set by hand): held for ever, never taken over
+		rec.TTL = 0 // held for ever, never taken over
 	}
 	return rec
 }

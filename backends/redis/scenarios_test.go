@@ -442,7 +442,7 @@ func testDocumentsBounded(t *testing.T, e *env) {
 			t.Fatal(err)
 		}
 	}
-	for doc, bound := range map[string]int64{"history": 64 << 10, "markers": 16 << 10} {
+	for doc, bound := range map[string]int64{"history": backends.MaxHistoryDoc, "markers": 16 << 10} {
 		if n, err := e.admin.StrLen(ctx, prefix+lock+":doc:"+doc).Result(); err != nil || n == 0 || n > bound {
 			t.Errorf("%s: %d bytes (%v), want at most %d", doc, n, err, bound)
 		}
