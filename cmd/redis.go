@@ -1,6 +1,10 @@
 package cmd
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
 	"net/url"
 	"os"
 	"strings"
@@ -44,7 +48,7 @@ var redisStore = store{
 	name:     "redis",
 	flags:    redisFlags,
 	selected: func(c *cli.Context) bool { return c.String("redis-url") != "" || c.String("redis-sentinels") != "" },
-	open:     newRedisBackend,
+	open:     newRedisStore,
 	address:  "--redis-url (LEADERRUN_REDIS_URL), or --redis-sentinels with --redis-sentinel-master",
 	// What lets a job write to the lock's keys: the URL (it may carry a
 	// password), redis-cli's password variable, the Sentinels' password
@@ -53,12 +57,10 @@ var redisStore = store{
 		"LEADERRUN_REDIS_CERT", "LEADERRUN_REDIS_KEY"},
 }
 
-// newRedisBackend validates the Redis flags and builds the backend.
-// Waiters try again every --retry-period (zero, for status and history,
-// which have no such flag: the backend's default). No message shows a
-// password: the URL is printed without its user information, and the
-// backend's messages are redacted again here.
-func newRedisBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
+// newRedisStore validates the Redis flags and opens the store. No
+// message shows a password: the URL is printed without its user
+// information, and the store's messages are redacted again here.
+func newRedisStore(c *cli.Context, cfg storeConfig) (backends.Store, error) {
 	rawURL, master := c.String("redis-url"), c.String("redis-sentinel-master")
 	var sentinels []string
 	for _, s := range strings.Split(c.String("redis-sentinels"), ",") {
@@ -82,10 +84,10 @@ func newRedisBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) 
 	if n < 0 {
 		return nil, usageErrorf("--redis-min-replicas %d: want 0 or more", n)
 	}
-	var files *redis.TLSFiles
+	var tlsCfg *tls.Config
 	if ca, cert, key := c.String("redis-cacert"), c.String("redis-cert"), c.String("redis-key"); ca+cert+key != "" {
-		files = &redis.TLSFiles{CA: ca, Cert: cert, Key: key}
-		if err := files.Check(); err != nil {
+		var err error
+		if tlsCfg, err = redisTLS(ca, cert, key); err != nil {
 			return nil, usageErrorf("--redis-cacert %q, --redis-cert %q, --redis-key %q: %v", ca, cert, key, err)
 		}
 	}
@@ -93,24 +95,22 @@ func newRedisBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) 
 	if err != nil {
 		return nil, err
 	}
-	b, err := redis.New(redis.Config{
+	s, err := redis.New(redis.Config{
 		URL:              rawURL,
 		Password:         os.Getenv("REDISCLI_AUTH"),
 		SentinelMaster:   master,
 		Sentinels:        sentinels,
 		SentinelPassword: c.String("redis-sentinel-password"),
-		TLS:              files,
+		TLS:              tlsCfg,
 		Prefix:           cfg.Prefix,
-		Lock:             cfg.Lock,
 		MinReplicas:      n,
-		RetryPeriod:      c.Duration("retry-period"),
 		Log:              log,
 	})
 	if err != nil {
 		msg := err.Error()
-		for _, s := range secrets {
-			if s != "" {
-				msg = strings.ReplaceAll(msg, s, "xxxxx")
+		for _, p := range secrets {
+			if p != "" {
+				msg = strings.ReplaceAll(msg, p, "xxxxx")
 			}
 		}
 		if len(sentinels) > 0 {
@@ -118,5 +118,33 @@ func newRedisBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) 
 		}
 		return nil, usageErrorf("--redis-url %q: %s", backends.Redact(rawURL), msg)
 	}
-	return b, nil
+	return s, nil
+}
+
+// redisTLS reads the files of --redis-cacert, --redis-cert and
+// --redis-key, as redis-cli reads them. Each may be empty.
+func redisTLS(ca, cert, key string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, fmt.Errorf("CA bundle: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("CA bundle %s: no PEM certificate in it", ca)
+		}
+	}
+	if (cert == "") != (key == "") {
+		return nil, errors.New("a client certificate needs both the certificate and its key")
+	}
+	if cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			// Its messages name files, never what a key holds.
+			return nil, fmt.Errorf("client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
 }

@@ -3,15 +3,14 @@ package redis
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,146 +20,98 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// TLSFiles are the files of a TLS configuration, as redis-cli's --cacert,
-// --cert and --key take them. Each may be empty.
-type TLSFiles struct {
-	CA, Cert, Key string
-}
+// DefaultDialTimeout bounds each connection attempt, unless the URL's
+// dial_timeout says otherwise.
+const DefaultDialTimeout = 5 * time.Second
 
-// Check reads the files as the backend will, for a configuration error
-// before anything is contacted.
-func (f TLSFiles) Check() error {
-	_, err := f.load()
-	return err
-}
-
-// load reads the files into a client configuration.
-func (f TLSFiles) load() (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if f.CA != "" {
-		pem, err := os.ReadFile(f.CA)
-		if err != nil {
-			return nil, fmt.Errorf("CA bundle: %w", err)
-		}
-		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("CA bundle %s: no PEM certificate in it", f.CA)
-		}
+// New returns the store of cfg. It sends nothing to the server until a
+// lock is first used.
+func New(cfg Config) (*Store, error) {
+	if cfg.MinReplicas < 0 {
+		return nil, fmt.Errorf("redis: %d replicas to wait for: want 0 or more", cfg.MinReplicas)
 	}
-	if (f.Cert == "") != (f.Key == "") {
-		return nil, errors.New("a client certificate needs both the certificate and its key")
-	}
-	if f.Cert != "" {
-		pair, err := tls.LoadX509KeyPair(f.Cert, f.Key)
-		if err != nil {
-			// Its messages name files, never what a key holds.
-			return nil, fmt.Errorf("client certificate: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{pair}
-	}
-	return cfg, nil
-}
-
-// clients are the go-redis clients of one configuration.
-type clients struct {
-	main *redis.Client
-	// tracker builds a client for a lease's tracking connection (see
-	// track.go): the same server, one connection, onConnect run on it.
-	tracker func(onConnect func(context.Context, *redis.Conn) error) *redis.Client
-	addr    string   // for messages
-	secrets []string // to redact
-}
-
-// newClient builds the go-redis clients of cfg, and returns the address
-// for messages and the secrets to redact from them.
-func newClient(cfg Config) (clients, error) {
 	base, err := parseURL(cfg)
 	if err != nil {
-		return clients{}, err
+		return nil, err
 	}
 	if base.Password == "" {
 		base.Password = cfg.Password
 	}
-	secrets := []string{base.Password, cfg.SentinelPassword}
-	var tlsCfg *tls.Config
-	if base.TLSConfig != nil || cfg.TLS != nil {
+	tlsCfg := cfg.TLS
+	if base.TLSConfig != nil || tlsCfg != nil {
 		if base.TLSConfig == nil {
-			return clients{}, errors.New("redis: TLS files given for a redis:// or unix:// URL: use rediss://")
+			return nil, errors.New("redis: TLS files given for a redis:// or unix:// URL: use rediss://")
+		} else if tlsCfg == nil {
+			tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
 		}
-		files := TLSFiles{}
-		if cfg.TLS != nil {
-			files = *cfg.TLS
-		}
-		if tlsCfg, err = files.load(); err != nil {
-			return clients{}, fmt.Errorf("redis: %w", err)
-		}
+		tlsCfg = tlsCfg.Clone()
 		tlsCfg.InsecureSkipVerify = base.TLSConfig.InsecureSkipVerify // skip_verify=true in the URL
 	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Store{prefix: cfg.Prefix, addr: base.Addr, secrets: []string{base.Password, cfg.SentinelPassword},
+		minRepl: cfg.MinReplicas, log: cfg.Log.With("backend", "redis")}
 	dial := guardedDialer(base.DialTimeout, tlsCfg)
-	if cfg.SentinelMaster == "" && len(cfg.Sentinels) == 0 {
-		tune(base, dial)
-		tmpl := *base // NewClient changes what it is given
-		c := clients{main: redis.NewClient(base), addr: endpoint(base.Network, base.Addr), secrets: secrets}
-		c.tracker = func(onConnect func(context.Context, *redis.Conn) error) *redis.Client {
-			o := tmpl
-			o.PoolSize, o.MaxIdleConns, o.OnConnect = 1, 1, onConnect
+	switch {
+	case cfg.SentinelMaster == "" && len(cfg.Sentinels) == 0:
+		if base.Network == "unix" {
+			s.addr = "unix:" + s.addr
+		}
+		s.open = func(pool int, onConnect func(context.Context, *redis.Conn) error) *redis.Client {
+			o := *base // NewClient changes what it is given
+			tune(&o, dial, pool)
+			o.OnConnect = onConnect
 			return redis.NewClient(&o)
 		}
-		return c, nil
-	}
-	if cfg.SentinelMaster == "" || len(cfg.Sentinels) == 0 {
-		return clients{}, errors.New("redis: Sentinel needs both the master name and the Sentinels' addresses")
-	}
-	for _, s := range cfg.Sentinels {
-		if _, port, err := net.SplitHostPort(s); err != nil || port == "" {
-			return clients{}, fmt.Errorf("redis: Sentinel %q: want HOST:PORT", backends.Redact(s))
+	case cfg.SentinelMaster == "" || len(cfg.Sentinels) == 0:
+		return nil, errors.New("redis: Sentinel needs both the master name and the Sentinels' addresses")
+	default:
+		for _, a := range cfg.Sentinels {
+			if _, port, err := net.SplitHostPort(a); err != nil || port == "" {
+				return nil, fmt.Errorf("redis: Sentinel %q: want HOST:PORT", backends.Redact(a))
+			}
+		}
+		s.addr = fmt.Sprintf("Sentinel master %q via %s", cfg.SentinelMaster, strings.Join(cfg.Sentinels, ","))
+		s.open = func(pool int, onConnect func(context.Context, *redis.Conn) error) *redis.Client {
+			var o redis.Options
+			tune(&o, dial, pool)
+			// OnConnect runs on the Sentinels' connections too, where
+			// tracking fails and says nothing (follow.go).
+			return redis.NewFailoverClient(&redis.FailoverOptions{
+				MasterName: cfg.SentinelMaster, SentinelAddrs: cfg.Sentinels, SentinelPassword: cfg.SentinelPassword,
+				Username: base.Username, Password: base.Password, DB: base.DB, TLSConfig: tlsCfg, OnConnect: onConnect,
+				DialTimeout: base.DialTimeout, ReadTimeout: base.ReadTimeout, WriteTimeout: base.WriteTimeout,
+				Protocol: o.Protocol, PoolSize: o.PoolSize, MaxIdleConns: o.MaxIdleConns, PipelinePoolSize: o.PipelinePoolSize,
+				ReadBufferSize: o.ReadBufferSize, WriteBufferSize: o.WriteBufferSize, DisableIdentity: true, ClientName: o.ClientName,
+				ContextTimeoutEnabled: true, Dialer: dial, DialerRetries: o.DialerRetries, MaxRetries: o.MaxRetries,
+			})
 		}
 	}
-	fo := &redis.FailoverOptions{
-		MasterName: cfg.SentinelMaster, SentinelAddrs: cfg.Sentinels, SentinelPassword: cfg.SentinelPassword,
-		Username: base.Username, Password: base.Password, DB: base.DB,
-		DialTimeout: base.DialTimeout, ReadTimeout: base.ReadTimeout, WriteTimeout: base.WriteTimeout,
-		TLSConfig: tlsCfg,
-	}
-	opt := &redis.Options{}
-	tune(opt, dial)
-	fo.Protocol, fo.PoolSize, fo.MaxIdleConns, fo.PipelinePoolSize = opt.Protocol, opt.PoolSize, opt.MaxIdleConns, opt.PipelinePoolSize
-	fo.ReadBufferSize, fo.WriteBufferSize, fo.DisableIdentity, fo.ClientName = opt.ReadBufferSize, opt.WriteBufferSize, true, opt.ClientName
-	fo.ContextTimeoutEnabled, fo.Dialer = true, dial
-	fo.DialerRetries, fo.MaxRetries = opt.DialerRetries, opt.MaxRetries
-	tmpl := *fo
-	c := clients{main: redis.NewFailoverClient(fo), secrets: secrets,
-		addr: fmt.Sprintf("Sentinel master %q via %s", cfg.SentinelMaster, strings.Join(cfg.Sentinels, ","))}
-	c.tracker = func(onConnect func(context.Context, *redis.Conn) error) *redis.Client {
-		o := tmpl
-		// Run on the Sentinels' connections too, where it fails, and
-		// says nothing: the tracker's probe finds out what works.
-		o.PoolSize, o.MaxIdleConns, o.OnConnect = 1, 1, onConnect
-		return redis.NewFailoverClient(&o)
-	}
-	return c, nil
+	s.c = s.open(4, nil)
+	s.ctx, s.stop = context.WithCancel(context.Background())
+	libraryLog.Store(s)
+	libraryOnce.Do(func() { redis.SetLogger(libShim{}) })
+	return s, nil
 }
 
 // parseURL parses cfg.URL with go-redis's ParseURL. With Sentinels the
 // URL names no host (the Sentinels name the primary), and may be empty.
 // Errors never show the URL: it may carry a password.
 func parseURL(cfg Config) (*redis.Options, error) {
-	sentinel := cfg.SentinelMaster != "" || len(cfg.Sentinels) > 0
-	raw := cfg.URL
-	if raw == "" {
-		if !sentinel {
-			return nil, errors.New("redis: no server URL")
-		}
+	sentinel, raw := cfg.SentinelMaster != "" || len(cfg.Sentinels) > 0, cfg.URL
+	if raw == "" && !sentinel {
+		return nil, errors.New("redis: no server URL")
+	} else if raw == "" {
 		raw = "redis://"
 	}
 	u, err := url.Parse(raw)
-	if err != nil {
+	switch {
+	case err != nil:
 		return nil, errors.New("redis: the URL does not parse (scheme://[user:password@]host:port[/db])")
-	}
-	if sentinel && u.Scheme != "redis" && u.Scheme != "rediss" {
+	case sentinel && u.Scheme != "redis" && u.Scheme != "rediss":
 		return nil, fmt.Errorf("redis: with Sentinel, the URL's scheme is redis:// or rediss://, not %s://", u.Scheme)
-	}
-	if sentinel && u.Host != "" {
+	case sentinel && u.Host != "":
 		return nil, fmt.Errorf("redis: with Sentinel, the URL names no host, only the scheme, user, password and database (e.g. %s://user:password@/0): the Sentinels name the primary",
 			u.Scheme)
 	}
@@ -180,13 +131,13 @@ func parseURL(cfg Config) (*redis.Options, error) {
 	return opt, nil
 }
 
-// tune sets what the backend relies on, whatever the URL said.
-func tune(opt *redis.Options, dial func(context.Context, string, string) (net.Conn, error)) {
+// tune sets what the store relies on, whatever the URL said.
+func tune(opt *redis.Options, dial func(context.Context, string, string) (net.Conn, error), pool int) {
 	// RESP2: what the guard follows. Nothing here needs RESP3.
 	opt.Protocol = 2
-	// A renewal, a loss check and a release at once; a waiter's pub/sub
-	// connection is apart. No pipeline pool: pipelines run on these.
-	opt.PoolSize, opt.MaxIdleConns, opt.MinIdleConns, opt.PipelinePoolSize = 4, 4, 0, -1
+	// The main pool: a renewal, a read of the holder's key and a release
+	// may overlap. Pub/sub connections are apart; pipelines run on these.
+	opt.PoolSize, opt.MaxIdleConns, opt.MinIdleConns, opt.PipelinePoolSize = pool, pool, 0, -1
 	// Replies are small (see guard.go): small buffers, per connection.
 	opt.ReadBufferSize, opt.WriteBufferSize = 4096, 4096
 	// CLIENT SETINFO costs a round trip per connection; the name goes
@@ -194,9 +145,8 @@ func tune(opt *redis.Options, dial func(context.Context, string, string) (net.Co
 	opt.DisableIdentity, opt.ClientName = true, "leaderrun"
 	// The context's deadline bounds every request. One dial per attempt
 	// and one retry of a request (a pooled connection that broke while
-	// idle fails the first request on it): the backend's own loops retry
-	// while waiting, and a store that is down at the start must be an
-	// error at once, not after go-redis's backoff.
+	// idle fails the first request on it): the driver retries with a
+	// backoff of its own, and a --try must fail at once.
 	opt.ContextTimeoutEnabled = true
 	opt.DialerRetries, opt.MaxRetries = 1, 1
 	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
@@ -215,16 +165,13 @@ func guardedDialer(timeout time.Duration, tlsCfg *tls.Config) func(context.Conte
 		}
 		if tlsCfg != nil {
 			cfg := tlsCfg.Clone()
-			if cfg.ServerName == "" {
-				if host, _, err := net.SplitHostPort(addr); err == nil {
-					cfg.ServerName = host
-				}
+			if host, _, err := net.SplitHostPort(addr); err == nil && cfg.ServerName == "" {
+				cfg.ServerName = host
 			}
 			tc := tls.Client(conn, cfg)
 			hctx, cancel := context.WithTimeout(ctx, timeout)
-			err := tc.HandshakeContext(hctx)
-			cancel()
-			if err != nil {
+			defer cancel()
+			if err := tc.HandshakeContext(hctx); err != nil {
 				conn.Close()
 				return nil, fmt.Errorf("TLS handshake with %s: %w", addr, err)
 			}
@@ -234,108 +181,86 @@ func guardedDialer(timeout time.Duration, tlsCfg *tls.Config) func(context.Conte
 	}
 }
 
-// endpoint is the server's address for messages.
-func endpoint(network, addr string) string {
-	if network == "unix" {
-		return "unix:" + addr
-	}
-	return addr
-}
-
-// certificateError reports whether err is a TLS certificate that is not
-// trusted, or a TLS handshake with something that does not speak TLS.
-func certificateError(err error) bool {
-	var unknown x509.UnknownAuthorityError
-	var host x509.HostnameError
-	var invalid x509.CertificateInvalidError
+// refused reports whether err is the server refusing us for good
+// (credentials, ACL permissions, an unknown command, a key of the wrong
+// type, a certificate either side does not trust, something that does not
+// speak TLS) or answering as no Redis does (the guard's bounds), rather
+// than a failure that may pass: the network, a restart (LOADING), a
+// failover (READONLY, MASTERDOWN), too few replicas (NOREPLICAS), a busy
+// script (BUSY).
+func refused(err error) bool {
+	var rerr redis.Error
 	var verify *tls.CertificateVerificationError
 	var header tls.RecordHeaderError
-	return errors.As(err, &unknown) || errors.As(err, &host) || errors.As(err, &invalid) ||
-		errors.As(err, &verify) || errors.As(err, &header)
+	if errors.As(err, &verify) || errors.As(err, &header) || errors.Is(err, errHostileReply) {
+		return true
+	} else if !errors.As(err, &rerr) {
+		return false
+	}
+	for _, transient := range []string{"LOADING", "READONLY", "MASTERDOWN", "NOREPLICAS", "BUSY", "TRYAGAIN",
+		"CLUSTERDOWN", "MASTER_DOWN", "ERR max number of clients"} {
+		if strings.HasPrefix(rerr.Error(), transient) {
+			return false
+		}
+	}
+	return true
 }
 
 // libraryLog is where go-redis's own lines go (it has one logger per
-// process): the newest backend's log, at debug level, redacted.
-var libraryLog atomic.Pointer[libLogger]
-
-type libLogger struct {
-	log    *slog.Logger
-	redact func(string) string
-}
-
-func (l *libLogger) Printf(_ context.Context, format string, v ...any) {
-	l.log.Debug(l.redact(fmt.Sprintf(format, v...)), "source", "go-redis")
-}
+// process): the newest store's log, at debug level, redacted.
+var (
+	libraryLog  atomic.Pointer[Store]
+	libraryOnce sync.Once
+)
 
 type libShim struct{}
 
-func (libShim) Printf(ctx context.Context, format string, v ...any) {
-	if l := libraryLog.Load(); l != nil {
-		l.Printf(ctx, format, v...)
+func (libShim) Printf(_ context.Context, format string, v ...any) {
+	if s := libraryLog.Load(); s != nil {
+		s.log.Debug(s.redactString(fmt.Sprintf(format, v...)), "source", "go-redis")
 	}
 }
 
-func setLibraryLog(log *slog.Logger, redact func(string) string) {
-	if libraryLog.Swap(&libLogger{log: log, redact: redact}) == nil {
-		redis.SetLogger(libShim{})
-	}
-}
-
-// startChecks asks the server, once per backend and in the background
-// (the first campaign does not wait for it), for what its users should
-// know: replicas while no replica is waited for (a failover can lose a
-// grant), fewer replicas than waited for (no child will start), and no
-// append-only file (a restart can repeat tokens).
-func (b *Backend) startChecks() {
-	if b.root != nil {
-		b = b.root // once per connection, not per slot
-	}
-	b.checks.Do(func() {
-		b.checkWG.Add(1)
-		go func() {
-			defer b.checkWG.Done()
-			ctx, cancel := context.WithTimeout(b.checkCtx, requestTimeout)
-			defer cancel()
+// startChecks asks the server, once per store and in the background (a
+// campaign does not wait for it), for what its users should know:
+// replicas while none is waited for (a failover can lose a grant), fewer
+// replicas than waited for (no child will start), and no append-only file
+// (a restart can repeat tokens).
+func (s *Store) startChecks() {
+	s.checks.Do(func() {
+		s.wg.Go(func() {
 			var repl, pers *redis.StringCmd
-			_, err := b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-				repl, pers = p.Info(ctx, "replication"), p.Info(ctx, "persistence")
+			_, err := s.c.Pipelined(s.ctx, func(p redis.Pipeliner) error {
+				repl, pers = p.Info(s.ctx, "replication"), p.Info(s.ctx, "persistence")
 				return nil
 			})
 			if err != nil {
-				b.log.Debug("redis: could not read INFO replication and persistence", "err", b.redact(err))
+				s.log.Debug("redis: could not read INFO replication and persistence", "err", s.redactString(err.Error()))
 				return
 			}
-			b.checkReplicas(infoField(repl.Val(), "connected_slaves"))
-			if aof := infoField(pers.Val(), "aof_enabled"); aof == "0" {
-				b.log.Info("redis: the server keeps no append-only file (aof_enabled:0): a restart forgets grants and tokens since its last snapshot, "+
-					"and tokens can repeat; run it with appendonly yes and appendfsync always (docs/backends/redis.md)", "server", b.addr)
+			n, err := strconv.Atoi(infoField(repl.Val(), "connected_slaves"))
+			switch {
+			case err != nil:
+			case n > 0 && s.minRepl == 0:
+				s.log.Warn("redis: the server has replicas, and --redis-min-replicas is 0: replication is asynchronous, so a failover to a replica "+
+					"can lose a grant and its token increment; two holders and a repeated token are then possible. "+
+					"--redis-min-replicas narrows that window (docs/backends/redis.md)", "server", s.addr, "connected_replicas", n)
+			case n < s.minRepl:
+				s.log.Warn("redis: fewer replicas are connected than --redis-min-replicas: no grant will count until enough are",
+					"server", s.addr, "connected_replicas", n, "min_replicas", s.minRepl)
 			}
-		}()
+			if infoField(pers.Val(), "aof_enabled") == "0" {
+				s.log.Info("redis: the server keeps no append-only file (aof_enabled:0): a restart forgets grants and tokens since its last snapshot, "+
+					"and tokens can repeat; run it with appendonly yes and appendfsync always (docs/backends/redis.md)", "server", s.addr)
+			}
+		})
 	})
 }
 
-func (b *Backend) checkReplicas(field string) {
-	n, err := strconv.Atoi(field)
-	if err != nil {
-		return
-	}
-	switch {
-	case n > 0 && b.minRepl == 0:
-		b.log.Warn("redis: the server has replicas, and --redis-min-replicas is 0: replication is asynchronous, so a failover to a replica "+
-			"can lose a grant and its token increment; two holders and a repeated token are then possible. "+
-			"--redis-min-replicas narrows that window (docs/backends/redis.md)", "server", b.addr, "connected_replicas", n)
-	case n < b.minRepl:
-		b.log.Warn("redis: fewer replicas are connected than --redis-min-replicas: no grant will count until enough are",
-			"server", b.addr, "connected_replicas", n, "min_replicas", b.minRepl)
-	}
-}
-
-// infoField is the value of name in an INFO section's text, "" if none.
+// infoField is the value of name in an INFO section's text (never on its
+// first line, the section's title), "" if none.
 func infoField(info, name string) string {
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			return v
-		}
-	}
-	return ""
+	_, v, _ := strings.Cut(info, "\n"+name+":")
+	v, _, _ = strings.Cut(v, "\r")
+	return strings.TrimSpace(v)
 }

@@ -21,12 +21,12 @@ func TestRedisRestartWithAOF(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{Password: password, AOF: true})
 	e := &env{r: r, admin: r.Client(t)}
 	ctx := context.Background()
-	b := newBackend(t, e, "aof", redis.Config{})
+	s := newStore(t, e, redis.Config{})
 	var last uint64
 	grants := func(n int) {
 		t.Helper()
 		for range n {
-			l := campaign(t, b, "a", 10*time.Second)
+			l := campaign(t, s, "aof", "a")
 			if l.Token() <= last {
 				t.Fatalf("token %d after %d", l.Token(), last)
 			}
@@ -41,7 +41,7 @@ func TestRedisRestartWithAOF(t *testing.T) {
 		do   func(testing.TB)
 	}{{"SIGTERM", r.Restart}, {"SIGKILL", func(t testing.TB) { r.Kill(t); r.Start(t) }}} {
 		grants(100)
-		held := campaign(t, b, "holder", 10*time.Second)
+		held := campaign(t, s, "aof", "holder")
 		began := time.Now()
 		restart.do(t)
 		t.Logf("%s restart took %v", restart.name, time.Since(began).Round(time.Millisecond))
@@ -76,27 +76,22 @@ func TestRedisRestartWithoutPersistence(t *testing.T) {
 	r := testenv.StartRedis(t, testenv.RedisOptions{})
 	e := &env{r: r, admin: r.Client(t)}
 	ctx := context.Background()
-	b := newBackend(t, e, "volatile", redis.Config{})
+	s := newStore(t, e, redis.Config{})
 	var last uint64
 	for range 10 {
-		l := campaign(t, b, "a", 10*time.Second)
+		l := campaign(t, s, "volatile", "a")
 		last = l.Token()
 		l.Release(ctx, nil)
 	}
 	r.Restart(t)
-	l, err := b.Campaign(ctx, options("a", 10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Release(ctx, nil)
-	if l.Token() != 1 {
+	if l := campaign(t, s, "volatile", "a"); l.Token() != 1 {
 		t.Errorf("after a restart without persistence the token is %d (before: %d); the docs say it starts again at 1", l.Token(), last)
 	}
 }
 
 // renewUntil renews l every retry until it succeeds, the lease is lost,
 // or deadline has passed, as the runner's renewal loop does.
-func renewUntil(ctx context.Context, l backends.Lease, deadline, retry time.Duration) error {
+func renewUntil(ctx context.Context, l *backends.Lease, deadline, retry time.Duration) error {
 	end := time.Now().Add(deadline)
 	tick := time.NewTicker(retry)
 	defer tick.Stop()

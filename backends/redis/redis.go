@@ -1,118 +1,22 @@
-// Package redis is the Redis backend: the lock most cron fleets already
-// keep in Redis (SET key NX PX), made as safe as Redis allows: a lease
-// the server checks on every renewal, a fencing token granted in the same
-// step as the lock, and the limits of an asynchronously replicated store
-// said where a user reads them (docs/backends/redis.md).
+// Package redis is the Redis store: the lock most cron fleets already keep
+// in Redis, made as safe as Redis allows. docs/backends/redis.md lists its
+// keys and says what holds and what does not.
 //
-// # Keys
-//
-// For the lock L with prefix P ("leaderrun/" by default), all in the
-// database the URL selects:
-//
-//	P L             the lock: JSON {"identity","nonce","token","lease_ms"},
-//	                with a PX expiry of the lease; absent when free
-//	P L :token      the token counter (INCR); never expired or deleted by
-//	                leaderrun
-//	P L :history    sorted set of the last 100 terms (JSON), by token
-//	P L :done:KEY   a completion marker (JSON), with a PX expiry
-//	P L :probe      a lease's tracking probe (track.go), expiring in 2 s
-//	P :waiters: L   the queue: sorted set of waiting candidates' nonces,
-//	                by the server's clock (microseconds) when they joined
-//	P :alive: L     each waiter's liveness deadline (server milliseconds)
-//
-// and the pub/sub channels P L :wake:NONCE, one per waiting candidate.
-// Lock names have no colon, so no lock's keys can be another's, and the
-// queue's keys start with no lock's key (a leader tracks every key that
-// starts with its own).
-//
-// # Scripts
-//
-// Every change is one Lua script (scripts.go), atomic on the server:
-//
-//   - Acquire: if the lock is free and the candidate is first in the
-//     queue (or the queue is empty), INCR the token counter and SET the
-//     lock NX PX lease with a value that holds the identity, a random
-//     nonce of this candidacy, the token and the lease. The grant and its
-//     token are one step: no grant without its token, no token without
-//     its grant.
-//   - Renew: PEXPIRE the lock only if it still holds our value. A
-//     renewal that finds another value, or none, is a loss (S3).
-//   - Release: DEL the lock only if it still holds our value, append the
-//     term to the history and trim it, and PUBLISH on the first waiter's
-//     channel.
-//   - Complete: SET the marker only if the lock holds our value.
-//
-// # Tokens
-//
-// The token is the counter's value after INCR, taken in the same script
-// that grants the lock, so every grant's token is greater than every
-// earlier grant's, for as long as the server never forgets an INCR it
-// acknowledged: a single primary with the append-only file and
-// appendfsync always (every write on disk before the answer) keeps that
-// across restarts and crashes. Without persistence a restart starts the
-// counter again at 1 (if the counter alone is deleted by hand, the next
-// grant goes on from the newest term in the history). An asynchronously
-// replicated primary that fails over can forget a grant and its token:
-// see docs/backends/redis.md, and Config.MinReplicas.
-//
-// Expiry is timed by the server, on its own clock: PX and PEXPIRE count
-// from when the server runs the command, after the send time the runner
-// counts its deadline from. Redis keeps expiries as wall-clock times, so
-// a server whose clock jumps forward expires leases early: run the
-// server's clock slewed (NTP), never stepped.
-//
-// # Waiting, without a herd
-//
-// A waiting candidate joins the queue and subscribes to its own wake
-// channel. Only the first live waiter may take a free lock, and the
-// release script publishes to it alone: one waiter acts on a release,
-// whatever the queue's length. The first waiter also sleeps until the
-// holder's lease expires by the server's clock (PTTL, as the last attempt
-// read it), so a holder that died is replaced when its lease runs out,
-// without keyspace notifications (off by default, and a server-wide
-// setting an application should not change). Every waiter runs its
-// attempt again every retry period (jittered), which refreshes its
-// liveness deadline (three retry periods): a waiter that died leaves the
-// queue when its deadline passes, and no one waits behind it longer.
-// Without pub/sub (a proxy that does not forward it, a connection that
-// is down) a waiter still tries every retry period.
-//
-// # Loss
-//
-// A lease tracks its key (track.go): Redis announces every change of a
-// key under the lock's key on the lease's tracking connection, and the
-// lease then reads the key, and closes Lost when it holds another value
-// or none, within milliseconds (S3). Until tracking is proved to work, or
-// where it does not (a server before 6.0, an ACL without CLIENT TRACKING,
-// a proxy without pub/sub), the lease reads its key every 500 ms.
-//
-// # Replicas
-//
-// With Config.MinReplicas N > 0, a grant counts only once N replicas
-// acknowledged it (WAIT after a renewal that follows the grant, on the
-// same connection): if fewer do within the retry period (at most 1 s),
-// the candidate frees the lock and waits again; no child starts. Every
-// renewal is followed by the same WAIT, and counts as acknowledged only
-// if N replicas acknowledged it, so the runner's deadline runs from
-// renewals the replicas hold too. That narrows what a failover can lose;
-// it does not close it (see docs/backends/redis.md).
-//
-// # Connections and bounds
-//
-// One pool of at most four connections (a renewal, the loss check, a
-// release), one pub/sub connection while a candidate waits, and a
-// lease's tracking connection while it leads. The
-// backend speaks RESP2, and every connection passes what the server
-// sends through a guard (guard.go) that refuses a reply over 8 MiB, a
-// string over 1 MiB, or arrays nested deeper than 8, before go-redis
-// allocates for it. Redis Cluster is not supported (the scripts use
-// several keys, which would need one hash slot).
+// A lock is a backends.RecordLock on the server's clock: the key
+// <prefix><lock> holds the holder's JSON value with a PX expiry of its
+// lease, and <key>:token is the counter its tokens come from, never
+// expired or deleted. Every change is one Lua script (scripts.go), atomic
+// on the server: a grant is INCR and SET in one step, and renewal, release
+// and the fenced write act only while the key holds the holder's value,
+// byte for byte. Tokens strictly increase as long as the server never
+// forgets an acknowledged INCR (appendfsync always); a failover to an
+// asynchronous replica can, which Config.MinReplicas narrows without
+// closing. Redis Cluster is not supported: the scripts use several keys.
 package redis
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -127,261 +31,250 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// Defaults of Config.
-const (
-	// DefaultRetryPeriod is used when Config.RetryPeriod is zero.
-	DefaultRetryPeriod = 2 * time.Second
-	// DefaultLeaseDuration is used when a campaign asks for none.
-	DefaultLeaseDuration = 15 * time.Second
-	// DefaultDialTimeout bounds each connection attempt, unless the URL's
-	// dial_timeout says otherwise.
-	DefaultDialTimeout = 5 * time.Second
-)
-
-const (
-	// requestTimeout bounds the requests the backend sends on its own
-	// behalf (campaign attempts, the loss check, Status), so that a
-	// connection that stalls without closing cannot hang them.
-	requestTimeout = 5 * time.Second
-	// withdrawTimeout bounds the clean-up of a cancelled candidacy.
-	withdrawTimeout = 2 * time.Second
-	// lossCheck is how often a lease reads the lock (see the package doc).
-	lossCheck = 500 * time.Millisecond
-	// maxWaitTimeout caps the WAIT for replicas.
-	maxWaitTimeout = time.Second
-)
-
-// Config describes one lock in one Redis. The zero value of each field is
-// noted.
+// Config describes one Redis. The zero value of each field is noted.
 type Config struct {
-	// URL is the server: redis://[user:password@]host:port[/db],
-	// rediss:// (TLS), or unix://[user:password@]/path/to/socket, with
-	// go-redis's query parameters (dial_timeout, read_timeout, db, ...).
-	// With Sentinels, it gives only the scheme, the user, password and
-	// database of the primary, and no host (rediss://user:pass@/0); it may
-	// then be empty. leaderrun sets the protocol (RESP2), the pools, the
-	// client name and the dialer itself.
+	// URL is the server: redis://[user:password@]host:port[/db], rediss://
+	// or unix://[user:password@]/path, with go-redis's query parameters
+	// but those the store sets itself (protocol, pools, dialer). With
+	// Sentinels it names no host (rediss://user:pass@/0), or is empty.
 	URL string
-
 	// Password is used when the URL carries none: redis-cli's
-	// REDISCLI_AUTH. Zero: no password unless the URL has one.
+	// REDISCLI_AUTH. Zero: none.
 	Password string
-
-	// SentinelMaster and Sentinels name a Sentinel-managed primary: the
-	// master name and the Sentinels' host:port. Zero: no Sentinel; URL
-	// names the server.
-	SentinelMaster string
-	Sentinels      []string
-	// SentinelPassword authenticates to the Sentinels. Zero: none.
-	SentinelPassword string
-
-	// TLS holds the CA and client certificate for rediss:// (the
-	// server's name is checked as the address gives it). Zero: the
-	// system's roots, no client certificate.
-	TLS *TLSFiles
-
-	// Prefix and Lock name the lock's key: Prefix + Lock. Lock is
-	// required; see backends.ValidateLockName.
-	Prefix, Lock string
-
-	// MinReplicas is how many replicas must acknowledge a grant before
-	// the lease is handed over, and every renewal before it counts (see
-	// the package doc). Zero: none are waited for; if the server reports
-	// replicas, the backend logs once what that risks.
+	// SentinelMaster and Sentinels (host:port) name a Sentinel-managed
+	// primary, SentinelPassword authenticates to the Sentinels. Zero: no
+	// Sentinel.
+	SentinelMaster, SentinelPassword string
+	Sentinels                        []string
+	// TLS is for rediss:// (the server's name is checked as the address
+	// gives it). Nil: TLS 1.2 or later with the system's roots.
+	TLS *tls.Config
+	// Prefix starts every key. Zero: none.
+	Prefix string
+	// MinReplicas is how many replicas must acknowledge a grant before it
+	// is handed out, and each renewal before it counts (WAIT). Zero: none;
+	// if the server reports replicas, the store logs once what that risks.
 	MinReplicas int
-
-	// RetryPeriod is leaderrun's --retry-period: how often a waiter tries
-	// again (and proves it is alive), and how long a WAIT for replicas
-	// may take (at most 1 s). Zero: DefaultRetryPeriod.
-	RetryPeriod time.Duration
-
-	// Log receives the backend's lines (the replica warning, a waiter's
-	// errors) and go-redis's own, at debug level. Nil: nothing is logged.
+	// Log receives the store's lines, and go-redis's at debug level. Nil:
+	// nothing is logged.
 	Log *slog.Logger
 }
 
-// Backend campaigns for one lock in one Redis. Its methods are safe for
-// concurrent use, but Campaign is meant for one campaign at a time.
-type Backend struct {
-	c         *redis.Client
-	tracker   func(func(context.Context, *redis.Conn) error) *redis.Client
-	root      *Backend // the backend of slot 0, for a slot's backend (Slot); nil for slot 0 itself
-	prefix    string
-	baseLog   *slog.Logger // the configured log, before the lock is named
-	addr      string       // the server or Sentinels, for messages; never a password
-	secrets   []string     // to redact, should a message ever carry one
-	lock, key string
-	keys      []string // lock, token, waiters, alive, history
-	wakePfx   string
-	minRepl   int
-	retry     time.Duration
-	log       *slog.Logger
+// Store is one Redis, shared by every lock the process campaigns for.
+type Store struct {
+	c *redis.Client
+	// open builds a client with a pool of its own, onConnect run on each
+	// new connection: a holder's tracking connection.
+	open    func(pool int, onConnect func(context.Context, *redis.Conn) error) *redis.Client
+	prefix  string
+	addr    string   // the server or Sentinels, for messages; never a password
+	secrets []string // to redact, should a message ever carry one
+	minRepl int
+	log     *slog.Logger
 
-	checks   sync.Once
-	checkCtx context.Context
-	stop     context.CancelFunc
-	checkWG  sync.WaitGroup
+	checks sync.Once
+	ctx    context.Context // ended by Close, for the checks
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
 
-	attempts atomic.Uint64 // runs of the acquire script, for the herd test
+	woken atomic.Uint64 // wake-ups of waiters, for the herd test
 }
 
-var _ backends.Backend = (*Backend)(nil)
+// Name implements backends.Store.
+func (s *Store) Name() string { return "redis" }
 
-// New returns a backend for cfg.Lock. It parses the configuration but
-// sends nothing to the server until the first Campaign or Status.
-func New(cfg Config) (*Backend, error) {
-	if err := backends.ValidateLockName(cfg.Lock); err != nil {
-		return nil, fmt.Errorf("redis: %w", err)
+// Close implements backends.Store. Leases must be released first.
+func (s *Store) Close() error {
+	s.stop()
+	s.wg.Wait()
+	return s.c.Close()
+}
+
+// Lock implements backends.Store. Lock names have no colon, so the
+// queue's keys ("<prefix>:...") start with no lock's key, and a holder,
+// which hears of every key under its own, does not hear of heartbeats.
+func (s *Store) Lock(name string) backends.Lock {
+	return &lock{s: s, name: name, key: s.prefix + name, waiters: s.prefix + ":waiters:" + name, alive: s.prefix + ":alive:" + name}
+}
+
+type lock struct {
+	s                         *Store
+	name, key, waiters, alive string
+}
+
+func (l *lock) Key() string              { return l.key }
+func (l *lock) docKey(doc string) string { return l.key + ":doc:" + doc }
+func (l *lock) wakePrefix() string       { return l.key + ":wake:" }
+
+// Get implements backends.RecordLock: the lock's value, what is left of
+// its lease by the server's clock, and the live waiters.
+func (l *lock) Get(ctx context.Context) (backends.Record, error) {
+	res, err := getScript().Run(ctx, l.s.c, []string{l.key, l.alive}).Slice()
+	if err == nil && len(res) != 3 {
+		err = fmt.Errorf("the get script answered %d values, want 3", len(res))
 	}
-	if cfg.MinReplicas < 0 {
-		return nil, fmt.Errorf("redis: %d replicas to wait for: want 0 or more", cfg.MinReplicas)
-	}
-	if cfg.RetryPeriod <= 0 {
-		cfg.RetryPeriod = DefaultRetryPeriod
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.New(slog.DiscardHandler)
-	}
-	cs, err := newClient(cfg)
 	if err != nil {
-		return nil, err
+		return backends.Record{}, l.s.fail("read", l.key, err)
 	}
-	b := &Backend{
-		c:       cs.main,
-		tracker: cs.tracker,
-		prefix:  cfg.Prefix,
-		addr:    cs.addr,
-		secrets: cs.secrets,
-		minRepl: cfg.MinReplicas,
-		retry:   cfg.RetryPeriod,
-		baseLog: cfg.Log,
+	rec := backends.Record{}
+	if raw, ok := res[0].(string); ok {
+		pttl, _ := res[1].(int64)
+		rec = l.parse(raw, pttl)
 	}
-	b.bind(cfg.Lock, cfg.Log)
-	b.checkCtx, b.stop = context.WithCancel(context.Background())
-	setLibraryLog(b.log, b.redactString)
-	return b, nil
+	waiting, _ := res[2].(int64)
+	rec.Waiting = int(waiting)
+	return rec, nil
 }
 
-// Name implements backends.Backend.
-func (b *Backend) Name() string { return "redis" }
-
-// Key is the lock's key.
-func (b *Backend) Key() string { return b.key }
-
-// Close implements backends.Backend. Leases must be released first.
-func (b *Backend) Close() error {
-	if b.root != nil {
-		return nil // a slot's backend: the connections are slot 0's
+// parse reads a value of the lock with pttl ms left (-1: no expiry, a key
+// set by hand). Its Version is the value itself, which names the grant by
+// its nonce.
+func (l *lock) parse(raw string, pttl int64) backends.Record {
+	rec := backends.Record{Holder: "(not leaderrun's value)", Left: backends.NoClock, Node: l.s.addr, Version: raw}
+	var v struct {
+		Identity, Nonce string
+		Token           uint64
+		LeaseMS         int64 `json:"lease_ms"`
+		Holders         int
 	}
-	b.stop()
-	b.checkWG.Wait()
-	return b.c.Close()
+	if json.Unmarshal([]byte(raw), &v) == nil && v.Identity != "" {
+		rec.Holder, rec.Owner, rec.Token, rec.Holders = v.Identity, v.Nonce, v.Token, v.Holders
+		rec.TTL = time.Duration(v.LeaseMS) * time.Millisecond
+	}
+	if pttl >= 0 {
+		rec.Left = time.Duration(pttl) * time.Millisecond
+	} else {
+		rec.TTL = 0 // held for ever, never taken over
+	}
+	return rec
 }
 
-// bind names b's lock and the keys that follow from it.
-func (b *Backend) bind(lock string, log *slog.Logger) {
-	key := b.prefix + lock
-	b.lock, b.key = lock, key
-	// The queue's keys do not start with the lock's key: a leader tracks
-	// every key that does (track.go), and must not hear of every waiter's
-	// heartbeat. Lock names have no colon, so "<prefix>:" starts no lock's
-	// key.
-	b.keys = []string{key, key + ":token", b.prefix + ":waiters:" + lock, b.prefix + ":alive:" + lock, key + ":history"}
-	b.wakePfx = key + ":wake:"
-	b.log = log.With("backend", "redis", "lock", lock)
-}
-
-// Slot implements backends.Backend: slot i's backend shares b's
-// connections, and its Close leaves them to slot 0's.
-func (b *Backend) Slot(i int) backends.Backend {
-	r := b
-	if b.root != nil {
-		r = b.root
-	}
-	if i == 0 {
-		return r
-	}
-	s := &Backend{c: r.c, tracker: r.tracker, root: r, prefix: r.prefix, addr: r.addr, secrets: r.secrets,
-		minRepl: r.minRepl, retry: r.retry, baseLog: r.baseLog, checkCtx: r.checkCtx, stop: r.stop}
-	s.bind(backends.SlotLock(r.lock, i), r.baseLog)
-	return s
-}
-
-// Completed implements backends.Backend. The server forgets an expired
-// marker by itself.
-func (b *Backend) Completed(ctx context.Context, key string) (*backends.Marker, error) {
-	s, err := b.c.Get(ctx, b.markerKey(key)).Result()
+// Take implements backends.RecordLock: the lock is granted only if its key
+// does not exist, whatever prev says: the server's clock expires a lease,
+// so a lease that ran out is a key that is gone.
+func (l *lock) Take(ctx context.Context, _ backends.Record, c backends.Claim) (backends.Record, error) {
+	l.s.startChecks()
+	ms := max(c.Timings.LeaseDuration.Milliseconds(), 1)
+	raw, err := takeScript().Run(ctx, l.s.c, []string{l.key, l.key + ":token", l.docKey(backends.DocHistory), l.waiters, l.alive},
+		c.Owner, c.Identity, ms, c.Holders).Text()
 	switch {
 	case errors.Is(err, redis.Nil):
-		return nil, nil
+		return backends.Record{}, fmt.Errorf("redis: %q: %w", l.key, backends.ErrConflict)
 	case err != nil:
-		return nil, b.redact(fmt.Errorf("redis at %s: read the marker %q: %w", b.addr, b.markerKey(key), err))
+		return backends.Record{}, l.s.fail("take", l.key, err)
 	}
-	var m backends.Marker
-	if err := json.Unmarshal([]byte(s), &m); err != nil {
-		return nil, fmt.Errorf("redis: the marker %q is not leaderrun's JSON: %w", b.markerKey(key), err)
+	return l.parse(raw, ms), nil
+}
+
+// Keep implements backends.RecordLock. With Config.MinReplicas, a WAIT on
+// the same connection follows: it counts the replicas that acknowledged
+// the renewal, and with it every earlier write, the grant and its token
+// included. The WAIT takes at most a second, and half of what is left of
+// ctx, so that its answer comes in time.
+func (l *lock) Keep(ctx context.Context, held backends.Record) (backends.Record, error) {
+	cn := l.s.c.Conn()
+	defer cn.Close()
+	if n, err := renewScript().Run(ctx, cn, []string{l.key}, held.Version, max(held.TTL.Milliseconds(), 1)).Int64(); err != nil {
+		return held, l.s.fail("renew", l.key, err)
+	} else if n != 1 {
+		return held, fmt.Errorf("redis: %q no longer holds token %d (deleted, expired by the server's clock, or taken): %w",
+			l.key, held.Token, backends.ErrLeaseLost)
 	}
-	return &m, nil
-}
-
-// markerKey is where the marker of a once-key lives.
-func (b *Backend) markerKey(key string) string { return b.key + ":done:" + key }
-
-// waitTimeout is how long a WAIT for replicas may take.
-func (b *Backend) waitTimeout() time.Duration { return min(b.retry, maxWaitTimeout) }
-
-// value is the lock's value as the acquiring script writes it.
-type value struct {
-	Identity string `json:"identity"`
-	Nonce    string `json:"nonce"`
-	Token    uint64 `json:"token"`
-	LeaseMS  int64  `json:"lease_ms"`
-	// Holders is the pool size the holder campaigned with, when more
-	// than 1 (--holders).
-	Holders int `json:"holders,omitempty"`
-}
-
-func parseValue(s string) (value, error) {
-	var v value
-	err := json.Unmarshal([]byte(s), &v)
-	return v, err
-}
-
-// randomNonce is 128 random bits in hex: no two candidacies share one.
-func randomNonce() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// unavailable wraps an error met before leadership: it names the server
-// and the key, and never a password.
-func (b *Backend) unavailable(op string, err error) error {
-	return b.redact(fmt.Errorf("redis at %s: %s %q: %w: %w", b.addr, op, b.key, backends.ErrUnavailable, err))
-}
-
-// redact replaces every secret in err's message; errors.Is and errors.As
-// still see through it.
-func (b *Backend) redact(err error) error {
-	if err == nil {
-		return nil
+	if l.s.minRepl == 0 {
+		return held, nil
 	}
-	msg := err.Error()
-	if red := b.redactString(msg); red != msg {
-		return &redacted{err: err, msg: red}
+	wait := time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		wait = max(min(wait, time.Until(dl)/2), time.Millisecond)
+	}
+	n, err := cn.Do(ctx, "WAIT", l.s.minRepl, wait.Milliseconds()).Int64()
+	if err == nil && n < int64(l.s.minRepl) {
+		err = fmt.Errorf("%d of the %d replicas asked for (--redis-min-replicas) acknowledged token %d within %v", n, l.s.minRepl, held.Token, wait)
+	}
+	if err != nil {
+		return held, l.s.fail("replicate", l.key, err)
+	}
+	return held, nil
+}
+
+// Free implements backends.RecordLock: the key is deleted if it still
+// holds held's value, and the first live waiter woken. If the server
+// cannot be reached, the lease expires by its clock.
+func (l *lock) Free(ctx context.Context, held backends.Record) error {
+	return l.leave(ctx, held.Version, "")
+}
+
+func (l *lock) leave(ctx context.Context, val, nonce string) error {
+	if err := leaveScript().Run(ctx, l.s.c, []string{l.key, l.waiters, l.alive}, val, nonce, l.wakePrefix()).Err(); err != nil {
+		return l.s.fail("leave", l.key, err)
+	}
+	return nil
+}
+
+// ReadDoc implements backends.Lock. It reads at most one byte more than
+// backends.MaxDoc. The version is the content itself (the write script
+// compares it), and an empty string is no document.
+func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
+	d, key := backends.Doc{Name: name}, l.docKey(name)
+	s, err := l.s.c.GetRange(ctx, key, 0, backends.MaxDoc).Result()
+	switch {
+	case err != nil:
+		return d, l.s.fail("read", key, err)
+	case len(s) > backends.MaxDoc:
+		return d, fmt.Errorf("redis: %q is more than the %d bytes a document may hold", key, backends.MaxDoc)
+	case s != "":
+		d.Data, d.Version = []byte(s), s
+	}
+	return d, nil
+}
+
+// WriteDoc implements backends.Lock.
+func (l *lock) WriteDoc(ctx context.Context, d backends.Doc) error {
+	return l.WriteDocHeld(ctx, d, backends.Record{})
+}
+
+// WriteDocHeld implements backends.RecordLock: one script, which writes
+// only while the lock holds held's value (any, for WriteDoc).
+func (l *lock) WriteDocHeld(ctx context.Context, d backends.Doc, held backends.Record) error {
+	key := l.docKey(d.Name)
+	version, _ := d.Version.(string)
+	n, err := docScript().Run(ctx, l.s.c, []string{key, l.key}, version, d.Data, held.Version).Int64()
+	switch {
+	case err != nil:
+		return l.s.fail("write", key, err)
+	case n == 0:
+		return fmt.Errorf("redis: %q: %w", key, backends.ErrConflict)
+	case n < 0:
+		return fmt.Errorf("redis: %q no longer holds token %d; %q not written: %w", l.key, held.Token, key, backends.ErrLeaseLost)
+	}
+	return nil
+}
+
+// fail wraps an error of op on key as the store being unavailable, and
+// refused when asking again cannot help; it names the server, never a
+// password.
+func (s *Store) fail(op, key string, err error) error {
+	if refused(err) {
+		err = fmt.Errorf("%w: %w", backends.ErrRefused, err)
+	}
+	err = fmt.Errorf("redis at %s: %s %q: %w: %w", s.addr, op, key, backends.ErrUnavailable, err)
+	if msg := err.Error(); s.redactString(msg) != msg {
+		return &redacted{err, s.redactString(msg)}
 	}
 	return err
 }
 
-func (b *Backend) redactString(s string) string {
-	for _, p := range b.secrets {
+func (s *Store) redactString(str string) string {
+	for _, p := range s.secrets {
 		if p != "" {
-			s = strings.ReplaceAll(s, p, "xxxxx")
+			str = strings.ReplaceAll(str, p, "xxxxx")
 		}
 	}
-	return s
+	return str
 }
 
+// redacted is an error whose message lost its secrets; errors.Is and
+// errors.As still see through it.
 type redacted struct {
 	err error
 	msg string
@@ -389,86 +282,3 @@ type redacted struct {
 
 func (r *redacted) Error() string { return r.msg }
 func (r *redacted) Unwrap() error { return r.err }
-
-// refused reports whether err is the server refusing us for good
-// (credentials, ACL permissions, a command it does not know, a key of
-// the wrong type, a certificate it or we do not trust), as opposed to a
-// failure that may pass: the network, a restart (LOADING), a failover
-// (READONLY, MASTERDOWN), too few replicas for its min-replicas-to-write
-// (NOREPLICAS), a busy script (BUSY).
-func refused(err error) bool {
-	if certificateError(err) {
-		return true
-	}
-	var rerr redis.Error
-	if !errors.As(err, &rerr) {
-		return false
-	}
-	msg := rerr.Error()
-	for _, transient := range []string{"LOADING", "READONLY", "MASTERDOWN", "NOREPLICAS", "BUSY", "TRYAGAIN",
-		"CLUSTERDOWN", "MASTER_DOWN", "ERR max number of clients"} {
-		if strings.HasPrefix(msg, transient) {
-			return false
-		}
-	}
-	return true
-}
-
-// Status implements backends.Backend with one script: the lock's value,
-// its PTTL by the server's clock, and the live waiters.
-func (b *Backend) Status(ctx context.Context) (backends.Status, error) {
-	st := backends.Status{Lock: b.lock, Backend: b.Name(), Key: b.key, Remaining: -1, Waiting: -1, Node: b.addr}
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	res, err := statusScript().Run(ctx, b.c, []string{b.key, b.keys[3]}).Slice()
-	if err == nil && len(res) != 3 {
-		err = fmt.Errorf("status script answered %d values, want 3", len(res))
-	}
-	if err != nil {
-		return st, b.unavailable("read", err)
-	}
-	pttl, _ := res[1].(int64)
-	waiting, _ := res[2].(int64)
-	st.Waiting = int(waiting)
-	s, ok := res[0].(string)
-	if !ok || pttl == -2 {
-		return st, nil
-	}
-	v, err := parseValue(s)
-	if err != nil {
-		// Someone else's value under our key: held, by no one we know.
-		st.Held, st.Identity = true, "(not leaderrun's value)"
-		st.Remaining = time.Duration(max(pttl, -1)) * time.Millisecond
-		return st, nil
-	}
-	st.Held = true
-	st.Identity = v.Identity
-	st.Token = v.Token
-	st.TTL = time.Duration(v.LeaseMS) * time.Millisecond
-	st.Remaining = time.Duration(max(pttl, -1)) * time.Millisecond
-	st.Holders = v.Holders
-	return st, nil
-}
-
-// History implements backends.Backend from the history's sorted set,
-// newest first.
-func (b *Backend) History(ctx context.Context, limit int) ([]backends.Term, error) {
-	if limit <= 0 || limit > backends.HistoryLimit {
-		limit = backends.HistoryLimit
-	}
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	raw, err := b.c.ZRangeArgs(ctx, redis.ZRangeArgs{Key: b.keys[4], Start: 0, Stop: int64(limit - 1), Rev: true}).Result()
-	if err != nil {
-		return nil, b.redact(fmt.Errorf("redis at %s: read the history %q: %w: %w", b.addr, b.keys[4], backends.ErrUnavailable, err))
-	}
-	terms := make([]backends.Term, 0, len(raw))
-	for _, s := range raw {
-		var t backends.Term
-		if err := json.Unmarshal([]byte(s), &t); err != nil {
-			return nil, fmt.Errorf("redis: a term in %q is not leaderrun's JSON: %w", b.keys[4], err)
-		}
-		terms = append(terms, t)
-	}
-	return backends.NewestFirst(terms, limit), nil
-}

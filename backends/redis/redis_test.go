@@ -1,7 +1,10 @@
 package redis_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,14 +15,6 @@ import (
 	"github.com/leaderrun/leaderrun/backends/redis"
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
-
-// redisLease is what the tests need of the backend's lease beyond
-// backends.Lease.
-type redisLease interface {
-	backends.Lease
-	Key() string
-	Value() string
-}
 
 const (
 	prefix   = "leaderrun-test/"
@@ -45,6 +40,7 @@ func TestRedis(t *testing.T) {
 		{"Conformance", testConformance},
 		{"ConformanceTLS", testConformanceTLS},
 		{"ConformanceUnixSocket", testConformanceUnix},
+		{"OldReleaseValue", testOldReleaseValue},
 		{"TokensAcrossDeletesByHand", testTokensAcrossDeletes},
 		{"CounterDeletedByHand", testCounterDeletedByHand},
 		{"LossByHand", testLossByHand},
@@ -54,6 +50,7 @@ func TestRedis(t *testing.T) {
 		{"TryLeavesNoTrace", testTryLeavesNoTrace},
 		{"DeadWaiterLeavesQueue", testDeadWaiterLeavesQueue},
 		{"HundredWaiters", testHerd},
+		{"DocumentsBounded", testDocumentsBounded},
 		{"Unreachable", testUnreachable},
 		{"Refused", testRefused},
 		{"StalledLink", testStalledLink},
@@ -64,78 +61,108 @@ func TestRedis(t *testing.T) {
 	}
 }
 
-// newBackend returns a backend for lock on e's server; cfg.URL defaults
-// to the plain one, cfg.Prefix to prefix.
-func newBackend(t testing.TB, e *env, lock string, cfg redis.Config) *redis.Backend {
+// newStore opens a store on e's server; cfg.URL defaults to the plain
+// one, cfg.Prefix to prefix.
+func newStore(t testing.TB, e *env, cfg redis.Config) *redis.Store {
 	t.Helper()
-	cfg.Lock = lock
 	if cfg.URL == "" {
 		cfg.URL = e.r.URL()
 	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = prefix
 	}
-	b, err := redis.New(cfg)
+	s, err := redis.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { b.Close() })
-	return b
+	t.Cleanup(func() { s.Close() })
+	return s
 }
 
-func options(id string, lease time.Duration) backends.CampaignOptions {
-	return backends.CampaignOptions{Identity: id, LeaseDuration: lease}
+// timings are valid timings of a lease of lease, with retry as the retry
+// period (at most 5/12 of the lease).
+func timings(lease, retry time.Duration) backends.Timings {
+	return backends.Timings{LeaseDuration: lease, RenewDeadline: lease / 2, KillGrace: lease / 4, RetryPeriod: retry}
 }
 
-func campaign(t testing.TB, b backends.Backend, id string, lease time.Duration) redisLease {
+// candidate is a campaign of id with timings tm.
+func candidate(id string, tm backends.Timings) backends.Candidate {
+	return backends.Candidate{Identity: id, Timings: tm}
+}
+
+// campaign wins lock in s as id, with a lease of 10 s, within 30 s; the
+// lease is released when the test ends.
+func campaign(t testing.TB, s backends.Store, lock, id string) *backends.Lease {
+	t.Helper()
+	return campaignWith(t, s, lock, candidate(id, timings(10*time.Second, 300*time.Millisecond)))
+}
+
+func campaignWith(t testing.TB, s backends.Store, lock string, c backends.Candidate) *backends.Lease {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	l, err := b.Campaign(ctx, options(id, lease))
+	l, err := backends.Campaign(ctx, s, lock, c)
 	if err != nil {
-		t.Fatalf("%s: campaign: %v", id, err)
+		t.Fatalf("%s: campaign: %v", c.Identity, err)
 	}
 	t.Cleanup(func() { l.Release(context.Background(), nil) })
-	return l.(redisLease)
+	return l
 }
 
 var waitFor = backendtest.WaitFor
 
-// conformance runs the suite with backends built by cfg, dropping a
-// lease as an operator would: DEL of the lock's key.
+// conformance runs the suite with stores built by cfg, dropping a lease
+// as an operator would: DEL of the lock's key.
 func conformance(t *testing.T, e *env, cfg redis.Config) {
+	cfg.Prefix = prefix
 	backendtest.Run(t, backendtest.Harness{
-		New: func(t *testing.T, lock string) backends.Backend {
-			c := cfg
-			c.Lock, c.Prefix = lock, prefix
-			b, err := redis.New(c)
+		Open: func(t *testing.T) backends.Store {
+			s, err := redis.New(cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			return b
+			return s
 		},
-		Drop: func(t *testing.T, l backends.Lease) {
-			if n, err := e.admin.Del(context.Background(), l.(redisLease).Key()).Result(); err != nil || n != 1 {
-				t.Fatalf("DEL %s: %d, %v", l.(redisLease).Key(), n, err)
+		Drop: func(t *testing.T, lock string, _ *backends.Lease) {
+			if n, err := e.admin.Del(context.Background(), prefix+lock).Result(); err != nil || n != 1 {
+				t.Fatalf("DEL %s: %d, %v", prefix+lock, n, err)
 			}
 		},
-		LeaseDuration: 10 * time.Second,
 	})
 }
 
-func testConformance(t *testing.T, e *env) {
-	conformance(t, e, redis.Config{URL: e.r.URL(), RetryPeriod: 500 * time.Millisecond})
-}
+func testConformance(t *testing.T, e *env) { conformance(t, e, redis.Config{URL: e.r.URL()}) }
 
 // testConformanceTLS: the same over rediss://, the server's certificate
 // checked against the test's CA, the password from REDISCLI_AUTH's place
 // in the configuration rather than the URL.
 func testConformanceTLS(t *testing.T, e *env) {
-	conformance(t, e, redis.Config{URL: "rediss://" + e.r.TLSAddr(), Password: password,
-		TLS: &redis.TLSFiles{CA: e.r.CAFile()}, RetryPeriod: 500 * time.Millisecond})
+	conformance(t, e, redis.Config{URL: "rediss://" + e.r.TLSAddr(), Password: password, TLS: e.r.TLSConfig(t)})
 }
 
 // testConformanceUnix: the same over the server's unix socket.
 func testConformanceUnix(t *testing.T, e *env) {
-	conformance(t, e, redis.Config{URL: "unix://:" + password + "@" + e.r.SocketPath(), RetryPeriod: 500 * time.Millisecond})
+	conformance(t, e, redis.Config{URL: "unix://:" + password + "@" + e.r.SocketPath()})
+}
+
+// logBuffer collects a store's or a campaign's log lines, debug ones too.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *logBuffer) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }

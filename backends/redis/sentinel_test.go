@@ -1,13 +1,10 @@
 package redis_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,26 +12,6 @@ import (
 	"github.com/leaderrun/leaderrun/backends/redis"
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
-
-// logBuffer collects a backend's log lines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
 const master = "leaderrun-test"
 
@@ -46,47 +23,54 @@ const master = "leaderrun-test"
 //     holds the lock's value and the token counter. Renewals wait for the
 //     replica too (their cost is logged).
 //   - With the replica stopped, no grant is handed over (the candidate
-//     gives each up and waits again), and a held lease's renewals fail
-//     (not a loss: the runner's deadline stops the child).
-//   - With MinReplicas 0 and a replica connected, the backend logs once
+//     gives each up and tries again, saying why), a --try fails, and a
+//     held lease's renewals fail (not a loss: the runner's deadline stops
+//     the child).
+//   - With MinReplicas 0 and a replica connected, the store logs once
 //     what asynchronous replication risks.
 //   - Killing the primary makes the Sentinel promote the replica, which
-//     has every grant the replica acknowledged: tokens go on.
+//     has every grant the replica acknowledged: a candidate waiting
+//     through the failover is granted a greater token.
 func TestRedisSentinel(t *testing.T) {
 	primary := testenv.StartRedis(t, testenv.RedisOptions{Password: password, AOF: true})
 	replica := testenv.StartRedis(t, testenv.RedisOptions{Password: password, AOF: true, ReplicaOf: primary})
 	testenv.WaitReplicaSynced(t, replica)
 	sentinel := testenv.StartSentinel(t, primary, master)
-	onReplica := replica.Client(t)
+	onPrimary, onReplica := primary.Client(t), replica.Client(t)
 	ctx := context.Background()
-	const retry = 300 * time.Millisecond
-	sentinelBackend := func(lock string, minReplicas int, log *logBuffer) *redis.Backend {
+	tm := timings(10*time.Second, 300*time.Millisecond)
+	sentinelStore := func(minReplicas int, log *logBuffer) *redis.Store {
 		cfg := redis.Config{URL: "redis://:" + password + "@", SentinelMaster: master, Sentinels: []string{sentinel.Addr()},
-			Prefix: prefix, Lock: lock, MinReplicas: minReplicas, RetryPeriod: retry}
+			Prefix: prefix, MinReplicas: minReplicas}
 		if log != nil {
 			cfg.Log = log.logger()
 		}
-		b, err := redis.New(cfg)
+		s, err := redis.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { b.Close() })
-		return b
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	// replicated checks that the replica holds the lock's value and
+	// token counter as the primary does.
+	replicated := func(when, lock string, token uint64) {
+		t.Helper()
+		v, err := onPrimary.Get(ctx, prefix+lock).Result()
+		if r, rerr := onReplica.Get(ctx, prefix+lock).Result(); err != nil || rerr != nil || r != v {
+			t.Errorf("%s the replica holds %q (%v), want the lock's value %q (%v)", when, r, rerr, v, err)
+		}
+		if n, err := onReplica.Get(ctx, prefix+lock+":token").Uint64(); err != nil || n != token {
+			t.Errorf("%s the replica's token counter is %d (%v), want %d", when, n, err, token)
+		}
 	}
 
 	// MinReplicas 1, the replica up.
-	var log logBuffer
-	b := sentinelBackend("replicated", 1, &log)
-	l := campaign(t, b, "a", 10*time.Second)
-	if v, err := onReplica.Get(ctx, l.Key()).Result(); err != nil || v != l.Value() {
-		t.Errorf("right after the grant the replica holds %q (%v), want the lock's value %q", v, err, l.Value())
-	}
-	if n, err := onReplica.Get(ctx, l.Key()+":token").Uint64(); err != nil || n != l.Token() {
-		t.Errorf("right after the grant the replica's token counter is %d (%v), want %d", n, err, l.Token())
-	}
-	plain := sentinelBackend("unreplicated", 0, nil)
-	lp := campaign(t, plain, "a", 10*time.Second)
-	renewals := func(l backends.Lease) time.Duration {
+	s := sentinelStore(1, nil)
+	l := campaignWith(t, s, "replicated", candidate("a", tm))
+	replicated("right after the grant", "replicated", l.Token())
+	lp := campaignWith(t, sentinelStore(0, nil), "unreplicated", candidate("a", tm))
+	renewals := func(l *backends.Lease) time.Duration {
 		var ds []time.Duration
 		for range 50 {
 			start := time.Now()
@@ -112,62 +96,55 @@ func TestRedisSentinel(t *testing.T) {
 	if err := l.Release(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
+	var log logBuffer
+	c := candidate("b", tm)
+	c.Log = log.logger()
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	refused, err := b.Campaign(wctx, options("b", 10*time.Second))
+	refused, err := backends.Campaign(wctx, s, "replicated", c)
 	cancel()
 	if err == nil {
 		refused.Release(ctx, nil)
 		t.Fatal("a grant was handed over with the only replica stopped and MinReplicas 1")
 	}
 	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("campaign with the replica stopped: %v, want it still waiting when its context ended", err)
+		t.Errorf("campaign with the replica stopped: %v, want it still trying when its context ended", err)
 	}
-	if !strings.Contains(log.String(), "not starting the command") {
-		t.Errorf("the backend did not log the refused grant:\n%s", log.String())
+	if !strings.Contains(log.String(), "not starting the command") || !strings.Contains(log.String(), "0 of the 1 replicas") {
+		t.Errorf("the campaign did not log the refused grant:\n%s", log.String())
 	}
-	try := options("b", 10*time.Second)
-	try.Try = true
-	if _, err := b.Campaign(ctx, try); !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "replicas") {
+	c.Try, c.Log = true, nil
+	if _, err := backends.Campaign(ctx, s, "replicated", c); !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "replicas") {
 		t.Errorf("--try with the replica stopped: %v, want ErrUnavailable about replicas", err)
 	}
-	if n, _ := primary.Client(t).Exists(ctx, prefix+"replicated").Result(); n != 0 {
+	if n, _ := onPrimary.Exists(ctx, prefix+"replicated").Result(); n != 0 {
 		t.Errorf("a refused grant was left in place")
 	}
 
 	// The replica is back: grants are handed over again.
 	replica.Start(t)
 	testenv.WaitReplicaSynced(t, replica)
-	l = campaign(t, b, "c", 10*time.Second)
-	if v, err := onReplica.Get(ctx, l.Key()).Result(); err != nil || v != l.Value() {
-		t.Errorf("after the replica came back, it holds %q (%v), want %q", v, err, l.Value())
-	}
+	l = campaignWith(t, s, "replicated", candidate("c", tm))
+	replicated("after the replica came back,", "replicated", l.Token())
 	last := l.Token()
 	l.Release(ctx, nil)
 
 	// MinReplicas 0 with a replica connected: one warning.
 	var warned logBuffer
-	w := sentinelBackend("warned", 0, &warned)
-	campaign(t, w, "a", 10*time.Second).Release(ctx, nil)
-	campaign(t, w, "a", 10*time.Second).Release(ctx, nil)
+	w := sentinelStore(0, &warned)
+	campaignWith(t, w, "warned", candidate("a", tm)).Release(ctx, nil)
+	campaignWith(t, w, "warned", candidate("a", tm)).Release(ctx, nil)
 	w.Close()
 	if n := strings.Count(warned.String(), "the server has replicas, and --redis-min-replicas is 0"); n != 1 {
 		t.Errorf("the replica warning was logged %d times, want once:\n%s", n, warned.String())
 	}
 
-	// Failover: the primary dies, the Sentinel promotes the replica.
+	// Failover: the primary dies, the Sentinel promotes the replica; a
+	// candidate retries through it.
 	primary.Kill(t)
 	killed := time.Now()
-	after := sentinelBackend("replicated", 0, nil)
 	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	var fl backends.Lease
-	for {
-		fl, err = after.Campaign(fctx, options("d", 10*time.Second))
-		if err == nil || fctx.Err() != nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond) // the Sentinel takes down-after-milliseconds and an election
-	}
+	fl, err := backends.Campaign(fctx, sentinelStore(0, nil), "replicated", candidate("d", tm))
 	if err != nil {
 		t.Fatalf("no grant on the promoted replica: %v", err)
 	}
