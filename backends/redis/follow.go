@@ -146,6 +146,10 @@ func (f *follower) run(ctx context.Context, period time.Duration) {
 			f.listening, f.live, f.since = true, false, time.Now()
 			f.poke()
 		case *redis.Message:
+			if f.client == nil {
+				// A wake-up: it goes to the first live waiter alone.
+				f.behind.Store(false)
+			}
 			if f.client == nil || slices.Contains(m.PayloadSlice, f.l.key) || m.Payload == f.l.key {
 				if f.live = f.client != nil; f.live {
 					f.logOnce.Do(func() { f.l.s.log.Debug("redis: tracking the lock's key: a change is seen at once", "lock", f.l.name) })
