@@ -214,15 +214,19 @@ func (e *elector) campaign(ctx context.Context, i int, try bool) (*Lease, error)
 			won = true
 			return &Lease{g: g, lock: lk, slots: e.slots[:e.c.Holders], slot: i, log: e.log}, nil
 		}
+		if retryable(err) {
+			// Kept for the message of a wait that ends without an
+			// answer, even when the wait's end cut this attempt short.
+			e.mu.Lock()
+			e.lastErr = err
+			e.mu.Unlock()
+		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 		if !retryable(err) || try {
 			return nil, err
 		}
-		e.mu.Lock()
-		e.lastErr = err
-		e.mu.Unlock()
 		pause := backoff.Step()
 		if msg := err.Error(); msg != logged {
 			logged = msg

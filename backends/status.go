@@ -17,7 +17,11 @@ func ReadStatus(ctx context.Context, s Store, lock string) (Status, error) {
 	if err != nil {
 		return Status{}, err
 	}
-	st.Lock, st.Backend, st.Key = lock, s.Name(), lk.Key()
+	st.Lock, st.Backend = lock, s.Name()
+	if st.Key == "" {
+		// A queue store may name the leader's own key instead.
+		st.Key = lk.Key()
+	}
 	return st, nil
 }
 
