@@ -26,3 +26,13 @@ func Ghost(g backends.Grant) (string, error) {
 func LeaseTTL(timeout, retry, minTimeout time.Duration) time.Duration {
 	return leaseTTL(timeout, retry, minTimeout)
 }
+
+// Wakes counts how often a waiting candidate of s was woken by the watch
+// on the candidate ahead of it.
+func (s *Store) Wakes() uint64 { return s.wakes.Load() }
+
+// SessionTimeout, SessionID and Server are the grant's negotiated session
+// timeout, its session's id and the server it is (or was last) on.
+func (cd *candidacy) SessionTimeout() time.Duration { return cd.s.Timeout() }
+func (cd *candidacy) SessionID() int64              { return cd.s.ID() }
+func (cd *candidacy) Server() string                { return cd.s.conn.Server() }

@@ -28,13 +28,14 @@ type session struct {
 	timeout  atomic.Int64           // negotiated timeout, in ns
 	dialErr  atomic.Pointer[string] // the latest failed dial or handshake
 
-	handshake time.Duration // how long a server may take to answer a connect request
-	connected chan struct{} // closed when the session is first established
-	expired   chan struct{} // closed when the session is gone for good
-	states    chan zk.State // connection states, for a lease's log; lossy
-	connect   func()        // closes connected, once
-	expire    func()        // closes expired, once
-	close     func()        // ends the session, once
+	handshake time.Duration               // how long a server may take to answer a connect request
+	connected chan struct{}               // closed when the session is first established
+	expired   chan struct{}               // closed when the session is gone for good
+	leader    atomic.Pointer[slog.Logger] // a grant's log, which hears of connections lost and found
+	down      atomic.Bool                 // the connection was lost
+	connect   func()                      // closes connected, once
+	expire    func()                      // closes expired, once
+	close     func()                      // ends the session, once
 
 	mu       sync.Mutex
 	closed   bool
@@ -46,7 +47,7 @@ type session struct {
 // request (share), as with the Java client, so that one that accepts
 // connections and never answers cannot hold the client.
 func (st *Store) connect(ctx context.Context, timeout, share time.Duration) (*session, error) {
-	s := &session{connected: make(chan struct{}), expired: make(chan struct{}), states: make(chan zk.State, 16),
+	s := &session{connected: make(chan struct{}), expired: make(chan struct{}),
 		handshake: max(share/time.Duration(len(st.servers)), 100*time.Millisecond)}
 	s.connect = sync.OnceFunc(func() { close(s.connected) })
 	s.expire = sync.OnceFunc(func() { close(s.expired) })
@@ -92,24 +93,27 @@ func (s *session) ID() int64 { return s.id.Load() }
 // Timeout is the session timeout the ensemble granted.
 func (s *session) Timeout() time.Duration { return time.Duration(s.timeout.Load()) }
 
-// event is the library's callback.
+// event is the library's callback. A leader's connection that drops is
+// only logged: the session survives a reconnection within its timeout, and
+// until then the runner's renew deadline runs.
 func (s *session) event(ev zk.Event) {
-	if ev.Type != zk.EventSession {
-		return
-	}
-	switch ev.State {
-	case zk.StateHasSession:
+	log := s.leader.Load()
+	switch {
+	case ev.Type != zk.EventSession:
+	case ev.State == zk.StateHasSession:
 		latest := s.latestID.Load()
 		if !s.id.CompareAndSwap(0, latest) && s.id.Load() != latest {
 			s.expire()
 		}
 		s.connect()
-	case zk.StateExpired:
+		if s.down.Swap(false) && log != nil {
+			log.Info("reconnected to zookeeper", "server", ev.Server)
+		}
+	case ev.State == zk.StateExpired:
 		s.expire()
-	}
-	select {
-	case s.states <- ev.State:
-	default:
+	case ev.State == zk.StateDisconnected && !s.down.Swap(true) && log != nil:
+		log.Warn("connection to zookeeper lost; the session survives a reconnection within its timeout",
+			"server", ev.Server, "session_timeout", s.Timeout())
 	}
 }
 
@@ -214,19 +218,17 @@ func call[T any](ctx context.Context, s *session, req func(*zk.Conn) (T, error))
 	}
 	s.requests.Add(1)
 	s.mu.Unlock()
-	type answer struct {
-		v   T
-		err error
-	}
-	ch := make(chan answer, 1)
+	var v T
+	var err error
+	done := make(chan struct{})
 	go func() {
 		defer s.requests.Done()
-		v, err := req(s.conn)
-		ch <- answer{v, err}
+		defer close(done)
+		v, err = req(s.conn)
 	}()
 	select {
-	case a := <-ch:
-		return a.v, a.err
+	case <-done:
+		return v, err
 	case <-ctx.Done():
 		return zero, ctx.Err()
 	case <-s.expired:

@@ -105,7 +105,7 @@ type Store struct {
 	base           string // "/" + prefix
 	connectTimeout time.Duration
 	log            *slog.Logger
-	wakes          atomic.Uint64
+	wakes          atomic.Uint64  // waiters woken by the watch on the one ahead (tests count the herd)
 	minTimeout     atomic.Int64   // the ensemble's minimum session timeout, in ns, once learned
 	bg             sync.WaitGroup // closes of sessions left to finish in the background
 
@@ -183,10 +183,6 @@ func (s *Store) Name() string { return "zookeeper" }
 func (s *Store) Lock(name string) backends.Lock {
 	return &lock{s: s, dir: s.base + name, log: s.log.With("lock", name)}
 }
-
-// Wakes counts how often a waiting candidate of this store was woken by
-// the watch on the candidate ahead of it (tests count the herd with it).
-func (s *Store) Wakes() uint64 { return s.wakes.Load() }
 
 // Close implements backends.Store, once every lease was released.
 func (s *Store) Close() error {
