@@ -1066,3 +1066,29 @@ func testRates(t *testing.T, env *env) {
 		}
 	}
 }
+
+// testReaderIdle: the session that status and documents read with is
+// closed once unused for a while, and opened again when needed: a leader
+// holds no connection but its own session's between its grant and its
+// release.
+func testReaderIdle(t *testing.T, env *env) {
+	conns := func() int {
+		out, err := env.zk.Members[0].FourLetter("cons")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Count(out, "sid=")
+	}
+	before := conns()
+	s := openStore(t, env.servers)
+	status(t, s, "reader-idle")
+	if n := conns(); n != before+1 {
+		t.Fatalf("%d connections after a status, want %d", n, before+1)
+	}
+	start := time.Now()
+	waitFor(t, "the reader to close", func() bool { return conns() == before })
+	t.Logf("the reader closed %v after its last read", time.Since(start))
+	if st := status(t, s, "reader-idle"); st.Held {
+		t.Errorf("status through a new reader: %+v", st)
+	}
+}

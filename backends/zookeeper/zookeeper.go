@@ -46,6 +46,10 @@ const (
 	// readerTimeout is the session timeout of the store's reading
 	// session: it owns no znode, so it hardly matters.
 	readerTimeout = 10 * time.Second
+	// readerIdle is how long the reading session stays open unused: a
+	// leader reads when it wins and when it releases, and needs no
+	// connection but its own session's in between.
+	readerIdle = 2 * time.Second
 	// maxPacket bounds what the client receives in one packet, as the
 	// server does by default (jute.maxbuffer).
 	maxPacket = 1 << 20
@@ -109,9 +113,11 @@ type Store struct {
 	minTimeout     atomic.Int64   // the ensemble's minimum session timeout, in ns, once learned
 	bg             sync.WaitGroup // closes of sessions left to finish in the background
 
-	rmu    sync.Mutex // held while the reader connects
-	reader *session   // status and documents, connected on first use
-	closed bool
+	rmu     sync.Mutex  // held while the reader connects
+	reader  *session    // status and documents, connected on first use
+	reading int         // reads under way
+	idle    *time.Timer // closes an idle reader
+	closed  bool
 }
 
 var _ backends.Store = (*Store)(nil)
@@ -189,6 +195,9 @@ func (s *Store) Close() error {
 	s.rmu.Lock()
 	r := s.reader
 	s.reader, s.closed = nil, true
+	if s.idle != nil {
+		s.idle.Stop()
+	}
 	s.rmu.Unlock()
 	if r != nil {
 		r.close()
@@ -197,16 +206,15 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// read runs req on the reading session (connected on first use, and again
-// once the last one expired), bounded by the connect timeout. ErrNoNode
-// comes back as it is, any other failure wrapping backends.ErrUnavailable
-// (or as ctx's error).
+// read runs req on the reading session (connected when there is none, or
+// it expired), bounded by the connect timeout. ErrNoNode comes back as it
+// is, any other failure wrapping backends.ErrUnavailable (or as ctx's
+// error).
 func read[T any](ctx context.Context, s *Store, op string, req func(*zk.Conn) (T, error)) (T, error) {
 	var zero T
 	s.rmu.Lock()
 	if s.reader != nil && s.reader.isExpired() {
-		s.closeLater(s.reader)
-		s.reader = nil
+		s.dropReader()
 	}
 	var err error
 	switch {
@@ -216,10 +224,14 @@ func read[T any](ctx context.Context, s *Store, op string, req func(*zk.Conn) (T
 		s.reader, err = s.connect(ctx, readerTimeout, s.connectTimeout)
 	}
 	r := s.reader
+	if err == nil {
+		s.reading++
+	}
 	s.rmu.Unlock()
 	if err != nil {
 		return zero, err
 	}
+	defer s.doneReading()
 	rctx, cancel := context.WithTimeout(ctx, s.connectTimeout)
 	defer cancel()
 	v, err := call(rctx, r, req)
@@ -227,6 +239,33 @@ func read[T any](ctx context.Context, s *Store, op string, req func(*zk.Conn) (T
 		err = s.failed(ctx, rctx, op, err)
 	}
 	return v, err
+}
+
+// doneReading closes the reader once no read used it for readerIdle.
+func (s *Store) doneReading() {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	if s.reading--; s.reading > 0 || s.closed {
+		return
+	}
+	if s.idle != nil {
+		s.idle.Stop()
+	}
+	s.idle = time.AfterFunc(readerIdle, func() {
+		s.rmu.Lock()
+		defer s.rmu.Unlock()
+		if s.reading == 0 && !s.closed {
+			s.dropReader()
+		}
+	})
+}
+
+// dropReader ends the reading session; rmu is held.
+func (s *Store) dropReader() {
+	if s.reader != nil {
+		s.closeLater(s.reader)
+		s.reader = nil
+	}
 }
 
 // closeLater ends a session without waiting for it; Close waits.

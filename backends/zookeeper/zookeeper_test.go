@@ -66,6 +66,7 @@ func TestZooKeeper(t *testing.T) {
 		{"DocumentsAreNotCandidates", testDocumentsNotCandidates},
 		{"Documents", testDocuments},
 		{"OlderRelease", testOlderRelease},
+		{"ReaderClosesWhenIdle", testReaderIdle},
 		{"RequestRates", testRates},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, store) })
