@@ -22,7 +22,7 @@ func zkFlags() []cli.Flag {
 		&cli.StringFlag{Name: "zk-auth-file", Category: categoryStore, EnvVars: []string{"LEADERRUN_ZK_AUTH_FILE"},
 			Usage: "`FILE` holding USER:PASSWORD for ZooKeeper's digest authentication; it must not be readable by group or others (chmod 600)"},
 		&cli.DurationFlag{Name: "zk-connect-timeout", Category: categoryStore, EnvVars: []string{"LEADERRUN_ZK_CONNECT_TIMEOUT"}, Value: zookeeper.DefaultConnectTimeout,
-			Usage: "give up after `D` when no ZooKeeper server answers before leadership (exit 69)"},
+			Usage: "bound each attempt to reach ZooKeeper before leadership by `D`: with --try exit 69 after it; while --wait runs, try again"},
 	}
 }
 
