@@ -55,7 +55,7 @@ func TestOpen(t *testing.T) {
 func TestDigestHidesPassword(t *testing.T) {
 	d := zookeeper.Digest{User: "leaderrun", Password: "s3cret"}
 	cfg := zookeeper.Config{Servers: []string{"zk1"}, Digest: d}
-	for _, s := range []string{fmt.Sprint(d), fmt.Sprintf("%+v", cfg), fmt.Sprintf("%#v", cfg), fmt.Sprintf("%s", d)} {
+	for _, s := range []string{fmt.Sprint(d), fmt.Sprintf("%+v", cfg), fmt.Sprintf("%#v", cfg), d.String()} {
 		if strings.Contains(s, "s3cret") || !strings.Contains(s, "leaderrun") {
 			t.Errorf("printed as %q", s)
 		}

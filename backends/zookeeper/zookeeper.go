@@ -10,16 +10,15 @@
 // candidate leads only once every one created before it is gone. The
 // lock's documents are the data of its children history and markers.
 //
-// In ZooKeeper the session is the lease: its timeout is the Claim's lease
-// duration, and ending it deletes its ephemeral znodes in the same step.
-// So each candidacy opens a session of its own: a session shared by
-// several locks or slots would end all their leases at once, and a
-// candidate's znode that could not be deleted would block its lock for as
-// long as a sibling kept the session. The Store keeps one more session,
-// opened on first use, for what needs no lease: status and documents.
-// The client library pings a session by protocol, so a renewal extends
-// nothing: it proves that the leader's znode, and so its session, still
-// existed after the renewal's send time (docs/safety.md).
+// In ZooKeeper the session is the lease: its timeout is the lease
+// duration, and ending it deletes its ephemeral znodes. So each candidacy
+// has a session of its own: one shared by several locks or slots would
+// end all their leases at once, and a znode that could not be deleted
+// would block its lock for as long as a sibling kept the session. What
+// needs no lease (status, documents) reads through one more session,
+// open while it is used. The library pings a session by protocol, so a
+// renewal extends nothing: it proves that the leader's znode, and so its
+// session, still existed after its send time (docs/safety.md).
 package zookeeper
 
 import (
@@ -113,10 +112,10 @@ type Store struct {
 	minTimeout     atomic.Int64   // the ensemble's minimum session timeout, in ns, once learned
 	bg             sync.WaitGroup // closes of sessions left to finish in the background
 
-	rmu     sync.Mutex  // held while the reader connects
-	reader  *session    // status and documents, connected on first use
-	reading int         // reads under way
-	idle    *time.Timer // closes an idle reader
+	rmu     sync.Mutex // held while the reader connects
+	reader  *session   // for status and documents
+	reading int        // reads under way
+	idle    *time.Timer
 	closed  bool
 }
 
@@ -206,10 +205,9 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// read runs req on the reading session (connected when there is none, or
-// it expired), bounded by the connect timeout. ErrNoNode comes back as it
-// is, any other failure wrapping backends.ErrUnavailable (or as ctx's
-// error).
+// read runs req on the reading session, connected if need be, bounded by
+// the connect timeout. ErrNoNode comes back as it is, any other failure
+// wrapping backends.ErrUnavailable (or as ctx's error).
 func read[T any](ctx context.Context, s *Store, op string, req func(*zk.Conn) (T, error)) (T, error) {
 	var zero T
 	s.rmu.Lock()
@@ -260,8 +258,7 @@ func (s *Store) doneReading() {
 	})
 }
 
-// dropReader ends the reading session; rmu is held.
-func (s *Store) dropReader() {
+func (s *Store) dropReader() { // rmu held
 	if s.reader != nil {
 		s.closeLater(s.reader)
 		s.reader = nil
