@@ -122,7 +122,7 @@ func readZKAuthFile(path string) (zookeeper.Digest, error) {
 	d, ok := parseZKDigest(string(data))
 	if !ok {
 		// Nothing of the file in the message.
-		return zookeeper.Digest{}, usageErrorf("--zk-auth-file %s: want one line user:password", path)
+		return zookeeper.Digest{}, usageErrorf("--zk-auth-file %s: zookeeper: digest credentials must be one line user:password", path)
 	}
 	return d, nil
 }
