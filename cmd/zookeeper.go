@@ -22,7 +22,7 @@ func zkFlags() []cli.Flag {
 		&cli.StringFlag{Name: "zk-auth-file", Category: categoryStore, EnvVars: []string{"LEADERRUN_ZK_AUTH_FILE"},
 			Usage: "`FILE` holding USER:PASSWORD for ZooKeeper's digest authentication; it must not be readable by group or others (chmod 600)"},
 		&cli.DurationFlag{Name: "zk-connect-timeout", Category: categoryStore, EnvVars: []string{"LEADERRUN_ZK_CONNECT_TIMEOUT"}, Value: zookeeper.DefaultConnectTimeout,
-			Usage: "give up after `D` when no ZooKeeper server answers before leadership (exit 69)"},
+			Usage: "bound each attempt to reach ZooKeeper before leadership by `D`: with --try exit 69 after it; while --wait runs, try again"},
 	}
 }
 
@@ -30,13 +30,16 @@ var zkStore = store{
 	name:     "zookeeper",
 	flags:    zkFlags,
 	selected: func(c *cli.Context) bool { return c.String("zk-servers") != "" },
-	open:     newZooKeeperBackend,
+	open:     openZooKeeper,
 	address:  "--zk-servers (LEADERRUN_ZK_SERVERS)",
 	// The file's name: the job has no business with the lock's password.
 	credentials: []string{"LEADERRUN_ZK_AUTH_FILE"},
 }
 
-func newZooKeeperBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
+// openZooKeeper opens the ensemble of --zk-servers. The lease duration,
+// which is each candidacy's session timeout, and the retry period, which
+// bounds the TTL a lease reports, come with every campaign's claim.
+func openZooKeeper(c *cli.Context, cfg storeConfig) (backends.Store, error) {
 	servers, err := zkServers(c.String("zk-servers"))
 	if err != nil {
 		return nil, err
@@ -55,26 +58,23 @@ func newZooKeeperBackend(c *cli.Context, cfg storeConfig) (backends.Backend, err
 	if err != nil {
 		return nil, err
 	}
-	b, err := zookeeper.New(zookeeper.Config{
+	s, err := zookeeper.Open(zookeeper.Config{
 		Servers:        servers,
 		Digest:         digest,
 		Prefix:         cfg.Prefix,
-		Lock:           cfg.Lock,
 		ConnectTimeout: connect,
-		// Zero for status and history, which do not renew.
-		RetryPeriod: c.Duration("retry-period"),
-		Log:         log,
+		Log:            log,
 	})
 	if err != nil {
-		// New checks the servers and the prefix; the lock was checked.
+		// Open checks the servers and the prefix.
 		return nil, usageErrorf("--zk-servers %q, --prefix %q: %v", backends.Redact(c.String("zk-servers")), cfg.Prefix, err)
 	}
-	return b, nil
+	return s, nil
 }
 
 // zkServers splits and checks --zk-servers. A ZooKeeper connection string
 // may end in a chroot (host:port,host:port/path); leaderrun's --prefix does
-// that job, and New says so.
+// that job, and Open says so.
 func zkServers(s string) ([]string, error) {
 	var servers []string
 	for _, srv := range strings.Split(s, ",") {
@@ -119,10 +119,22 @@ func readZKAuthFile(path string) (zookeeper.Digest, error) {
 	if len(data) > maxZKAuthFile {
 		return zookeeper.Digest{}, usageErrorf("--zk-auth-file %s: longer than %d bytes; want one line USER:PASSWORD", path, maxZKAuthFile)
 	}
-	d, err := zookeeper.ParseDigest(string(data))
-	if err != nil {
-		// ParseDigest's message shows nothing of the file.
-		return zookeeper.Digest{}, usageErrorf("--zk-auth-file %s: %v", path, err)
+	d, ok := parseZKDigest(string(data))
+	if !ok {
+		// Nothing of the file in the message.
+		return zookeeper.Digest{}, usageErrorf("--zk-auth-file %s: zookeeper: digest credentials must be one line user:password", path)
 	}
 	return d, nil
+}
+
+// parseZKDigest reads "user:password", as an auth file holds it: the first
+// colon separates them; a final newline is ignored, any other line break
+// refused.
+func parseZKDigest(s string) (zookeeper.Digest, bool) {
+	s = strings.TrimRight(s, "\r\n")
+	user, password, ok := strings.Cut(s, ":")
+	if !ok || user == "" || strings.ContainsAny(s, "\r\n") {
+		return zookeeper.Digest{}, false
+	}
+	return zookeeper.Digest{User: user, Password: password}, true
 }

@@ -119,3 +119,28 @@ func TestZooKeeperHelp(t *testing.T) {
 		}
 	}
 }
+
+// TestParseZKDigest: an auth file's one line, user:password.
+func TestParseZKDigest(t *testing.T) {
+	for _, tc := range []struct {
+		name, in     string
+		user, passwd string
+		ok           bool
+	}{
+		{"plain", "leaderrun:s3cret", "leaderrun", "s3cret", true},
+		{"final newline", "leaderrun:s3cret\n", "leaderrun", "s3cret", true},
+		{"final CRLF", "leaderrun:s3cret\r\n", "leaderrun", "s3cret", true},
+		{"colon in the password", "leaderrun:a:b", "leaderrun", "a:b", true},
+		{"empty password", "leaderrun:", "leaderrun", "", true},
+		{"no colon", "leaderrun", "", "", false},
+		{"no user", ":s3cret", "", "", false},
+		{"two lines", "leaderrun:s3cret\nother:s3cret\n", "", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, ok := parseZKDigest(tc.in)
+			if ok != tc.ok || d.User != tc.user || d.Password != tc.passwd {
+				t.Fatalf("parseZKDigest(%q) = %#v, %v", tc.in, d, ok)
+			}
+		})
+	}
+}

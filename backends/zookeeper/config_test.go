@@ -2,6 +2,7 @@ package zookeeper_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -12,73 +13,52 @@ import (
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
-func TestNew(t *testing.T) {
+func TestOpen(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		cfg     zookeeper.Config
-		wantErr string // "" if New must succeed
+		wantErr string // "" if Open must succeed
 	}{
-		{"defaults", zookeeper.Config{Servers: []string{"zk1:2181", "zk2"}, Prefix: "leaderrun/", Lock: "billing"}, ""},
-		{"prefix without a slash", zookeeper.Config{Servers: []string{"zk1"}, Prefix: "leaderrun-", Lock: "billing"}, ""},
-		{"no servers", zookeeper.Config{Lock: "billing"}, "no servers"},
-		{"chroot", zookeeper.Config{Servers: []string{"zk1:2181/apps"}, Lock: "billing"}, "chroot"},
-		{"bad lock name", zookeeper.Config{Servers: []string{"zk1"}, Lock: "a/b"}, "invalid lock name"},
-		{"empty prefix segment", zookeeper.Config{Servers: []string{"zk1"}, Prefix: "a//", Lock: "b"}, "empty"},
-		{"dot segment", zookeeper.Config{Servers: []string{"zk1"}, Prefix: "a/../", Lock: "b"}, "segment"},
-		{"system tree", zookeeper.Config{Servers: []string{"zk1"}, Prefix: "zookeeper/", Lock: "b"}, "ZooKeeper's own tree"},
-		{"password without a user", zookeeper.Config{Servers: []string{"zk1"}, Lock: "b", Digest: zookeeper.Digest{Password: "pw"}}, "without a user"},
+		{"defaults", zookeeper.Config{Servers: []string{"zk1:2181", "zk2"}, Prefix: "leaderrun/"}, ""},
+		{"prefix without a slash", zookeeper.Config{Servers: []string{"zk1"}, Prefix: "leaderrun-"}, ""},
+		{"no prefix", zookeeper.Config{Servers: []string{"zk1"}}, ""},
+		{"no servers", zookeeper.Config{}, "no servers"},
+		{"chroot", zookeeper.Config{Servers: []string{"zk1:2181/apps"}}, "chroot"},
+		{"user information", zookeeper.Config{Servers: []string{"u:pw@zk1:2181"}}, "user information"},
+		{"bad port", zookeeper.Config{Servers: []string{"zk1:x:y"}}, "host:port"},
+		{"empty prefix segment", zookeeper.Config{Servers: []string{"zk1"}, Prefix: "a//"}, "empty"},
+		{"dot segment", zookeeper.Config{Servers: []string{"zk1"}, Prefix: "a/../"}, "segment"},
+		{"control character", zookeeper.Config{Servers: []string{"zk1"}, Prefix: "a\x01/"}, "refuses"},
+		{"system tree", zookeeper.Config{Servers: []string{"zk1"}, Prefix: "zookeeper/"}, "ZooKeeper's own tree"},
+		{"password without a user", zookeeper.Config{Servers: []string{"zk1"}, Digest: zookeeper.Digest{Password: "pw"}}, "without a user"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b, err := zookeeper.New(tc.cfg)
+			s, err := zookeeper.Open(tc.cfg)
 			switch {
 			case tc.wantErr == "" && err != nil:
-				t.Fatalf("New: %v", err)
+				t.Fatalf("Open: %v", err)
 			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
-				t.Fatalf("New: %v, want an error saying %q", err, tc.wantErr)
+				t.Fatalf("Open: %v, want an error saying %q", err, tc.wantErr)
 			}
-			if b != nil {
-				b.Close()
-			}
-		})
-	}
-}
-
-// TestCampaignNeedsLeaseDuration: the session timeout is the lease
-// duration, which only the runner knows; none is a mistake, not a default.
-func TestCampaignNeedsLeaseDuration(t *testing.T) {
-	b, err := zookeeper.New(zookeeper.Config{Servers: []string{"127.0.0.1:1"}, Lock: "b"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	_, err = b.Campaign(context.Background(), backends.CampaignOptions{Identity: "a"})
-	if err == nil || !strings.Contains(err.Error(), "lease duration") {
-		t.Errorf("campaign without a lease duration: %v", err)
-	}
-}
-
-func TestParseDigest(t *testing.T) {
-	for _, tc := range []struct {
-		name, in     string
-		user, passwd string
-		ok           bool
-	}{
-		{"plain", "leaderrun:s3cret", "leaderrun", "s3cret", true},
-		{"final newline", "leaderrun:s3cret\n", "leaderrun", "s3cret", true},
-		{"colon in the password", "leaderrun:a:b", "leaderrun", "a:b", true},
-		{"no colon", "leaderrun", "", "", false},
-		{"no user", ":s3cret", "", "", false},
-		{"two lines", "leaderrun:s3cret\nother:s3cret\n", "", "", false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			d, err := zookeeper.ParseDigest(tc.in)
-			if (err == nil) != tc.ok || d.User != tc.user || d.Password != tc.passwd {
-				t.Fatalf("ParseDigest(%q) = %#v, %v", tc.in, d, err)
-			}
-			if err != nil && strings.Contains(err.Error(), "s3cret") {
+			if err != nil && strings.Contains(err.Error(), "pw") {
 				t.Errorf("the error shows the password: %v", err)
 			}
+			if s != nil {
+				s.Close()
+			}
 		})
+	}
+}
+
+// TestDigestHidesPassword: a digest printed in any form shows its user,
+// never its password.
+func TestDigestHidesPassword(t *testing.T) {
+	d := zookeeper.Digest{User: "leaderrun", Password: "s3cret"}
+	cfg := zookeeper.Config{Servers: []string{"zk1"}, Digest: d}
+	for _, s := range []string{fmt.Sprint(d), fmt.Sprintf("%+v", cfg), fmt.Sprintf("%#v", cfg), d.String()} {
+		if strings.Contains(s, "s3cret") || !strings.Contains(s, "leaderrun") {
+			t.Errorf("printed as %q", s)
+		}
 	}
 }
 
@@ -111,8 +91,8 @@ func TestLeaseTTL(t *testing.T) {
 			}
 		})
 	}
-	if ttl := zookeeper.LeaseTTL(15*s, 2*s, 4*s); ttl > 10*s+3*s {
-		t.Errorf("at the default timings the TTL is %v, more than D + G = 13s: the runner would accept them", ttl)
+	if err := backends.DefaultTimings.CheckGranted(zookeeper.LeaseTTL(15*s, 2*s, 4*s)); err == nil {
+		t.Error("at the default timings and a tick of 2 s, the runner would accept the TTL")
 	}
 }
 
@@ -129,17 +109,17 @@ func TestLibraryLog(t *testing.T) {
 		{"info", slog.LevelInfo, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var buf syncBuffer
+			var buf testenv.LockedBuffer
 			log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: tc.level}))
-			b, err := zookeeper.New(zookeeper.Config{Servers: []string{"127.0.0.1:1"}, Lock: "b", Log: log, ConnectTimeout: time.Second})
+			s, err := zookeeper.Open(zookeeper.Config{Servers: []string{"127.0.0.1:1"}, Log: log, ConnectTimeout: time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer b.Close()
+			defer s.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			defer cancel()
-			if _, err := b.Campaign(ctx, backends.CampaignOptions{Identity: "a", LeaseDuration: 4 * time.Second}); err == nil {
-				t.Fatal("campaign against a closed port succeeded")
+			if _, err := backends.ReadStatus(ctx, s, "b"); err == nil {
+				t.Fatal("status against a closed port succeeded")
 			}
 			got := strings.Contains(buf.String(), "source=go-zookeeper")
 			if got != tc.want {
@@ -148,6 +128,3 @@ func TestLibraryLog(t *testing.T) {
 		})
 	}
 }
-
-// syncBuffer is a bytes.Buffer safe for the library's goroutines.
-type syncBuffer = testenv.LockedBuffer

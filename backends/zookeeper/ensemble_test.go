@@ -24,7 +24,7 @@ func TestEnsemble(t *testing.T) {
 }
 
 // member is the ensemble member a lease's session is connected to.
-func member(t *testing.T, z *testenv.ZooKeeper, l zkLease) *testenv.ZooKeeperMember {
+func member(t *testing.T, z *testenv.ZooKeeper, l lease) *testenv.ZooKeeperMember {
 	t.Helper()
 	for _, m := range z.Members {
 		if m.Addr == l.Server() {
@@ -38,7 +38,7 @@ func member(t *testing.T, z *testenv.ZooKeeper, l zkLease) *testenv.ZooKeeperMem
 // survives checks that l outlived a fault: renewals go through again
 // within its session timeout of the fault, on the same session and
 // znode, and Lost never closed.
-func survives(t *testing.T, l zkLease, sid int64, fault time.Time) {
+func survives(t *testing.T, l lease, sid int64, fault time.Time) {
 	t.Helper()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
@@ -66,8 +66,7 @@ func survives(t *testing.T, l zkLease, sid int64, fault time.Time) {
 // restarts (its data kept); the client moves the session to another member
 // within the timeout, and the lease carries on.
 func testMemberRestarted(t *testing.T, z *testenv.ZooKeeper) {
-	b := newBackend(t, z.Servers(), "member-restarted")
-	l := campaign(t, b, "a", 8*time.Second)
+	l := campaign(t, openStore(t, z.Servers()), "member-restarted", "a", 8*time.Second)
 	sid, m := l.SessionID(), member(t, z, l)
 	restart := time.Now()
 	m.Restart(t)
@@ -90,18 +89,18 @@ func testEnsembleLeaderKilled(t *testing.T, z *testenv.ZooKeeper) {
 		{"session on a follower", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := newBackend(t, z.Servers(), "leader-killed")
+			s := openStore(t, z.Servers())
 			leader := z.Leader(t)
 			// The client picks a server at random: campaign until
 			// the session is where the case wants it.
-			var l zkLease
-			for l == nil {
-				l = campaign(t, b, "a", 8*time.Second)
+			var l lease
+			for l.Lease == nil {
+				l = campaign(t, s, "leader-killed", "a", 8*time.Second)
 				if (member(t, z, l) == leader) != tc.onLeader {
 					if err := l.Release(context.Background(), nil); err != nil {
 						t.Fatal(err)
 					}
-					l = nil
+					l = lease{}
 				}
 			}
 			sid := l.SessionID()

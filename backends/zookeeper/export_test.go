@@ -14,15 +14,25 @@ func SetCreateHook(h func(z *zk.Conn, prefix, path string, err error) (string, e
 	testHookCreate = h
 }
 
-// Ghost creates a second znode of l's candidacy, on its session: what a
+// Ghost creates a second znode of g's candidacy, on its session: what a
 // create whose lost answer was retried leaves once it lands.
-func Ghost(l backends.Lease) (string, error) {
-	c := l.(*lease).c
-	return c.s.conn.Create(c.b.dir+"/"+protectedPrefix+c.guid+latchName, []byte(c.identity), zk.FlagEphemeralSequential, c.b.acl)
+func Ghost(g backends.Grant) (string, error) {
+	cd := g.(*candidacy)
+	return cd.s.conn.Create(cd.l.dir+"/"+protectedPrefix+cd.guid+latchName, cd.data, zk.FlagEphemeralSequential, cd.l.s.acl)
 }
 
-// LeaseTTL is what a lease reports as its TTL for a session timeout, a
+// LeaseTTL is what a grant reports as its TTL for a session timeout, a
 // retry period and the ensemble's minimum session timeout.
 func LeaseTTL(timeout, retry, minTimeout time.Duration) time.Duration {
 	return leaseTTL(timeout, retry, minTimeout)
 }
+
+// Wakes counts how often a waiting candidate of s was woken by the watch
+// on the candidate ahead of it.
+func (s *Store) Wakes() uint64 { return s.wakes.Load() }
+
+// SessionTimeout, SessionID and Server are the grant's negotiated session
+// timeout, its session's id and the server it is (or was last) on.
+func (cd *candidacy) SessionTimeout() time.Duration { return cd.s.Timeout() }
+func (cd *candidacy) SessionID() int64              { return cd.s.ID() }
+func (cd *candidacy) Server() string                { return cd.s.conn.Server() }

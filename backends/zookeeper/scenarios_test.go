@@ -144,7 +144,7 @@ func testHandovers(t *testing.T, env *env) {
 	)
 	type grant struct {
 		who int
-		l   zkLease
+		l   lease
 		at  time.Time
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -157,10 +157,10 @@ func testHandovers(t *testing.T, env *env) {
 	defer cancel()
 	for i := range contender {
 		release[i], released[i] = make(chan struct{}), make(chan time.Time)
-		b := newBackend(t, env.servers, lock)
+		b := openStore(t, env.servers)
 		wg.Go(func() {
 			for {
-				l, err := b.Campaign(ctx, options(fmt.Sprintf("c%d", i), 10*time.Second))
+				l, err := campaignFor(ctx, b, lock, candidate(fmt.Sprintf("c%d", i), 10*time.Second))
 				if err != nil {
 					if ctx.Err() == nil {
 						t.Errorf("c%d: campaign: %v", i, err)
@@ -168,7 +168,7 @@ func testHandovers(t *testing.T, env *env) {
 					return
 				}
 				select {
-				case grants <- grant{i, l.(zkLease), time.Now()}:
+				case grants <- grant{i, l, time.Now()}:
 				case <-ctx.Done():
 					l.Release(context.Background(), nil)
 					return
@@ -231,23 +231,25 @@ func testHandovers(t *testing.T, env *env) {
 // keeps waiting, now on the leader: its predecessor going is not its turn.
 func testMiddleWithdraws(t *testing.T, env *env) {
 	const lock = "middle-withdraws"
-	a, bb, c := newBackend(t, env.servers, lock), newBackend(t, env.servers, lock), newBackend(t, env.servers, lock)
-	la := campaign(t, a, "a", 10*time.Second)
+	a, bb, c := openStore(t, env.servers), openStore(t, env.servers), openStore(t, env.servers)
+	la := campaign(t, a, lock, "a", 10*time.Second)
 	bctx, bcancel := context.WithCancel(context.Background())
 	defer bcancel()
 	bdone := make(chan error, 1)
 	go func() {
-		_, err := bb.Campaign(bctx, options("b", 10*time.Second))
+		_, err := campaignFor(bctx, bb, lock, candidate("b", 10*time.Second))
 		bdone <- err
 	}()
 	waitFor(t, "b to queue", func() bool { return len(candidateNames(t, env.admin, lock)) == 2 })
-	got := make(chan backends.Lease, 1)
+	got := make(chan *lease, 1)
 	go func() {
-		l, err := c.Campaign(context.Background(), options("c", 10*time.Second))
+		l, err := campaignFor(context.Background(), c, lock, candidate("c", 10*time.Second))
 		if err != nil {
 			t.Errorf("c: %v", err)
+			got <- nil
+			return
 		}
-		got <- l
+		got <- &l
 	}()
 	waitFor(t, "c to queue", func() bool { return len(candidateNames(t, env.admin, lock)) == 3 })
 	waitFor(t, "c to watch b", func() bool { return watchers(t, env.zk)[queue(t, env.admin, lock)[1]] == 1 })
@@ -269,9 +271,8 @@ func testMiddleWithdraws(t *testing.T, env *env) {
 		}
 		return watchers(t, env.zk)[la.Path()] == 2
 	})
-	st, err := a.Status(context.Background())
-	if err != nil || !st.Held || st.Identity != "a" || st.Waiting != 1 {
-		t.Errorf("status %+v, %v; want a holding, c waiting", st, err)
+	if st := status(t, a, lock); !st.Held || st.Identity != "a" || st.Waiting != 1 {
+		t.Errorf("status %+v; want a holding, c waiting", st)
 	}
 	if err := la.Release(context.Background(), nil); err != nil {
 		t.Fatal(err)
@@ -308,27 +309,24 @@ func testSessionDies(t *testing.T, env *env) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lock := "session-dies-" + strings.ReplaceAll(tc.name, " ", "-")
-			const lease = 2 * time.Second
+			const d = 2 * time.Second
 			p := testenv.NewProxy(t, env.servers[0])
-			lb := newBackend(t, []string{p.Addr()}, lock)
-			fb := newBackend(t, env.servers, lock)
-			l := campaign(t, lb, "leader", lease)
+			lb := openStore(t, []string{p.Addr()})
+			fb := openStore(t, env.servers)
+			l := campaign(t, lb, lock, "leader", d)
 			timeout := l.SessionTimeout()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			type result struct {
-				l   backends.Lease
+				l   lease
 				err error
 			}
 			got := make(chan result, 1)
 			go func() {
-				l, err := fb.Campaign(ctx, options("follower", lease))
+				l, err := campaignFor(ctx, fb, lock, candidate("follower", d))
 				got <- result{l, err}
 			}()
-			waitFor(t, "the follower to queue", func() bool {
-				st, err := fb.Status(ctx)
-				return err == nil && st.Waiting == 1
-			})
+			waitFor(t, "the follower to queue", func() bool { return status(t, fb, lock).Waiting == 1 })
 			tc.cut(p)
 			cut := time.Now()
 			rctx, rcancel := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -416,11 +414,11 @@ func (r *records) has(sub string) bool {
 // deadline runs), the same session and znode carry on after, and the log
 // says what happened.
 func testDisconnect(t *testing.T, env *env) {
-	const lock, lease = "disconnect", 6 * time.Second
+	const lock = "disconnect"
 	p := testenv.NewProxy(t, env.servers[0])
 	logs := &records{}
-	b := newBackend(t, []string{p.Addr()}, lock, func(c *zookeeper.Config) { c.Log = slog.New(logs) })
-	l := campaign(t, b, "a", lease)
+	b := openStore(t, []string{p.Addr()}, func(c *zookeeper.Config) { c.Log = slog.New(logs) })
+	l := campaign(t, b, lock, "a", 6*time.Second)
 	sid, token := l.SessionID(), l.Token()
 	// Every connection is cut, and the client's reconnection hangs.
 	p.Stall()
@@ -445,9 +443,8 @@ func testDisconnect(t *testing.T, env *env) {
 	if l.SessionID() != sid {
 		t.Errorf("session 0x%x after the reconnection, want 0x%x", l.SessionID(), sid)
 	}
-	st, err := b.Status(context.Background())
-	if err != nil || !st.Held || st.Token != token || st.Key != l.Path() {
-		t.Errorf("status after the reconnection: %+v, %v; want %s held with token %d", st, err, l.Path(), token)
+	if st := status(t, b, lock); !st.Held || st.Token != token {
+		t.Errorf("status after the reconnection: %+v; want held with token %d", st, token)
 	}
 	waitFor(t, "the reconnection to be logged", func() bool { return logs.has("reconnected") })
 	if !logs.has("connection to zookeeper lost") {
@@ -457,18 +454,19 @@ func testDisconnect(t *testing.T, env *env) {
 
 // testHerd: with 200 candidates queued, a release wakes one waiter, not
 // all of them: every candidate watches only the one just ahead of it.
-// Counted twice: the wakes each backend counts, and the watches the server
-// holds (one per candidate znode, none on the lock's znode).
+// Counted twice: the wakes the waiters' store counts, and the watches the
+// server holds (one per candidate znode, none on the lock's znode). The
+// waiters share one store, each candidacy in a session of its own.
 func testHerd(t *testing.T, env *env) {
 	const (
 		lock    = "herd"
 		waiters = 200
 		changes = 40
 	)
-	leader := newBackend(t, env.servers, lock)
-	first := campaign(t, leader, "first", 10*time.Second)
-	bs := make([]*zookeeper.Backend, waiters)
-	won := make(chan backends.Lease, waiters)
+	leader := openStore(t, env.servers)
+	first := campaign(t, leader, lock, "first", 10*time.Second)
+	ws := openStore(t, env.servers, func(c *zookeeper.Config) { c.ConnectTimeout = 30 * time.Second })
+	won := make(chan lease, waiters)
 	var wg sync.WaitGroup
 	ctx, cancel := context.WithCancel(context.Background())
 	defer func() {
@@ -480,10 +478,9 @@ func testHerd(t *testing.T, env *env) {
 		}
 	}()
 	start := time.Now()
-	for i := range bs {
-		bs[i] = newBackend(t, env.servers, lock, func(c *zookeeper.Config) { c.ConnectTimeout = 30 * time.Second })
+	for i := range waiters {
 		wg.Go(func() {
-			l, err := bs[i].Campaign(ctx, options(fmt.Sprintf("w%d", i), 10*time.Second))
+			l, err := campaignFor(ctx, ws, lock, candidate(fmt.Sprintf("w%d", i), 10*time.Second))
 			if err != nil {
 				if ctx.Err() == nil {
 					t.Errorf("w%d: %v", i, err)
@@ -493,10 +490,7 @@ func testHerd(t *testing.T, env *env) {
 			won <- l
 		})
 	}
-	waitFor(t, "200 waiters to queue", func() bool {
-		st, err := leader.Status(ctx)
-		return err == nil && st.Waiting == waiters
-	})
+	waitFor(t, "200 waiters to queue", func() bool { return status(t, leader, lock).Waiting == waiters })
 	t.Logf("%d waiters queued in %v", waiters, time.Since(start))
 	// From the server's side: one watch per waiter, each on the
 	// candidate ahead of it, plus the leader's on its own znode. A waiter
@@ -519,15 +513,8 @@ func testHerd(t *testing.T, env *env) {
 	if paths != waiters || total != waiters+1 {
 		t.Errorf("the server holds %d watches on %d paths, want %d on %d", total, paths, waiters+1, waiters)
 	}
-	wakes := func() uint64 {
-		var n uint64
-		for _, b := range bs {
-			n += b.Wakes()
-		}
-		return n
-	}
 	var deltas []int
-	held, last := backends.Lease(first), wakes()
+	held, last := first, ws.Wakes()
 	for range changes {
 		if err := held.Release(context.Background(), nil); err != nil {
 			t.Fatal(err)
@@ -537,7 +524,7 @@ func testHerd(t *testing.T, env *env) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("no waiter took over within 10s of a release")
 		}
-		n := wakes()
+		n := ws.Wakes()
 		deltas = append(deltas, int(n-last))
 		last = n
 	}
@@ -565,8 +552,8 @@ func testAuth(t *testing.T, env *env) {
 	withDigest := func(d zookeeper.Digest) func(*zookeeper.Config) {
 		return func(c *zookeeper.Config) { c.Digest = d }
 	}
-	b := newBackend(t, env.servers, lock, withDigest(digest))
-	l := campaign(t, b, "owner", 10*time.Second)
+	b := openStore(t, env.servers, withDigest(digest))
+	l := campaign(t, b, lock, "owner", 10*time.Second)
 	acl, _, err := env.admin.GetACL(l.Path())
 	if err != nil {
 		t.Fatal(err)
@@ -580,42 +567,41 @@ func testAuth(t *testing.T, env *env) {
 	if err := env.admin.Delete(l.Path(), -1); !errors.Is(err, zk.ErrNoAuth) {
 		t.Errorf("a client without the credentials deleted the leader's znode: %v", err)
 	}
-	anon := newBackend(t, env.servers, lock)
-	st, err := anon.Status(context.Background())
-	if err != nil || !st.Held || st.Identity != "owner" || st.Token != l.Token() {
-		t.Errorf("status without credentials: %+v, %v; want held by owner", st, err)
+	anon := openStore(t, env.servers)
+	if st := status(t, anon, lock); !st.Held || st.Identity != "owner" || st.Token != l.Token() {
+		t.Errorf("status without credentials: %+v; want held by owner", st)
 	}
 	// A lock the owner created and left: free, and still the owner's.
-	free := newBackend(t, env.servers, lock+"-free", withDigest(digest))
-	if err := campaign(t, free, "owner", 10*time.Second).Release(context.Background(), nil); err != nil {
+	if err := campaign(t, b, lock+"-free", "owner", 10*time.Second).Release(context.Background(), nil); err != nil {
 		t.Fatal(err)
 	}
 	wrong := withDigest(zookeeper.Digest{User: digest.User, Password: "wrong"})
 	for _, tc := range []struct {
 		name string
-		b    *zookeeper.Backend
+		s    *zookeeper.Store
+		lock string
 		try  bool
 	}{
-		{"no credentials, wait", anon, false},
-		{"no credentials, try", newBackend(t, env.servers, lock+"-free"), true},
-		{"wrong password, wait", newBackend(t, env.servers, lock, wrong), false},
-		{"wrong password, try", newBackend(t, env.servers, lock+"-free", wrong), true},
+		{"no credentials, wait", anon, lock, false},
+		{"no credentials, try", anon, lock + "-free", true},
+		{"wrong password, wait", openStore(t, env.servers, wrong), lock, false},
+		{"wrong password, try", openStore(t, env.servers, wrong), lock + "-free", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			opts := options("intruder", 10*time.Second)
-			opts.Try = tc.try
+			c := candidate("intruder", 10*time.Second)
+			c.Try = tc.try
 			start := time.Now()
-			ll, err := tc.b.Campaign(ctx, opts)
+			ll, err := campaignFor(ctx, tc.s, tc.lock, c)
 			if err == nil {
 				ll.Release(context.Background(), nil)
 				t.Fatal("campaign without the owner's credentials succeeded")
 			}
-			if !errors.Is(err, backends.ErrUnavailable) || !errors.Is(err, zk.ErrNoAuth) {
-				t.Fatalf("campaign: %v, want ErrUnavailable for a refusal", err)
+			if !errors.Is(err, backends.ErrUnavailable) || !errors.Is(err, backends.ErrRefused) || !errors.Is(err, zk.ErrNoAuth) {
+				t.Fatalf("campaign: %v, want ErrUnavailable and ErrRefused for a refusal", err)
 			}
-			if msg := err.Error(); !strings.Contains(msg, env.servers[0]) || !strings.Contains(msg, lockDir(lock)) || !strings.Contains(msg, "refused") {
+			if msg := err.Error(); !strings.Contains(msg, env.servers[0]) || !strings.Contains(msg, lockDir(tc.lock)) || !strings.Contains(msg, "refused") {
 				t.Errorf("error %q does not name the servers, the lock's znode and the refusal", msg)
 			}
 			if d := time.Since(start); d > time.Second {
@@ -629,15 +615,16 @@ func testAuth(t *testing.T, env *env) {
 		t.Errorf("the owner lost the lock: %v", l.Err())
 	default:
 	}
-	cfg := zookeeper.Config{Servers: env.servers, Digest: digest, Lock: lock}
+	cfg := zookeeper.Config{Servers: env.servers, Digest: digest, Prefix: prefix}
 	if s := fmt.Sprintf("%v %+v %#v %s", cfg, cfg, cfg, digest); strings.Contains(s, password) {
 		t.Errorf("the password shows in %q", s)
 	}
 }
 
 // testUnreachable: an ensemble that refuses connections, or accepts them
-// and never answers, is ErrUnavailable naming the servers, within the
-// connect timeout; for a campaign, a try and a status alike.
+// and never answers, is ErrUnavailable naming the servers: for a try and
+// a status within the connect timeout, for a campaign once its wait ran
+// out (the driver retries meanwhile).
 func testUnreachable(t *testing.T, env *env) {
 	silent := testenv.NewProxy(t, env.servers[0])
 	silent.Stall()
@@ -648,23 +635,26 @@ func testUnreachable(t *testing.T, env *env) {
 		{"silent", silent.Addr()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := newBackend(t, []string{tc.server}, "unreachable", func(c *zookeeper.Config) { c.ConnectTimeout = time.Second })
+			b := openStore(t, []string{tc.server}, func(c *zookeeper.Config) { c.ConnectTimeout = time.Second })
 			for _, op := range []struct {
-				name string
-				do   func(context.Context) error
+				name  string
+				bound time.Duration
+				do    func(context.Context) error
 			}{
-				{"campaign", func(ctx context.Context) error {
-					_, err := b.Campaign(ctx, options("a", 10*time.Second))
+				{"campaign", 4 * time.Second, func(ctx context.Context) error {
+					c := candidate("a", 10*time.Second)
+					c.Wait = 2500 * time.Millisecond
+					_, err := campaignFor(ctx, b, "unreachable", c)
 					return err
 				}},
-				{"try", func(ctx context.Context) error {
-					o := options("a", 10*time.Second)
-					o.Try = true
-					_, err := b.Campaign(ctx, o)
+				{"try", 2 * time.Second, func(ctx context.Context) error {
+					c := candidate("a", 10*time.Second)
+					c.Try = true
+					_, err := campaignFor(ctx, b, "unreachable", c)
 					return err
 				}},
-				{"status", func(ctx context.Context) error {
-					_, err := b.Status(ctx)
+				{"status", 2 * time.Second, func(ctx context.Context) error {
+					_, err := backends.ReadStatus(ctx, b, "unreachable")
 					return err
 				}},
 			} {
@@ -676,8 +666,8 @@ func testUnreachable(t *testing.T, env *env) {
 				if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), tc.server) {
 					t.Errorf("%s: %v, want ErrUnavailable naming %s", op.name, err, tc.server)
 				}
-				if took > 2*time.Second {
-					t.Errorf("%s: gave up after %v, want about the connect timeout (1s)", op.name, took)
+				if took > op.bound {
+					t.Errorf("%s: gave up after %v, want it within %v", op.name, took, op.bound)
 				}
 				t.Logf("%s: %v after %v", op.name, err, took)
 			}
@@ -695,9 +685,9 @@ func testSilentServer(t *testing.T, env *env) {
 	servers := []string{silent.Addr(), env.servers[0]}
 	var slow int
 	for i := range 6 {
-		b := newBackend(t, servers, "silent-server", func(c *zookeeper.Config) { c.ConnectTimeout = 2 * time.Second })
+		b := openStore(t, servers, func(c *zookeeper.Config) { c.ConnectTimeout = 2 * time.Second })
 		start := time.Now()
-		l := campaign(t, b, fmt.Sprintf("a%d", i), 10*time.Second)
+		l := campaign(t, b, "silent-server", fmt.Sprintf("a%d", i), 10*time.Second)
 		took := time.Since(start)
 		if l.Server() != env.servers[0] {
 			t.Errorf("session on %s", l.Server())
@@ -712,23 +702,23 @@ func testSilentServer(t *testing.T, env *env) {
 	t.Logf("%d of 6 campaigns tried the silent server first", slow)
 }
 
-// testTryLeavesNoTrace: a try on a held lock answers at once, names the
-// holder, and writes nothing.
+// testTryLeavesNoTrace: a try on a held lock answers at once and writes
+// nothing.
 func testTryLeavesNoTrace(t *testing.T, env *env) {
 	const lock = "try-trace"
-	a, b := newBackend(t, env.servers, lock), newBackend(t, env.servers, lock)
-	la := campaign(t, a, "holder", 10*time.Second)
+	a, b := openStore(t, env.servers), openStore(t, env.servers)
+	campaign(t, a, lock, "holder", 10*time.Second)
 	_, before, err := env.admin.Children(lockDir(lock))
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := options("b", 10*time.Second)
-	o.Try = true
+	c := candidate("b", 10*time.Second)
+	c.Try = true
 	start := time.Now()
-	_, err = b.Campaign(context.Background(), o)
+	_, err = campaignFor(context.Background(), b, lock, c)
 	took := time.Since(start)
-	if !errors.Is(err, backends.ErrLocked) || !strings.Contains(err.Error(), `"holder"`) || !strings.Contains(err.Error(), strconv.FormatUint(la.Token(), 10)) {
-		t.Fatalf("try on a held lock: %v, want ErrLocked naming the holder and its token", err)
+	if !errors.Is(err, backends.ErrLocked) {
+		t.Fatalf("try on a held lock: %v, want ErrLocked", err)
 	}
 	t.Logf("try answered %v in %v", err, took)
 	_, after, err := env.admin.Children(lockDir(lock))
@@ -756,7 +746,7 @@ func testLostCreateAnswer(t *testing.T, env *env) {
 			return path, err
 		})
 		defer zookeeper.SetCreateHook(nil)
-		l := campaign(t, newBackend(t, env.servers, lock), "a", 10*time.Second)
+		l := campaign(t, openStore(t, env.servers), lock, "a", 10*time.Second)
 		if l.Path() != landed {
 			t.Errorf("lease on %s, want the znode whose answer was lost, %s", l.Path(), landed)
 		}
@@ -766,7 +756,7 @@ func testLostCreateAnswer(t *testing.T, env *env) {
 	})
 	t.Run("it landed late", func(t *testing.T) {
 		const lock = "lost-answer-late"
-		holder := campaign(t, newBackend(t, env.servers, lock), "holder", 10*time.Second)
+		holder := campaign(t, openStore(t, env.servers), lock, "holder", 10*time.Second)
 		var mu sync.Mutex
 		var calls int
 		var ghost string
@@ -790,14 +780,16 @@ func testLostCreateAnswer(t *testing.T, env *env) {
 			return path, err
 		})
 		defer zookeeper.SetCreateHook(nil)
-		b := newBackend(t, env.servers, lock)
-		got := make(chan backends.Lease, 1)
+		b := openStore(t, env.servers)
+		got := make(chan *lease, 1)
 		go func() {
-			l, err := b.Campaign(context.Background(), options("b", 10*time.Second))
+			l, err := campaignFor(context.Background(), b, lock, candidate("b", 10*time.Second))
 			if err != nil {
 				t.Errorf("campaign: %v", err)
+				got <- nil
+				return
 			}
-			got <- l
+			got <- &l
 		}()
 		waitFor(t, "the waiter to delete its second znode", func() bool {
 			mu.Lock()
@@ -814,7 +806,7 @@ func testLostCreateAnswer(t *testing.T, env *env) {
 		defer l.Release(context.Background(), nil)
 		mu.Lock()
 		defer mu.Unlock()
-		if l.(zkLease).Path() == ghost {
+		if l.Path() == ghost {
 			t.Errorf("the lease is on the late znode %s", ghost)
 		}
 	})
@@ -822,10 +814,10 @@ func testLostCreateAnswer(t *testing.T, env *env) {
 
 // testSequenceWrapped: after 2^31 changes to a lock's children (about
 // 10^9 candidacies), ZooKeeper names the next candidates with negative
-// numbers, which would sort first. A candidate whose znode gets such a name gives up at once with an
-// error that says what to do (as a create that the hook renames shows),
-// instead of taking the lock or queueing again in a loop, and leaves no
-// znode behind.
+// numbers, which would sort first. A candidate whose znode gets such a
+// name gives up at once, waiting or not, with a refusal that says what to
+// do (as a create that the hook renames shows), instead of taking the
+// lock or queueing again in a loop, and leaves no znode behind.
 func testSequenceWrapped(t *testing.T, env *env) {
 	for _, try := range []bool{false, true} {
 		t.Run(fmt.Sprintf("try=%v", try), func(t *testing.T) {
@@ -837,14 +829,14 @@ func testSequenceWrapped(t *testing.T, env *env) {
 				return prefix + "-2147483648", nil
 			})
 			defer zookeeper.SetCreateHook(nil)
-			b := newBackend(t, env.servers, lock)
-			opts := options("a", 10*time.Second)
-			opts.Try = try
+			b := openStore(t, env.servers)
+			c := candidate("a", 10*time.Second)
+			c.Try = try
 			began := time.Now()
-			_, err := b.Campaign(context.Background(), opts)
+			_, err := campaignFor(context.Background(), b, lock, c)
 			t.Logf("campaign: %v after %v", err, time.Since(began))
-			if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "wrapped") || !strings.Contains(err.Error(), "delete the lock's znode") {
-				t.Errorf("campaign = %v, want ErrUnavailable saying the counter wrapped and what to do", err)
+			if !errors.Is(err, backends.ErrRefused) || !strings.Contains(err.Error(), "wrapped") || !strings.Contains(err.Error(), "delete the lock's znode") {
+				t.Errorf("campaign = %v, want a refusal saying the counter wrapped and what to do", err)
 			}
 			waitFor(t, "the candidate's session to end", func() bool { return len(candidateNames(t, env.admin, lock)) == 0 })
 		})
@@ -856,9 +848,8 @@ func testSequenceWrapped(t *testing.T, env *env) {
 // released: it would lead next, with nobody behind it.
 func testGhostAtRelease(t *testing.T, env *env) {
 	const lock = "ghost-release"
-	b := newBackend(t, env.servers, lock)
-	l := campaign(t, b, "a", 10*time.Second)
-	if _, err := zookeeper.Ghost(l); err != nil {
+	l := campaign(t, openStore(t, env.servers), lock, "a", 10*time.Second)
+	if _, err := zookeeper.Ghost(l.g); err != nil {
 		t.Fatal(err)
 	}
 	if names := candidateNames(t, env.admin, lock); len(names) != 2 {
@@ -872,12 +863,13 @@ func testGhostAtRelease(t *testing.T, env *env) {
 	}
 }
 
-// testLockNames: lock "a.done" is not disturbed by the markers and history
-// of lock "a", and neither reads the other's.
-func testLockNames(t *testing.T, env *env) {
-	a, ad := newBackend(t, env.servers, "names"), newBackend(t, env.servers, "names.done")
+// testDocumentsAreNotCandidates: a lock whose documents remain is free,
+// with no candidate waiting; and lock "a.history" is not lock "a"'s
+// history.
+func testDocumentsNotCandidates(t *testing.T, env *env) {
+	a := openStore(t, env.servers)
 	ctx := context.Background()
-	la := campaign(t, a, "a", 10*time.Second)
+	la := campaign(t, a, "names", "a", 10*time.Second)
 	now := time.Now()
 	if err := la.Complete(ctx, backends.Marker{Key: "k", Identity: "a", Token: la.Token(), At: now, Expires: now.Add(time.Hour)}); err != nil {
 		t.Fatal(err)
@@ -885,90 +877,126 @@ func testLockNames(t *testing.T, env *env) {
 	if err := la.Release(ctx, &backends.Term{Identity: "a", Token: la.Token(), Acquired: now, Ended: now, End: backends.EndExited}); err != nil {
 		t.Fatal(err)
 	}
-	o := options("ad", 10*time.Second)
-	o.Try = true
-	lad, err := ad.Campaign(ctx, o)
+	if names := children(t, env.admin, lockDir("names")); !slices.Equal(names, []string{"history", "markers"}) {
+		t.Errorf("the lock's znode holds %v, want its two documents", names)
+	}
+	if st := status(t, a, "names"); st.Held || st.Waiting != 0 {
+		t.Errorf("names, whose documents remain, shows %+v; want free with no waiter", st)
+	}
+	c := candidate("b", 10*time.Second)
+	c.Try = true
+	lb, err := campaignFor(ctx, a, "names", c)
 	if err != nil {
-		t.Fatalf("try on names.done: %v", err)
+		t.Fatalf("try on names: %v", err)
 	}
-	defer lad.Release(ctx, nil)
-	if m, err := ad.Completed(ctx, "k"); err != nil || m != nil {
-		t.Errorf("names.done reads a marker of names: %+v, %v", m, err)
+	lb.Release(ctx, nil)
+	if terms, err := backends.ReadHistory(ctx, a, "names.history", 0); err != nil || len(terms) != 0 {
+		t.Errorf("names.history has history %+v, %v; want none", terms, err)
 	}
-	if terms, err := ad.History(ctx, 0); err != nil || len(terms) != 0 {
-		t.Errorf("names.done has history %+v, %v; want none", terms, err)
-	}
-	if terms, err := a.History(ctx, 0); err != nil || len(terms) != 1 {
+	if terms, err := backends.ReadHistory(ctx, a, "names", 0); err != nil || len(terms) != 1 {
 		t.Errorf("names has history %+v, %v; want one term", terms, err)
 	}
-	st, err := a.Status(ctx)
-	if err != nil || st.Held || st.Waiting != 0 {
-		t.Errorf("names, whose markers and history remain, shows %+v, %v; want free with no waiter", st, err)
+}
+
+// testDocuments: a document's write is conditional on the version read:
+// one written meanwhile, or created, or deleted, is a conflict; and a
+// document longer than backends.MaxDoc (written by hand) is refused when
+// read.
+func testDocuments(t *testing.T, env *env) {
+	ctx := context.Background()
+	lk := openStore(t, env.servers).Lock("documents")
+	d, err := lk.ReadDoc(ctx, backends.DocHistory)
+	if err != nil || d.Data != nil || d.Version != nil {
+		t.Fatalf("a document never written: %+v, %v", d, err)
+	}
+	d.Data = []byte("[]")
+	if err := lk.WriteDoc(ctx, d); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if err := lk.WriteDoc(ctx, d); !errors.Is(err, backends.ErrConflict) {
+		t.Errorf("a second create: %v, want ErrConflict", err)
+	}
+	d, err = lk.ReadDoc(ctx, backends.DocHistory)
+	if err != nil || string(d.Data) != "[]" {
+		t.Fatalf("read back: %+v, %v", d, err)
+	}
+	if err := lk.WriteDoc(ctx, d); err != nil {
+		t.Fatalf("write at the version read: %v", err)
+	}
+	if err := lk.WriteDoc(ctx, d); !errors.Is(err, backends.ErrConflict) {
+		t.Errorf("write at a version that moved: %v, want ErrConflict", err)
+	}
+	if err := env.admin.Delete(lockDir("documents")+"/history", -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := lk.WriteDoc(ctx, d); !errors.Is(err, backends.ErrConflict) {
+		t.Errorf("write of a document deleted since: %v, want ErrConflict", err)
+	}
+	if _, err := env.admin.Create(lockDir("documents")+"/markers", make([]byte, backends.MaxDoc+1), 0, zk.WorldACL(zk.PermAll)); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := lk.ReadDoc(ctx, backends.DocMarkers); !errors.Is(err, backends.ErrRefused) {
+		t.Errorf("a document of %d bytes: %d bytes, %v; want a refusal", backends.MaxDoc+1, len(d.Data), err)
 	}
 }
 
-// testMarkerKeys: any once-key is a marker of its own, even one that reads
-// as a path.
-func testMarkerKeys(t *testing.T, env *env) {
-	b := newBackend(t, env.servers, "marker-keys")
+// testOlderRelease: the lock as an older release leaves it, and shares it.
+// Its candidates are named as ours, so each release queues behind the
+// other's; its history (history/term-<seq>) and markers (done/<key>) are
+// children that the documents do not read, and that do not disturb them.
+func testOlderRelease(t *testing.T, env *env) {
+	const lock = "older-release"
 	ctx := context.Background()
-	l := campaign(t, b, "a", 10*time.Second)
-	keys := []string{".", "..", "2024/01/02", "2024%2F01%2F02", "", "é", "a b", ".hidden", "done"}
+	dir := lockDir(lock)
+	open := zk.WorldACL(zk.PermAll)
+	for _, p := range []string{"/" + strings.TrimSuffix(prefix, "/"), dir, dir + "/history", dir + "/done"} {
+		if _, err := env.admin.Create(p, nil, 0, open); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			t.Fatal(err)
+		}
+	}
+	if _, err := env.admin.Create(dir+"/history/term-", []byte(`{"identity":"old","token":1,"end":"exited"}`), zk.FlagSequence, open); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.admin.Create(dir+"/done/k", []byte(`{"key":"k","identity":"old","token":1}`), 0, open); err != nil {
+		t.Fatal(err)
+	}
+	// A candidate of the older release, on the admin client's session.
+	old, err := env.admin.Create(dir+"/_c_0123abcd-0123-4567-89ab-0123456789ab-latch-", []byte("old-host:1"), zk.FlagEphemeralSequential, open)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, oldStat, err := env.admin.Get(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t, env.servers)
+	if st := status(t, s, lock); !st.Held || st.Identity != "old-host:1" || st.Token != uint64(oldStat.Czxid) {
+		t.Errorf("status of a lock an older release holds: %+v", st)
+	}
+	c := candidate("new", 10*time.Second)
+	c.Try = true
+	if _, err := campaignFor(ctx, s, lock, c); !errors.Is(err, backends.ErrLocked) {
+		t.Fatalf("try on a lock an older release holds: %v, want ErrLocked", err)
+	}
+	if err := env.admin.Delete(old, -1); err != nil {
+		t.Fatal(err)
+	}
+	l := campaign(t, s, lock, "new", 10*time.Second)
+	if l.Token() <= uint64(oldStat.Czxid) {
+		t.Errorf("token %d after the older release's %d", l.Token(), oldStat.Czxid)
+	}
+	if m, err := l.Completed(ctx, "k", true); err != nil || m != nil {
+		t.Errorf("the older release's marker: %+v, %v; want none seen", m, err)
+	}
 	now := time.Now()
-	for _, k := range keys {
-		if err := l.Complete(ctx, backends.Marker{Key: k, Identity: "a", Token: l.Token(), At: now, Expires: now.Add(time.Hour)}); err != nil {
-			t.Fatalf("complete %q: %v", k, err)
-		}
+	if err := l.Release(ctx, &backends.Term{Identity: "new", Token: l.Token(), Acquired: now, Ended: now, End: backends.EndExited}); err != nil {
+		t.Fatal(err)
 	}
-	for _, k := range keys {
-		m, err := b.Completed(ctx, k)
-		if err != nil || m == nil || m.Key != k {
-			t.Errorf("marker %q read back as %+v, %v", k, m, err)
-		}
+	if terms, err := backends.ReadHistory(ctx, s, lock, 0); err != nil || len(terms) != 1 || terms[0].Identity != "new" {
+		t.Errorf("history: %+v, %v; want this release's one term", terms, err)
 	}
-	if names := children(t, env.admin, lockDir("marker-keys")+"/done"); len(names) != len(keys) {
-		t.Errorf("%d markers for %d keys: %v", len(names), len(keys), names)
-	}
-}
-
-// testHistoryBacklog: a history far over backends.HistoryLimit (written
-// by hand here; by a release with a larger limit, or another writer, in
-// the field) does not keep a term from being written: each term deletes a
-// bounded number of the oldest, so that its transaction fits the client's
-// send buffer, and the backlog shrinks term by term.
-func testHistoryBacklog(t *testing.T, env *env) {
-	const lock, backlog = "history-backlog", 1500
-	b := newBackend(t, env.servers, lock)
-	ctx := context.Background()
-	dir := lockDir(lock) + "/history"
-	for _, p := range []string{"/" + strings.TrimSuffix(prefix, "/"), lockDir(lock), dir} {
-		if _, err := env.admin.Create(p, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
-			t.Fatal(err)
-		}
-	}
-	data := []byte(`{"identity":"old","token":1,"end":"exited","exit_code":0}`)
-	for i := 0; i < backlog; i += 100 {
-		var ops []any
-		for range 100 {
-			ops = append(ops, &zk.CreateRequest{Path: dir + "/term-", Data: data, Acl: zk.WorldACL(zk.PermAll), Flags: zk.FlagSequence})
-		}
-		if _, err := env.admin.Multi(ops...); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i := range 2 {
-		l := campaign(t, b, "new", 10*time.Second)
-		now := time.Now()
-		if err := l.Release(ctx, &backends.Term{Identity: "new", Token: l.Token(), Acquired: now, Ended: now, End: backends.EndExited}); err != nil {
-			t.Fatalf("release %d with a history of %d terms: %v", i+1, backlog+i*(1-16), err)
-		}
-	}
-	if n, want := len(children(t, env.admin, dir)), backlog+2*(1-16); n != want {
-		t.Errorf("%d terms in the history after two releases, want %d (%d, 15 fewer per release)", n, want, backlog)
-	}
-	terms, err := b.History(ctx, 1)
-	if err != nil || len(terms) != 1 || terms[0].Identity != "new" {
-		t.Errorf("newest term %+v, %v; want the last release's", terms, err)
+	if names := children(t, env.admin, dir+"/history"); len(names) != 1 {
+		t.Errorf("the older release's terms: %v, want them left as they were", names)
 	}
 }
 
@@ -981,19 +1009,16 @@ func testRates(t *testing.T, env *env) {
 	}
 	const (
 		lock   = "rates"
-		lease  = 15 * time.Second
+		d      = 15 * time.Second
 		retry  = 2 * time.Second
 		window = 30 * time.Second
 	)
-	lb, fb := newBackend(t, env.servers, lock), newBackend(t, env.servers, lock)
-	l := campaign(t, lb, "leader", lease)
+	lb, fb := openStore(t, env.servers), openStore(t, env.servers)
+	l := campaign(t, lb, lock, "leader", d)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go fb.Campaign(ctx, options("follower", lease))
-	waitFor(t, "the follower to queue", func() bool {
-		st, err := lb.Status(ctx)
-		return err == nil && st.Waiting == 1
-	})
+	go campaignFor(ctx, fb, lock, candidate("follower", d))
+	waitFor(t, "the follower to queue", func() bool { return status(t, lb, lock).Waiting == 1 })
 	var follower string
 	for _, name := range candidateNames(t, env.admin, lock) {
 		_, stat, err := env.admin.Get(lockDir(lock) + "/" + name)
@@ -1039,5 +1064,31 @@ func testRates(t *testing.T, env *env) {
 				t.Errorf("an idle follower sends %.2f requests/s, want about 0.2 (a ping per 5 s)", rate)
 			}
 		}
+	}
+}
+
+// testReaderIdle: the session that status and documents read with is
+// closed once unused for a while, and opened again when needed: a leader
+// holds no connection but its own session's between its grant and its
+// release.
+func testReaderIdle(t *testing.T, env *env) {
+	conns := func() int {
+		out, err := env.zk.Members[0].FourLetter("cons")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Count(out, "sid=")
+	}
+	before := conns()
+	s := openStore(t, env.servers)
+	status(t, s, "reader-idle")
+	if n := conns(); n != before+1 {
+		t.Fatalf("%d connections after a status, want %d", n, before+1)
+	}
+	start := time.Now()
+	waitFor(t, "the reader to close", func() bool { return conns() == before })
+	t.Logf("the reader closed %v after its last read", time.Since(start))
+	if st := status(t, s, "reader-idle"); st.Held {
+		t.Errorf("status through a new reader: %+v", st)
 	}
 }

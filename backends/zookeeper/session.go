@@ -15,21 +15,12 @@ import (
 )
 
 // session is one connection of the client library and the ZooKeeper
-// session it carries.
-//
-// The library reconnects by itself, to any server of the list, and keeps
-// the session if it reconnects within the timeout; after an expiry it
-// even opens a new session on the same connection. A session here is the
-// first one only: expired is closed when the library reports it expired,
-// or finds itself with another session id, and nothing of ours survives
-// that (its ephemeral znodes are gone).
-//
-// Session events arrive through the library's callback, which runs on the
-// library's own goroutines and must not block: it only closes channels and
-// sends, without waiting, on states. The event channel that Connect
-// returns is left unread; the library drops what does not fit in it.
+// session it carries. The library reconnects by itself, keeping the
+// session if it does so within the timeout, and after an expiry even
+// opens a new session on the same connection: a session here is the first
+// one only, and expired is closed once that one is gone. Events arrive
+// through the library's callback, which must not block.
 type session struct {
-	b    *Backend
 	conn *zk.Conn
 
 	id       atomic.Int64           // our session's id, from its first connect response
@@ -37,106 +28,94 @@ type session struct {
 	timeout  atomic.Int64           // negotiated timeout, in ns
 	dialErr  atomic.Pointer[string] // the latest failed dial or handshake
 
-	handshake time.Duration // how long a server may take to answer a connect request
+	handshake time.Duration               // how long a server may take to answer a connect request
+	connected chan struct{}               // closed when the session is first established
+	expired   chan struct{}               // closed when the session is gone for good
+	leader    atomic.Pointer[slog.Logger] // a grant's log, which hears of connections lost and found
+	down      atomic.Bool                 // the connection was lost
+	connect   func()                      // closes connected, once
+	expire    func()                      // closes expired, once
+	close     func()                      // ends the session, once
 
-	connected     chan struct{} // closed when the session is first established
-	connectedOnce sync.Once
-	expired       chan struct{} // closed when the session is gone for good
-	expiredOnce   sync.Once
-	states        chan zk.State // connection states, for a lease's log; lossy
-
-	mu        sync.Mutex
-	closed    bool
-	requests  sync.WaitGroup // requests whose callers stopped waiting
-	closeOnce sync.Once
+	mu       sync.Mutex
+	closed   bool
+	requests sync.WaitGroup // requests whose callers stopped waiting
 }
 
-// connect opens a session with the given timeout and waits until the
-// ensemble established it, at most the connect timeout. A failure wraps
-// backends.ErrUnavailable (or is ctx's error).
-func (b *Backend) connect(ctx context.Context, timeout time.Duration) (*session, error) {
-	return b.connectShare(ctx, timeout, min(timeout, b.connectTimeout))
-}
-
-// connectShare is connect where the servers share the time given to
-// answer the connect request: as the Java client does, every server gets
-// its share, so that one that accepts connections and never answers
-// cannot hold the client while the others would serve it.
-func (b *Backend) connectShare(ctx context.Context, timeout, share time.Duration) (*session, error) {
-	s := &session{
-		b:         b,
-		connected: make(chan struct{}),
-		expired:   make(chan struct{}),
-		states:    make(chan zk.State, 16),
-		handshake: max(share/time.Duration(len(b.servers)), 100*time.Millisecond),
-	}
-	conn, _, err := zk.Connect(b.servers, timeout,
-		zk.WithLogger(libraryLog{b.log}), zk.WithLogInfo(false),
-		zk.WithEventCallback(s.event),
-		zk.WithDialer(s.dial),
+// connect opens a session that asks for timeout, and waits at most the
+// connect timeout for it. The servers share the time to answer the connect
+// request (share), as with the Java client, so that one that accepts
+// connections and never answers cannot hold the client.
+func (st *Store) connect(ctx context.Context, timeout, share time.Duration) (*session, error) {
+	s := &session{connected: make(chan struct{}), expired: make(chan struct{}),
+		handshake: max(share/time.Duration(len(st.servers)), 100*time.Millisecond)}
+	s.connect = sync.OnceFunc(func() { close(s.connected) })
+	s.expire = sync.OnceFunc(func() { close(s.expired) })
+	s.close = sync.OnceFunc(s.end)
+	conn, _, err := zk.Connect(st.servers, timeout, zk.WithLogger(libraryLog{st.log}), zk.WithLogInfo(false),
+		zk.WithEventCallback(s.event), zk.WithDialer(s.dial),
 		zk.WithMaxBufferSize(maxPacket), zk.WithMaxConnBufferSize(maxRequest))
 	if err != nil {
-		return nil, b.unavailable("connect", err)
+		return nil, st.unavailable("connect", err)
 	}
 	s.conn = conn
-	t := time.NewTimer(b.connectTimeout)
+	t := time.NewTimer(st.connectTimeout)
 	defer t.Stop()
 	select {
 	case <-s.connected:
 	case <-ctx.Done():
-		b.closeLater(s)
-		return nil, b.ended(ctx, "connect")
+		st.closeLater(s)
+		return nil, st.failed(ctx, ctx, "connect", ctx.Err())
 	case <-t.C:
 		// Closing waits a second for an answer that cannot come.
-		b.closeLater(s)
+		st.closeLater(s)
 		cause := "no server answered the connect request"
 		if e := s.dialErr.Load(); e != nil {
 			cause = *e
 		}
-		return nil, b.unavailable("connect", fmt.Errorf("no session within the connect timeout (%v): %s", b.connectTimeout, cause))
+		return nil, st.unavailable("connect", fmt.Errorf("no session within the connect timeout (%v): %s", st.connectTimeout, cause))
 	}
-	if b.digest.User != "" {
-		rctx, cancel := context.WithTimeout(ctx, b.connectTimeout)
+	if st.digest.User != "" {
+		rctx, cancel := context.WithTimeout(ctx, st.connectTimeout)
 		defer cancel()
-		auth := []byte(b.digest.User + ":" + b.digest.Password)
-		_, err := call(rctx, s, func(z *zk.Conn) (struct{}, error) { return struct{}{}, z.AddAuth("digest", auth) })
-		if err != nil {
-			b.closeLater(s)
-			return nil, b.failed(ctx, rctx, "authenticate as "+b.digest.User, err)
+		auth := []byte(st.digest.User + ":" + st.digest.Password)
+		if _, err := call(rctx, s, func(z *zk.Conn) (struct{}, error) { return struct{}{}, z.AddAuth("digest", auth) }); err != nil {
+			st.closeLater(s)
+			return nil, st.failed(ctx, rctx, "authenticate as "+st.digest.User, err)
 		}
 	}
 	return s, nil
 }
 
-// ID is the session's id, as ZooKeeper shows it (in hex) in its logs and
-// in the ephemeralOwner of our znodes.
+// ID is the session's id: the ephemeralOwner of our znodes.
 func (s *session) ID() int64 { return s.id.Load() }
 
 // Timeout is the session timeout the ensemble granted.
 func (s *session) Timeout() time.Duration { return time.Duration(s.timeout.Load()) }
 
-// event is the library's callback.
+// event is the library's callback. A leader's connection that drops is
+// only logged: the session survives a reconnection within its timeout, and
+// until then the runner's renew deadline runs.
 func (s *session) event(ev zk.Event) {
-	if ev.Type != zk.EventSession {
-		return
-	}
-	switch ev.State {
-	case zk.StateHasSession:
+	log := s.leader.Load()
+	switch {
+	case ev.Type != zk.EventSession:
+	case ev.State == zk.StateHasSession:
 		latest := s.latestID.Load()
 		if !s.id.CompareAndSwap(0, latest) && s.id.Load() != latest {
 			s.expire()
 		}
-		s.connectedOnce.Do(func() { close(s.connected) })
-	case zk.StateExpired:
+		s.connect()
+		if s.down.Swap(false) && log != nil {
+			log.Info("reconnected to zookeeper", "server", ev.Server)
+		}
+	case ev.State == zk.StateExpired:
 		s.expire()
-	}
-	select {
-	case s.states <- ev.State:
-	default:
+	case ev.State == zk.StateDisconnected && !s.down.Swap(true) && log != nil:
+		log.Warn("connection to zookeeper lost; the session survives a reconnection within its timeout",
+			"server", ev.Server, "session_timeout", s.Timeout())
 	}
 }
-
-func (s *session) expire() { s.expiredOnce.Do(func() { close(s.expired) }) }
 
 // isExpired reports whether the session is gone.
 func (s *session) isExpired() bool {
@@ -148,28 +127,26 @@ func (s *session) isExpired() bool {
 	}
 }
 
-// dial connects to one server for the library. It keeps the error of a
-// failed dial for the message of a failed connect, and reads the granted
-// timeout and session id from the connect response: the library keeps
-// them to itself.
+// dial connects to one server for the library, keeping a failure for the
+// message of a failed connect.
 func (s *session) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
 	c, err := net.DialTimeout(network, addr, timeout)
 	if err != nil {
-		e := err.Error()
-		s.dialErr.Store(&e)
+		s.failedDial(err.Error())
 		return nil, err
 	}
 	return &sniffer{Conn: c, s: s, deadline: time.Now().Add(s.handshake)}, nil
 }
 
-// sniffer reads the fixed part of the connect response, which is the
-// first thing a server sends on a connection: length (4 bytes), protocol
-// version (4), timeout in ms (4), session id (8). Until it has, reads have
-// the handshake's deadline: the library would wait ten times two thirds
-// of the session timeout for a server to answer, and then for the rest of
-// the answer without any deadline. An answer announced longer than
-// maxConnectAnswer is refused before the library allocates a buffer for
-// it.
+func (s *session) failedDial(e string) { s.dialErr.Store(&e) }
+
+// sniffer reads the fixed part of the connect response, the first thing a
+// server sends: length (4 bytes), protocol version (4), timeout in ms (4),
+// session id (8), which the library keeps to itself. Until then reads have
+// the handshake's deadline (the library would wait ten times two thirds of
+// the session timeout, then for the rest without any), and an answer
+// announced longer than maxConnectAnswer is refused before the library
+// allocates a buffer for it.
 type sniffer struct {
 	net.Conn
 	s        *session
@@ -187,39 +164,35 @@ func (c *sniffer) SetReadDeadline(t time.Time) error {
 
 func (c *sniffer) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if !c.done && err != nil {
-		e := fmt.Sprintf("%s did not answer the connect request: %v", c.RemoteAddr(), err)
-		c.s.dialErr.Store(&e)
+	if c.done {
+		return n, err
 	}
-	if !c.done && n > 0 {
-		c.head = append(c.head, p[:n]...)
-		if len(c.head) >= 4 {
-			if size := binary.BigEndian.Uint32(c.head[:4]); size > maxConnectAnswer {
-				e := fmt.Sprintf("%s answered the connect request with a packet of %d bytes (at most %d expected)", c.RemoteAddr(), size, maxConnectAnswer)
-				c.s.dialErr.Store(&e)
-				c.done = true
-				c.head = nil
-				return 0, errors.New(e)
-			}
+	if err != nil {
+		c.s.failedDial(fmt.Sprintf("%s did not answer the connect request: %v", c.RemoteAddr(), err))
+	}
+	c.head = append(c.head, p[:n]...)
+	if len(c.head) >= 4 {
+		if size := binary.BigEndian.Uint32(c.head[:4]); size > maxConnectAnswer {
+			e := fmt.Sprintf("%s answered the connect request with a packet of %d bytes (at most %d expected)", c.RemoteAddr(), size, maxConnectAnswer)
+			c.s.failedDial(e)
+			c.done, c.head = true, nil
+			return 0, errors.New(e)
 		}
-		if len(c.head) >= 20 {
-			c.done = true
-			timeout := time.Duration(binary.BigEndian.Uint32(c.head[8:12])) * time.Millisecond
-			id := int64(binary.BigEndian.Uint64(c.head[12:20]))
-			c.head = nil
-			if id != 0 {
-				c.s.latestID.Store(id)
-				c.s.timeout.Store(int64(timeout))
-			}
+	}
+	if len(c.head) >= 20 {
+		timeout := time.Duration(binary.BigEndian.Uint32(c.head[8:12])) * time.Millisecond
+		if id := int64(binary.BigEndian.Uint64(c.head[12:20])); id != 0 {
+			c.s.latestID.Store(id)
+			c.s.timeout.Store(int64(timeout))
 		}
+		c.done, c.head = true, nil
 	}
 	return n, err
 }
 
-// libraryLog is the client library's logger, routed into leaderrun's log
-// at debug level: the library logs every reconnection and failed dial,
-// which leaderrun reports once, where it handles the error; with
-// --log-level debug the library's own lines are there to read.
+// libraryLog routes the library's lines (every reconnection and failed
+// dial) to debug level: leaderrun reports an error once, where it handles
+// it.
 type libraryLog struct{ log *slog.Logger }
 
 func (l libraryLog) Printf(format string, args ...any) {
@@ -228,14 +201,11 @@ func (l libraryLog) Printf(format string, args ...any) {
 	}
 }
 
-// errClosed is the answer to a request on a session already closed.
-var errClosed = errors.New("zookeeper: session closed")
-
-// call runs req, one request of the client library, which takes no
-// context, and returns its answer, or ctx's error if ctx ends first. The
-// request then goes on until the library answers it: when the server does,
-// or when the connection drops (within two thirds of the session timeout
-// if the server falls silent) or is closed. close waits for it.
+// call runs req, a request of the library, which takes no context, and
+// returns its answer; or ctx's error if ctx ends first, or
+// zk.ErrSessionExpired once the session expired. The request then goes on
+// until the library answers it (at the latest when the connection drops or
+// is closed); close waits for it.
 func call[T any](ctx context.Context, s *session, req func(*zk.Conn) (T, error)) (T, error) {
 	var zero T
 	if err := ctx.Err(); err != nil {
@@ -244,38 +214,34 @@ func call[T any](ctx context.Context, s *session, req func(*zk.Conn) (T, error))
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return zero, errClosed
+		return zero, errors.New("zookeeper: session closed")
 	}
 	s.requests.Add(1)
 	s.mu.Unlock()
-	type answer struct {
-		v   T
-		err error
-	}
-	ch := make(chan answer, 1)
+	var v T
+	var err error
+	done := make(chan struct{})
 	go func() {
 		defer s.requests.Done()
-		v, err := req(s.conn)
-		ch <- answer{v, err}
+		defer close(done)
+		v, err = req(s.conn)
 	}()
 	select {
-	case a := <-ch:
-		return a.v, a.err
+	case <-done:
+		return v, err
 	case <-ctx.Done():
 		return zero, ctx.Err()
+	case <-s.expired:
+		return zero, zk.ErrSessionExpired
 	}
 }
 
-// close ends the session: the ensemble deletes its ephemeral znodes before
-// it answers. The library waits about a second for that answer; if the
-// ensemble cannot be reached, the session expires on its own after its
-// timeout.
-func (s *session) close() {
-	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.closed = true
-		s.mu.Unlock()
-		s.conn.Close()
-		s.requests.Wait()
-	})
+// end ends the session: the ensemble deletes its ephemeral znodes before
+// it answers.
+func (s *session) end() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.conn.Close()
+	s.requests.Wait()
 }

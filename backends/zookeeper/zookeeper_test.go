@@ -3,6 +3,7 @@ package zookeeper_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -15,15 +16,26 @@ import (
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
-// zkLease is what the tests need of the backend's lease beyond
-// backends.Lease.
-type zkLease interface {
-	backends.Lease
+// zkGrant is what the tests need of the store's grant beyond
+// backends.Grant.
+type zkGrant interface {
+	backends.Grant
 	Path() string
 	SessionID() int64
 	SessionTimeout() time.Duration
 	Server() string
 }
+
+// lease is a lease the driver handed out, and the store's grant under it.
+type lease struct {
+	*backends.Lease
+	g zkGrant
+}
+
+func (l lease) Path() string                  { return l.g.Path() }
+func (l lease) SessionID() int64              { return l.g.SessionID() }
+func (l lease) SessionTimeout() time.Duration { return l.g.SessionTimeout() }
+func (l lease) Server() string                { return l.g.Server() }
 
 const prefix = "leaderrun-test/"
 
@@ -51,9 +63,10 @@ func TestZooKeeper(t *testing.T) {
 		{"LostCreateAnswer", testLostCreateAnswer},
 		{"SequenceWrapped", testSequenceWrapped},
 		{"GhostGoesWithRelease", testGhostAtRelease},
-		{"LockNamesDoNotMeet", testLockNames},
-		{"MarkerKeys", testMarkerKeys},
-		{"HistoryBacklog", testHistoryBacklog},
+		{"DocumentsAreNotCandidates", testDocumentsNotCandidates},
+		{"Documents", testDocuments},
+		{"OlderRelease", testOlderRelease},
+		{"ReaderClosesWhenIdle", testReaderIdle},
 		{"RequestRates", testRates},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, store) })
@@ -83,65 +96,88 @@ func adminClient(t *testing.T, servers []string) *zk.Conn {
 	return c
 }
 
-func newBackend(t *testing.T, servers []string, lock string, edit ...func(*zookeeper.Config)) *zookeeper.Backend {
+func openStore(t *testing.T, servers []string, edit ...func(*zookeeper.Config)) *zookeeper.Store {
 	t.Helper()
-	cfg := zookeeper.Config{Servers: servers, Prefix: prefix, Lock: lock, ConnectTimeout: 2 * time.Second}
+	cfg := zookeeper.Config{Servers: servers, Prefix: prefix, ConnectTimeout: 2 * time.Second}
 	for _, e := range edit {
 		e(&cfg)
 	}
-	b, err := zookeeper.New(cfg)
+	s, err := zookeeper.Open(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { b.Close() })
-	return b
+	t.Cleanup(func() { s.Close() })
+	return s
 }
 
-func options(id string, lease time.Duration) backends.CampaignOptions {
-	return backends.CampaignOptions{Identity: id, LeaseDuration: lease}
+// candidate is a campaign's candidate whose session timeout is d. No
+// retry period: the TTL then leaves out the library's ping interval, as
+// it must for the tests that renew seldom or never.
+func candidate(id string, d time.Duration) backends.Candidate {
+	return backends.Candidate{Identity: id, Timings: backends.Timings{LeaseDuration: d}, Log: slog.New(slog.DiscardHandler)}
 }
 
-func campaign(t *testing.T, b backends.Backend, id string, lease time.Duration) zkLease {
+// campaignFor campaigns for lock in s and returns the lease, or the error.
+func campaignFor(ctx context.Context, s backends.Store, lock string, c backends.Candidate) (lease, error) {
+	l, err := backends.Campaign(ctx, s, lock, c)
+	if err != nil {
+		return lease{}, err
+	}
+	return lease{l, l.Grant().(zkGrant)}, nil
+}
+
+// campaign campaigns for lock as id, and fails the test if that does not
+// succeed within 30 s; the lease is released when the test ends.
+func campaign(t *testing.T, s backends.Store, lock, id string, d time.Duration) lease {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	l, err := b.Campaign(ctx, options(id, lease))
+	l, err := campaignFor(ctx, s, lock, candidate(id, d))
 	if err != nil {
 		t.Fatalf("%s: campaign: %v", id, err)
 	}
 	t.Cleanup(func() { l.Release(context.Background(), nil) })
-	return l.(zkLease)
+	return l
+}
+
+func status(t *testing.T, s backends.Store, lock string) backends.Status {
+	t.Helper()
+	st, err := backends.ReadStatus(context.Background(), s, lock)
+	if err != nil {
+		t.Fatalf("status of %s: %v", lock, err)
+	}
+	return st
 }
 
 var waitFor = backendtest.WaitFor
 
 func testConformance(t *testing.T, env *env) {
 	backendtest.Run(t, backendtest.Harness{
-		New: func(t *testing.T, lock string) backends.Backend {
-			b, err := zookeeper.New(zookeeper.Config{Servers: env.servers, Prefix: prefix, Lock: lock})
+		Open: func(t *testing.T) backends.Store {
+			s, err := zookeeper.Open(zookeeper.Config{Servers: env.servers, Prefix: prefix})
 			if err != nil {
 				t.Fatal(err)
 			}
-			return b
+			return s
 		},
 		// An operator deleting the leader's znode: the session lives
 		// on, the lease does not.
-		Drop: func(t *testing.T, l backends.Lease) {
-			if err := env.admin.Delete(l.(zkLease).Path(), -1); err != nil {
+		Drop: func(t *testing.T, _ string, l *backends.Lease) {
+			if err := env.admin.Delete(l.Grant().(zkGrant).Path(), -1); err != nil {
 				t.Fatal(err)
 			}
 		},
-		LeaseDuration: 10 * time.Second,
 	})
 }
 
 // testNegotiatedTimeout: the ensemble clamps the session timeout to its
-// bounds; the lease reports what it negotiated, and a TTL that leaves out
+// bounds; the grant reports what it negotiated, and a TTL that leaves out
 // how much earlier an ensemble may expire the session (the retry period,
 // or the library's ping interval of a third of the timeout, and half a
 // tick, a quarter of the minimum session timeout).
 func testNegotiatedTimeout(t *testing.T, env *env) {
 	quarterMin := testenv.ZooKeeperMinSessionTimeout / 4
+	s := openStore(t, env.servers)
 	for _, tc := range []struct {
 		name             string
 		ask, retry       time.Duration
@@ -156,19 +192,20 @@ func testNegotiatedTimeout(t *testing.T, env *env) {
 			testenv.ZooKeeperMaxSessionTimeout - 2*time.Second - quarterMin},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := newBackend(t, env.servers, "ttl-"+strings.ReplaceAll(tc.name, " ", "-"),
-				func(c *zookeeper.Config) { c.RetryPeriod = tc.retry })
-			l := campaign(t, b, "a", tc.ask)
+			lock := "ttl-" + strings.ReplaceAll(tc.name, " ", "-")
+			c := candidate("a", tc.ask)
+			c.Timings.RetryPeriod = tc.retry
+			l, err := campaignFor(context.Background(), s, lock, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Release(context.Background(), nil)
 			if l.SessionTimeout() != tc.session || l.TTL() != tc.wantTTL {
 				t.Errorf("asked %v, retry %v: session timeout %v, TTL %v; want %v and %v",
 					tc.ask, tc.retry, l.SessionTimeout(), l.TTL(), tc.session, tc.wantTTL)
 			}
-			st, err := b.Status(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if st.TTL != tc.wantTTL || st.Remaining != -1 {
-				t.Errorf("status TTL %v remaining %v, want %v and -1 (ZooKeeper does not tell)", st.TTL, st.Remaining, tc.wantTTL)
+			if st := status(t, s, lock); !st.Held || st.Remaining != -1 {
+				t.Errorf("status %+v, want held with remaining -1 (ZooKeeper does not tell)", st)
 			}
 		})
 	}
@@ -178,8 +215,7 @@ func testNegotiatedTimeout(t *testing.T, env *env) {
 // alive) is a loss, reported at once; Renew and Complete must not pretend
 // otherwise, and the release after it still works.
 func testZnodeDeleted(t *testing.T, env *env) {
-	b := newBackend(t, env.servers, "znode-deleted")
-	l := campaign(t, b, "a", 10*time.Second)
+	l := campaign(t, openStore(t, env.servers), "znode-deleted", "a", 10*time.Second)
 	if err := env.admin.Delete(l.Path(), -1); err != nil {
 		t.Fatal(err)
 	}
