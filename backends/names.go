@@ -81,3 +81,32 @@ func ParseHolders(s string) int {
 	}
 	return n
 }
+
+// holdersLine starts the second line of a queue candidate's value in a
+// pool of more than one holder (IdentityValue).
+const holdersLine = "holders="
+
+// IdentityValue is the value a queue store keeps for a candidate of c:
+// its identity, which is what the store's own tools show (etcdctl elect's
+// proposal, a LeaderLatch participant id), and in a pool of more than one
+// holder a second line, "holders=N". A lock of one holder keeps exactly
+// the identity, as leaderrun always wrote. An identity holds no line
+// break (the command line refuses control characters), so the two never
+// mix.
+func IdentityValue(c Claim) string {
+	if c.Holders > 1 {
+		return c.Identity + "\n" + holdersLine + strconv.Itoa(c.Holders)
+	}
+	return c.Identity
+}
+
+// ParseIdentityValue reads IdentityValue's form: an identity, and its
+// pool's size (0 if none). A value of any other form (another tool's, an
+// older leaderrun's) is an identity, as a whole.
+func ParseIdentityValue(v string) (identity string, holders int) {
+	identity, rest, _ := strings.Cut(v, "\n")
+	if n, ok := strings.CutPrefix(rest, holdersLine); ok && ParseHolders(n) > 0 {
+		return identity, ParseHolders(n)
+	}
+	return v, 0
+}

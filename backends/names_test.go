@@ -73,3 +73,34 @@ func TestSlotLock(t *testing.T) {
 	}()
 	SlotLock("billing", -1)
 }
+
+func TestIdentityValue(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		claim    Claim
+		value    string
+		identity string
+		holders  int
+	}{
+		{"one holder: the identity alone, as always", Claim{Identity: "h:1"}, "h:1", "h:1", 0},
+		{"a pool of 1 is one holder", Claim{Identity: "h:1", Holders: 1}, "h:1", "h:1", 0},
+		{"a pool of 3", Claim{Identity: "h:1", Holders: 3}, "h:1\nholders=3", "h:1", 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := IdentityValue(tc.claim)
+			if v != tc.value {
+				t.Errorf("value %q, want %q", v, tc.value)
+			}
+			if id, n := ParseIdentityValue(v); id != tc.identity || n != tc.holders {
+				t.Errorf("read back as %q, %d; want %q and %d holders", id, n, tc.identity, tc.holders)
+			}
+		})
+	}
+	// Values that another tool (etcdctl elect, a LeaderLatch) proposed
+	// are identities as a whole.
+	for _, v := range []string{"", "plain", "two\nlines", "x\nholders=", "x\nholders=1", "x\nholders=three", "x\nholders=3\nmore"} {
+		if id, n := ParseIdentityValue(v); id != v || n != 0 {
+			t.Errorf("ParseIdentityValue(%q) = %q, %d; want the whole value as identity and no holders", v, id, n)
+		}
+	}
+}

@@ -4,7 +4,7 @@
 // candidacy is a concurrency.Session (one etcd lease) and campaigns in the
 // concurrency.Election on <prefix><lock>, whose candidates are the keys
 // <prefix><lock>/<lease ID in hex> with the identity as value (and, in a
-// pool of N > 1 holders, a second line "holders=N": see candidateValue).
+// pool of N > 1 holders, a second line "holders=N": backends.IdentityValue).
 // The candidate whose key has the lowest create revision leads; each of
 // the others waits for the deletion of the key created just before its
 // own, so that a change wakes one waiter. The lock is the one
@@ -156,8 +156,8 @@ func (l *lock) Status(ctx context.Context) (backends.Status, error) {
 		return st, nil
 	}
 	kv := leader[0]
-	v := parseValue(kv.Value)
-	st.Held, st.Identity, st.Holders, st.Token = true, v.identity, v.holders, uint64(kv.CreateRevision)
+	st.Identity, st.Holders = backends.ParseIdentityValue(string(kv.Value))
+	st.Held, st.Token = true, uint64(kv.CreateRevision)
 	st.Waiting = int(rangeAt(resp, 1).Count) - 1
 	if kv.Lease == 0 {
 		return st, nil

@@ -54,7 +54,7 @@ func (l *lock) Join(ctx context.Context, c backends.Claim, try bool) (backends.T
 		}
 		if len(resp.Kvs) > 0 {
 			kv := resp.Kvs[0]
-			return nil, fmt.Errorf("etcd: %s is held by %q (token %d): %w", l.pfx, parseValue(kv.Value).identity, kv.CreateRevision, backends.ErrLocked)
+			return nil, fmt.Errorf("etcd: %s is held by %q (token %d): %w", l.pfx, identityOf(kv.Value), kv.CreateRevision, backends.ErrLocked)
 		}
 	}
 	var (
@@ -80,7 +80,7 @@ func (l *lock) Join(ctx context.Context, c backends.Claim, try bool) (backends.T
 		return nil, l.s.unavailable("keep lease alive", err)
 	}
 	return &ticket{l: l, session: session, election: concurrency.NewElection(session, l.pfx),
-		value: candidateValue(c), try: try, granted: sent, ttl: time.Duration(grant.TTL) * time.Second}, nil
+		value: backends.IdentityValue(c), try: try, granted: sent, ttl: time.Duration(grant.TTL) * time.Second}, nil
 }
 
 // ttlSeconds is the TTL to ask of etcd for d: etcd grants whole seconds,
@@ -235,4 +235,10 @@ func (s *Store) keepAliveOnce(ctx context.Context, id clientv3.LeaseID) error {
 // did nothing, and another member may serve it.
 func learnerRefused(err error) bool {
 	return err != nil && rpctypes.ErrorDesc(err) == rpctypes.ErrorDesc(rpctypes.ErrGRPCNotSupportedForLearner)
+}
+
+// identityOf is the identity in a candidate's value.
+func identityOf(v []byte) string {
+	id, _ := backends.ParseIdentityValue(string(v))
+	return id
 }

@@ -21,7 +21,7 @@ type candidacy struct {
 	l        *lock
 	s        *session
 	identity string
-	data     []byte // its znode's (see candidateData)
+	data     []byte // its znode's (backends.IdentityValue)
 	guid     string
 	try      bool
 	ttl      time.Duration // what the grant reports as its TTL

@@ -70,31 +70,6 @@ func candidates(children []string) []candidate {
 	return cs
 }
 
-// holdersLine starts the second line of a candidate's znode data in a
-// pool of more than one holder.
-const holdersLine = "holders="
-
-// candidateData is the data of a candidate's znode: its identity (as a
-// LeaderLatch's participant id reads), and in a pool of more than one
-// holder a second line, "holders=N". An identity holds no line break (the
-// CLI refuses control characters), so the two never mix.
-func candidateData(c backends.Claim) []byte {
-	if c.Holders > 1 {
-		return []byte(c.Identity + "\n" + holdersLine + strconv.Itoa(c.Holders))
-	}
-	return []byte(c.Identity)
-}
-
-// parseData reads a candidate's znode data: an identity, and its pool's
-// size (0 if none). Data of any other form is an identity, as a whole.
-func parseData(data []byte) (identity string, holders int) {
-	identity, rest, _ := strings.Cut(string(data), "\n")
-	if n, ok := strings.CutPrefix(rest, holdersLine); ok && backends.ParseHolders(n) > 0 {
-		return identity, backends.ParseHolders(n)
-	}
-	return string(data), 0
-}
-
 // znode is a Get's answer.
 type znode struct {
 	data []byte
@@ -131,7 +106,7 @@ func (l *lock) Status(ctx context.Context) (backends.Status, error) {
 		return st, err
 	}
 	st.Held, st.Token, st.Waiting = true, uint64(lead.stat.Czxid), lead.queued-1
-	st.Identity, st.Holders = parseData(lead.data)
+	st.Identity, st.Holders = backends.ParseIdentityValue(string(lead.data))
 	return st, nil
 }
 
@@ -145,7 +120,7 @@ func (l *lock) Join(ctx context.Context, c backends.Claim, try bool) (backends.T
 	if err != nil {
 		return nil, err
 	}
-	cd := &candidacy{l: l, s: s, identity: c.Identity, data: candidateData(c), guid: newGUID(), try: try,
+	cd := &candidacy{l: l, s: s, identity: c.Identity, data: []byte(backends.IdentityValue(c)), guid: newGUID(), try: try,
 		ttl: leaseTTL(s.Timeout(), c.Timings.RetryPeriod, minTimeout), Loss: backends.NewLoss()}
 	attrs := []any{"identity", c.Identity, "session", fmt.Sprintf("0x%x", s.ID()), "server", s.conn.Server(),
 		"session_timeout", s.Timeout(), "lease_ttl", cd.ttl}
