@@ -102,12 +102,15 @@ type Store interface {
 	Close() error
 }
 
-// LeaseDurationChecker is implemented by stores that bound the lease
-// duration they accept (Consul: 10 s to 24 h). runner.New asks before it
-// campaigns, so that a duration the store would refuse or change is a
-// configuration error, not a surprise after the grant.
-type LeaseDurationChecker interface {
-	CheckLeaseDuration(d time.Duration) error
+// TimingsChecker is implemented by stores that cannot keep every timing:
+// one that bounds the lease duration it accepts (Consul: 10 s to 24 h;
+// Azure Blob: 15 to 60 s), or whose granted lease depends on the retry
+// period (Kubernetes: whole seconds that client-go electors must see
+// change). runner.New asks before it campaigns, so that timings the store
+// would refuse or shorten are a configuration error, not a surprise after
+// the grant. The message names the flags.
+type TimingsChecker interface {
+	CheckTimings(t Timings) error
 }
 
 // Lock is one lock of a store, with the documents it keeps beside its

@@ -340,6 +340,8 @@ func (g *recordGrant) check(rec Record) error {
 	switch {
 	case !rec.Exists():
 		return fmt.Errorf("%s was deleted: %w", g.lock.Key(), ErrLeaseLost)
+	case rec.Holder == "":
+		return fmt.Errorf("%s was released by someone else: %w", g.lock.Key(), ErrLeaseLost)
 	case rec.Holder != held.Holder || rec.Token != held.Token || rec.Owner != held.Owner:
 		return fmt.Errorf("%s was taken by %q with token %d: %w", g.lock.Key(), rec.Holder, rec.Token, ErrLeaseLost)
 	case rec.Left == 0:

@@ -36,9 +36,9 @@ func (c *Config) validate() error {
 	if err := c.Timings.Validate(); err != nil {
 		return &ConfigError{msg: err.Error()}
 	}
-	if chk, ok := c.Store.(backends.LeaseDurationChecker); ok {
-		if err := chk.CheckLeaseDuration(c.Timings.LeaseDuration); err != nil {
-			return configErrorf("--lease-duration %v: %v", c.Timings.LeaseDuration, err)
+	if chk, ok := c.Store.(backends.TimingsChecker); ok {
+		if err := chk.CheckTimings(c.Timings); err != nil {
+			return &ConfigError{msg: err.Error()}
 		}
 	}
 	if err := c.validateWaits(); err != nil {

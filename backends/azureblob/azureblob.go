@@ -26,7 +26,7 @@
 //
 // A backends.RecordLock whose clock is the service's: a grant is a lease
 // of --lease-duration on the lock blob (Azure accepts 15 to 60 s, in whole
-// seconds; CheckLeaseDuration refuses the rest, and infinite leases, which
+// seconds; CheckTimings refuses the rest, and infinite leases, which
 // a dead leader would hold for ever), acquired with a lease id derived from
 // the candidacy's Owner. The service's lease is the truth: the runner's
 // renewals renew it (nothing else does), and a renewal the service refuses
@@ -156,7 +156,7 @@ type Store struct {
 
 var (
 	_ backends.Store                = (*Store)(nil)
-	_ backends.LeaseDurationChecker = (*Store)(nil)
+	_ backends.TimingsChecker = (*Store)(nil)
 )
 
 // Open validates cfg and builds the client, but sends nothing to the
@@ -230,13 +230,13 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// CheckLeaseDuration implements backends.LeaseDurationChecker: Azure
-// leases last 15 to 60 s in whole seconds (a fraction is rounded up: the
-// lease may only last longer than asked). Infinite leases are refused: a
-// leader that died would keep the lock until someone broke its lease.
-func (s *Store) CheckLeaseDuration(d time.Duration) error {
-	if s := leaseSeconds(d); time.Duration(s)*time.Second < MinLeaseDuration || time.Duration(s)*time.Second > MaxLeaseDuration {
-		return fmt.Errorf("azureblob: lease duration %v out of range: Azure blob leases last %v to %v", d, MinLeaseDuration, MaxLeaseDuration)
+// CheckTimings implements backends.TimingsChecker: Azure leases last 15
+// to 60 s in whole seconds (a fraction is rounded up: the lease may only
+// last longer than asked). Infinite leases are refused: a leader that died
+// would keep the lock until someone broke its lease.
+func (s *Store) CheckTimings(t backends.Timings) error {
+	if n := time.Duration(leaseSeconds(t.LeaseDuration)) * time.Second; n < MinLeaseDuration || n > MaxLeaseDuration {
+		return fmt.Errorf("--lease-duration %v: Azure blob leases last %v to %v", t.LeaseDuration, MinLeaseDuration, MaxLeaseDuration)
 	}
 	return nil
 }

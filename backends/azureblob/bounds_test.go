@@ -156,8 +156,8 @@ func TestLeaseDurations(t *testing.T) {
 		{0, false}, {-time.Second, false}, {14 * time.Second, false}, {14*time.Second + time.Millisecond, true},
 		{15 * time.Second, true}, {60 * time.Second, true}, {60*time.Second + time.Millisecond, false}, {time.Hour, false},
 	} {
-		if err := b.CheckLeaseDuration(tc.d); (err == nil) != tc.ok {
-			t.Errorf("CheckLeaseDuration(%v) = %v, want ok %v", tc.d, err, tc.ok)
+		if err := b.CheckTimings(backends.Timings{LeaseDuration: tc.d}); (err == nil) != tc.ok {
+			t.Errorf("CheckTimings(lease %v) = %v, want ok %v", tc.d, err, tc.ok)
 		}
 	}
 }
