@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -146,9 +147,9 @@ func restClient(api *APIConfig) (*rest.RESTClient, string, error) {
 		return nil, "", fmt.Errorf("kubernetes: %s: no REST configuration", api.Source)
 	}
 	cfg := rest.CopyConfig(api.REST)
-	cfg.GroupVersion = &leaseGroupVersion
+	cfg.GroupVersion = new(coordinationv1.SchemeGroupVersion)
 	cfg.APIPath = "/apis"
-	cfg.NegotiatedSerializer = negotiated
+	cfg.NegotiatedSerializer = leaseSerializer()
 	cfg.ContentType = "application/json"
 	cfg.AcceptContentTypes = "application/json"
 	cfg.UserAgent = "leaderrun"
@@ -185,7 +186,7 @@ func restClient(api *APIConfig) (*rest.RESTClient, string, error) {
 // a redirect. client-go adds the credentials in its transport, so a
 // followed redirect would carry the bearer token, the exec plugin's token
 // or the client certificate to wherever it points: none is followed.
-var errRedirect = errors.New("kubernetes: refused to follow a redirect (credentials are never sent on)")
+var errRedirect = fmt.Errorf("%w: a redirect, not followed (credentials are never sent on)", errProtocol)
 
 func refuseRedirect(req *http.Request, _ []*http.Request) error {
 	return fmt.Errorf("%w: to %s", errRedirect, redactURL(req.URL))

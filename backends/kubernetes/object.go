@@ -1,87 +1,102 @@
 package kubernetes
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strconv"
+	"syscall"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/leaderrun/leaderrun/backends"
 )
 
-// record is the election state in a Lease's spec, as client-go's
-// LeaderElectionRecord reads it. Two records are the same state when all
-// their fields are equal: a follower restarts its clock whenever the
-// record changes, exactly as client-go's elector does.
-type record struct {
-	HolderIdentity       string
-	LeaseDurationSeconds int32
-	AcquireTime          int64 // microseconds since the epoch, 0 if unset: compared, never trusted as a clock
-	RenewTime            int64
-	LeaseTransitions     int32
-	Strategy             string
-	PreferredHolder      string
+// annotationToken holds the grant that the current fencing token belongs
+// to; annotationDoc + a document's name holds that document. client-go
+// keeps the annotations of the Lease it updates, so they survive its
+// electors' writes.
+const (
+	annotationToken = "leaderrun/token"
+	annotationDoc   = "leaderrun/"
+)
+
+// grant is the annotationToken: the token and the grant it was issued to,
+// with the size of the holder's pool (--holders) when it is more than 1
+// and the candidacy's owner (backends.Claim.Owner). A token belongs to the
+// current holder only if the holder and the count of transitions still
+// match: an elector that does not know the annotation (client-go) changes
+// the holder and counts a transition, and so disowns it.
+type grant struct {
+	Token       uint64 `json:"token,string"`
+	Holder      string `json:"holder"`
+	Transitions int32  `json:"transitions"`
+	Holders     int    `json:"holders,omitempty"`
+	Owner       string `json:"owner,omitempty"`
 }
 
-// held reports whether the record names a holder. client-go writes an empty
-// holderIdentity when a leader steps down; such a Lease is free at once.
-func (r record) held() bool { return r.HolderIdentity != "" }
-
-// recordOf reads the record of a Lease.
-func recordOf(l *coordinationv1.Lease) record {
-	s := l.Spec
-	r := record{
-		HolderIdentity:       deref(s.HolderIdentity),
-		LeaseDurationSeconds: deref(s.LeaseDurationSeconds),
-		LeaseTransitions:     deref(s.LeaseTransitions),
-		PreferredHolder:      deref(s.PreferredHolder),
+// lastGrant is the grant recorded in o, if any (it may be a past one).
+func lastGrant(o *coordinationv1.Lease) (grant, bool) {
+	var g grant
+	v, ok := o.Annotations[annotationToken]
+	if !ok || json.Unmarshal([]byte(v), &g) != nil {
+		return grant{}, false
 	}
-	if s.Strategy != nil {
-		r.Strategy = string(*s.Strategy)
-	}
-	if s.AcquireTime != nil {
-		r.AcquireTime = s.AcquireTime.UnixMicro()
-	}
-	if s.RenewTime != nil {
-		r.RenewTime = s.RenewTime.UnixMicro()
-	}
-	return r
+	return g, true
 }
 
-// setRecord writes r into the spec the way client-go's LeaseLock does:
-// every field of the record is set (holderIdentity "" for a free Lease),
-// strategy and preferredHolder only if not empty. Other spec fields are
-// left as they are.
-func setRecord(l *coordinationv1.Lease, r record) {
-	s := &l.Spec
-	s.HolderIdentity = &r.HolderIdentity
-	s.LeaseDurationSeconds = &r.LeaseDurationSeconds
-	s.AcquireTime = microTime(r.AcquireTime)
-	s.RenewTime = microTime(r.RenewTime)
-	s.LeaseTransitions = &r.LeaseTransitions
-	s.Strategy, s.PreferredHolder = nil, nil
-	if r.Strategy != "" {
-		strategy := coordinationv1.CoordinatedLeaseStrategy(r.Strategy)
-		s.Strategy = &strategy
+// recordOf is the record of the Lease o (nil: none). The owner, token and
+// pool size are the holder's only if leaderrun granted it: a client-go
+// elector's grant reads as Owner "" and Token 0.
+func recordOf(o *coordinationv1.Lease) backends.Record {
+	rec := backends.Record{Left: -1, Waiting: -1}
+	if o == nil {
+		return rec
 	}
-	if r.PreferredHolder != "" {
-		s.PreferredHolder = &r.PreferredHolder
+	s := o.Spec
+	rec.Holder, rec.Version, rec.Handle = deref(s.HolderIdentity), o.ResourceVersion, o
+	rec.TTL = time.Duration(deref(s.LeaseDurationSeconds)) * time.Second
+	rec.Acquired, rec.Renewed = deref(s.AcquireTime).Time, deref(s.RenewTime).Time
+	if g, ok := lastGrant(o); ok && rec.Holder != "" && g.Holder == rec.Holder && g.Transitions == deref(s.LeaseTransitions) {
+		rec.Owner, rec.Token, rec.Holders = g.Owner, g.Token, g.Holders
 	}
+	return rec
 }
 
-func microTime(us int64) *metav1.MicroTime {
-	if us == 0 {
-		return nil
-	}
-	t := metav1.NewMicroTime(time.UnixMicro(us).UTC())
-	return &t
+// setRecord writes a record into o's spec as client-go's LeaseLock does
+// (holderIdentity "" for a free Lease), leaving the other spec fields.
+func setRecord(o *coordinationv1.Lease, holder string, seconds int32, acquired, renewed time.Time, transitions int32) {
+	s := &o.Spec
+	s.HolderIdentity, s.LeaseDurationSeconds, s.LeaseTransitions = new(holder), new(seconds), new(transitions)
+	s.AcquireTime, s.RenewTime = new(metav1.NewMicroTime(acquired)), new(metav1.NewMicroTime(renewed))
 }
 
-// stamp is t as a record's time: microseconds, what a MicroTime keeps.
-func stamp(t time.Time) int64 { return t.UnixMicro() }
+// release gives o up as client-go's ReleaseOnCancel does: no holder, a
+// lease of one second (so that electors that predate the empty-holder rule
+// wait only that long), both times now, the count of transitions kept.
+func release(o *coordinationv1.Lease, now time.Time) {
+	setRecord(o, "", 1, now, now, deref(o.Spec.LeaseTransitions))
+}
+
+// freeLease is a free Lease to create.
+func freeLease(namespace, name string, now time.Time) *coordinationv1.Lease {
+	o := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}
+	release(o, now)
+	return o
+}
+
+func setAnnotation(o *coordinationv1.Lease, key, value string) {
+	if o.Annotations == nil {
+		o.Annotations = map[string]string{}
+	}
+	o.Annotations[key] = value
+}
 
 func deref[T any](p *T) T {
 	var zero T
@@ -91,46 +106,22 @@ func deref[T any](p *T) T {
 	return *p
 }
 
-// newLeaseObject is a Lease to create: name and namespace, nothing else.
-func newLeaseObject(namespace, name string) *coordinationv1.Lease {
-	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Annotations: map[string]string{}}}
-}
-
-// annotations is the Lease's annotations, made if there are none.
-func annotations(l *coordinationv1.Lease) map[string]string {
-	if l.Annotations == nil {
-		l.Annotations = map[string]string{}
-	}
-	return l.Annotations
-}
-
-// revision is the resourceVersion as a number. The apiserver's storage
-// gives every write the revision of the etcd cluster behind it, and the API
-// defines the resource versions of one resource as decimal integers that
-// compare in the order of the writes (see the package doc: the fencing
-// token relies on it).
-func revision(l *coordinationv1.Lease) (uint64, error) {
-	rv, err := strconv.ParseUint(l.ResourceVersion, 10, 64)
+// revision is the resourceVersion as a number: the fencing token relies
+// on the API's rule that the resource versions of one resource are
+// decimal integers that compare in the order of the writes.
+func revision(o *coordinationv1.Lease) (uint64, error) {
+	rv, err := strconv.ParseUint(o.ResourceVersion, 10, 64)
 	if err != nil || rv == 0 {
 		return 0, fmt.Errorf("%w: lease %s has resourceVersion %q; fencing tokens need an apiserver "+
-			"whose resource versions are decimal revisions, as etcd's are", errNotNumeric, l.Name, l.ResourceVersion)
+			"whose resource versions are decimal revisions, as etcd's are", errProtocol, o.Name, o.ResourceVersion)
 	}
 	return rv, nil
 }
 
-// newer reports whether l is a later state of the Lease than old (nil: no
-// state yet). States whose versions cannot be compared count as newer.
-func newer(l, old *coordinationv1.Lease) bool {
-	if old == nil {
-		return true
-	}
-	a, errA := revision(l)
-	b, errB := revision(old)
-	return errA != nil || errB != nil || a > b
-}
-
-// errNotNumeric is a Lease whose resourceVersion this backend cannot use.
-var errNotNumeric = errors.New("kubernetes: resourceVersion is not a number")
+// errProtocol: the apiserver, or something in its place, sent what no
+// apiserver sends (too large, not decodable, a redirect, a version that
+// is not a number). Asking again cannot mend it.
+var errProtocol = errors.New("kubernetes: an answer no apiserver gives")
 
 // codeOf is the HTTP status of an error that the apiserver answered, 0
 // for any other error.
@@ -144,36 +135,26 @@ func codeOf(err error) int {
 
 func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
 func isConflict(err error) bool { return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) }
+func isExpired(err error) bool  { return apierrors.IsResourceExpired(err) || apierrors.IsGone(err) }
 
-// isRefusal reports whether the apiserver refused who we are or what we
-// asked: final in every mode, as a retry would be refused again.
-// Unauthorized (401) comes after client-go refreshed what it could (an
-// exec plugin's credential), Forbidden (403) names the verb RBAC denied,
-// Invalid (422) and BadRequest (400) a Lease the server will not take.
-func isRefusal(err error) bool {
-	switch codeOf(err) {
-	case http.StatusUnauthorized, http.StatusForbidden, http.StatusBadRequest,
-		http.StatusUnprocessableEntity, http.StatusRequestEntityTooLarge, http.StatusMethodNotAllowed:
+// transient reports whether a failed request may succeed if sent again:
+// no answer at all, a server error, or throttling. Every other answer is a
+// refusal (401 after client-go refreshed what it could, 403 naming the
+// verb RBAC denied, a Lease the server will not take, a namespace that
+// does not exist), and so is errProtocol.
+func transient(err error) bool {
+	switch code := codeOf(err); {
+	case code == 0:
+		return !errors.Is(err, errProtocol)
+	case code >= 500, code == http.StatusTooManyRequests:
 		return true
 	}
 	return false
 }
 
-// errProtocol: the apiserver, or something in its place, sent what no
-// apiserver sends: an answer or watch event too large or not decodable.
-var errProtocol = errors.New("kubernetes: the server's answer is not one of an apiserver")
-
-// transient reports whether a failed request may succeed if sent again: no
-// answer at all, a server error, or throttling. A Conflict or NotFound is
-// an answer about the Lease and handled where it is met; an answer too
-// large, a redirect or a stream that cannot be decoded is no apiserver's.
-func transient(err error) bool {
-	switch code := codeOf(err); {
-	case code == 0:
-		return !errors.Is(err, errNotNumeric) && !errors.Is(err, errTooLarge) && !errors.Is(err, errRedirect) &&
-			!errors.Is(err, errProtocol)
-	case code >= 500, code == http.StatusTooManyRequests:
-		return true
-	}
-	return false
+// connectionClosed reports whether err is a connection closed under a
+// request, before any answer came.
+func connectionClosed(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
