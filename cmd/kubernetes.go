@@ -66,7 +66,7 @@ func newKubernetesStore(c *cli.Context, cfg storeConfig) (backends.Store, error)
 		}
 		return nil, usageErrorf("%v", err)
 	}
-	s, err := kubernetes.Open(kubernetes.Config{API: api, Namespace: ns})
+	s, err := kubernetes.Open(api, ns)
 	if err != nil {
 		return nil, usageErrorf("%v", err)
 	}

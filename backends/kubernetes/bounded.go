@@ -14,9 +14,8 @@ import (
 
 // maxAnswer bounds what is read of one answer, and of one event of a
 // watch: a Lease is at most a few hundred KiB (the apiserver caps its
-// annotations at 256 KiB and a stored object at about 1.5 MiB). A hostile
-// or broken server gets an error at this size, never leaderrun's memory:
-// decoding one answer holds a few copies of it, far below 64 MiB.
+// annotations at 256 KiB). A hostile server gets an error at this size,
+// never leaderrun's memory: decoding holds a few copies, far below 64 MiB.
 const maxAnswer = 4 << 20
 
 // errTooLarge: an answer or a watch event is larger than maxAnswer.
@@ -25,9 +24,8 @@ var errTooLarge = fmt.Errorf("%w: an answer or watch event larger than %d MiB", 
 // bound is the rest.Config transport wrapper that bounds every answer's
 // body to maxAnswer bytes. A watch's body is one answer of many events:
 // its frame reader (boundedFramer) restarts the count at every event, so
-// that the bound is per event and counts everything between two events,
-// whitespace included (encoding/json's Decoder keeps the whitespace in
-// front of a value in its buffer).
+// that the bound is per event, whitespace between events included
+// (encoding/json's Decoder keeps it in its buffer).
 func bound(rt http.RoundTripper) http.RoundTripper {
 	return roundTripper(func(req *http.Request) (*http.Response, error) {
 		resp, err := rt.RoundTrip(req)
@@ -66,10 +64,8 @@ func (b *boundedBody) Read(p []byte) (int, error) {
 
 func (b *boundedBody) Close() error { return b.rc.Close() }
 
-// eventDone restarts the count: what was read so far belongs to events
-// that were handed on. What encoding/json read ahead of the next event
-// is not counted against it, at most what its buffer held, which the
-// bound kept small.
+// eventDone restarts the count: what was read belongs to events handed
+// on (what encoding/json read ahead of the next is at most its buffer).
 func (b *boundedBody) eventDone() { b.read.Store(0) }
 
 // boundedFramer is the JSON framer of watch streams, counting each event
@@ -102,10 +98,9 @@ func (r *frameReader) Read(p []byte) (int, error) {
 }
 
 // leaseSerializer is the serializer of the REST client: JSON only, with
-// boundedFramer for watches. Its scheme knows Leases and meta/v1 (Status,
-// WatchEvent) and nothing else: client-go's kubernetes/scheme registers
-// every API group at start-up, which every run of leaderrun would pay,
-// whatever its store; this one is built when the store is opened.
+// boundedFramer for watches. Its scheme knows Leases and meta/v1 and
+// nothing else: client-go's kubernetes/scheme registers every API group
+// at start-up, which every run of leaderrun would pay, whatever its store.
 func leaseSerializer() runtime.NegotiatedSerializer {
 	scheme := runtime.NewScheme()
 	if err := coordinationv1.AddToScheme(scheme); err != nil {

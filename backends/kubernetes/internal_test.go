@@ -54,7 +54,7 @@ func openAs(t *testing.T, k *testenv.Kube, ns string) *Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := Open(Config{API: cfg})
+	s, err := Open(cfg, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,8 +68,8 @@ func openAs(t *testing.T, k *testenv.Kube, ns string) *Store {
 func TestIdleFollowerOnlyWatches(t *testing.T) {
 	holder, k, ns := openLimited(t)
 	follower := openAs(t, k, ns)
-	counter := &countingTransport{base: follower.client.rest.Client.Transport}
-	follower.client.rest.Client.Transport = counter
+	counter := &countingTransport{base: follower.rest.Client.Transport}
+	follower.rest.Client.Transport = counter
 	ctx := context.Background()
 	tm := backends.Timings{LeaseDuration: 2 * time.Second, RetryPeriod: 200 * time.Millisecond}
 	lh, err := backends.Campaign(ctx, holder, "idle", backends.Candidate{Identity: "holder", Timings: tm})
@@ -163,7 +163,7 @@ func TestWriteFindsLoss(t *testing.T) {
 			if err := l.Free(ctx, held); err != nil {
 				t.Errorf("free of a lost grant: %v, want nil", err)
 			}
-			if obj := l.last.Load(); obj == nil || deref(obj.Spec.HolderIdentity) != "intruder" {
+			if obj := l.cur; obj == nil || deref(obj.Spec.HolderIdentity) != "intruder" {
 				t.Errorf("the free wrote over the intruder's record")
 			}
 		})
@@ -247,7 +247,7 @@ func TestWatchBoundIsPerEvent(t *testing.T) {
 		<-r.Context().Done()
 	}))
 	defer srv.Close()
-	s, err := Open(Config{API: &APIConfig{REST: &rest.Config{Host: srv.URL}, Source: "test"}, Namespace: "ns"})
+	s, err := Open(&APIConfig{REST: &rest.Config{Host: srv.URL}, Source: "test"}, "ns")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,17 +258,16 @@ func TestWatchBoundIsPerEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	w := f.(*watcher)
 	deadline := time.After(30 * time.Second)
 	for {
 		select {
-		case <-w.Changed():
+		case <-f.Changed():
 		case <-deadline:
 			t.Fatal("no error for the oversized event")
 		}
-		w.mu.Lock()
-		last, broken := w.cur, w.broken
-		w.mu.Unlock()
+		l.mu.Lock()
+		last, broken := l.cur, l.broken
+		l.mu.Unlock()
 		if broken == nil {
 			continue
 		}

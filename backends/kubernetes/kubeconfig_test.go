@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 
 	"github.com/leaderrun/leaderrun/backends"
@@ -29,7 +30,7 @@ const (
 
 // whoami asks the apiserver who c authenticates as (a SelfSubjectReview,
 // which every authenticated user may create).
-func whoami(t *testing.T, c *client) (string, error) {
+func whoami(t *testing.T, c *Store) (string, error) {
 	t.Helper()
 	body := []byte(`{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`)
 	data, err := c.rest.Post().AbsPath("/apis/authentication.k8s.io/v1/selfsubjectreviews").
@@ -50,15 +51,15 @@ func whoami(t *testing.T, c *client) (string, error) {
 	return r.Status.UserInfo.Username, nil
 }
 
-// clientFor is the store's client for api.
-func clientFor(t *testing.T, api *APIConfig) *client {
+// clientFor is the store for api.
+func clientFor(t *testing.T, api *APIConfig) *Store {
 	t.Helper()
-	s, err := Open(Config{API: api})
+	s, err := Open(api, "")
 	if err != nil {
 		t.Fatalf("client for %s: %v", api.Source, err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return s.client
+	return s
 }
 
 func write(t *testing.T, path, data string) string {
@@ -295,7 +296,7 @@ current-context: c
 			for i := range 2 {
 				got, err := whoami(t, c)
 				if i == 0 && tt.failFirst {
-					if codeOf(err) != http.StatusUnauthorized {
+					if !apierrors.IsUnauthorized(err) {
 						t.Fatalf("request 1 with a revoked token: %q, %v; want 401", got, err)
 					}
 					continue
@@ -317,7 +318,7 @@ current-context: c
 }
 
 // extraOf is the user's extras as the apiserver sees them.
-func extraOf(t *testing.T, c *client) map[string][]string {
+func extraOf(t *testing.T, c *Store) map[string][]string {
 	t.Helper()
 	body := []byte(`{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`)
 	data, err := c.rest.Post().AbsPath("/apis/authentication.k8s.io/v1/selfsubjectreviews").
@@ -370,7 +371,7 @@ current-context: c
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := Open(Config{API: cfg})
+	s, err := Open(cfg, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,7 +392,7 @@ current-context: c
 
 	// The plugin now fails: its stderr is in the message.
 	cfg.REST.ExecProvider.Args = []string{"wrong"}
-	s2, err := Open(Config{API: cfg})
+	s2, err := Open(cfg, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -417,16 +418,16 @@ func TestNamespaceDefault(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := Open(Config{API: &APIConfig{REST: &rest.Config{Host: "https://127.0.0.1:1"}, Namespace: tt.implied}, Namespace: tt.explicit})
+			s, err := Open(&APIConfig{REST: &rest.Config{Host: "https://127.0.0.1:1"}, Namespace: tt.implied}, tt.explicit)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if s.client.namespace != tt.want {
-				t.Errorf("namespace %q, want %q", s.client.namespace, tt.want)
+			if s.namespace != tt.want {
+				t.Errorf("namespace %q, want %q", s.namespace, tt.want)
 			}
 		})
 	}
-	if _, err := Open(Config{API: &APIConfig{REST: &rest.Config{Host: "https://127.0.0.1:1"}}, Namespace: "Not_Valid"}); err == nil {
+	if _, err := Open(&APIConfig{REST: &rest.Config{Host: "https://127.0.0.1:1"}}, "Not_Valid"); err == nil {
 		t.Error("an invalid namespace was accepted")
 	}
 }
@@ -478,7 +479,7 @@ func TestConfigErrors(t *testing.T) {
 			api, err := LoadAPIConfig(opts)
 			if err == nil {
 				var s *Store
-				if s, err = Open(Config{API: api}); err == nil {
+				if s, err = Open(api, ""); err == nil {
 					_, err = backends.ReadStatus(context.Background(), s, "x")
 					s.Close()
 				}
@@ -526,7 +527,7 @@ current-context: c
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := Open(Config{API: cfg})
+	s, err := Open(cfg, "")
 	if err != nil {
 		t.Fatal(err)
 	}

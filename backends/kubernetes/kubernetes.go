@@ -1,115 +1,138 @@
 // Package kubernetes is the Kubernetes store: a lock is a
 // coordination.k8s.io/v1 Lease named after it, holding client-go's
-// leader-election record (holderIdentity, leaseDurationSeconds,
-// acquireTime, renewTime, leaseTransitions), so that `kubectl get lease`
-// shows the holder and client-go electors on the same Lease and leaderrun
-// exclude each other (docs/backends/kubernetes.md).
+// leader-election record, so that `kubectl get lease` shows the holder and
+// client-go electors on the same Lease and leaderrun exclude each other
+// (docs/backends/kubernetes.md says how, and why it is safe).
 //
-// A lock is a backends.RecordLock without a clock: the apiserver expires
-// nothing, so the driver times the record on the follower's own clock, as
-// client-go's elector does. The record's Version is the resourceVersion,
-// so any write to the Lease restarts a follower's clock, and every write
-// is an update conditional on the resourceVersion read: of two candidates
-// that saw the same state, one wins and the other gets 409 Conflict.
+// A lock is a backends.RecordLock without a clock: the driver times the
+// record on the follower's own clock, as client-go's elector does. The
+// record's Version is the resourceVersion, and every write is an update
+// conditional on the one read: of two candidates that saw the same state,
+// one wins, the other gets 409 Conflict.
 //
-// client-go's electors compare records with their times cut to whole
-// seconds, so they miss a renewal written in the second of the one before
-// and may take over up to a second early. A holder whose retry period is
-// 1s or more writes every renewal in a later second (renewStamp) and may
-// count on all of leaseDurationSeconds; with a shorter period, on a second
-// less (guaranteedTTL).
+// The fencing token of a grant is one more than the resourceVersion its
+// update was conditional on, or than the token recorded in leaderrun/token
+// if that is larger. resourceVersions are etcd revisions of the Lease's
+// key, which only grow, a deletion and a new creation included, and each
+// grant is conditional on the last write before it: so a candidate that
+// finds no Lease creates a free one, and takes it like any other.
 //
 // A grant is this candidacy's only if the record names its identity and
-// the leaderrun/token annotation names the same holder, count of
-// transitions and owner: an identity is no proof of ownership.
+// leaderrun/token the same holder, count of transitions and owner: an
+// identity is no proof of ownership. History and completion markers are
+// the annotations leaderrun/history and leaderrun/markers: they need no
+// permission but the Lease's own (get, create, update, watch).
 //
-// The fencing token of a grant is one more than the resourceVersion that
-// its update was conditional on, or than the token recorded in
-// leaderrun/token if that is larger. resourceVersions are etcd revisions
-// of the Lease's key, which only grow, and each grant is conditional on
-// the version of the last write before it, so tokens grow, across a
-// deletion of the Lease too, since the deletion and the next creation are
-// writes to the same key. That is why a candidate that finds no Lease
-// creates a free one and takes it with an update conditional on the
-// creation's version: a create has no version to be conditional on.
-//
-// A lock's history and completion markers are the annotations
-// leaderrun/history and leaderrun/markers of its Lease, so they need no
-// other permission than the Lease's own: get, create, update and watch.
-//
-// The client is client-go's: clientcmd reads kubeconfigs as kubectl does,
-// and its REST client decodes Leases of k8s.io/api through a scheme that
-// knows Leases only. Every answer and every watch event is bounded
-// (maxAnswer), and redirects are refused, so that no credential follows
-// one (bounded.go, config.go).
+// The client is client-go's, with a scheme that knows Leases only. Every
+// answer and watch event is bounded, and redirects are refused, so that
+// no credential follows one (bounded.go, config.go).
 package kubernetes
 
 import (
+	"cmp"
+	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"syscall"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// Config says which cluster and namespace the Leases live in.
-type Config struct {
-	// API says how to reach the apiserver (see LoadAPIConfig). Required.
-	API *APIConfig
-
-	// Namespace is where the Leases live. Empty: API.Namespace (the pod's
-	// service account's, or the kubeconfig context's), else "default".
-	Namespace string
+// Store is the Leases of one namespace, reached through one REST client.
+// Its locks are safe for concurrent use.
+type Store struct {
+	rest      *rest.RESTClient
+	host      string // the server as messages name it, without credentials
+	namespace string
 }
 
-// Store is the Leases of one namespace of one cluster, reached through
-// one REST client. Its locks are safe for concurrent use.
-type Store struct{ client *client }
-
-// Open validates cfg and builds client-go's REST client, reading the CA
-// and credential files it names, but sends nothing to the apiserver.
-func Open(cfg Config) (*Store, error) {
-	if cfg.API == nil {
-		return nil, fmt.Errorf("kubernetes: no API configuration")
-	}
-	ns := cfg.Namespace
-	if ns == "" {
-		ns = cfg.API.Namespace
-	}
-	if ns == "" {
-		ns = "default"
-	}
+// Open opens the Leases of namespace ns (empty: api.Namespace, else
+// "default") on the apiserver of api (LoadAPIConfig). It reads the files
+// api names, but sends nothing to the apiserver.
+func Open(api *APIConfig, ns string) (*Store, error) {
+	ns = cmp.Or(ns, api.Namespace, "default")
 	if err := ValidateNamespace(ns); err != nil {
 		return nil, err
 	}
-	rc, host, err := restClient(cfg.API)
-	if err != nil {
-		return nil, err
-	}
-	return &Store{client: &client{rest: rc, host: host, namespace: ns}}, nil
+	return open(api, ns)
 }
 
 // Name implements backends.Store.
 func (s *Store) Name() string { return "kubernetes" }
 
-// Lock implements backends.Store: the Lease named name. A slot's name
-// (backends.SlotLock: lock.slotI) is a valid Lease name whenever lock is.
+// Lock implements backends.Store: the Lease named name (a slot's,
+// lock.slotI, is a valid Lease name whenever lock is).
 func (s *Store) Lock(name string) backends.Lock { return &lock{s: s, name: name} }
 
-// Close implements backends.Store: it closes idle connections to the
-// apiserver. Leases must be released first.
+// Close implements backends.Store: it closes idle connections.
 func (s *Store) Close() error {
-	if hc := s.client.rest.Client; hc != nil {
-		hc.CloseIdleConnections()
-	}
+	s.rest.Client.CloseIdleConnections()
 	return nil
 }
 
+// requestTimeout bounds every request but a watch, so that a connection
+// that stalls without closing cannot hang a campaign.
+const requestTimeout = 10 * time.Second
+
+// watchTimeoutSeconds asks the apiserver to end each watch after 5
+// minutes (not 30 to 60): a watch that broke silently is replaced by then,
+// which bounds how long a follower may miss a release.
+const watchTimeoutSeconds = "300"
+
+// leases is a request of verb on the Leases of the namespace, which
+// client-go does not retry: the driver and the runner decide.
+func (s *Store) leases(verb string) *rest.Request {
+	return s.rest.Verb(verb).Namespace(s.namespace).Resource("leases").MaxRetries(0)
+}
+
+// get reads the Lease name: a NotFound error if there is none.
+func (s *Store) get(ctx context.Context, name string) (*coordinationv1.Lease, error) {
+	return s.do(ctx, s.leases(http.MethodGet).Name(name))
+}
+
+// create creates l: an AlreadyExists error if it exists.
+func (s *Store) create(ctx context.Context, l *coordinationv1.Lease) (*coordinationv1.Lease, error) {
+	return s.do(ctx, s.leases(http.MethodPost).Body(l))
+}
+
+// update replaces the Lease with l if it is still at l's resourceVersion:
+// a Conflict error if it is not, NotFound if it is gone.
+func (s *Store) update(ctx context.Context, l *coordinationv1.Lease) (*coordinationv1.Lease, error) {
+	return s.do(ctx, s.leases(http.MethodPut).Name(l.Name).Body(l))
+}
+
+func (s *Store) do(ctx context.Context, req *rest.Request) (*coordinationv1.Lease, error) {
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	out := &coordinationv1.Lease{}
+	return out, req.Do(ctx).Into(out)
+}
+
+// watch watches the Lease name, selected by name (which RBAC authorizes
+// as a watch of that name), from version rv ("" from its current state,
+// which the apiserver sends first as ADDED).
+func (s *Store) watch(ctx context.Context, name, rv string) (watch.Interface, error) {
+	req := s.leases(http.MethodGet).Param("watch", "true").Param("fieldSelector", "metadata.name="+name).
+		Param("allowWatchBookmarks", "true").Param("timeoutSeconds", watchTimeoutSeconds)
+	if rv != "" {
+		req = req.Param("resourceVersion", rv)
+	}
+	return req.Watch(ctx)
+}
+
 // ValidateLockName returns an error unless name can name both a leaderrun
-// lock (backends.ValidateLockName) and a Lease: a lowercase RFC 1123
-// subdomain, whose dot-separated parts start and end with a letter or a
-// digit.
+// lock (backends.ValidateLockName) and a Lease (an RFC 1123 subdomain).
 func ValidateLockName(name string) error {
 	if backends.ValidateLockName(name) != nil || len(validation.IsDNS1123Subdomain(name)) > 0 {
 		return fmt.Errorf("kubernetes: lock name %q is not a valid Lease name: want a lowercase RFC 1123 subdomain, "+
@@ -135,12 +158,11 @@ func leaseSeconds(d time.Duration) int32 {
 	return int32(min(max(s, 1), 1<<31-1))
 }
 
-// guaranteedTTL is how long after the send time of its last acknowledged
-// renewal a holder that writes leaseDurationSeconds = seconds and renews
-// every retry keeps every elector out, client-go's included: a second less
-// when renewals may come less than a second apart (retry 0: unknown), as a
-// client-go elector sees the record change only once per second. It is
-// never zero, which would mean a lease that never expires.
+// guaranteedTTL is how long after its last renewal's send time a holder
+// that writes leaseDurationSeconds = seconds and renews every retry keeps
+// every elector out: a second less if retry is under a second, as a
+// client-go elector, which compares whole seconds, may miss a renewal.
+// Never zero, which would mean a lease that never expires.
 func guaranteedTTL(seconds int32, retry time.Duration) time.Duration {
 	ttl := time.Duration(seconds) * time.Second
 	if retry < time.Second {
@@ -166,5 +188,45 @@ func (s *Store) CheckTimings(t backends.Timings) error {
 var (
 	_ backends.Store      = (*Store)(nil)
 	_ backends.RecordLock = (*lock)(nil)
-	_ backends.Follower   = (*watcher)(nil)
 )
+
+// revision is the resourceVersion as a number: the fencing token relies
+// on the API's rule that the resource versions of one resource are
+// decimal integers that compare in the order of the writes.
+func revision(o *coordinationv1.Lease) (uint64, error) {
+	rv, err := strconv.ParseUint(o.ResourceVersion, 10, 64)
+	if err != nil || rv == 0 {
+		return 0, fmt.Errorf("%w: lease %s has resourceVersion %q; fencing tokens need an apiserver "+
+			"whose resource versions are decimal revisions, as etcd's are", errProtocol, o.Name, o.ResourceVersion)
+	}
+	return rv, nil
+}
+
+// errProtocol: what no apiserver sends (too large, not decodable, a
+// redirect, a version that is not a number), which asking again cannot mend.
+var errProtocol = errors.New("kubernetes: an answer no apiserver gives")
+
+func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
+func isConflict(err error) bool { return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) }
+func isExpired(err error) bool  { return apierrors.IsResourceExpired(err) || apierrors.IsGone(err) }
+
+// transient reports whether a failed request may succeed if sent again:
+// no answer at all, a server error, or throttling. Every other answer is a
+// refusal (401 after client-go refreshed what it could, 403 naming the
+// verb RBAC denied, a Lease the server will not take, a namespace that
+// does not exist), and so is errProtocol.
+func transient(err error) bool {
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) {
+		return !errors.Is(err, errProtocol)
+	}
+	code := st.Status().Code
+	return code >= 500 || code == http.StatusTooManyRequests
+}
+
+// connectionClosed reports whether err is a connection closed under a
+// request, before any answer came.
+func connectionClosed(err error) bool {
+	return errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}

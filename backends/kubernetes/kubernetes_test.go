@@ -43,7 +43,7 @@ func (c *cluster) store(t *testing.T, user string) *kubernetes.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := kubernetes.Open(kubernetes.Config{API: api})
+	s, err := kubernetes.Open(api, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,7 +414,7 @@ func TestLeaseSecondsRoundUp(t *testing.T) {
 // refused, naming the flags; the same lease with renewals a second apart
 // is not.
 func TestCheckTimings(t *testing.T) {
-	s, err := kubernetes.Open(kubernetes.Config{API: &kubernetes.APIConfig{REST: &rest.Config{Host: "https://127.0.0.1:1"}}})
+	s, err := kubernetes.Open(&kubernetes.APIConfig{REST: &rest.Config{Host: "https://127.0.0.1:1"}}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
