@@ -113,15 +113,16 @@ func (l *lock) fail(op string, err error) error {
 }
 
 // written is fail for a conditional write: ErrConflict if the Lease
-// changed or went away since it was read.
+// changed or went away since it was read. The next Get reads the Lease:
+// the write found the state behind, or may have changed it.
 func (l *lock) written(op string, err error) error {
-	switch {
-	case err == nil:
+	if err == nil {
 		return nil
-	case isConflict(err), op == "update" && isNotFound(err):
-		l.mu.Lock()
-		l.stale = true
-		l.mu.Unlock()
+	}
+	l.mu.Lock()
+	l.stale = true
+	l.mu.Unlock()
+	if isConflict(err) || op == "update" && isNotFound(err) {
 		return fmt.Errorf("kubernetes: %s lease %s: %w", op, l.Key(), backends.ErrConflict)
 	}
 	return l.fail(op, err)
