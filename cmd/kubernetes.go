@@ -3,7 +3,6 @@ package cmd
 import (
 	"errors"
 	"os"
-	"time"
 
 	"github.com/urfave/cli/v2"
 	"k8s.io/klog/v2"
@@ -30,17 +29,17 @@ var kubernetesStore = store{
 	name:     "kubernetes",
 	flags:    kubernetesFlags,
 	selected: func(c *cli.Context) bool { return c.String("kubeconfig") != "" },
-	open:     newKubernetesBackend,
+	open:     newKubernetesStore,
 	address:  "--kubeconfig (or --backend kubernetes with KUBECONFIG, or in a pod)",
 	// A kubeconfig or a service account token is usually the job's own
 	// access to the cluster too: nothing is removed.
 }
 
-// newKubernetesBackend validates the Kubernetes flags, loads the API
-// configuration as kubectl would and builds the backend. Nothing is sent
-// to the apiserver: a refusal (RBAC) shows in the first request, as exit
-// 69 naming the verb.
-func newKubernetesBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
+// newKubernetesStore validates the Kubernetes flags, loads the API
+// configuration as kubectl would and opens the store. Nothing is sent to
+// the apiserver: a refusal (RBAC) shows in the first request, as exit 69
+// naming the verb.
+func newKubernetesStore(c *cli.Context, cfg storeConfig) (backends.Store, error) {
 	if err := kubernetes.ValidateLockName(cfg.Lock); err != nil {
 		return nil, usageErrorf("--lock: %v", err)
 	}
@@ -48,14 +47,6 @@ func newKubernetesBackend(c *cli.Context, cfg storeConfig) (backends.Backend, er
 	if c.IsSet("namespace") {
 		if err := kubernetes.ValidateNamespace(ns); err != nil {
 			return nil, usageErrorf("--namespace (LEADERRUN_NAMESPACE): %v", err)
-		}
-	}
-	// status and history have no timings; run's were checked already,
-	// and here they are checked against what a client-go elector grants.
-	retry := c.Duration("retry-period")
-	if retry > 0 {
-		if err := checkKubernetesTimings(c.Duration("lease-duration"), c.Duration("renew-deadline"), retry, c.Duration("kill-grace")); err != nil {
-			return nil, err
 		}
 	}
 	// client-go logs through klog: into leaderrun's log, one line per
@@ -75,24 +66,9 @@ func newKubernetesBackend(c *cli.Context, cfg storeConfig) (backends.Backend, er
 		}
 		return nil, usageErrorf("%v", err)
 	}
-	b, err := kubernetes.New(kubernetes.Config{API: api, Namespace: ns, Lock: cfg.Lock, RetryPeriod: retry})
+	s, err := kubernetes.Open(api, ns)
 	if err != nil {
 		return nil, usageErrorf("%v", err)
 	}
-	return b, nil
-}
-
-// checkKubernetesTimings refuses, before anything is taken, timings that
-// the runner would refuse once the Lease is granted: with renewals under a
-// second apart a client-go elector may take over a second early (see
-// kubernetes.GuaranteedTTL). With --retry-period 1s or more the Lease
-// grants at least --lease-duration, which runConfig checked already.
-func checkKubernetesTimings(lease, deadline, retry, grace time.Duration) error {
-	ttl := kubernetes.GuaranteedTTL(lease, retry)
-	if ttl > deadline+grace {
-		return nil
-	}
-	return usageErrorf("--lease-duration %v with --retry-period %v: renewals under a second apart may go unseen by a client-go elector "+
-		"on the same Lease, which may then take over up to 1s early, leaving %v, not more than --renew-deadline (%v) + --kill-grace (%v): "+
-		"raise --lease-duration or set --retry-period to 1s or more", lease, retry, ttl.Round(time.Millisecond), deadline, grace)
+	return s, nil
 }

@@ -111,6 +111,8 @@ func TestKubernetesFlags(t *testing.T) {
 			args: status(), code: 64, want: []string{"no store configured"}},
 		{name: "in a pod", env: map[string]string{"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "1"},
 			args: status("--backend", "kubernetes"), code: 64, want: []string{saDir + "/token"}},
+		// The store's CheckTimings, which runner.New asks before
+		// anything is sent: exit 64, though the server is unreachable.
 		{name: "fast renewals leave too little lease",
 			args: append([]string{"--kubeconfig", withNS, "--lease-duration", "3s", "--renew-deadline", "2s", "--retry-period", "500ms", "--kill-grace", "600ms"}, runArgs...),
 			code: 64, want: []string{"--lease-duration", "--retry-period", "--renew-deadline", "--kill-grace", "client-go"}},

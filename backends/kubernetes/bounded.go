@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sync"
+	"sync/atomic"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -14,20 +14,18 @@ import (
 
 // maxAnswer bounds what is read of one answer, and of one event of a
 // watch: a Lease is at most a few hundred KiB (the apiserver caps its
-// annotations at 256 KiB and a stored object at about 1.5 MiB). A hostile
-// or broken server gets an error at this size, never leaderrun's memory:
-// decoding one answer holds a few copies of it, far below 64 MiB.
+// annotations at 256 KiB). A hostile server gets an error at this size,
+// never leaderrun's memory: decoding holds a few copies, far below 64 MiB.
 const maxAnswer = 4 << 20
 
 // errTooLarge: an answer or a watch event is larger than maxAnswer.
-var errTooLarge = fmt.Errorf("kubernetes: an answer or watch event from the apiserver is larger than %d MiB", maxAnswer>>20)
+var errTooLarge = fmt.Errorf("%w: an answer or watch event larger than %d MiB", errProtocol, maxAnswer>>20)
 
 // bound is the rest.Config transport wrapper that bounds every answer's
 // body to maxAnswer bytes. A watch's body is one answer of many events:
 // its frame reader (boundedFramer) restarts the count at every event, so
-// that the bound is per event and counts everything between two events,
-// whitespace included (encoding/json's Decoder keeps the whitespace in
-// front of a value in its buffer).
+// that the bound is per event, whitespace between events included
+// (encoding/json's Decoder keeps it in its buffer).
 func bound(rt http.RoundTripper) http.RoundTripper {
 	return roundTripper(func(req *http.Request) (*http.Response, error) {
 		resp, err := rt.RoundTrip(req)
@@ -45,16 +43,12 @@ func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { ret
 // boundedBody fails a read past maxAnswer bytes since it was opened or
 // since the last event ended.
 type boundedBody struct {
-	rc io.ReadCloser
-
-	mu   sync.Mutex
-	read int64 // since the start, or the end of the last event
+	rc   io.ReadCloser
+	read atomic.Int64 // since the start, or the end of the last event
 }
 
 func (b *boundedBody) Read(p []byte) (int, error) {
-	b.mu.Lock()
-	left := maxAnswer + 1 - b.read
-	b.mu.Unlock()
+	left := maxAnswer + 1 - b.read.Load()
 	if left <= 0 {
 		return 0, errTooLarge
 	}
@@ -62,11 +56,7 @@ func (b *boundedBody) Read(p []byte) (int, error) {
 		p = p[:left]
 	}
 	n, err := b.rc.Read(p)
-	b.mu.Lock()
-	b.read += int64(n)
-	over := b.read > maxAnswer
-	b.mu.Unlock()
-	if over {
+	if b.read.Add(int64(n)) > maxAnswer {
 		return n, errTooLarge
 	}
 	return n, err
@@ -74,15 +64,9 @@ func (b *boundedBody) Read(p []byte) (int, error) {
 
 func (b *boundedBody) Close() error { return b.rc.Close() }
 
-// eventDone restarts the count: what was read so far belongs to events
-// that were handed on. What encoding/json read ahead of the next event
-// is not counted against it, at most what its buffer held, which the
-// bound kept small.
-func (b *boundedBody) eventDone() {
-	b.mu.Lock()
-	b.read = 0
-	b.mu.Unlock()
-}
+// eventDone restarts the count: what was read belongs to events handed
+// on (what encoding/json read ahead of the next is at most its buffer).
+func (b *boundedBody) eventDone() { b.read.Store(0) }
 
 // boundedFramer is the JSON framer of watch streams, counting each event
 // against maxAnswer.
@@ -113,19 +97,11 @@ func (r *frameReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// leaseGroupVersion is coordination.k8s.io/v1, the API of Leases.
-var leaseGroupVersion = coordinationv1.SchemeGroupVersion
-
-// negotiated is the serializer of the REST client: JSON only, with
-// boundedFramer for watches. Its scheme knows Leases and meta/v1 (Status,
-// WatchEvent) and nothing else: client-go's kubernetes/scheme registers
-// every API group at start-up, which every run of leaderrun would pay,
-// whatever its store. It is built on first use for the same reason.
-var negotiated = lazySerializer{}
-
-type lazySerializer struct{}
-
-var jsonSerializer = sync.OnceValue(func() runtime.NegotiatedSerializer {
+// leaseSerializer is the serializer of the REST client: JSON only, with
+// boundedFramer for watches. Its scheme knows Leases and meta/v1 and
+// nothing else: client-go's kubernetes/scheme registers every API group
+// at start-up, which every run of leaderrun would pay, whatever its store.
+func leaseSerializer() runtime.NegotiatedSerializer {
 	scheme := runtime.NewScheme()
 	if err := coordinationv1.AddToScheme(scheme); err != nil {
 		panic(err) // registers two types: cannot fail
@@ -139,18 +115,6 @@ var jsonSerializer = sync.OnceValue(func() runtime.NegotiatedSerializer {
 	stream.Framer = boundedFramer{stream.Framer}
 	info.StreamSerializer = &stream
 	return jsonOnly{NegotiatedSerializer: codecs.WithoutConversion(), info: info}
-})
-
-func (lazySerializer) SupportedMediaTypes() []runtime.SerializerInfo {
-	return jsonSerializer().SupportedMediaTypes()
-}
-
-func (lazySerializer) EncoderForVersion(e runtime.Encoder, gv runtime.GroupVersioner) runtime.Encoder {
-	return jsonSerializer().EncoderForVersion(e, gv)
-}
-
-func (lazySerializer) DecoderToVersion(d runtime.Decoder, gv runtime.GroupVersioner) runtime.Decoder {
-	return jsonSerializer().DecoderToVersion(d, gv)
 }
 
 // jsonOnly offers only its JSON serializer.

@@ -1,57 +1,48 @@
 package kubernetes
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/client-go/util/homedir"
 
-	// The auth providers client-go still ships: oidc, and the gcp and
-	// azure stubs that say which exec plugin replaced them. Their init
-	// costs nothing measurable (docs/backends/kubernetes.md).
+	// The auth providers client-go still ships (oidc; gcp and azure say
+	// which exec plugin replaced them); their init costs nothing measurable.
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
 )
 
 // APIConfig says how to reach one apiserver and who to be there: what
 // kubectl makes of a kubeconfig context, or of a pod's service account.
 type APIConfig struct {
-	// REST is client-go's configuration: server, TLS, credentials
-	// (tokens and token files, client certificates, exec plugins, auth
-	// providers), impersonation and proxy. New adds leaderrun's bounds
-	// to a copy of it.
+	// REST is client-go's configuration (server, TLS, credentials,
+	// impersonation, proxy); Open adds leaderrun's bounds to a copy.
 	REST *rest.Config
-	// Namespace is the namespace the configuration implies: the service
-	// account's in a pod (POD_NAMESPACE first), the context's in a
-	// kubeconfig; "" if none.
+	// Namespace is the one the configuration implies: the service
+	// account's (POD_NAMESPACE first), the context's; "" if none.
 	Namespace string
-	// Source says where the configuration came from, for messages: a
-	// context of a kubeconfig, or the pod's service account.
+	// Source says where the configuration came from, for messages.
 	Source string
 }
 
 // LoadOptions say where LoadAPIConfig looks.
 type LoadOptions struct {
-	// Kubeconfig is the kubeconfig file to use (--kubeconfig). Empty: the
-	// files listed in KUBECONFIG, else ~/.kube/config, else, in a pod, its
-	// service account.
-	Kubeconfig string
-	// Context is the kubeconfig context to use. Empty: current-context.
-	Context string
+	Kubeconfig string // --kubeconfig; empty: see LoadAPIConfig
+	Context    string // empty: current-context
 }
 
 // serviceAccountDir is where Kubernetes mounts a pod's service account
-// token, its cluster's CA and its namespace (rest.InClusterConfig reads
-// the first two from there).
+// token, its cluster's CA (rest.InClusterConfig reads both) and namespace.
 const serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 // ErrNoConfig means that nothing tells how to reach a cluster: no
@@ -59,12 +50,10 @@ const serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 var ErrNoConfig = errors.New("kubernetes: no configuration: set --kubeconfig or KUBECONFIG, or run in a pod (KUBERNETES_SERVICE_HOST)")
 
 // LoadAPIConfig finds the apiserver and credentials as kubectl does, with
-// client-go's clientcmd: with opts.Kubeconfig that one file; otherwise
-// the files listed in KUBECONFIG merged (missing ones skipped; for each
-// name the first file that sets it wins), or ~/.kube/config. If that
-// yields nothing, no file was named and KUBERNETES_SERVICE_HOST is set,
-// it is the pod's service account (rest.InClusterConfig, whose token file
-// is read again as the kubelet rotates it).
+// client-go's clientcmd: opts.Kubeconfig; else the files listed in
+// KUBECONFIG merged (missing ones skipped, the first to set a name wins),
+// or ~/.kube/config; else, with KUBERNETES_SERVICE_HOST set, the pod's
+// service account (whose token file client-go reads again as it rotates).
 func LoadAPIConfig(opts LoadOptions) (*APIConfig, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = opts.Kubeconfig
@@ -84,17 +73,13 @@ func LoadAPIConfig(opts LoadOptions) (*APIConfig, error) {
 		return nil, ErrNoConfig
 	}
 	where := strings.Join(rules.GetLoadingPrecedence(), string(filepath.ListSeparator))
-	name := opts.Context
-	if name == "" {
-		name = raw.CurrentContext
-	}
-	if name == "" {
-		return nil, fmt.Errorf("kubernetes: kubeconfig %s has no current-context; name a context", where)
-	}
 	// clientcmd takes a context that names nothing defined for no
 	// configuration at all; say which name is missing.
+	name := cmp.Or(opts.Context, raw.CurrentContext)
 	kctx, ok := raw.Contexts[name]
 	switch {
+	case name == "":
+		return nil, fmt.Errorf("kubernetes: kubeconfig %s has no current-context; name a context", where)
 	case !ok:
 		return nil, fmt.Errorf("kubernetes: kubeconfig %s has no context %q", where, name)
 	case raw.Clusters[kctx.Cluster] == nil:
@@ -121,41 +106,31 @@ func inCluster() (*APIConfig, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: in-cluster service account (KUBERNETES_SERVICE_HOST is set): %w", err)
 	}
-	ns := os.Getenv("POD_NAMESPACE")
-	if ns == "" {
-		if data, err := os.ReadFile(filepath.Join(serviceAccountDir, "namespace")); err == nil {
-			ns = strings.TrimSpace(string(data))
-		}
-	}
+	data, _ := os.ReadFile(filepath.Join(serviceAccountDir, "namespace"))
+	ns := cmp.Or(os.Getenv("POD_NAMESPACE"), strings.TrimSpace(string(data)))
 	return &APIConfig{REST: cfg, Namespace: ns, Source: "the pod's service account (" + serviceAccountDir + ")"}, nil
 }
 
-// Connection settings. client-go dials for 30 s; leaderrun's timings are
-// seconds, so a dead address is given up sooner.
-const (
-	dialTimeout  = 5 * time.Second
-	tcpKeepAlive = 15 * time.Second
-)
-
-// restClient builds client-go's REST client for leases from api: JSON
-// only, every answer and watch event bounded (see bounded.go), redirects
-// refused, no client-side throttling (leaderrun paces its own requests).
-// It also returns the server as messages name it.
-func restClient(api *APIConfig) (*rest.RESTClient, string, error) {
+// open builds client-go's REST client for the Leases of namespace ns from
+// api: JSON only, every answer and watch event bounded (see bounded.go),
+// redirects refused, no client-side throttling (leaderrun paces its own
+// requests).
+func open(api *APIConfig, ns string) (*Store, error) {
 	if api.REST == nil {
-		return nil, "", fmt.Errorf("kubernetes: %s: no REST configuration", api.Source)
+		return nil, fmt.Errorf("kubernetes: %s: no REST configuration", api.Source)
 	}
 	cfg := rest.CopyConfig(api.REST)
-	cfg.GroupVersion = &leaseGroupVersion
+	cfg.GroupVersion = new(coordinationv1.SchemeGroupVersion)
 	cfg.APIPath = "/apis"
-	cfg.NegotiatedSerializer = negotiated
+	cfg.NegotiatedSerializer = leaseSerializer()
 	cfg.ContentType = "application/json"
 	cfg.AcceptContentTypes = "application/json"
 	cfg.UserAgent = "leaderrun"
 	cfg.QPS = -1
 	cfg.Timeout = 0 // a watch is long; every other request has a deadline of its own
 	if cfg.Dial == nil {
-		cfg.Dial = (&net.Dialer{Timeout: dialTimeout, KeepAlive: tcpKeepAlive}).DialContext
+		// client-go dials for 30 s; leaderrun's timings are seconds.
+		cfg.Dial = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext
 	}
 	if cfg.ExecProvider != nil {
 		// leaderrun's standard input is its child's: a plugin never gets it.
@@ -165,35 +140,31 @@ func restClient(api *APIConfig) (*rest.RESTClient, string, error) {
 	cfg.Wrap(bound)
 	base, _, err := rest.DefaultServerUrlFor(cfg)
 	if err != nil {
-		return nil, "", fmt.Errorf("kubernetes: server of %s: %w", api.Source, err)
+		return nil, fmt.Errorf("kubernetes: server of %s: %w", api.Source, err)
 	}
-	host := base.Scheme + "://" + base.Host + strings.TrimSuffix(base.Path, "/")
 	hc, err := rest.HTTPClientFor(cfg)
 	if err != nil {
-		return nil, "", fmt.Errorf("kubernetes: %s: %w", api.Source, err)
+		return nil, fmt.Errorf("kubernetes: %s: %w", api.Source, err)
 	}
 	client := *hc // never change a shared client
 	client.CheckRedirect = refuseRedirect
 	rc, err := rest.RESTClientForConfigAndClient(cfg, &client)
 	if err != nil {
-		return nil, "", fmt.Errorf("kubernetes: %s: %w", api.Source, err)
+		return nil, fmt.Errorf("kubernetes: %s: %w", api.Source, err)
 	}
-	return rc, host, nil
+	return &Store{rest: rc, host: base.Scheme + "://" + base.Host + strings.TrimSuffix(base.Path, "/"), namespace: ns}, nil
 }
 
 // errRedirect: the apiserver (or something in front of it) answered with
 // a redirect. client-go adds the credentials in its transport, so a
 // followed redirect would carry the bearer token, the exec plugin's token
 // or the client certificate to wherever it points: none is followed.
-var errRedirect = errors.New("kubernetes: refused to follow a redirect (credentials are never sent on)")
+var errRedirect = fmt.Errorf("%w: a redirect, not followed (credentials are never sent on)", errProtocol)
 
+// refuseRedirect names where a redirect pointed, without user
+// information or query.
 func refuseRedirect(req *http.Request, _ []*http.Request) error {
-	return fmt.Errorf("%w: to %s", errRedirect, redactURL(req.URL))
-}
-
-// redactURL is u without user information or query, for messages.
-func redactURL(u *url.URL) string {
-	c := *u
-	c.User, c.RawQuery, c.Fragment = nil, "", ""
-	return c.String()
+	u := *req.URL
+	u.User, u.RawQuery, u.Fragment = nil, "", ""
+	return fmt.Errorf("%w: to %s", errRedirect, u.String())
 }

@@ -4,150 +4,156 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// change is one state of the Lease seen by a watch, in the order of the
-// writes.
-type change struct {
-	deleted bool                  // the Lease was deleted; obj is its last state
-	obj     *coordinationv1.Lease // the new state
-	// gone: a read found no Lease. The deletion's own version is not
-	// known, so this is news whatever the consumer knows: no Lease now.
-	gone bool
-}
-
-// watcher follows one Lease with client-go watches, from a known version
-// on, and delivers every change on changes. It opens the next watch when
-// one ends (the apiserver's timeout, a broken connection), from the last
-// version it saw; when that version is too old for the apiserver's window
-// (410 Gone) it reads the Lease again and goes on from there. It does not
-// judge the changes: the candidate and the lease do.
-type watcher struct {
-	c *client
-
-	changes chan change
-	// broken carries a watch that failed as no apiserver's does (an
-	// event too large or not decodable); the watcher goes on trying. A
-	// candidate gives up on it, a holder relies on its renewals.
-	broken chan error
-	opened chan error // the outcome of the first watch request, then closed
-	cancel context.CancelFunc
-	done   chan struct{} // closed when the watcher stopped
-	// refused is the apiserver's refusal of the first watch request (RBAC
-	// denies watch), after which the watcher stops; read it once done is
-	// closed.
-	refused error
-}
-
-// startWatch follows the Lease from its state from (nil: it does not
-// exist, or its state is not known).
-func startWatch(c *client, from *coordinationv1.Lease) *watcher {
-	ctx, cancel := context.WithCancel(context.Background())
-	w := &watcher{
-		c:       c,
-		changes: make(chan change),
-		broken:  make(chan error, 1),
-		opened:  make(chan error, 1),
-		cancel:  cancel,
-		done:    make(chan struct{}),
+// Follow implements backends.RecordLock with one watch of the Lease, from
+// the state last known (the grant, or the last read), whose newest state
+// Get then takes. It waits for the watch's first answer, so that a watch
+// RBAC forbids is refused before a grant is handed out. Every watcher of
+// an object gets every event of it, so every change wakes every waiter.
+func (l *lock) Follow(ctx context.Context, _ backends.Claim, held *backends.Record) (backends.Follower, error) {
+	l.mu.Lock()
+	if held != nil {
+		l.cur, _ = held.Handle.(*coordinationv1.Lease)
 	}
-	go w.run(ctx, from)
-	return w
-}
-
-// ready waits until the first watch request was answered: nil once the
-// watch is open, the apiserver's refusal (RBAC denies watch), or ctx's
-// error.
-func (w *watcher) ready(ctx context.Context) error {
+	rv := ""
+	if l.cur != nil {
+		rv = l.cur.ResourceVersion
+	}
+	l.mu.Unlock()
+	wctx, cancel := context.WithCancel(context.Background())
+	w := &watcher{l: l, changed: make(chan struct{}, 1), opened: make(chan error, 1), cancel: cancel, done: make(chan struct{})}
+	go w.run(wctx, rv)
 	select {
-	case err, ok := <-w.opened:
-		if !ok {
-			return nil
+	case err := <-w.opened:
+		if refused(err) {
+			w.Close()
+			return nil, l.fail("watch", err)
 		}
-		return err
 	case <-ctx.Done():
-		return ctx.Err()
+	}
+	l.mu.Lock()
+	l.w, l.stale, l.broken = w, false, nil
+	l.mu.Unlock()
+	return w, nil
+}
+
+// refused reports whether a watch request was refused for good.
+func refused(err error) bool { return err != nil && !transient(err) && !isExpired(err) }
+
+// see takes in a state of the Lease that the watch saw (nil: deleted),
+// or what broke the watch for good (Get returns it: a waiter gives up, a
+// holder's renewals are its proof), and says Changed if it is news.
+func (l *lock) see(w *watcher, o *coordinationv1.Lease, broken error) {
+	l.mu.Lock()
+	news := broken != nil || o == nil || l.cur == nil || newer(o, l.cur)
+	if broken != nil {
+		l.broken = broken
+	} else if news {
+		l.cur = o
+	}
+	l.mu.Unlock()
+	if news {
+		w.poke()
 	}
 }
 
-// stop ends the watch and waits for its goroutine.
-func (w *watcher) stop() {
+// newer reports whether o is a later state of the Lease than old. States
+// whose versions cannot be compared count as newer.
+func newer(o, old *coordinationv1.Lease) bool {
+	a, errA := revision(o)
+	b, errB := revision(old)
+	return errA != nil || errB != nil || a > b
+}
+
+// watcher follows one Lease with client-go watches, each from the last
+// version seen, or from a new read if that is too old (410 Gone).
+type watcher struct {
+	l       *lock
+	changed chan struct{}
+	opened  chan error // the outcome of the first watch request
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// Changed implements backends.Follower.
+func (w *watcher) Changed() <-chan struct{} { return w.changed }
+
+// Behind implements backends.Follower: an apiserver keeps no queue.
+func (w *watcher) Behind() bool { return false }
+
+// Close implements backends.Follower.
+func (w *watcher) Close() {
 	w.cancel()
 	<-w.done
+	w.l.mu.Lock()
+	defer w.l.mu.Unlock()
+	if w.l.w == w {
+		w.l.w = nil
+	}
 }
 
-func (w *watcher) run(ctx context.Context, last *coordinationv1.Lease) {
+func (w *watcher) poke() {
+	select {
+	case w.changed <- struct{}{}:
+	default:
+	}
+}
+
+// run opens watch after watch until Close.
+func (w *watcher) run(ctx context.Context, rv string) {
 	defer close(w.done)
-	first := true
-	var retry backends.Backoff
-	for ctx.Err() == nil {
-		rv := ""
-		if last != nil {
-			rv = last.ResourceVersion
-		}
-		wi, err := w.c.watchLease(ctx, rv)
+	start := wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: 64, Cap: 5 * time.Second}
+	backoff := start
+	for first := true; ctx.Err() == nil; first = false {
+		wi, err := w.l.s.watch(ctx, w.l.name, rv)
 		if first {
-			first = false
-			w.opened <- err
-			close(w.opened)
-			if err != nil && isRefusal(err) {
-				w.refused = err
+			if w.opened <- err; refused(err) {
 				return
 			}
 		}
-		switch {
-		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
-			last, err = w.resync(ctx, last)
-		case err == nil:
+		if err == nil {
 			opened := time.Now()
-			last, err = w.follow(ctx, wi, last)
+			rv, err = w.follow(ctx, wi, rv)
 			// A watch that ran its course is followed by the next one at
-			// once; one that something cut short at once (a proxy that
-			// closes streams) by the backoff, so as not to spin.
+			// once; one cut short at once (a proxy that closes streams)
+			// by the backoff, so as not to spin.
 			switch {
 			case time.Since(opened) >= time.Second:
-				retry.Reset()
+				backoff = start
 			case err == nil:
-				err = errShortWatch
+				err = errors.New("kubernetes: watch ended at once")
 			}
 		}
-		if errors.Is(err, errExpired) {
-			last, err = w.resync(ctx, last)
+		if isExpired(err) {
+			rv, err = w.resync(ctx)
 		}
 		if errors.Is(err, errProtocol) {
-			select {
-			case w.broken <- err:
-			default:
-			}
+			w.l.see(w, nil, err)
 		}
-		if err != nil && ctx.Err() == nil {
-			if retry.Sleep(ctx) != nil {
-				return
+		if err != nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff.Step()):
 			}
 		}
 	}
 }
 
-// errExpired: the version a watch started from is older than the
-// apiserver's window of past events.
-var errExpired = errors.New("kubernetes: watch expired")
-
-// errShortWatch: a watch ended within a second of its start.
-var errShortWatch = errors.New("kubernetes: watch ended at once")
-
-// follow reads the events of one watch until it ends, delivering each
-// change, and returns the last state seen. A watch that ends without an
-// error is the apiserver's timeout (or a connection that broke, which
-// client-go does not tell apart): the caller opens the next one.
-func (w *watcher) follow(ctx context.Context, wi watch.Interface, last *coordinationv1.Lease) (*coordinationv1.Lease, error) {
+// follow reads the events of one watch until it ends (the apiserver's
+// timeout, or a broken connection, which client-go does not tell apart),
+// and returns the version to go on from.
+func (w *watcher) follow(ctx context.Context, wi watch.Interface, rv string) (string, error) {
 	defer wi.Stop()
 	for {
 		var ev watch.Event
@@ -155,41 +161,27 @@ func (w *watcher) follow(ctx context.Context, wi watch.Interface, last *coordina
 		select {
 		case ev, ok = <-wi.ResultChan():
 		case <-ctx.Done():
-			return last, ctx.Err()
+			return rv, ctx.Err()
 		}
 		if !ok {
-			return last, nil
+			return rv, nil
 		}
-		switch ev.Type {
-		case watch.Added, watch.Modified, watch.Deleted:
-			obj, isLease := ev.Object.(*coordinationv1.Lease)
-			if !isLease {
-				return last, fmt.Errorf("%w: watch of lease %s/%s sent a %T", errProtocol, w.c.namespace, w.c.name, ev.Object)
-			}
-			if obj.Name != w.c.name {
-				continue
-			}
-			// A state no newer than the last one is a watch that started
-			// again from before it (after a resync): not a change. A
-			// deletion carries the revision of the delete, but is never
-			// skipped: a repeated one does no harm.
-			if ev.Type != watch.Deleted && !newer(obj, last) {
-				continue
-			}
-			last = obj
-			if !w.deliver(ctx, change{deleted: ev.Type == watch.Deleted, obj: obj}) {
-				return last, ctx.Err()
-			}
-		case watch.Bookmark:
-			// Only metadata.resourceVersion is set: where to start from
-			// next, with nothing changed.
-			if obj, isLease := ev.Object.(*coordinationv1.Lease); isLease && obj.ResourceVersion != "" && last != nil {
-				next := last.DeepCopy()
-				next.ResourceVersion = obj.ResourceVersion
-				last = next
-			}
-		case watch.Error:
-			return last, w.watchError(ev.Object)
+		if ev.Type == watch.Error {
+			return rv, w.watchError(ev.Object)
+		}
+		o, isLease := ev.Object.(*coordinationv1.Lease)
+		if !isLease {
+			return rv, fmt.Errorf("%w: watch of lease %s sent a %T", errProtocol, w.l.Key(), ev.Object)
+		}
+		if o.ResourceVersion != "" {
+			rv = o.ResourceVersion // all a bookmark says: where to go on from
+		}
+		switch {
+		case ev.Type == watch.Bookmark, o.Name != w.l.name:
+		case ev.Type == watch.Deleted:
+			w.l.see(w, nil, nil)
+		default:
+			w.l.see(w, o, nil)
 		}
 	}
 }
@@ -197,55 +189,26 @@ func (w *watcher) follow(ctx context.Context, wi watch.Interface, last *coordina
 // watchError reads an ERROR event: the apiserver's Status, or client-go's
 // own when it could not decode the stream (ClientWatchDecoding: an event
 // too large or not JSON).
-func (w *watcher) watchError(obj any) error {
-	st, ok := obj.(*metav1.Status)
-	if !ok {
-		return fmt.Errorf("%w: watch of lease %s/%s sent an error of type %T", errProtocol, w.c.namespace, w.c.name, obj)
-	}
-	err := &apierrors.StatusError{ErrStatus: *st}
-	if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
-		return errExpired
-	}
-	if st.Details != nil {
-		for _, cause := range st.Details.Causes {
-			if cause.Type == "ClientWatchDecoding" {
-				return fmt.Errorf("watch lease %s/%s: %w: %s", w.c.namespace, w.c.name, errProtocol, st.Message)
-			}
-		}
-	}
-	return fmt.Errorf("watch lease %s/%s: %w", w.c.namespace, w.c.name, err)
-}
-
-// resync reads the Lease when the watch cannot go on from the last
-// version, delivers its state if it changed, and returns where the next
-// watch starts from.
-func (w *watcher) resync(ctx context.Context, last *coordinationv1.Lease) (*coordinationv1.Lease, error) {
-	obj, err := w.c.getLease(ctx)
+func (w *watcher) watchError(o any) error {
+	st, ok := o.(*metav1.Status)
 	switch {
-	case isNotFound(err):
-		if last != nil && !w.deliver(ctx, change{deleted: true, obj: last, gone: true}) {
-			return last, ctx.Err()
-		}
-		return nil, nil
-	case err != nil:
-		return last, err
+	case !ok:
+		return fmt.Errorf("%w: watch of lease %s sent an error of type %T", errProtocol, w.l.Key(), o)
+	case st.Details != nil && slices.ContainsFunc(st.Details.Causes,
+		func(c metav1.StatusCause) bool { return c.Type == "ClientWatchDecoding" }):
+		return fmt.Errorf("watch lease %s: %w: %s", w.l.Key(), errProtocol, st.Message)
 	}
-	if newer(obj, last) {
-		if !w.deliver(ctx, change{obj: obj}) {
-			return last, ctx.Err()
-		}
-		return obj, nil
-	}
-	return last, nil
+	return fmt.Errorf("watch lease %s: %w", w.l.Key(), &apierrors.StatusError{ErrStatus: *st})
 }
 
-// deliver hands a change to the consumer; false if the watch was stopped
-// first.
-func (w *watcher) deliver(ctx context.Context, ch change) bool {
-	select {
-	case w.changes <- ch:
-		return true
-	case <-ctx.Done():
-		return false
+// resync reads the Lease, and returns where the next watch starts from.
+func (w *watcher) resync(ctx context.Context) (string, error) {
+	o, err := w.l.read(ctx)
+	if err != nil {
+		return "", err
 	}
+	if w.poke(); o == nil {
+		return "", nil
+	}
+	return o.ResourceVersion, nil
 }

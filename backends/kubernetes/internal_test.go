@@ -18,7 +18,7 @@ import (
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
-// countingTransport counts the requests a backend sends.
+// countingTransport counts the requests a store sends.
 type countingTransport struct {
 	base http.RoundTripper
 	mu   sync.Mutex
@@ -38,29 +38,41 @@ func (c *countingTransport) requests() []string {
 	return append([]string(nil), c.reqs...)
 }
 
-// TestIdleFollowerOnlyWatches: a follower reads the Lease once and then
-// only holds a watch open while the holder renews: no polling.
-func TestIdleFollowerOnlyWatches(t *testing.T) {
+// openLimited opens a store as KubeLimited, with every verb, in a
+// namespace of the test's own.
+func openLimited(t *testing.T) (*Store, *testenv.Kube, string) {
+	t.Helper()
 	k := testenv.SharedKube(t)
 	ns := k.Namespace(t)
 	k.Grant(t, ns, testenv.KubeLimited, "get", "create", "update", "watch")
-	newB := func() *Backend {
-		cfg, err := LoadAPIConfig(LoadOptions{Kubeconfig: k.Kubeconfig(t, testenv.KubeLimited, ns)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := New(Config{API: cfg, Lock: "idle"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { b.Close() })
-		return b
+	return openAs(t, k, ns), k, ns
+}
+
+func openAs(t *testing.T, k *testenv.Kube, ns string) *Store {
+	t.Helper()
+	cfg, err := LoadAPIConfig(LoadOptions{Kubeconfig: k.Kubeconfig(t, testenv.KubeLimited, ns)})
+	if err != nil {
+		t.Fatal(err)
 	}
-	holder, follower := newB(), newB()
-	counter := &countingTransport{base: follower.client.rest.Client.Transport}
-	follower.client.rest.Client.Transport = counter
+	s, err := Open(cfg, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestIdleFollowerOnlyWatches: a follower reads the Lease once and then
+// only holds a watch open while the holder renews: every renewal wakes
+// it, and costs it no request.
+func TestIdleFollowerOnlyWatches(t *testing.T) {
+	holder, k, ns := openLimited(t)
+	follower := openAs(t, k, ns)
+	counter := &countingTransport{base: follower.rest.Client.Transport}
+	follower.rest.Client.Transport = counter
 	ctx := context.Background()
-	lh, err := holder.Campaign(ctx, backends.CampaignOptions{Identity: "holder", LeaseDuration: 2 * time.Second})
+	tm := backends.Timings{LeaseDuration: 2 * time.Second, RetryPeriod: 200 * time.Millisecond}
+	lh, err := backends.Campaign(ctx, holder, "idle", backends.Candidate{Identity: "holder", Timings: tm})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +81,7 @@ func TestIdleFollowerOnlyWatches(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, err := follower.Campaign(wctx, backends.CampaignOptions{Identity: "follower", LeaseDuration: 2 * time.Second})
+		_, err := backends.Campaign(wctx, follower, "idle", backends.Candidate{Identity: "follower", Timings: tm})
 		done <- err
 	}()
 	renewals := 0
@@ -83,64 +95,66 @@ func TestIdleFollowerOnlyWatches(t *testing.T) {
 	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("follower: %v, want to have waited until its deadline", err)
 	}
+	// The driver also reads slot 1 once, beside the campaign, to check
+	// that no pool holds the lock.
 	reqs := counter.requests()
 	t.Logf("follower sent %d requests while the holder renewed %d times: %q", len(reqs), renewals, reqs)
-	if len(reqs) != 2 {
-		t.Errorf("follower sent %d requests, want one read and one watch", len(reqs))
+	kinds := map[string]int{}
+	for _, r := range reqs {
+		switch {
+		case strings.Contains(r, "watch=true"):
+			kinds["watch"]++
+		case strings.HasSuffix(r, "/leases/idle"):
+			kinds["read"]++
+		case strings.HasSuffix(r, "/leases/idle.slot1"):
+			kinds["slot 1"]++
+		}
+	}
+	if len(reqs) != 3 || kinds["read"] != 1 || kinds["slot 1"] != 1 || kinds["watch"] != 1 {
+		t.Errorf("follower sent %q, want one read, one of slot 1 and one watch", reqs)
 	}
 }
 
-// TestWriteFindsLoss: with the watch stopped, so that only the write can
-// tell, a renewal or a completion marker sent after someone else took the
-// Lease conflicts with that holder's record: the write reports the loss,
-// Lost closes with the reason, and the other holder's record is left
-// alone.
+// TestWriteFindsLoss: a renewal or a fenced document written after
+// someone else took the Lease finds that holder's record: the write
+// reports the loss, and the other holder's record is left alone.
 func TestWriteFindsLoss(t *testing.T) {
-	k := testenv.SharedKube(t)
-	ns := k.Namespace(t)
-	k.Grant(t, ns, testenv.KubeLimited, "get", "create", "update", "watch")
+	s, k, ns := openLimited(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	tests := []struct {
 		name  string
-		write func(ctx context.Context, l *lease) error
+		write func(l *lock, held backends.Record) error
 	}{
-		{"renew", func(ctx context.Context, l *lease) error { return l.Renew(ctx) }},
-		{"complete", func(ctx context.Context, l *lease) error {
-			return l.Complete(ctx, backends.Marker{Key: "k", Identity: "leader", Token: l.Token(), At: time.Now(), Expires: time.Now().Add(time.Hour)})
+		{"keep", func(l *lock, held backends.Record) error {
+			_, err := l.Keep(ctx, held)
+			return err
+		}},
+		{"document", func(l *lock, held backends.Record) error {
+			d, err := l.ReadDoc(ctx, backends.DocMarkers)
+			if err != nil {
+				return err
+			}
+			d.Data = []byte("[]")
+			return l.WriteDocHeld(ctx, d, held)
 		}},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			lock := fmt.Sprintf("write-loss-%d", i)
-			cfg, err := LoadAPIConfig(LoadOptions{Kubeconfig: k.Kubeconfig(t, testenv.KubeLimited, ns)})
+			name := fmt.Sprintf("write-loss-%d", i)
+			l := s.Lock(name).(*lock)
+			prev, err := l.Get(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			b, err := New(Config{API: cfg, Lock: lock})
+			held, err := l.Take(ctx, prev, backends.Claim{Identity: "leader", Owner: "o1", Timings: backends.DefaultTimings})
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer b.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			bl, err := b.Campaign(ctx, backends.CampaignOptions{Identity: "leader", LeaseDuration: 15 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			l := bl.(*lease)
-			defer l.Release(ctx, nil)
-			l.w.stop() // the watch can no longer tell
-			path := "/apis/coordination.k8s.io/v1/namespaces/" + ns + "/leases/" + lock
+			path := "/apis/coordination.k8s.io/v1/namespaces/" + ns + "/leases/" + name
 			k.Admin(t, http.MethodPatch, path, map[string]any{"spec": map[string]any{"holderIdentity": "intruder"}})
-			if err := tt.write(ctx, l); !errors.Is(err, backends.ErrLeaseLost) {
-				t.Errorf("%s after the holder was changed: %v, want ErrLeaseLost", tt.name, err)
-			}
-			select {
-			case <-l.Lost():
-			default:
-				t.Fatal("Lost not closed")
-			}
-			if err := l.Err(); !errors.Is(err, backends.ErrLeaseLost) || !strings.Contains(err.Error(), `taken by "intruder"`) {
-				t.Errorf("Err() = %v, want the takeover", err)
+			if err := tt.write(l, held); !errors.Is(err, backends.ErrLeaseLost) || !strings.Contains(err.Error(), `taken by "intruder"`) {
+				t.Errorf("%s after the holder was changed: %v, want ErrLeaseLost naming the intruder", tt.name, err)
 			}
 			var obj struct {
 				Spec struct {
@@ -153,9 +167,15 @@ func TestWriteFindsLoss(t *testing.T) {
 			if err := json.Unmarshal(k.Admin(t, http.MethodGet, path, nil), &obj); err != nil {
 				t.Fatal(err)
 			}
-			if obj.Spec.HolderIdentity != "intruder" || obj.Metadata.Annotations[annotationMarkers] != "" {
-				t.Errorf("after the failed %s: holder %q, markers %q; want the intruder's record untouched",
-					tt.name, obj.Spec.HolderIdentity, obj.Metadata.Annotations[annotationMarkers])
+			if obj.Spec.HolderIdentity != "intruder" || obj.Metadata.Annotations[annotationDoc+backends.DocMarkers] != "" {
+				t.Errorf("after the failed %s: holder %q, annotations %q; want the intruder's record untouched",
+					tt.name, obj.Spec.HolderIdentity, obj.Metadata.Annotations)
+			}
+			if err := l.Free(ctx, held); err != nil {
+				t.Errorf("free of a lost grant: %v, want nil", err)
+			}
+			if obj := l.cur; obj == nil || deref(obj.Spec.HolderIdentity) != "intruder" {
+				t.Errorf("the free wrote over the intruder's record")
 			}
 		})
 	}
@@ -216,7 +236,8 @@ func TestSameSecondWait(t *testing.T) {
 
 // TestWatchBoundIsPerEvent: the 4 MiB bound of a watch counts each event,
 // not the stream: a watch of 60 events of 200 KiB each (12 MiB) delivers
-// them all, and one event of more than 4 MiB, after them, breaks it.
+// them all, and one event of more than 4 MiB, after them, breaks it, for
+// good: Get says so, as a refusal.
 func TestWatchBoundIsPerEvent(t *testing.T) {
 	big := strings.Repeat("a", 200<<10)
 	event := func(rv int, annotation string) string {
@@ -237,30 +258,40 @@ func TestWatchBoundIsPerEvent(t *testing.T) {
 		<-r.Context().Done()
 	}))
 	defer srv.Close()
-	b, err := New(Config{API: &APIConfig{REST: &rest.Config{Host: srv.URL}, Source: "test"}, Namespace: "ns", Lock: "w"})
+	s, err := Open(&APIConfig{REST: &rest.Config{Host: srv.URL}, Source: "test"}, "ns")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
-	w := startWatch(b.client, nil)
-	defer w.stop()
-	got := 0
+	defer s.Close()
+	l := s.Lock("w").(*lock)
+	f, err := l.Follow(context.Background(), backends.Claim{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
 	deadline := time.After(30 * time.Second)
 	for {
 		select {
-		case ch := <-w.changes:
-			if len(ch.obj.Annotations["x"]) != len(big) {
-				t.Fatalf("event %d has an annotation of %d bytes", got, len(ch.obj.Annotations["x"]))
-			}
-			got++
-		case err := <-w.broken:
-			t.Logf("after %d events: %v", got, err)
-			if got != events || !errors.Is(err, errProtocol) || !strings.Contains(err.Error(), "larger than 4 MiB") {
-				t.Fatalf("after %d of %d events: %v; want all of them, then the oversized one refused", got, events, err)
-			}
-			return
+		case <-f.Changed():
 		case <-deadline:
-			t.Fatalf("%d of %d events, and no error for the oversized one", got, events)
+			t.Fatal("no error for the oversized event")
 		}
+		l.mu.Lock()
+		last, broken := l.cur, l.broken
+		l.mu.Unlock()
+		if broken == nil {
+			continue
+		}
+		t.Logf("after the event of version %s: %v", last.ResourceVersion, broken)
+		if last.ResourceVersion != fmt.Sprint(events+1) || len(last.Annotations["x"]) != len(big) {
+			t.Fatalf("the last event taken in is of version %s, want all %d", last.ResourceVersion, events)
+		}
+		if !errors.Is(broken, errProtocol) || !strings.Contains(broken.Error(), "larger than 4 MiB") {
+			t.Fatalf("watch broken by %v, want the oversized event refused", broken)
+		}
+		if _, err := l.Get(context.Background()); !errors.Is(err, backends.ErrRefused) {
+			t.Fatalf("Get after the oversized event: %v, want a refusal", err)
+		}
+		return
 	}
 }

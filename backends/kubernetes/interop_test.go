@@ -120,7 +120,7 @@ type interval struct {
 // holding renews a leaderrun lease every leaderrunRetry, as the runner
 // would, until stopped or lost.
 type holding struct {
-	l        backends.Lease
+	l        *backends.Lease
 	start    time.Time
 	stop     chan struct{}
 	done     chan struct{}
@@ -128,7 +128,7 @@ type holding struct {
 	lastSent time.Time // send time of the last acknowledged renewal
 }
 
-func hold(l backends.Lease) *holding {
+func hold(l *backends.Lease) *holding {
 	h := &holding{l: l, start: time.Now(), stop: make(chan struct{}), done: make(chan struct{}), lastSent: l.Acquired()}
 	go func() {
 		defer close(h.done)
@@ -179,14 +179,15 @@ func TestClientGoInterop(t *testing.T) {
 	c := newCluster(t)
 	c.k.Grant(t, c.ns, testenv.KubeOther, "get", "create", "update", "watch")
 	const lock = "interop"
-	b := c.backend(t, testenv.KubeLimited, lock)
+	s := c.store(t, testenv.KubeLimited)
+	tm := backends.Timings{LeaseDuration: interopLease, RenewDeadline: interopRenew, RetryPeriod: leaderrunRetry, KillGrace: 500 * time.Millisecond}
 	var intervals []interval
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	campaignAsync := func() <-chan backends.Lease {
-		ch := make(chan backends.Lease, 1)
+	campaignAsync := func() <-chan *backends.Lease {
+		ch := make(chan *backends.Lease, 1)
 		go func() {
-			l, err := b.Campaign(ctx, options("leaderrun", interopLease))
+			l, err := backends.Campaign(ctx, s, lock, candidate("leaderrun", tm))
 			if err != nil {
 				t.Errorf("leaderrun campaign: %v", err)
 			}
@@ -194,7 +195,7 @@ func TestClientGoInterop(t *testing.T) {
 		}()
 		return ch
 	}
-	got := func(ch <-chan backends.Lease, within time.Duration) backends.Lease {
+	got := func(ch <-chan *backends.Lease, within time.Duration) *backends.Lease {
 		t.Helper()
 		select {
 		case l := <-ch:

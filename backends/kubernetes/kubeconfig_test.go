@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
 
 	"github.com/leaderrun/leaderrun/backends"
@@ -29,7 +30,7 @@ const (
 
 // whoami asks the apiserver who c authenticates as (a SelfSubjectReview,
 // which every authenticated user may create).
-func whoami(t *testing.T, c *client) (string, error) {
+func whoami(t *testing.T, c *Store) (string, error) {
 	t.Helper()
 	body := []byte(`{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`)
 	data, err := c.rest.Post().AbsPath("/apis/authentication.k8s.io/v1/selfsubjectreviews").
@@ -50,15 +51,15 @@ func whoami(t *testing.T, c *client) (string, error) {
 	return r.Status.UserInfo.Username, nil
 }
 
-// clientFor is the backend's client for api.
-func clientFor(t *testing.T, api *APIConfig) *client {
+// clientFor is the store for api.
+func clientFor(t *testing.T, api *APIConfig) *Store {
 	t.Helper()
-	b, err := New(Config{API: api, Lock: "whoami"})
+	s, err := Open(api, "")
 	if err != nil {
 		t.Fatalf("client for %s: %v", api.Source, err)
 	}
-	t.Cleanup(func() { b.Close() })
-	return b.client
+	t.Cleanup(func() { s.Close() })
+	return s
 }
 
 func write(t *testing.T, path, data string) string {
@@ -295,7 +296,7 @@ current-context: c
 			for i := range 2 {
 				got, err := whoami(t, c)
 				if i == 0 && tt.failFirst {
-					if codeOf(err) != http.StatusUnauthorized {
+					if !apierrors.IsUnauthorized(err) {
 						t.Fatalf("request 1 with a revoked token: %q, %v; want 401", got, err)
 					}
 					continue
@@ -317,7 +318,7 @@ current-context: c
 }
 
 // extraOf is the user's extras as the apiserver sees them.
-func extraOf(t *testing.T, c *client) map[string][]string {
+func extraOf(t *testing.T, c *Store) map[string][]string {
 	t.Helper()
 	body := []byte(`{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`)
 	data, err := c.rest.Post().AbsPath("/apis/authentication.k8s.io/v1/selfsubjectreviews").
@@ -338,7 +339,7 @@ func extraOf(t *testing.T, c *client) map[string][]string {
 	return r.Status.UserInfo.Extra
 }
 
-// TestExecPluginCampaign: a backend whose credentials come from an exec
+// TestExecPluginCampaign: a store whose credentials come from an exec
 // plugin campaigns and holds the Lease; a failing plugin is an error that
 // shows its message and never a token.
 func TestExecPluginCampaign(t *testing.T) {
@@ -370,14 +371,15 @@ current-context: c
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := New(Config{API: cfg, Lock: "exec"})
+	s, err := Open(cfg, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
+	defer s.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l, err := b.Campaign(ctx, backends.CampaignOptions{Identity: "exec", LeaseDuration: 5 * time.Second})
+	cand := backends.Candidate{Identity: "exec", Timings: backends.DefaultTimings, Try: true}
+	l, err := backends.Campaign(ctx, s, "exec", cand)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -390,12 +392,12 @@ current-context: c
 
 	// The plugin now fails: its stderr is in the message.
 	cfg.REST.ExecProvider.Args = []string{"wrong"}
-	b2, err := New(Config{API: cfg, Lock: "exec"})
+	s2, err := Open(cfg, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b2.Close()
-	_, err = b2.Campaign(ctx, backends.CampaignOptions{Identity: "exec", LeaseDuration: 5 * time.Second})
+	defer s2.Close()
+	_, err = backends.Campaign(ctx, s2, "exec", cand)
 	if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "exit code 2") {
 		t.Errorf("campaign with a failing plugin: %v, want ErrUnavailable with the plugin's exit code", err)
 	}
@@ -416,16 +418,16 @@ func TestNamespaceDefault(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b, err := New(Config{API: &APIConfig{REST: &rest.Config{Host: "https://127.0.0.1:1"}, Namespace: tt.implied}, Namespace: tt.explicit, Lock: "x"})
+			s, err := Open(&APIConfig{REST: &rest.Config{Host: "https://127.0.0.1:1"}, Namespace: tt.implied}, tt.explicit)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if b.Namespace() != tt.want {
-				t.Errorf("namespace %q, want %q", b.Namespace(), tt.want)
+			if s.namespace != tt.want {
+				t.Errorf("namespace %q, want %q", s.namespace, tt.want)
 			}
 		})
 	}
-	if _, err := New(Config{API: &APIConfig{REST: &rest.Config{Host: "https://127.0.0.1:1"}}, Namespace: "Not_Valid", Lock: "x"}); err == nil {
+	if _, err := Open(&APIConfig{REST: &rest.Config{Host: "https://127.0.0.1:1"}}, "Not_Valid"); err == nil {
 		t.Error("an invalid namespace was accepted")
 	}
 }
@@ -476,10 +478,10 @@ func TestConfigErrors(t *testing.T) {
 			}
 			api, err := LoadAPIConfig(opts)
 			if err == nil {
-				var b *Backend
-				if b, err = New(Config{API: api, Lock: "x"}); err == nil {
-					_, err = b.Status(context.Background())
-					b.Close()
+				var s *Store
+				if s, err = Open(api, ""); err == nil {
+					_, err = backends.ReadStatus(context.Background(), s, "x")
+					s.Close()
 				}
 			}
 			t.Logf("%v", err)
@@ -525,12 +527,12 @@ current-context: c
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := New(Config{API: cfg, Lock: "basic"})
+	s, err := Open(cfg, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
-	if _, err := b.Status(context.Background()); err != nil {
+	defer s.Close()
+	if _, err := backends.ReadStatus(context.Background(), s, "basic"); err != nil {
 		t.Fatalf("status: %v", err)
 	}
 	if creds := <-got; creds != "alice:wonder" {

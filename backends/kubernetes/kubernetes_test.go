@@ -35,30 +35,23 @@ func newCluster(t *testing.T) *cluster {
 	return &cluster{k: k, ns: ns}
 }
 
-// backend returns a backend for lock as user, closed when the test ends.
-// Its retry period is not given, as a library user might leave it: TTL
-// then counts with renewals that client-go electors may miss.
-func (c *cluster) backend(t *testing.T, user, lock string) *kubernetes.Backend {
-	t.Helper()
-	return c.backendRenewing(t, user, lock, 0)
-}
-
-// backendRenewing is backend with Config.RetryPeriod retry.
-func (c *cluster) backendRenewing(t *testing.T, user, lock string, retry time.Duration) *kubernetes.Backend {
+// store opens the store as user, in the kubeconfig context's namespace,
+// closed when the test ends.
+func (c *cluster) store(t *testing.T, user string) *kubernetes.Store {
 	t.Helper()
 	api, err := kubernetes.LoadAPIConfig(kubernetes.LoadOptions{Kubeconfig: c.k.Kubeconfig(t, user, c.ns)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := kubernetes.New(kubernetes.Config{API: api, Lock: lock, RetryPeriod: retry})
+	s, err := kubernetes.Open(api, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.Namespace() != c.ns {
-		t.Fatalf("backend in namespace %q, want the context's %q", b.Namespace(), c.ns)
+	if key := s.Lock("x").Key(); key != c.ns+"/leases/x" {
+		t.Fatalf("lock at %q, want in the context's namespace %q", key, c.ns)
 	}
-	t.Cleanup(func() { b.Close() })
-	return b
+	t.Cleanup(func() { s.Close() })
+	return s
 }
 
 func (c *cluster) leasePath(lock string) string {
@@ -89,25 +82,20 @@ func (c *cluster) deleteLease(t *testing.T, lock string) {
 	c.k.Admin(t, http.MethodDelete, c.leasePath(lock), nil)
 }
 
-// lockOf is the lock name of a lease from this backend.
-func lockOf(t *testing.T, l backends.Lease) string {
-	t.Helper()
-	k, ok := l.(interface{ Key() string })
-	if !ok {
-		t.Fatalf("lease %T does not tell its key", l)
-	}
-	return k.Key()[strings.LastIndexByte(k.Key(), '/')+1:]
+// timings of a lease of d: renewals every 300 ms, as the suite's.
+func timings(d time.Duration) backends.Timings {
+	return backends.Timings{LeaseDuration: d, RenewDeadline: d / 2, RetryPeriod: 300 * time.Millisecond, KillGrace: d / 4}
 }
 
-func options(id string, d time.Duration) backends.CampaignOptions {
-	return backends.CampaignOptions{Identity: id, LeaseDuration: d}
+func candidate(id string, t backends.Timings) backends.Candidate {
+	return backends.Candidate{Identity: id, Timings: t}
 }
 
-func campaign(t *testing.T, b backends.Backend, id string, d time.Duration) backends.Lease {
+func campaign(t *testing.T, s backends.Store, lock, id string, d time.Duration) *backends.Lease {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	l, err := b.Campaign(ctx, options(id, d))
+	l, err := backends.Campaign(ctx, s, lock, candidate(id, timings(d)))
 	if err != nil {
 		t.Fatalf("%s: campaign: %v", id, err)
 	}
@@ -120,10 +108,8 @@ func campaign(t *testing.T, b backends.Backend, id string, d time.Duration) back
 func TestConformance(t *testing.T) {
 	c := newCluster(t)
 	backendtest.Run(t, backendtest.Harness{
-		New: func(t *testing.T, lock string) backends.Backend { return c.backend(t, testenv.KubeLimited, lock) },
-		Drop: func(t *testing.T, l backends.Lease) {
-			c.setHolder(t, lockOf(t, l), "")
-		},
+		Open: func(t *testing.T) backends.Store { return c.store(t, testenv.KubeLimited) },
+		Drop: func(t *testing.T, lock string, _ *backends.Lease) { c.setHolder(t, lock, "") },
 	})
 }
 
@@ -146,13 +132,11 @@ func TestThreeContendersTokensAcrossDeletes(t *testing.T) {
 	defer cancel()
 	errs := make(chan error, 3)
 	for i := range 3 {
-		b := c.backend(t, testenv.KubeLimited, lock)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		s := c.store(t, testenv.KubeLimited)
+		wg.Go(func() {
 			id := fmt.Sprintf("contender-%d", i)
 			for {
-				l, err := b.Campaign(ctx, options(id, 10*time.Second))
+				l, err := backends.Campaign(ctx, s, lock, candidate(id, timings(10*time.Second)))
 				if err != nil {
 					errs <- fmt.Errorf("%s: campaign: %w", id, err)
 					return
@@ -193,7 +177,7 @@ func TestThreeContendersTokensAcrossDeletes(t *testing.T) {
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	close(errs)
@@ -218,12 +202,12 @@ func TestThreeContendersTokensAcrossDeletes(t *testing.T) {
 // token keeps growing.
 func TestTransitionsRestartTokensDoNot(t *testing.T) {
 	c := newCluster(t)
-	b := c.backend(t, testenv.KubeLimited, "recreated")
+	s := c.store(t, testenv.KubeLimited)
 	var tokens []uint64
 	var transitions []float64
 	for round := range 2 {
 		for range 2 {
-			l := campaign(t, b, "a", 5*time.Second)
+			l := campaign(t, s, "recreated", "a", 5*time.Second)
 			tokens = append(tokens, l.Token())
 			transitions = append(transitions, c.spec(t, "recreated")["leaseTransitions"].(float64))
 			backendtest.Release(t, l)
@@ -245,8 +229,8 @@ func TestTransitionsRestartTokensDoNot(t *testing.T) {
 
 // TestLossSeenAtOnce: an operator deletes the Lease, gives it to someone
 // else, or clears its holder; the leader's Lost closes within 1 s (the
-// watch, not a renewal, tells it), Err says why, and Renew and Complete
-// report the loss.
+// watch, not a renewal, tells it), Err says why, and Renew reports the
+// loss.
 func TestLossSeenAtOnce(t *testing.T) {
 	c := newCluster(t)
 	tests := []struct {
@@ -256,13 +240,12 @@ func TestLossSeenAtOnce(t *testing.T) {
 	}{
 		{"deleted", func(t *testing.T, lock string) { c.deleteLease(t, lock) }, "was deleted"},
 		{"taken", func(t *testing.T, lock string) { c.setHolder(t, lock, "intruder") }, `taken by "intruder"`},
-		{"holder cleared", func(t *testing.T, lock string) { c.setHolder(t, lock, "") }, "released by someone else"},
+		{"holder cleared", func(t *testing.T, lock string) { c.setHolder(t, lock, "") }, `taken by ""`},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			lock := fmt.Sprintf("loss-%d", i)
-			b := c.backend(t, testenv.KubeLimited, lock)
-			l := campaign(t, b, "leader", 15*time.Second)
+			l := campaign(t, c.store(t, testenv.KubeLimited), lock, "leader", 15*time.Second)
 			defer backendtest.Release(t, l)
 			start := time.Now()
 			tt.do(t, lock)
@@ -284,13 +267,12 @@ func TestLossSeenAtOnce(t *testing.T) {
 	}
 }
 
-// TestRenewKeepsOthersWrites: a label or annotation written by someone
-// else between two renewals costs a conflict and a read, not the lease,
-// and survives the renewal.
+// TestRenewKeepsOthersWrites: a label written by someone else between two
+// renewals costs a conflict and a read, not the lease, and survives the
+// renewal.
 func TestRenewKeepsOthersWrites(t *testing.T) {
 	c := newCluster(t)
-	b := c.backend(t, testenv.KubeLimited, "labelled")
-	l := campaign(t, b, "leader", 15*time.Second)
+	l := campaign(t, c.store(t, testenv.KubeLimited), "labelled", "leader", 15*time.Second)
 	defer backendtest.Release(t, l)
 	c.k.Admin(t, http.MethodPatch, c.leasePath("labelled"), map[string]any{
 		"metadata": map[string]any{"labels": map[string]string{"team": "billing"}},
@@ -326,13 +308,12 @@ func TestRenewKeepsOthersWrites(t *testing.T) {
 func TestFollowerTimesTheRecord(t *testing.T) {
 	c := newCluster(t)
 	const d = 2 * time.Second
-	holder := c.backend(t, testenv.KubeLimited, "timed")
-	follower := c.backend(t, testenv.KubeLimited, "timed")
-	lh := campaign(t, holder, "holder", d)
+	lh := campaign(t, c.store(t, testenv.KubeLimited), "timed", "holder", d)
 	defer backendtest.Release(t, lh)
-	got := make(chan backends.Lease, 1)
+	follower := c.store(t, testenv.KubeLimited)
+	got := make(chan *backends.Lease, 1)
 	go func() {
-		l, err := follower.Campaign(context.Background(), options("follower", d))
+		l, err := backends.Campaign(context.Background(), follower, "timed", candidate("follower", timings(d)))
 		if err != nil {
 			t.Errorf("follower: %v", err)
 		}
@@ -341,7 +322,6 @@ func TestFollowerTimesTheRecord(t *testing.T) {
 	// Renew for three lease durations: each renewal restarts the
 	// follower's clock.
 	var lastSent, lastAck time.Time
-	ctx := context.Background()
 	for end := time.Now().Add(3 * d); time.Now().Before(end); {
 		select {
 		case l := <-got:
@@ -352,7 +332,7 @@ func TestFollowerTimesTheRecord(t *testing.T) {
 		case <-time.After(d / 4):
 		}
 		lastSent = time.Now()
-		if err := lh.Renew(ctx); err != nil {
+		if err := lh.Renew(context.Background()); err != nil {
 			t.Fatalf("renew: %v", err)
 		}
 		lastAck = time.Now()
@@ -370,7 +350,7 @@ func TestFollowerTimesTheRecord(t *testing.T) {
 		if at.Sub(lastAck) > d+time.Second {
 			t.Errorf("follower took over %v after the last renewal, want within 1s of the lease duration %v", at.Sub(lastAck), d)
 		}
-		// No retry period given: a client-go elector could miss renewals.
+		// Renewals under a second apart: a client-go elector could miss one.
 		if want := d - time.Second; l.TTL() != want {
 			t.Errorf("TTL %v, want %v", l.TTL(), want)
 		}
@@ -385,52 +365,84 @@ func TestFollowerTimesTheRecord(t *testing.T) {
 	}
 }
 
-// TestLeaseSecondsRoundUp: leaseDurationSeconds is whole seconds,
-// rounded up; TTL reports what was written when renewals are a second or
-// more apart, a second less when they may not be, and a lease that would
-// leave nothing is refused.
+// TestLeaseSecondsRoundUp: leaseDurationSeconds is whole seconds, rounded
+// up; the TTL is what was written when renewals are a second or more
+// apart, a second less when they are not (and never zero), and the same
+// after a renewal.
 func TestLeaseSecondsRoundUp(t *testing.T) {
 	c := newCluster(t)
+	s := c.store(t, testenv.KubeLimited)
 	tests := []struct {
 		name    string
 		asked   time.Duration
 		retry   time.Duration
 		written int32
-		ttl     time.Duration // 0: refused
+		ttl     time.Duration
 	}{
 		{"whole", 3 * time.Second, time.Second, 3, 3 * time.Second},
 		{"fraction", 2500 * time.Millisecond, 2 * time.Second, 3, 3 * time.Second},
 		{"below one second", 100 * time.Millisecond, time.Second, 1, time.Second},
 		{"fast renewals", 3 * time.Second, 999 * time.Millisecond, 3, 2 * time.Second},
 		{"fast renewals, fraction", 2100 * time.Millisecond, 500 * time.Millisecond, 3, 2 * time.Second},
-		{"retry period unknown", 3 * time.Second, 0, 3, 2 * time.Second},
-		{"fast renewals of one second", time.Second, 500 * time.Millisecond, 0, 0},
-		{"fast renewals below one second", 300 * time.Millisecond, 100 * time.Millisecond, 0, 0},
+		{"fast renewals of one second: never zero", time.Second, 500 * time.Millisecond, 1, time.Nanosecond},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			lock := fmt.Sprintf("seconds-%d", i)
-			b := c.backendRenewing(t, testenv.KubeLimited, lock, tt.retry)
-			if tt.ttl == 0 {
-				if err := b.CheckLeaseDuration(tt.asked); err == nil || !strings.Contains(err.Error(), "--retry-period") {
-					t.Errorf("CheckLeaseDuration(%v) with retry %v: %v, want a refusal naming --retry-period", tt.asked, tt.retry, err)
-				}
-				if l, err := b.Campaign(context.Background(), options("a", tt.asked)); err == nil {
-					backendtest.Release(t, l)
-					t.Errorf("campaign with lease %v, retry %v: granted, want refused", tt.asked, tt.retry)
-				}
-				return
+			tm := backends.Timings{LeaseDuration: tt.asked, RetryPeriod: tt.retry}
+			l, err := backends.Campaign(context.Background(), s, lock, candidate("a", tm))
+			if err != nil {
+				t.Fatal(err)
 			}
-			if err := b.CheckLeaseDuration(tt.asked); err != nil {
-				t.Fatalf("CheckLeaseDuration(%v): %v", tt.asked, err)
-			}
-			l := campaign(t, b, "a", tt.asked)
 			defer backendtest.Release(t, l)
-			if l.TTL() != tt.ttl {
-				t.Errorf("TTL %v for %v asked with retry %v, want %v", l.TTL(), tt.asked, tt.retry, tt.ttl)
-			}
 			if got := c.spec(t, lock)["leaseDurationSeconds"]; got != float64(tt.written) {
 				t.Errorf("leaseDurationSeconds %v written, want %v", got, tt.written)
+			}
+			for _, when := range []string{"granted", "renewed"} {
+				if l.TTL() != tt.ttl {
+					t.Errorf("TTL %v when %s, for %v asked with retry %v; want %v", l.TTL(), when, tt.asked, tt.retry, tt.ttl)
+				}
+				if err := l.Renew(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestCheckTimings: timings that a client-go elector could cut short are
+// refused, naming the flags; the same lease with renewals a second apart
+// is not.
+func TestCheckTimings(t *testing.T) {
+	s, err := kubernetes.Open(&kubernetes.APIConfig{REST: &rest.Config{Host: "https://127.0.0.1:1"}}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := time.Millisecond
+	for _, tt := range []struct {
+		name                          string
+		lease, deadline, retry, grace time.Duration
+		ok                            bool
+	}{
+		{"defaults", 15 * time.Second, 10 * time.Second, 2 * time.Second, 3 * time.Second, true},
+		{"fast renewals leave too little", 3 * time.Second, 2 * time.Second, 500 * ms, 600 * ms, false},
+		{"fast renewals with lease to spare", 4 * time.Second, 2 * time.Second, 500 * ms, 600 * ms, true},
+		{"one-second renewals, the same lease", 3 * time.Second, 2 * time.Second, time.Second, 600 * ms, true},
+		{"fast renewals of a one-second lease", time.Second, 400 * ms, 300 * ms, 100 * ms, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := s.CheckTimings(backends.Timings{LeaseDuration: tt.lease, RenewDeadline: tt.deadline, RetryPeriod: tt.retry, KillGrace: tt.grace})
+			switch {
+			case tt.ok && err != nil:
+				t.Errorf("refused: %v", err)
+			case !tt.ok && err == nil:
+				t.Error("accepted")
+			case !tt.ok:
+				for _, w := range []string{"--lease-duration", "--retry-period", "--renew-deadline", "--kill-grace", "client-go"} {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("%q does not name %s", err, w)
+					}
+				}
 			}
 		})
 	}
@@ -462,7 +474,11 @@ func TestRenewalsInDistinctSeconds(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			lock := "distinct-" + strings.ReplaceAll(tt.name, " ", "-")
-			l := campaign(t, c.backendRenewing(t, testenv.KubeLimited, lock, tt.retry), "a", 5*time.Second)
+			tm := backends.Timings{LeaseDuration: 5 * time.Second, RetryPeriod: tt.retry}
+			l, err := backends.Campaign(context.Background(), c.store(t, testenv.KubeLimited), lock, candidate("a", tm))
+			if err != nil {
+				t.Fatal(err)
+			}
 			defer backendtest.Release(t, l)
 			prev := renewTime(lock)
 			same := 0
@@ -497,11 +513,12 @@ func TestRenewalsInDistinctSeconds(t *testing.T) {
 // TestRecordAsClientGo: the spec is what client-go's LeaseLock writes and
 // kubectl shows: the holder, the duration in seconds, MicroTime stamps, a
 // transition counted per grant; a release clears the holder and sets the
-// duration to 1 s as ReleaseOnCancel does.
+// duration to 1 s as ReleaseOnCancel does. The token annotation keeps its
+// format, with the candidacy's owner added.
 func TestRecordAsClientGo(t *testing.T) {
 	c := newCluster(t)
-	b := c.backend(t, testenv.KubeLimited, "record")
-	l := campaign(t, b, "host-a:123", 15*time.Second)
+	s := c.store(t, testenv.KubeLimited)
+	l := campaign(t, s, "record", "host-a:123", 15*time.Second)
 	spec := c.spec(t, "record")
 	if spec["holderIdentity"] != "host-a:123" || spec["leaseDurationSeconds"] != 15.0 || spec["leaseTransitions"] != 1.0 {
 		t.Errorf("spec while held: %v", spec)
@@ -511,15 +528,67 @@ func TestRecordAsClientGo(t *testing.T) {
 			t.Errorf("%s = %v, want a MicroTime", f, spec[f])
 		}
 	}
+	var obj struct {
+		Metadata struct {
+			Annotations map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(c.k.Admin(t, http.MethodGet, c.leasePath("record"), nil), &obj); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`{"token":"%d","holder":"host-a:123","transitions":1,"owner":"`, l.Token())
+	if got := obj.Metadata.Annotations["leaderrun/token"]; !strings.HasPrefix(got, want) {
+		t.Errorf("leaderrun/token = %s, want %s...", got, want)
+	}
 	backendtest.Release(t, l)
 	spec = c.spec(t, "record")
 	if spec["holderIdentity"] != "" || spec["leaseDurationSeconds"] != 1.0 || spec["leaseTransitions"] != 1.0 {
 		t.Errorf("spec after release: %v", spec)
 	}
-	l = campaign(t, b, "host-b:456", 15*time.Second)
+	l = campaign(t, s, "record", "host-b:456", 15*time.Second)
 	defer backendtest.Release(t, l)
 	if spec = c.spec(t, "record"); spec["leaseTransitions"] != 2.0 {
 		t.Errorf("leaseTransitions after the second grant: %v, want 2", spec["leaseTransitions"])
+	}
+}
+
+// TestOldReleaseDocuments: history and markers that an older leaderrun
+// wrote into the Lease's annotations (the same JSON) are read, and its
+// grant (a token annotation without an owner) holds its Lease: a newer
+// leaderrun waits, and takes over with a larger token.
+func TestOldReleaseDocuments(t *testing.T) {
+	c := newCluster(t)
+	now := time.Now().UTC()
+	stamp := now.Format("2006-01-02T15:04:05.000000Z")
+	c.k.Admin(t, http.MethodPost, "/apis/coordination.k8s.io/v1/namespaces/"+c.ns+"/leases", map[string]any{
+		"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+		"metadata": map[string]any{"name": "old", "annotations": map[string]string{
+			"leaderrun/token":   `{"token":"9000","holder":"old-host","transitions":4}`,
+			"leaderrun/history": `[{"identity":"older-host","token":8000,"acquired":"2026-01-01T00:00:00Z","ended":"2026-01-01T00:01:00Z","end":"exited","exit_code":0}]`,
+			"leaderrun/markers": fmt.Sprintf(`[{"key":"day-1","identity":"older-host","token":8000,"at":%q,"expires":%q}]`,
+				now.Format(time.RFC3339Nano), now.Add(time.Hour).Format(time.RFC3339Nano)),
+		}},
+		"spec": map[string]any{"holderIdentity": "old-host", "leaseDurationSeconds": 2,
+			"acquireTime": stamp, "renewTime": stamp, "leaseTransitions": 4},
+	})
+	s := c.store(t, testenv.KubeLimited)
+	ctx := context.Background()
+	st, err := backends.ReadStatus(ctx, s, "old")
+	if err != nil || !st.Held || st.Identity != "old-host" || st.Token != 9000 {
+		t.Errorf("status of the old grant: %+v, %v", st, err)
+	}
+	terms, err := backends.ReadHistory(ctx, s, "old", 0)
+	if err != nil || len(terms) != 1 || terms[0].Token != 8000 {
+		t.Errorf("old history: %+v, %v", terms, err)
+	}
+	if m, err := backends.ReadMarker(ctx, s, "old", "day-1"); err != nil || m == nil || m.Token != 8000 {
+		t.Errorf("old marker: %+v, %v", m, err)
+	}
+	start := time.Now()
+	l := campaign(t, s, "old", "new-host", 5*time.Second)
+	defer backendtest.Release(t, l)
+	if took := time.Since(start); took < 2*time.Second || l.Token() <= 9000 {
+		t.Errorf("took the old grant's Lease after %v with token %d; want after its 2s, with a token over 9000", took, l.Token())
 	}
 }
 
@@ -536,13 +605,12 @@ func TestTryOnStaleRecord(t *testing.T) {
 		"spec": map[string]any{"holderIdentity": "dead-host", "leaseDurationSeconds": 1,
 			"acquireTime": stale, "renewTime": stale, "leaseTransitions": 3},
 	})
-	b := c.backend(t, testenv.KubeLimited, "stale")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	try := options("b", 5*time.Second)
+	try := candidate("b", timings(5*time.Second))
 	try.Try = true
 	start := time.Now()
-	l, err := b.Campaign(ctx, try)
+	l, err := backends.Campaign(ctx, c.store(t, testenv.KubeLimited), "stale", try)
 	if err != nil {
 		t.Fatalf("try on a stale record: %v", err)
 	}
@@ -554,11 +622,9 @@ func TestTryOnStaleRecord(t *testing.T) {
 	}
 
 	// A live holder: ErrLocked at once.
-	b2 := c.backend(t, testenv.KubeLimited, "stale")
-	try = options("c", 5*time.Second)
-	try.Try = true
+	try.Identity = "c"
 	start = time.Now()
-	if l2, err := b2.Campaign(ctx, try); !errors.Is(err, backends.ErrLocked) {
+	if l2, err := backends.Campaign(ctx, c.store(t, testenv.KubeLimited), "stale", try); !errors.Is(err, backends.ErrLocked) {
 		if l2 != nil {
 			backendtest.Release(t, l2)
 		}
@@ -569,10 +635,10 @@ func TestTryOnStaleRecord(t *testing.T) {
 	}
 }
 
-// TestRefusedVerbs: a user that lacks one of the verbs gets an error that
-// wraps ErrUnavailable, at once, in every mode that needs the verb, naming
-// the verb, and never the token. A waiter needs neither create nor update
-// while someone else holds the Lease: it waits.
+// TestRefusedVerbs: a user that lacks one of the verbs gets a refusal
+// (ErrRefused, with ErrUnavailable), at once, in every mode that needs the
+// verb, naming the verb, and never the token. A waiter needs neither
+// create nor update while someone else holds the Lease: it waits.
 func TestRefusedVerbs(t *testing.T) {
 	k := testenv.SharedKube(t)
 	all := []string{"get", "create", "update", "watch"}
@@ -608,20 +674,19 @@ func TestRefusedVerbs(t *testing.T) {
 			k.Grant(t, c.ns, testenv.KubeLimited, verbs...)
 			k.Grant(t, c.ns, testenv.KubeOther, all...)
 			if tt.held {
-				l := campaign(t, c.backend(t, testenv.KubeOther, "refused"), "holder", 15*time.Second)
+				l := campaign(t, c.store(t, testenv.KubeOther), "refused", "holder", 15*time.Second)
 				defer backendtest.Release(t, l)
 			}
-			b := c.backend(t, testenv.KubeLimited, "refused")
 			timeout := 10 * time.Second
 			if tt.waits {
 				timeout = time.Second
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			defer cancel()
-			opts := options("limited", 15*time.Second)
-			opts.Try = tt.try
+			cand := candidate("limited", timings(15*time.Second))
+			cand.Try = tt.try
 			start := time.Now()
-			l, err := b.Campaign(ctx, opts)
+			l, err := backends.Campaign(ctx, c.store(t, testenv.KubeLimited), "refused", cand)
 			if err == nil {
 				backendtest.Release(t, l)
 				t.Fatalf("campaign without %s succeeded", tt.missing)
@@ -633,8 +698,8 @@ func TestRefusedVerbs(t *testing.T) {
 				return
 			}
 			t.Logf("after %v: %v", time.Since(start), err)
-			if !errors.Is(err, backends.ErrUnavailable) {
-				t.Errorf("error %v does not wrap ErrUnavailable", err)
+			if !errors.Is(err, backends.ErrRefused) || !errors.Is(err, backends.ErrUnavailable) {
+				t.Errorf("error %v does not wrap ErrRefused and ErrUnavailable", err)
 			}
 			if want := "cannot " + tt.missing + ` resource "leases"`; !strings.Contains(err.Error(), want) {
 				t.Errorf("error %q does not say %q", err, want)
@@ -646,7 +711,7 @@ func TestRefusedVerbs(t *testing.T) {
 				t.Errorf("refusal took %v, want at once", d)
 			}
 			// Nothing is left held by the refused candidate.
-			st, err := c.backend(t, testenv.KubeOther, "refused").Status(ctx)
+			st, err := backends.ReadStatus(ctx, c.store(t, testenv.KubeOther), "refused")
 			if err != nil || st.Identity == "limited" {
 				t.Errorf("status after the refusal: %+v, %v; want the Lease not held by the refused candidate", st, err)
 			}
@@ -657,24 +722,21 @@ func TestRefusedVerbs(t *testing.T) {
 // TestMissingNamespace: a namespace that does not exist is a final error
 // that names it, not a wait.
 func TestMissingNamespace(t *testing.T) {
-	k := testenv.SharedKube(t)
-	c := &cluster{k: k, ns: "no-such-namespace"}
-	b := c.backend(t, testenv.KubeAdmin, "lock")
+	c := &cluster{k: testenv.SharedKube(t), ns: "no-such-namespace"}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	l, err := b.Campaign(ctx, options("a", 5*time.Second))
+	l, err := backends.Campaign(ctx, c.store(t, testenv.KubeAdmin), "lock", candidate("a", timings(5*time.Second)))
 	if err == nil {
 		backendtest.Release(t, l)
 		t.Fatal("campaign in a namespace that does not exist succeeded")
 	}
-	if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), `namespaces "no-such-namespace" not found`) {
-		t.Errorf("campaign in a missing namespace: %v, want ErrUnavailable naming it", err)
+	if !errors.Is(err, backends.ErrRefused) || !strings.Contains(err.Error(), `namespaces "no-such-namespace" not found`) {
+		t.Errorf("campaign in a missing namespace: %v, want a refusal naming it", err)
 	}
 }
 
 // TestLockNames: lock names must be Lease names.
 func TestLockNames(t *testing.T) {
-	api := &kubernetes.APIConfig{REST: &rest.Config{Host: "https://127.0.0.1:1"}, Source: "test"}
 	tests := []struct {
 		name string
 		lock string
@@ -698,7 +760,7 @@ func TestLockNames(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := kubernetes.New(kubernetes.Config{API: api, Lock: tt.lock})
+			err := kubernetes.ValidateLockName(tt.lock)
 			if tt.ok && err != nil {
 				t.Errorf("lock %q refused: %v", tt.lock, err)
 			}
@@ -732,22 +794,22 @@ func TestRoleByName(t *testing.T) {
 		"roleRef":  map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "one-lease"},
 		"subjects": []any{map[string]any{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": testenv.KubeLimited}},
 	})
-	a, b := c.backend(t, testenv.KubeLimited, "named"), c.backend(t, testenv.KubeLimited, "named")
-	la := campaign(t, a, "a", 5*time.Second)
-	// A waiter watches: were the watch refused, this would be
-	// ErrUnavailable, not the end of its wait.
+	a, b := c.store(t, testenv.KubeLimited), c.store(t, testenv.KubeLimited)
+	la := campaign(t, a, "named", "a", 5*time.Second)
+	// A waiter watches: were the watch refused, this would be a refusal,
+	// not the end of its wait.
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	if lb, err := b.Campaign(ctx, options("b", 5*time.Second)); !errors.Is(err, context.DeadlineExceeded) {
+	if lb, err := backends.Campaign(ctx, b, "named", candidate("b", timings(5*time.Second))); !errors.Is(err, context.DeadlineExceeded) {
 		if lb != nil {
 			backendtest.Release(t, lb)
 		}
 		t.Fatalf("waiter restricted to the Lease's name: %v, want to wait", err)
 	}
 	backendtest.Release(t, la)
-	backendtest.Release(t, campaign(t, b, "b", 5*time.Second))
+	backendtest.Release(t, campaign(t, b, "named", "b", 5*time.Second))
 	// Another lock's Lease is out of reach.
-	if _, err := c.backend(t, testenv.KubeLimited, "other").Campaign(context.Background(), options("a", 5*time.Second)); !errors.Is(err, backends.ErrUnavailable) {
-		t.Errorf("campaign for a Lease the Role does not name: %v, want ErrUnavailable", err)
+	if _, err := backends.Campaign(context.Background(), a, "other", candidate("a", timings(5*time.Second))); !errors.Is(err, backends.ErrRefused) {
+		t.Errorf("campaign for a Lease the Role does not name: %v, want a refusal", err)
 	}
 }
