@@ -240,7 +240,7 @@ func TestLossSeenAtOnce(t *testing.T) {
 	}{
 		{"deleted", func(t *testing.T, lock string) { c.deleteLease(t, lock) }, "was deleted"},
 		{"taken", func(t *testing.T, lock string) { c.setHolder(t, lock, "intruder") }, `taken by "intruder"`},
-		{"holder cleared", func(t *testing.T, lock string) { c.setHolder(t, lock, "") }, `taken by ""`},
+		{"holder cleared", func(t *testing.T, lock string) { c.setHolder(t, lock, "") }, `released by someone else`},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
