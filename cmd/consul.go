@@ -2,7 +2,6 @@ package cmd
 
 import (
 	"os"
-	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -10,22 +9,6 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/consul"
 )
-
-// consulLockDelaySlack is added to --kill-grace for the default
-// lock-delay: a holder whose session is destroyed hears of it within a
-// round trip (its blocking query on the key returns), stops its command at
-// once, and the command is dead a kill grace later (S3, S9).
-const consulLockDelaySlack = time.Second
-
-// consulLockDelay is --consul-lock-delay if it was given, else
-// --kill-grace + 1 s, at most Consul's 60 s. status and history have no
-// --kill-grace (0 then): they create no session.
-func consulLockDelay(c *cli.Context) time.Duration {
-	if c.IsSet("consul-lock-delay") {
-		return c.Duration("consul-lock-delay")
-	}
-	return min(c.Duration("kill-grace")+consulLockDelaySlack, consul.MaxLockDelay)
-}
 
 // consulFlags are the flags of the Consul backend. The address, token and
 // TLS settings are read as the consul CLI reads them; TLS comes from the
@@ -49,19 +32,24 @@ var consulStore = store{
 	name:     "consul",
 	flags:    consulFlags,
 	selected: func(c *cli.Context) bool { return c.String("consul-addr") != "" },
-	open:     newConsulBackend,
+	open:     openConsul,
 	address:  "--consul-addr (CONSUL_HTTP_ADDR)",
 	credentials: []string{"CONSUL_HTTP_TOKEN", "CONSUL_HTTP_TOKEN_FILE", "CONSUL_HTTP_AUTH",
 		"CONSUL_CLIENT_CERT", "CONSUL_CLIENT_KEY"},
 }
 
-// newConsulBackend validates the Consul flags and builds the backend. The
-// token's precedence is the consul CLI's: --consul-token-file, then
+// openConsul validates the Consul flags and opens the store. The token's
+// precedence is the consul CLI's: --consul-token-file, then
 // --consul-token, then CONSUL_HTTP_TOKEN_FILE, then CONSUL_HTTP_TOKEN
 // (api.NewClient applies it, telling a flag from the variable by value).
-func newConsulBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
-	if d := consulLockDelay(c); d < 0 || d > consul.MaxLockDelay {
-		return nil, usageErrorf("--consul-lock-delay %v: want 0s to %v", d, consul.MaxLockDelay)
+func openConsul(c *cli.Context, cfg storeConfig) (backends.Store, error) {
+	// Unless given, the lock-delay is each candidate's --kill-grace + 1 s,
+	// at most Consul's 60 s, derived from the run's timings by the store.
+	d := consul.DefaultLockDelay
+	if c.IsSet("consul-lock-delay") {
+		if d = c.Duration("consul-lock-delay"); d < 0 || d > consul.MaxLockDelay {
+			return nil, usageErrorf("--consul-lock-delay %v: want 0s to %v", d, consul.MaxLockDelay)
+		}
 	}
 	addr := c.String("consul-addr")
 	if addr == "" {
@@ -80,14 +68,9 @@ func newConsulBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error)
 			return nil, usageErrorf("--consul-token-file: %v", err)
 		}
 	}
-	b, err := consul.New(consul.Config{
-		API:       apiCfg,
-		Lock:      cfg.Lock,
-		Prefix:    cfg.Prefix,
-		LockDelay: consulLockDelay(c),
-	})
+	s, err := consul.Open(consul.Config{API: apiCfg, Prefix: cfg.Prefix, LockDelay: d})
 	if err != nil {
 		return nil, usageErrorf("%v", err)
 	}
-	return b, nil
+	return s, nil
 }

@@ -7,13 +7,14 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/consul"
 )
 
 // TestConsulLockDelay: without --consul-lock-delay the sessions' lock-delay
-// is --kill-grace + 1 s, at most Consul's 60 s; an explicit value, by flag
-// or variable, wins, 0 included; out of range is a usage error naming the
-// flag.
+// is the run's --kill-grace + 1 s, at most Consul's 60 s; an explicit value,
+// by flag or variable, wins, 0 included; out of range is a usage error
+// naming the flag.
 func TestConsulLockDelay(t *testing.T) {
 	cases := []struct {
 		name  string
@@ -30,9 +31,10 @@ func TestConsulLockDelay(t *testing.T) {
 		{name: "explicit wins", flags: runFlags, args: []string{"--kill-grace", "2s", "--consul-lock-delay", "15s"}, want: 15 * time.Second},
 		{name: "explicit 0s wins", flags: runFlags, args: []string{"--consul-lock-delay", "0s"}, want: 0},
 		{name: "explicit by variable", flags: runFlags, env: "LEADERRUN_CONSUL_LOCK_DELAY=7s", want: 7 * time.Second},
-		{name: "status has no kill grace", flags: storeFlags, want: time.Second},
+		{name: "status takes the flag", flags: storeFlags, args: []string{"--consul-lock-delay", "2s"}, want: 2 * time.Second},
 		{name: "too long", flags: runFlags, args: []string{"--consul-lock-delay", "61s"}, err: "--consul-lock-delay 1m1s"},
 		{name: "negative", flags: runFlags, args: []string{"--consul-lock-delay", "-1s"}, err: "--consul-lock-delay -1s"},
+		{name: "negative by 1ns", flags: runFlags, args: []string{"--consul-lock-delay", "-1ns"}, err: "--consul-lock-delay -1ns"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -41,12 +43,13 @@ func TestConsulLockDelay(t *testing.T) {
 			}
 			var got time.Duration
 			app := &cli.App{Name: "t", Flags: tc.flags(), Action: func(c *cli.Context) error {
-				b, _, err := openBackend(c)
+				s, _, err := openStore(c)
 				if err != nil {
 					return err
 				}
-				got = b.(*consul.Backend).LockDelay()
-				return b.Close()
+				// The run's timings, as runConfig reads them (status has none).
+				got = s.(*consul.Store).LockDelay(backends.Timings{KillGrace: c.Duration("kill-grace")})
+				return s.Close()
 			}}
 			args := append([]string{"t", "--consul-addr", "127.0.0.1:1", "--lock", "x"}, tc.args...)
 			err := app.Run(args)

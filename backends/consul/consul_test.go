@@ -20,18 +20,55 @@ import (
 
 const ttl = 10 * time.Second
 
-// newBackend returns a backend for lock on the agent at addr. The suite and
-// the tests below close it.
-func newBackend(t *testing.T, addr, lock string, lockDelay time.Duration) *consul.Backend {
+// timings are the campaigns' timings with a lease of d (backendtest's
+// otherwise: a retry period of 300 ms).
+func timings(d time.Duration) backends.Timings {
+	t := backendtest.DefaultTimings
+	t.LeaseDuration = d
+	return t
+}
+
+// tlock is one lock of a store of its own, as a candidate on a host of
+// its own campaigns for it.
+type tlock struct {
+	s    *consul.Store
+	name string
+}
+
+// openStore opens a store on the agent at addr with cfg's token and
+// lock-delay, closed when the test ends.
+func openStore(t *testing.T, addr, token string, lockDelay time.Duration) *consul.Store {
 	t.Helper()
 	cfg := api.DefaultConfig()
-	cfg.Address = addr
-	b, err := consul.New(consul.Config{API: cfg, Lock: lock, Prefix: "leaderrun-test/", LockDelay: lockDelay})
+	cfg.Address, cfg.Token = addr, token
+	s, err := consul.Open(consul.Config{API: cfg, Prefix: "leaderrun-test/", LockDelay: lockDelay})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { b.Close() })
-	return b
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// newBackend returns lock in a store of its own on the agent at addr.
+func newBackend(t *testing.T, addr, lock string, lockDelay time.Duration) *tlock {
+	return &tlock{s: openStore(t, addr, "", lockDelay), name: lock}
+}
+
+func (b *tlock) Key() string { return b.s.Lock(b.name).Key() }
+
+func (b *tlock) Status(ctx context.Context) (backends.Status, error) {
+	return backends.ReadStatus(ctx, b.s, b.name)
+}
+
+// campaignOptions are what a test campaigns with.
+type campaignOptions struct {
+	Identity      string
+	Try           bool
+	LeaseDuration time.Duration
+}
+
+func (b *tlock) Campaign(ctx context.Context, o campaignOptions) (*backends.Lease, error) {
+	return backends.Campaign(ctx, b.s, b.name, backends.Candidate{Identity: o.Identity, Try: o.Try, Timings: timings(o.LeaseDuration)})
 }
 
 // admin is a separate client that plays the operator.
@@ -46,11 +83,11 @@ func admin(t *testing.T, addr string) *api.Client {
 	return c
 }
 
-func sessionOf(t *testing.T, l backends.Lease) string {
+func sessionOf(t *testing.T, l *backends.Lease) string {
 	t.Helper()
-	s, ok := l.(interface{ Session() string })
+	s, ok := l.Grant().(interface{ Session() string })
 	if !ok {
-		t.Fatalf("lease %T does not tell its session", l)
+		t.Fatalf("grant %T does not tell its session", l.Grant())
 	}
 	return s.Session()
 }
@@ -62,17 +99,27 @@ func destroy(t *testing.T, c *api.Client, session string) {
 	}
 }
 
-var (
-	campaign = backendtest.Campaign
-	release  = backendtest.Release
-)
+// campaign campaigns as id with a lease of ttl, and fails the test if that
+// does not succeed within 30 s.
+func campaign(t *testing.T, b *tlock, id string) *backends.Lease {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := b.Campaign(ctx, campaignOptions{Identity: id, LeaseDuration: ttl})
+	if err != nil {
+		t.Fatalf("%s: campaign: %v", id, err)
+	}
+	return l
+}
+
+var release = backendtest.Release
 
 type campaignResult struct {
-	lease backends.Lease
+	lease *backends.Lease
 	err   error
 }
 
-func (r campaignResult) get(t *testing.T) backends.Lease {
+func (r campaignResult) get(t *testing.T) *backends.Lease {
 	t.Helper()
 	if r.err != nil {
 		t.Fatalf("campaign: %v", r.err)
@@ -81,28 +128,26 @@ func (r campaignResult) get(t *testing.T) backends.Lease {
 }
 
 // campaignAsync campaigns in a goroutine that ends when the campaign does.
-func campaignAsync(b backends.Backend, id string) <-chan campaignResult {
+func campaignAsync(b *tlock, id string) <-chan campaignResult {
 	ch := make(chan campaignResult, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		l, err := b.Campaign(ctx, backends.CampaignOptions{Identity: id, LeaseDuration: ttl})
+		l, err := b.Campaign(ctx, campaignOptions{Identity: id, LeaseDuration: ttl})
 		ch <- campaignResult{l, err}
 	}()
 	return ch
 }
 
-// TestConsulConformance runs the shared suite against a real dev agent. Lock-delay
-// is 0: the suite hands the lock over 50 times, some of them by dropping a
-// session, which would otherwise cost 15 s each.
+// TestConsulConformance runs the shared suite against a real dev agent.
+// Lock-delay is 0: the suite hands the lock over many times, some of them
+// by dropping a session, which would otherwise cost the lock-delay each.
 func TestConsulConformance(t *testing.T) {
 	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
 	op := admin(t, agent.Addr())
 	backendtest.Run(t, backendtest.Harness{
-		New: func(t *testing.T, lock string) backends.Backend {
-			return newBackend(t, agent.Addr(), lock, 0)
-		},
-		Drop: func(t *testing.T, l backends.Lease) { destroy(t, op, sessionOf(t, l)) },
+		Open: func(t *testing.T) backends.Store { return openStore(t, agent.Addr(), "", 0) },
+		Drop: func(t *testing.T, _ string, l *backends.Lease) { destroy(t, op, sessionOf(t, l)) },
 	})
 }
 
@@ -183,19 +228,24 @@ func TestConsulLockDelay(t *testing.T) {
 	release(t, lh)
 }
 
-// TestConsulSessionDestroyedAtBirth: a session destroyed between its
-// creation and the first look at it (an operator cleaning up, a node check
-// failing) makes the candidate start over with a new one, not fail.
+// TestConsulSessionDestroyedAtBirth: a lock session destroyed between its
+// creation and the first acquisition (an operator cleaning up, a node check
+// failing) makes the candidate start over with new ones, not fail.
 func TestConsulSessionDestroyedAtBirth(t *testing.T) {
 	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
 	op := admin(t, agent.Addr())
 	var first atomic.Value
 	proxy := newHookedProxy(t, agent.Addr(), func(_ http.ResponseWriter, r *http.Request) bool {
-		if id, ok := strings.CutPrefix(r.URL.Path, "/v1/session/info/"); ok && first.CompareAndSwap(nil, id) {
-			if _, err := op.Session().Destroy(id, nil); err != nil {
-				t.Errorf("destroy %s: %v", id, err)
-			}
+		if r.URL.Path != "/v1/txn" || first.Load() != nil {
+			return false
 		}
+		sessions, _, err := op.Session().List(nil)
+		if err != nil || len(sessions) != 1 {
+			t.Errorf("sessions before the first acquisition: %v, %v; want the candidate's", sessions, err)
+			return false
+		}
+		first.Store(sessions[0].ID)
+		destroy(t, op, sessions[0].ID)
 		return false
 	})
 	b := newBackend(t, proxy.addr(), "birth", 0)
@@ -213,18 +263,18 @@ func TestConsulLossReasons(t *testing.T) {
 	op := admin(t, agent.Addr())
 	cases := []struct {
 		name string
-		do   func(t *testing.T, key string, l backends.Lease)
+		do   func(t *testing.T, key string, l *backends.Lease)
 		want string
 	}{
-		{name: "session destroyed", want: "no longer holds", do: func(t *testing.T, key string, l backends.Lease) {
+		{name: "session destroyed", want: "no longer holds", do: func(t *testing.T, key string, l *backends.Lease) {
 			destroy(t, op, sessionOf(t, l))
 		}},
-		{name: "key deleted", want: "was deleted", do: func(t *testing.T, key string, l backends.Lease) {
+		{name: "key deleted", want: "was deleted", do: func(t *testing.T, key string, l *backends.Lease) {
 			if _, err := op.KV().Delete(key, nil); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{name: "key taken", want: "was taken by session", do: func(t *testing.T, key string, l backends.Lease) {
+		{name: "key taken", want: "was taken by session", do: func(t *testing.T, key string, l *backends.Lease) {
 			// Delete and acquire with another session: as if an operator
 			// broke the lock and another tool took it.
 			s, _, err := op.Session().Create(&api.SessionEntry{TTL: "10s"}, nil)
@@ -317,7 +367,8 @@ func TestConsulLeaseProperties(t *testing.T) {
 }
 
 // TestConsulUnavailable: an agent that cannot be reached, or that refuses the
-// token, is ErrUnavailable naming the address and never the token.
+// token, is ErrUnavailable to a --try and to status, naming the address and
+// never the token.
 func TestConsulUnavailable(t *testing.T) {
 	const secret = "d9b1c2a4-secret-token"
 	agent := testenv.StartConsul(t, testenv.ConsulOptions{ACLToken: "management-" + secret})
@@ -335,16 +386,10 @@ func TestConsulUnavailable(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := api.DefaultConfig()
-			cfg.Address, cfg.Token = tc.addr, secret
-			b, err := consul.New(consul.Config{API: cfg, Lock: "x"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer b.Close()
+			b := &tlock{s: openStore(t, tc.addr, secret, 0), name: "x"}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, cerr := b.Campaign(ctx, backends.CampaignOptions{Identity: "a", LeaseDuration: ttl})
+			_, cerr := b.Campaign(ctx, campaignOptions{Identity: "a", Try: true, LeaseDuration: ttl})
 			_, serr := b.Status(ctx)
 			for _, err := range []error{cerr, serr} {
 				if !errors.Is(err, backends.ErrUnavailable) {
@@ -364,25 +409,24 @@ func TestConsulUnavailable(t *testing.T) {
 	}
 }
 
-func TestConsulNewValidates(t *testing.T) {
+func TestConsulOpenValidates(t *testing.T) {
 	cases := []struct {
 		name string
 		cfg  consul.Config
 		want string
 	}{
-		{name: "negative lock-delay", cfg: consul.Config{Lock: "x", LockDelay: -time.Second}, want: "lock-delay -1s"},
-		{name: "lock-delay too long", cfg: consul.Config{Lock: "x", LockDelay: 61 * time.Second}, want: "lock-delay 1m1s"},
-		{name: "bad lock", cfg: consul.Config{Lock: "a/b"}, want: "lock name"},
-		{name: "bad scheme", cfg: consul.Config{Lock: "x", API: &api.Config{Address: "ftp://u:pw@h:1"}}, want: "ftp://h:1"},
-		{name: "user info", cfg: consul.Config{Lock: "x", API: &api.Config{Address: "http://u:pw@h:1"}}, want: "http://h:1: user information"},
-		{name: "user info, no scheme", cfg: consul.Config{Lock: "x", API: &api.Config{Address: "u:pw@h:1"}}, want: "address h:1: user information"},
-		{name: "user info that does not parse", cfg: consul.Config{Lock: "x", API: &api.Config{Address: "http://u:p%zzw@h:1"}}, want: "http://h:1: user information"},
+		{name: "negative lock-delay", cfg: consul.Config{LockDelay: -time.Second}, want: "lock-delay -1s"},
+		{name: "lock-delay too long", cfg: consul.Config{LockDelay: 61 * time.Second}, want: "lock-delay 1m1s"},
+		{name: "bad scheme", cfg: consul.Config{API: &api.Config{Address: "ftp://u:pw@h:1"}}, want: "ftp://h:1"},
+		{name: "user info", cfg: consul.Config{API: &api.Config{Address: "http://u:pw@h:1"}}, want: "http://h:1: user information"},
+		{name: "user info, no scheme", cfg: consul.Config{API: &api.Config{Address: "u:pw@h:1"}}, want: "address h:1: user information"},
+		{name: "user info that does not parse", cfg: consul.Config{API: &api.Config{Address: "http://u:p%zzw@h:1"}}, want: "http://h:1: user information"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := consul.New(tc.cfg)
+			_, err := consul.Open(tc.cfg)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("New() = %v, want an error saying %q", err, tc.want)
+				t.Errorf("Open() = %v, want an error saying %q", err, tc.want)
 			}
 			if err != nil && strings.Contains(err.Error(), "pw") {
 				t.Errorf("%v shows the address's password", err)
@@ -394,7 +438,7 @@ func TestConsulNewValidates(t *testing.T) {
 // TestConsulLeaseDurationBounds: the lease duration is the session TTL,
 // which Consul takes from 10 s to 24 h; the runner asks before it campaigns.
 func TestConsulLeaseDurationBounds(t *testing.T) {
-	b, err := consul.New(consul.Config{Lock: "x"})
+	b, err := consul.Open(consul.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -526,15 +570,8 @@ func TestConsulACLPolicies(t *testing.T) {
 		}
 		return tok.SecretID
 	}
-	withToken := func(secret string) *consul.Backend {
-		cfg := api.DefaultConfig()
-		cfg.Address, cfg.Token = agent.Addr(), secret
-		b, err := consul.New(consul.Config{API: cfg, Lock: "acl", Prefix: "leaderrun-test/", LockDelay: time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { b.Close() })
-		return b
+	withToken := func(secret string) *tlock {
+		return &tlock{s: openStore(t, agent.Addr(), secret, time.Second), name: "acl"}
 	}
 	// The policy of docs/backends/consul.md, for the prefix of these tests.
 	runnerPolicy := `key_prefix "leaderrun-test/" { policy = "write" }
@@ -557,7 +594,7 @@ node_prefix "" { policy = "write" }`
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := reader.Campaign(ctx, backends.CampaignOptions{Identity: "reader", LeaseDuration: ttl}); !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "403") {
+	if _, err := reader.Campaign(ctx, campaignOptions{Identity: "reader", LeaseDuration: ttl}); !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "403") {
 		t.Errorf("campaign with a read-only token: %v, want ErrUnavailable (403)", err)
 	}
 	// The holder falls silent (no renewals): its check turns critical, its
@@ -605,16 +642,10 @@ session "` + agent.Node() + `" { policy = "write" }`}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fcfg := api.DefaultConfig()
-	fcfg.Address, fcfg.Token = agent.Addr(), tok.SecretID
-	b, err := consul.New(consul.Config{API: fcfg, Lock: "acl-node", Prefix: "leaderrun-test/"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := &tlock{s: openStore(t, agent.Addr(), tok.SecretID, 0), name: "acl-node"}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err = b.Campaign(ctx, backends.CampaignOptions{Identity: "a", LeaseDuration: ttl})
+	_, err = b.Campaign(ctx, campaignOptions{Identity: "a", LeaseDuration: ttl})
 	t.Logf("campaign without node write: %v", err)
 	if !errors.Is(err, backends.ErrUnavailable) || !strings.Contains(err.Error(), "403") || !strings.Contains(err.Error(), `node_prefix ""`) {
 		t.Errorf("got %v, want ErrUnavailable (403) naming the node rule", err)

@@ -28,7 +28,7 @@ type renewer struct {
 	err    error // the last failure
 }
 
-func renewEvery(l backends.Lease, period time.Duration) *renewer {
+func renewEvery(l *backends.Lease, period time.Duration) *renewer {
 	r := &renewer{stop: make(chan struct{}), done: make(chan struct{})}
 	r.acked = []time.Time{l.Acquired()}
 	go func() {
@@ -89,13 +89,13 @@ type timedResult struct {
 
 // campaignFor campaigns in a goroutine with a lease duration of ttl, until
 // it wins or the test ends.
-func campaignFor(t *testing.T, b backends.Backend, id string, ttl time.Duration) <-chan timedResult {
+func campaignFor(t *testing.T, b *tlock, id string, ttl time.Duration) <-chan timedResult {
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan timedResult, 1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		l, err := b.Campaign(ctx, backends.CampaignOptions{Identity: id, LeaseDuration: ttl})
+		l, err := b.Campaign(ctx, campaignOptions{Identity: id, LeaseDuration: ttl})
 		ch <- timedResult{campaignResult{l, err}, time.Now()}
 	}()
 	t.Cleanup(func() {
@@ -106,7 +106,7 @@ func campaignFor(t *testing.T, b backends.Backend, id string, ttl time.Duration)
 }
 
 // waitWaiting waits until Status counts n waiters.
-func waitWaiting(t *testing.T, b backends.Backend, n int) {
+func waitWaiting(t *testing.T, b *tlock, n int) {
 	t.Helper()
 	waitUntil(t, "waiters in the queue", func() bool {
 		st, err := b.Status(context.Background())
@@ -148,7 +148,7 @@ func TestConsulStalledHolderReplaced(t *testing.T) {
 			fb := newBackend(t, agent.Addr(), lock, 0)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			lh, err := hb.Campaign(ctx, backends.CampaignOptions{Identity: "holder", LeaseDuration: tc.holderTTL})
+			lh, err := hb.Campaign(ctx, campaignOptions{Identity: "holder", LeaseDuration: tc.holderTTL})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -6,52 +6,52 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/hashicorp/consul/api"
-
-	"github.com/leaderrun/leaderrun/backends"
 )
 
 // queue lists the entries of the lock's queue of waiters, oldest first.
-func (b *Backend) queue(ctx context.Context) (api.KVPairs, error) {
+func (l *lock) queue(ctx context.Context) (api.KVPairs, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	pairs, _, err := b.client.KV().List(b.queuePrefix(), (&api.QueryOptions{}).WithContext(ctx))
+	pairs, _, err := l.s.client.KV().List(l.queuePrefix(), (&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {
-		return nil, err
+		return nil, l.s.failed("read the queue of", l.key, err)
 	}
 	slices.SortFunc(pairs, func(a, b *api.KVPair) int { return cmp.Compare(a.CreateIndex, b.CreateIndex) })
 	return pairs, nil
 }
 
 // enqueue joins the queue: an entry named by the candidate's queue session
-// (see newQueueSession) and held by it, so that it goes with the session.
-// Entries are ordered by CreateIndex, a Raft index: a new one always comes
-// last.
-func (c *candidate) enqueue(ctx context.Context) error {
+// and held by it. Entries are ordered by CreateIndex, a Raft index: a new
+// one always comes last.
+func (t *candidate) enqueue(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	if c.queueSession == "" {
-		id, err := c.newQueueSession(ctx)
+	if t.qsession == "" {
+		id, err := t.createSession(ctx, false)
 		if err != nil {
 			return err
 		}
-		c.mu.Lock()
-		c.queueSession = id
-		c.mu.Unlock()
+		t.mu.Lock()
+		t.qsession = id
+		t.mu.Unlock()
 	}
-	p := &api.KVPair{Key: c.b.queueKey(c.queueSession), Value: []byte(c.identity), Session: c.queueSession}
-	ok, _, err := c.b.client.KV().Acquire(p, (&api.WriteOptions{}).WithContext(ctx))
+	p := &api.KVPair{Key: t.l.queuePrefix() + t.qsession, Value: []byte(t.claim.Identity), Session: t.qsession}
+	ok, _, err := t.l.s.client.KV().Acquire(p, (&api.WriteOptions{}).WithContext(ctx))
+	var se api.StatusError
 	switch {
-	case isInvalidSession(err):
+	case errors.As(err, &se) && strings.Contains(strings.ToLower(se.Body), "invalid session"):
 		return errSessionGone
-	case err != nil:
-		return c.b.unavailable("join the queue of", err)
-	case !ok:
-		// The entry is named by our session: nobody else can hold it. An
-		// answer that is not "true" (cut short, or not Consul's) is an
-		// error, not a place in the queue.
-		return c.b.unavailable("join the queue of", fmt.Errorf("the agent did not acknowledge the entry %s", p.Key))
+	case err == nil && !ok:
+		// Nobody else can hold an entry named by our session: an answer
+		// that is not "true" (cut short, or not Consul's) is an error.
+		err = fmt.Errorf("the agent did not acknowledge the entry %s", p.Key)
+	}
+	if err != nil {
+		return t.l.s.failed("join the queue of", t.l.key, err)
 	}
 	return nil
 }
@@ -59,92 +59,162 @@ func (c *candidate) enqueue(ctx context.Context) error {
 // waitTurn blocks until this candidate is first in the queue and an
 // acquisition may succeed. Behind others it is parked; first in line, it
 // is readied before it watches the key.
-func (c *candidate) waitTurn(ctx context.Context) error {
-	var retry backends.Backoff
-	for !c.first {
-		ahead, err := c.ahead(ctx)
+func (t *candidate) waitTurn(ctx context.Context) error {
+	for !t.first {
+		ahead, err := t.ahead(ctx)
 		if err == nil && ahead != nil {
-			if err = c.park(ctx); err == nil {
-				err = c.waitFor(ctx, ahead)
+			if err = t.setReady(ctx, false); err == nil {
+				err = t.waitFor(ctx, ahead)
 			}
 		}
 		if err != nil {
-			if err := c.tolerate(ctx, err, &retry); err != nil {
-				return err
-			}
-			continue
-		}
-		retry.Reset()
-		c.first = ahead == nil
-	}
-	for {
-		err := c.ready(ctx)
-		if err == nil {
-			return c.waitKey(ctx)
-		}
-		if err := c.tolerate(ctx, err, &retry); err != nil {
 			return err
 		}
+		t.first = ahead == nil
 	}
+	if err := t.setReady(ctx, true); err != nil {
+		return err
+	}
+	return t.waitKey(ctx)
 }
 
 // ahead lists the queue and returns the live entry just ahead of ours, or
-// nil if ours is first. Dead entries (their session is gone and Consul
-// released them: an older leaderrun's) are ignored and deleted. If our entry is missing (deleted
-// by hand), it joins again, at the end.
-func (c *candidate) ahead(ctx context.Context) (*api.KVPair, error) {
-	entries, err := c.b.queue(ctx)
+// nil if ours is first. Dead entries (released when their session ended:
+// an older leaderrun's) are skipped and deleted. If our entry is missing
+// (deleted by hand), it joins again, at the end, and says so.
+func (t *candidate) ahead(ctx context.Context) (*api.KVPair, error) {
+	entries, err := t.l.queue(ctx)
 	if err != nil {
-		return nil, c.b.unavailable("read the queue of", err)
+		return nil, err
 	}
-	own := c.b.queueKey(c.queueSession)
+	own := t.l.queuePrefix() + t.qsession
 	var prev *api.KVPair
 	for _, e := range entries {
 		switch {
-		case e.Key == own && e.Session == c.queueSession:
+		case e.Key == own && e.Session == t.qsession:
 			return prev, nil
 		case e.Key == own:
 			return nil, errSessionGone
 		case e.Session == "":
-			c.b.dropDead(ctx, e)
+			t.l.dropDead(ctx, e)
 		default:
 			prev = e
 		}
 	}
-	if err := c.enqueue(ctx); err != nil {
+	if err := t.enqueue(ctx); err != nil {
 		return nil, err
 	}
-	return nil, errRequeued
+	return nil, t.l.s.failed("wait in the queue of", t.l.key, errors.New("our entry was gone; joined the queue again"))
 }
 
-// errRequeued: our queue entry was missing and has been created again;
-// look at the queue anew.
-var errRequeued = errors.New("consul: queue entry re-created")
-
-// dropDead deletes a queue entry whose session is gone, unless it changed
-// since it was read. Errors are ignored: another waiter tries again.
-func (b *Backend) dropDead(ctx context.Context, e *api.KVPair) {
+// dropDead deletes a dead queue entry unless it changed since it was read.
+// Errors are ignored: another waiter tries again.
+func (l *lock) dropDead(ctx context.Context, e *api.KVPair) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	_, _, _ = b.client.KV().DeleteCAS(e, (&api.WriteOptions{}).WithContext(ctx))
+	_, _, _ = l.s.client.KV().DeleteCAS(e, (&api.WriteOptions{}).WithContext(ctx))
 }
 
-// waitFor blocks, in blocking queries that each last up to maxWait, until
-// the entry ahead is deleted (its waiter took the key, left, or its
-// session ended) or released (an older leaderrun's whose session ended).
-func (c *candidate) waitFor(ctx context.Context, ahead *api.KVPair) error {
+// waitFor blocks, in blocking queries, until the entry ahead is deleted
+// (its waiter took the key, left, or its session ended) or released (an
+// older leaderrun's whose session ended).
+func (t *candidate) waitFor(ctx context.Context, ahead *api.KVPair) error {
 	index := ahead.ModifyIndex
 	for {
-		pair, meta, err := c.b.get(ctx, ahead.Key, index, maxWait, false)
+		pair, meta, err := t.l.s.get(ctx, ahead.Key, index, maxWait)
 		switch {
 		case err != nil:
-			return c.b.unavailable("watch the queue of", err)
+			return t.l.s.failed("watch the queue of", t.l.key, err)
 		case pair == nil:
 			return nil
 		case pair.Session == "":
-			c.b.dropDead(ctx, pair)
+			t.l.dropDead(ctx, pair)
 			return nil
 		}
 		index = nextIndex(index, meta.LastIndex)
 	}
+}
+
+// freeSpell is an unbroken run of reads that found the key free in one
+// version. An acquisition refused on a free key meets the lock-delay of
+// the session whose invalidation freed it; freeSpell times the retries.
+type freeSpell struct {
+	index   uint64        // the free key's ModifyIndex, 0 if deleted
+	since   time.Time     // when it was first seen free
+	delay   time.Duration // lock-delay of the session seen holding it before, -1 if unknown
+	refused int           // acquisitions refused in this spell
+	last    time.Time     // when the last was refused
+}
+
+// retryAt is the earliest time an acquisition in this spell can succeed:
+// at once until one was refused (a released key has no delay); then the
+// known lock-delay after the key was seen free, plus 5 ms (Consul counts
+// it from the invalidation); else backing off from 50 ms to 1 s, which
+// costs at most a second more than the delay itself.
+func (f *freeSpell) retryAt() time.Time {
+	if f.refused == 0 {
+		return f.since
+	}
+	if at := f.since.Add(f.delay + 5*time.Millisecond); f.refused == 1 && f.delay > 0 && at.After(f.last) {
+		return at
+	}
+	return f.last.Add(min(50*time.Millisecond<<min(f.refused-1, 6), time.Second))
+}
+
+// waitKey blocks, first in line, until an acquisition may succeed: the
+// key is free and no lock-delay is known to run. It sleeps in a blocking
+// query on the key, which Consul answers as soon as the key changes. A
+// holder's renewals do not write the key, so an idle first in line sends
+// one query per maxWait, and wakes up early only to retry after a
+// lock-delay.
+func (t *candidate) waitKey(ctx context.Context) error {
+	for {
+		now := time.Now()
+		wake, index := now.Add(maxWait), t.index
+		switch {
+		case !t.viewed:
+			index = 0
+		case t.holder.session == "":
+			if wake = t.free.retryAt(); !now.Before(wake) {
+				return nil
+			}
+		case t.holder.session == t.session:
+			// An acquisition whose answer was lost went through; acquiring
+			// again with the same session succeeds.
+			return nil
+		}
+		pair, meta, err := t.l.s.get(ctx, t.l.key, index, wake.Sub(now))
+		if err != nil {
+			return t.l.s.failed("watch", t.l.key, err)
+		}
+		t.observe(pair, meta)
+	}
+}
+
+// observe records a read of the lock key, at the moment the answer came:
+// never earlier than the write it shows was applied.
+func (t *candidate) observe(pair *api.KVPair, meta *api.QueryMeta) {
+	t.index = nextIndex(t.index, meta.LastIndex)
+	prev, wasHeld := t.holder, t.viewed && t.holder.session != ""
+	t.viewed = true
+	if pair != nil && pair.Session != "" {
+		if pair.Session != prev.session {
+			t.holder = parseHolder(pair)
+		}
+		t.free = freeSpell{}
+		return
+	}
+	var mod uint64
+	if pair != nil {
+		mod = pair.ModifyIndex
+	}
+	if t.free.since.IsZero() || t.free.index != mod {
+		// Seen going free: if its holder was invalidated rather than
+		// released, its lock-delay runs from about now.
+		t.free = freeSpell{index: mod, since: time.Now(), delay: -1}
+		if wasHeld {
+			t.free.delay = prev.lockDelay
+		}
+	}
+	t.holder = holder{}
 }

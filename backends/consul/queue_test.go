@@ -148,7 +148,7 @@ func TestConsulWaiterSessionInvalidated(t *testing.T) {
 		t.Errorf("queue keys %v, %v: want the two live entries, not b's dead one", keys, err)
 	}
 	release(t, la)
-	var lc backends.Lease
+	var lc *backends.Lease
 	select {
 	case res := <-gotC:
 		lc = res.get(t)
@@ -203,7 +203,7 @@ func TestConsulTryLeavesNoTrace(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), tc.wait)
 			defer cancel()
 			begin := time.Now()
-			_, err := b.Campaign(ctx, backends.CampaignOptions{Identity: "b", Try: tc.try, LeaseDuration: ttl})
+			_, err := b.Campaign(ctx, campaignOptions{Identity: "b", Try: tc.try, LeaseDuration: ttl})
 			took := time.Since(begin)
 			t.Logf("%s: %v after %v", tc.name, err, took.Round(time.Microsecond))
 			if !errors.Is(err, tc.want) {

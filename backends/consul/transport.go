@@ -19,14 +19,12 @@ import (
 // hostile server gets an error and never our memory.
 const (
 	// maxAnswer caps the body of every answer. The largest leaderrun
-	// reads is a list under the lock's prefix: the queue (about 200
-	// bytes of JSON per waiter: 10,000 waiters fit), the history (about
-	// 110 terms), the markers; a single key's value is at most 512 KiB by
-	// Consul's default kv_max_value_size (about 700 KiB in base64). The
-	// JSON decoder buffers one answer whole, doubling its buffer as it
-	// grows, so an answer of maxAnswer costs up to about 3 times that
-	// while it is read; a renewal reads up to three answers at once: well
-	// within the 64 MiB that a leaderrun may use.
+	// reads is the list of a lock's queue (about 200 bytes of JSON per
+	// waiter: 10,000 waiters fit) or a document (backends.MaxDoc, about
+	// 170 KiB in base64). The JSON decoder buffers an answer whole,
+	// doubling its buffer as it grows: an answer of maxAnswer costs up to
+	// about 3 times that while it is read, well within the 64 MiB that a
+	// leaderrun may use.
 	maxAnswer = 2 << 20
 	// maxHeader caps an answer's header; Consul's are a few hundred bytes.
 	maxHeader = 64 << 10
@@ -43,7 +41,7 @@ var errRedirect = errors.New("consul: the agent answered with a redirect, which 
 // CheckAddress refuses an agent address with user information
 // (http://user:password@host): Consul's client would put it in the host
 // name and repeat it in every error. The error names the address
-// redacted. New checks it too.
+// redacted. Open checks it too.
 func CheckAddress(addr string) error {
 	_, rest, ok := strings.Cut(addr, "://")
 	if !ok {

@@ -1,0 +1,236 @@
+package consul
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leaderrun/leaderrun/backends"
+)
+
+// candidate is one candidacy from Join to Release: a TTL check on the
+// agent, the sessions bound to it, a place in the queue and, once it
+// leads, the grant (Lead returns the candidate itself). While it may
+// acquire the key (first in line, or before it queues) it is ready: it
+// holds a lock session, and its check's TTL is the lease duration.
+// Further back it is parked: no lock session, and a check of parkedTTL.
+type candidate struct {
+	l     *lock
+	claim backends.Claim
+	delay time.Duration // its lock session's lock-delay
+	check string        // the ID of its TTL check on the agent
+	kick  chan struct{} // parked or readied: for the keep-alive
+
+	// mu is held by each renewal and by setReady, and guards what the
+	// keep-alive reads; Lead's goroutine, the only writer, reads without.
+	mu       sync.Mutex
+	session  string    // the lock session; "" while parked
+	qsession string    // holds the queue entry, named by it; "" until it queues
+	lastAck  time.Time // send time of the last acknowledged renewal or check registration
+
+	// alive ends, with the reason (end), when the keep-alive gives up;
+	// done is closed once the keep-alive returned, nil if none ran.
+	alive context.Context
+	end   context.CancelCauseFunc
+	done  chan struct{}
+
+	// maybeHeld: an acquisition may have succeeded unbeknownst to us, so a
+	// withdrawal releases the key before it destroys the session (which
+	// would impose the lock-delay on everyone).
+	maybeHeld bool
+	// first: no live entry is ahead of ours. Entries only join at the
+	// end, so it stays first until it wins or leaves.
+	first bool
+	// What the last read of the lock key showed (first in line only).
+	viewed bool
+	index  uint64 // for the next blocking query
+	holder holder // holder.session is "" if the key is free
+	free   freeSpell
+
+	// The grant: won by attempt, handed out by Lead.
+	won, handed    bool
+	token          uint64
+	acquired       time.Time
+	rec            record // as written at the grant
+	*backends.Loss        // Lost and Err
+	stopWatch      context.CancelFunc
+	watchDone      chan struct{}
+}
+
+// Join implements backends.QueueLock: it registers the candidate's check,
+// creates its lock session and tries to acquire the key. If another
+// session holds it, the candidate joins the queue (unless try), and a
+// goroutine of its own passes the check and renews the sessions while it
+// waits, so that no blocking query has to end early for a renewal.
+func (l *lock) Join(ctx context.Context, c backends.Claim, try bool) (backends.Ticket, error) {
+	t, err := l.newCandidate(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	won, err := t.attempt(ctx)
+	switch {
+	case err == nil && !won && try:
+		err = fmt.Errorf("consul: %s is held by another session, or in its lock-delay: %w", l.key, backends.ErrLocked)
+	case err == nil && !won:
+		var kctx context.Context
+		kctx, t.end = context.WithCancelCause(context.Background())
+		t.alive, t.done = kctx, make(chan struct{})
+		go t.keepAlive(kctx)
+		err = t.enqueue(ctx)
+	}
+	if err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(c.Timings.AttemptTimeout(), time.Second))
+		defer cancel()
+		_ = t.Leave(cctx)
+		return nil, err
+	}
+	return t, nil
+}
+
+// newCandidate registers a TTL check and creates a lock session bound to
+// it, even if ctx ends meanwhile, so that a withdrawal can remove them
+// rather than leave them to expire.
+func (l *lock) newCandidate(ctx context.Context, c backends.Claim) (*candidate, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
+	defer cancel()
+	l.s.dropDeadChecks(ctx)
+	t := &candidate{l: l, claim: c, delay: l.s.LockDelay(c.Timings), check: newCheckID(), kick: make(chan struct{}, 1),
+		alive: context.Background(), lastAck: time.Now(), Loss: backends.NewLoss()}
+	err := t.registerCheck(ctx, c.Timings.LeaseDuration)
+	if err == nil {
+		t.session, err = t.createSession(ctx, true)
+		if err != nil {
+			t.withdraw(ctx)
+		}
+	}
+	return t, err
+}
+
+// Lead implements backends.Ticket. First in line, the candidate sleeps in
+// a blocking query on the lock key and acquires it once it is free and no
+// lock-delay runs; further back, in one on the entry just ahead of its
+// own. The keep-alive stops before Lead returns: from then on the
+// runner's renewals are the only ones.
+func (t *candidate) Lead(ctx context.Context) (backends.Grant, error) {
+	if !t.won {
+		lctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(t.alive, cancel)()
+		err := t.lead(lctx)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil, ctx.Err()
+		case err != nil && t.alive.Err() != nil:
+			return nil, context.Cause(t.alive)
+		case err != nil:
+			return nil, err
+		}
+		t.stopKeepAlive()
+	}
+	t.handed = true
+	return t, nil
+}
+
+func (t *candidate) lead(ctx context.Context) error {
+	for {
+		if err := t.waitTurn(ctx); err != nil {
+			return err
+		}
+		won, err := t.attempt(ctx)
+		switch {
+		case err != nil || won:
+			return err
+		case t.holder.session == "":
+			// Free, and refused: a lock-delay runs.
+			t.free.refused++
+			t.free.last = time.Now()
+		default:
+			// The key looked like ours and was not: read it again.
+			t.viewed = false
+		}
+	}
+}
+
+// attempt acquires the key, and leaves the queue in the same transaction,
+// so that the waiter behind learns of it only once the key is ours. It
+// returns false, nil if another session holds the key or its lock-delay
+// runs. The answer carries the key's new ModifyIndex: the token.
+func (t *candidate) attempt(ctx context.Context) (bool, error) {
+	// The lease counts from the send time of the last renewal of both the
+	// session and the check acknowledged before the acquisition was sent:
+	// neither can expire sooner than a TTL after it.
+	acked := t.acked()
+	rec := record{Identity: t.claim.Identity, TTL: t.claim.Timings.LeaseDuration.String(), LockDelay: t.delay.String(), Holders: t.claim.Holders}
+	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVLock, Key: t.l.key, Value: rec.encode(), Flags: recordFlags, Session: t.session}}}
+	if t.qsession != "" {
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: t.l.queuePrefix() + t.qsession}})
+	}
+	ok, resp, why, _, err := t.l.s.txn(ctx, ops)
+	t.maybeHeld = err != nil
+	switch {
+	case err != nil:
+		return false, t.l.s.failed("acquire", t.l.key, err)
+	case !ok && strings.Contains(why, "invalid session"):
+		return false, errSessionGone
+	case !ok:
+		return false, nil
+	case len(resp.Results) == 0 || resp.Results[0].KV == nil:
+		t.maybeHeld = true
+		return false, t.l.s.failed("acquire", t.l.key, errors.New("transaction answer without the key"))
+	}
+	rec.Token = resp.Results[0].KV.ModifyIndex
+	t.won, t.rec, t.token, t.acquired = true, rec, rec.Token, acked
+	wctx, cancel := context.WithCancel(context.Background())
+	t.stopWatch, t.watchDone = cancel, make(chan struct{})
+	go t.watch(wctx, t.token)
+	return true, nil
+}
+
+// Leave implements backends.Ticket: it stops the keep-alive and withdraws
+// the candidacy, or releases a grant that Lead never handed out.
+func (t *candidate) Leave(ctx context.Context) error {
+	switch {
+	case t.handed:
+		return nil
+	case t.won:
+		return t.Release(ctx)
+	}
+	t.stopKeepAlive()
+	t.withdraw(ctx)
+	return nil
+}
+
+func (t *candidate) stopKeepAlive() {
+	if t.done != nil {
+		t.end(nil)
+		<-t.done
+	}
+}
+
+// withdraw leaves the queue first, so that the waiter behind moves up at
+// once (the entry goes with its session). The key is released only if an
+// acquisition may have gone through. The check goes last: deregistering
+// it would invalidate the sessions. Errors are ignored: the check turns
+// critical a TTL later, which ends the sessions and the entry, and the
+// next candidate on this agent deregisters it.
+func (t *candidate) withdraw(ctx context.Context) {
+	s := t.l.s
+	if t.qsession != "" {
+		s.destroy(ctx, t.qsession)
+	}
+	if t.maybeHeld {
+		_, _, _ = s.client.KV().Release(&api.KVPair{Key: t.l.key, Session: t.session}, (&api.WriteOptions{}).WithContext(ctx))
+	}
+	if t.session != "" {
+		s.destroy(ctx, t.session)
+	}
+	_ = s.client.Agent().CheckDeregisterOpts(t.check, (&api.QueryOptions{}).WithContext(ctx))
+}
