@@ -23,7 +23,7 @@ type candidate struct {
 	l     *lock
 	claim backends.Claim
 	delay time.Duration // its lock session's lock-delay
-	check string        // the ID of its TTL check on the agent
+	check string        // the ID of its TTL check
 	kick  chan struct{} // parked or readied: for the keep-alive
 
 	// mu is held by each renewal and by setReady, and guards what the
@@ -39,27 +39,25 @@ type candidate struct {
 	end   context.CancelCauseFunc
 	done  chan struct{}
 
-	// maybeHeld: an acquisition may have succeeded unbeknownst to us, so a
-	// withdrawal releases the key before it destroys the session (which
-	// would impose the lock-delay on everyone).
+	// maybeHeld: an acquisition may have succeeded unbeknownst to us.
 	maybeHeld bool
 	// first: no live entry is ahead of ours. Entries only join at the
 	// end, so it stays first until it wins or leaves.
 	first bool
-	// What the last read of the lock key showed (first in line only).
+	// The last read of the lock key (first in line only), if viewed.
 	viewed bool
 	index  uint64 // for the next blocking query
 	holder holder // holder.session is "" if the key is free
 	free   freeSpell
 
 	// The grant: won by attempt, handed out by Lead.
-	won, handed    bool
-	token          uint64
-	acquired       time.Time
-	rec            record // as written at the grant
-	*backends.Loss        // Lost and Err
-	stopWatch      context.CancelFunc
-	watchDone      chan struct{}
+	won, handed bool
+	token       uint64
+	acquired    time.Time
+	rec         record // as written at the grant
+	*backends.Loss
+	stopWatch context.CancelFunc
+	watchDone chan struct{}
 }
 
 // Join implements backends.QueueLock: it registers the candidate's check,
@@ -77,11 +75,13 @@ func (l *lock) Join(ctx context.Context, c backends.Claim, try bool) (backends.T
 	case err == nil && !won && try:
 		err = fmt.Errorf("consul: %s is held by another session, or in its lock-delay: %w", l.key, backends.ErrLocked)
 	case err == nil && !won:
-		var kctx context.Context
-		kctx, t.end = context.WithCancelCause(context.Background())
-		t.alive, t.done = kctx, make(chan struct{})
-		go t.keepAlive(kctx)
-		err = t.enqueue(ctx)
+		if t.qsession, err = t.createSession(ctx, false); err == nil {
+			var kctx context.Context
+			kctx, t.end = context.WithCancelCause(context.Background())
+			t.alive, t.done = kctx, make(chan struct{})
+			go t.keepAlive(kctx)
+			err = t.enqueue(ctx)
+		}
 	}
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(c.Timings.AttemptTimeout(), time.Second))
@@ -106,9 +106,8 @@ func (l *lock) newCandidate(ctx context.Context, c backends.Claim) (*candidate, 
 		alive: context.Background(), lastAck: time.Now(), Loss: backends.NewLoss()}
 	err := t.registerCheck(ctx, c.Timings.LeaseDuration)
 	if err == nil {
-		t.session, err = t.createSession(ctx, true)
-		if err != nil {
-			t.withdraw(ctx)
+		if t.session, err = t.createSession(ctx, true); err != nil {
+			_ = t.close(ctx)
 		}
 	}
 	return t, err
@@ -148,12 +147,9 @@ func (t *candidate) lead(ctx context.Context) error {
 		switch {
 		case err != nil || won:
 			return err
-		case t.holder.session == "":
-			// Free, and refused: a lock-delay runs.
-			t.free.refused++
-			t.free.last = time.Now()
-		default:
-			// The key looked like ours and was not: read it again.
+		case t.holder.session == "": // free, and refused: a lock-delay runs
+			t.free.refused, t.free.last = t.free.refused+1, time.Now()
+		default: // the key looked like ours and was not: read it again
 			t.viewed = false
 		}
 	}
@@ -167,9 +163,9 @@ func (t *candidate) attempt(ctx context.Context) (bool, error) {
 	// The lease counts from the send time of the last renewal of both the
 	// session and the check acknowledged before the acquisition was sent:
 	// neither can expire sooner than a TTL after it.
-	acked := t.acked()
-	rec := record{Identity: t.claim.Identity, TTL: t.claim.Timings.LeaseDuration.String(), LockDelay: t.delay.String(), Holders: t.claim.Holders}
-	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVLock, Key: t.l.key, Value: rec.encode(), Flags: recordFlags, Session: t.session}}}
+	acked, _ := t.acked()
+	t.rec = record{Identity: t.claim.Identity, TTL: t.claim.Timings.LeaseDuration.String(), LockDelay: t.delay.String(), Holders: t.claim.Holders}
+	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVLock, Key: t.l.key, Value: t.rec.encode(), Flags: recordFlags, Session: t.session}}}
 	if t.qsession != "" {
 		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: t.l.queuePrefix() + t.qsession}})
 	}
@@ -186,8 +182,8 @@ func (t *candidate) attempt(ctx context.Context) (bool, error) {
 		t.maybeHeld = true
 		return false, t.l.s.failed("acquire", t.l.key, errors.New("transaction answer without the key"))
 	}
-	rec.Token = resp.Results[0].KV.ModifyIndex
-	t.won, t.rec, t.token, t.acquired = true, rec, rec.Token, acked
+	t.won, t.token, t.acquired = true, resp.Results[0].KV.ModifyIndex, acked
+	t.rec.Token = t.token
 	wctx, cancel := context.WithCancel(context.Background())
 	t.stopWatch, t.watchDone = cancel, make(chan struct{})
 	go t.watch(wctx, t.token)
@@ -204,7 +200,7 @@ func (t *candidate) Leave(ctx context.Context) error {
 		return t.Release(ctx)
 	}
 	t.stopKeepAlive()
-	t.withdraw(ctx)
+	_ = t.close(ctx)
 	return nil
 }
 
@@ -215,22 +211,29 @@ func (t *candidate) stopKeepAlive() {
 	}
 }
 
-// withdraw leaves the queue first, so that the waiter behind moves up at
-// once (the entry goes with its session). The key is released only if an
-// acquisition may have gone through. The check goes last: deregistering
-// it would invalidate the sessions. Errors are ignored: the check turns
-// critical a TTL later, which ends the sessions and the entry, and the
-// next candidate on this agent deregisters it.
-func (t *candidate) withdraw(ctx context.Context) {
+// close gives up what the candidacy holds. The key goes first, released
+// with its record (a release, unlike an invalidation, imposes no
+// lock-delay on the next holder), if it is held or may be; then the queue
+// entry with its session, so that the waiter behind moves up; the check
+// last, since deregistering it invalidates the sessions. Errors but the
+// lock session's are ignored: the check turns critical a TTL later, which
+// ends the sessions, and the next candidate on this agent deregisters it.
+func (t *candidate) close(ctx context.Context) error {
 	s := t.l.s
+	if t.maybeHeld || t.won && t.Err() == nil {
+		p := &api.KVPair{Key: t.l.key, Value: t.rec.encode(), Flags: recordFlags, Session: t.session}
+		_, _, _ = s.client.KV().Release(p, (&api.WriteOptions{}).WithContext(ctx))
+	}
 	if t.qsession != "" {
-		s.destroy(ctx, t.qsession)
+		_, _ = s.client.Session().Destroy(t.qsession, (&api.WriteOptions{}).WithContext(ctx))
 	}
-	if t.maybeHeld {
-		_, _, _ = s.client.KV().Release(&api.KVPair{Key: t.l.key, Session: t.session}, (&api.WriteOptions{}).WithContext(ctx))
-	}
+	var err error
 	if t.session != "" {
-		s.destroy(ctx, t.session)
+		_, err = s.client.Session().Destroy(t.session, (&api.WriteOptions{}).WithContext(ctx))
 	}
 	_ = s.client.Agent().CheckDeregisterOpts(t.check, (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("consul at %s: destroy session %s holding %s: %w", s.addr, t.session, t.l.key, err)
+	}
+	return nil
 }

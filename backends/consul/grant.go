@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/hashicorp/consul/api"
-
 	"github.com/leaderrun/leaderrun/backends"
 )
 
@@ -44,19 +42,12 @@ func (t *candidate) Renew(ctx context.Context) error {
 }
 
 // watch holds blocking queries on the key until it is no longer held by
-// this session (each lasts a minute at most, so that a silently broken
-// connection is noticed), or ctx ends. Failed queries are retried: whether
-// the store can be reached is for renewals and the runner's deadline to
-// judge; the watch reports only what Consul says about the key.
+// this session, or ctx ends; each lasts a minute at most, so that a
+// silently broken connection is noticed. Failed queries are retried:
+// whether the store can be reached is for renewals and the runner's
+// deadline to judge; the watch reports only what Consul says of the key.
 func (t *candidate) watch(ctx context.Context, index uint64) {
 	defer close(t.watchDone)
-	if t.qsession != "" {
-		// Its entry went with the acquisition; the session would last
-		// until Release deregisters the check.
-		dctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		t.l.s.destroy(dctx, t.qsession)
-		cancel()
-	}
 	for {
 		pair, meta, err := t.l.s.get(ctx, t.l.key, index, time.Minute)
 		switch {
@@ -82,9 +73,8 @@ func (t *candidate) watch(ctx context.Context, index uint64) {
 	}
 }
 
-// Release releases the key (unlike an invalidation, a release imposes no
-// lock-delay on the next holder), writing the token into the record, then
-// destroys the session and deregisters its check. If the release fails
+// Release releases the key, writing the token into the record, and
+// removes the sessions and the check (see close). If the release fails
 // but the destroy succeeds, the key is freed after the lock-delay; if
 // both fail, the check, no longer passed, ends the session within a TTL.
 func (t *candidate) Release(ctx context.Context) error {
@@ -95,17 +85,7 @@ func (t *candidate) Release(ctx context.Context) error {
 	// holder waits for.
 	t.stopWatch()
 	defer func() { <-t.watchDone }()
-	if t.Err() == nil {
-		p := &api.KVPair{Key: t.l.key, Value: t.rec.encode(), Flags: recordFlags, Session: t.session}
-		_, _, _ = t.l.s.client.KV().Release(p, (&api.WriteOptions{}).WithContext(ctx))
-	}
-	_, err := t.l.s.client.Session().Destroy(t.session, (&api.WriteOptions{}).WithContext(ctx))
-	// Only now: deregistering the check would invalidate the session.
-	_ = t.l.s.client.Agent().CheckDeregisterOpts(t.check, (&api.QueryOptions{}).WithContext(ctx))
-	if err != nil {
-		return fmt.Errorf("consul at %s: destroy session %s holding %s: %w", t.l.s.addr, t.session, t.l.key, err)
-	}
-	return nil
+	return t.close(ctx)
 }
 
 // WriteDoc writes d in one transaction that checks that the lock key is

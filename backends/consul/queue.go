@@ -3,7 +3,6 @@ package consul
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -30,20 +29,10 @@ func (l *lock) queue(ctx context.Context) (api.KVPairs, error) {
 func (t *candidate) enqueue(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	if t.qsession == "" {
-		id, err := t.createSession(ctx, false)
-		if err != nil {
-			return err
-		}
-		t.mu.Lock()
-		t.qsession = id
-		t.mu.Unlock()
-	}
 	p := &api.KVPair{Key: t.l.queuePrefix() + t.qsession, Value: []byte(t.claim.Identity), Session: t.qsession}
 	ok, _, err := t.l.s.client.KV().Acquire(p, (&api.WriteOptions{}).WithContext(ctx))
-	var se api.StatusError
 	switch {
-	case errors.As(err, &se) && strings.Contains(strings.ToLower(se.Body), "invalid session"):
+	case err != nil && strings.Contains(strings.ToLower(err.Error()), "invalid session"):
 		return errSessionGone
 	case err == nil && !ok:
 		// Nobody else can hold an entry named by our session: an answer
@@ -78,10 +67,26 @@ func (t *candidate) waitTurn(ctx context.Context) error {
 	return t.waitKey(ctx)
 }
 
+// waitFor blocks, in blocking queries, until the entry ahead is deleted
+// (its waiter took the key, left, or its session ended) or released (an
+// older leaderrun's whose session ended).
+func (t *candidate) waitFor(ctx context.Context, ahead *api.KVPair) error {
+	for index := ahead.ModifyIndex; ; {
+		pair, meta, err := t.l.s.get(ctx, ahead.Key, index, maxWait)
+		switch {
+		case err != nil:
+			return t.l.s.failed("watch the queue of", t.l.key, err)
+		case pair == nil || pair.Session == "":
+			return nil
+		}
+		index = nextIndex(index, meta.LastIndex)
+	}
+}
+
 // ahead lists the queue and returns the live entry just ahead of ours, or
 // nil if ours is first. Dead entries (released when their session ended:
-// an older leaderrun's) are skipped and deleted. If our entry is missing
-// (deleted by hand), it joins again, at the end, and says so.
+// an older leaderrun's) are skipped and deleted, unless they changed since.
+// Our entry gone (deleted by hand) is our candidacy's end.
 func (t *candidate) ahead(ctx context.Context) (*api.KVPair, error) {
 	entries, err := t.l.queue(ctx)
 	if err != nil {
@@ -93,55 +98,21 @@ func (t *candidate) ahead(ctx context.Context) (*api.KVPair, error) {
 		switch {
 		case e.Key == own && e.Session == t.qsession:
 			return prev, nil
-		case e.Key == own:
-			return nil, errSessionGone
 		case e.Session == "":
-			t.l.dropDead(ctx, e)
+			_, _, _ = t.l.s.client.KV().DeleteCAS(e, (&api.WriteOptions{}).WithContext(ctx))
 		default:
 			prev = e
 		}
 	}
-	if err := t.enqueue(ctx); err != nil {
-		return nil, err
-	}
-	return nil, t.l.s.failed("wait in the queue of", t.l.key, errors.New("our entry was gone; joined the queue again"))
+	return nil, fmt.Errorf("%w: its queue entry %s is gone", errSessionGone, own)
 }
 
-// dropDead deletes a dead queue entry unless it changed since it was read.
-// Errors are ignored: another waiter tries again.
-func (l *lock) dropDead(ctx context.Context, e *api.KVPair) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	_, _, _ = l.s.client.KV().DeleteCAS(e, (&api.WriteOptions{}).WithContext(ctx))
-}
-
-// waitFor blocks, in blocking queries, until the entry ahead is deleted
-// (its waiter took the key, left, or its session ended) or released (an
-// older leaderrun's whose session ended).
-func (t *candidate) waitFor(ctx context.Context, ahead *api.KVPair) error {
-	index := ahead.ModifyIndex
-	for {
-		pair, meta, err := t.l.s.get(ctx, ahead.Key, index, maxWait)
-		switch {
-		case err != nil:
-			return t.l.s.failed("watch the queue of", t.l.key, err)
-		case pair == nil:
-			return nil
-		case pair.Session == "":
-			t.l.dropDead(ctx, pair)
-			return nil
-		}
-		index = nextIndex(index, meta.LastIndex)
-	}
-}
-
-// freeSpell is an unbroken run of reads that found the key free in one
-// version. An acquisition refused on a free key meets the lock-delay of
-// the session whose invalidation freed it; freeSpell times the retries.
+// freeSpell is an unbroken run of reads that found the key free. An
+// acquisition refused on a free key meets the lock-delay of the session
+// whose invalidation freed it; freeSpell times the retries.
 type freeSpell struct {
-	index   uint64        // the free key's ModifyIndex, 0 if deleted
-	since   time.Time     // when it was first seen free
-	delay   time.Duration // lock-delay of the session seen holding it before, -1 if unknown
+	since   time.Time     // when the key was first seen free
+	delay   time.Duration // lock-delay of the session seen holding it before, 0 if unknown
 	refused int           // acquisitions refused in this spell
 	last    time.Time     // when the last was refused
 }
@@ -187,34 +158,16 @@ func (t *candidate) waitKey(ctx context.Context) error {
 		if err != nil {
 			return t.l.s.failed("watch", t.l.key, err)
 		}
-		t.observe(pair, meta)
-	}
-}
-
-// observe records a read of the lock key, at the moment the answer came:
-// never earlier than the write it shows was applied.
-func (t *candidate) observe(pair *api.KVPair, meta *api.QueryMeta) {
-	t.index = nextIndex(t.index, meta.LastIndex)
-	prev, wasHeld := t.holder, t.viewed && t.holder.session != ""
-	t.viewed = true
-	if pair != nil && pair.Session != "" {
-		if pair.Session != prev.session {
-			t.holder = parseHolder(pair)
-		}
-		t.free = freeSpell{}
-		return
-	}
-	var mod uint64
-	if pair != nil {
-		mod = pair.ModifyIndex
-	}
-	if t.free.since.IsZero() || t.free.index != mod {
-		// Seen going free: if its holder was invalidated rather than
-		// released, its lock-delay runs from about now.
-		t.free = freeSpell{index: mod, since: time.Now(), delay: -1}
-		if wasHeld {
-			t.free.delay = prev.lockDelay
+		t.index, t.viewed = nextIndex(t.index, meta.LastIndex), true
+		switch {
+		case pair != nil && pair.Session != "":
+			t.holder, t.free = parseHolder(pair), freeSpell{}
+		case t.free.since.IsZero():
+			// Seen going free (the answer comes no earlier than the
+			// write): if its holder was invalidated rather than released,
+			// its lock-delay runs from about now.
+			t.free = freeSpell{since: time.Now(), delay: t.holder.lockDelay}
+			t.holder = holder{}
 		}
 	}
-	t.holder = holder{}
 }

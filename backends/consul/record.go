@@ -37,8 +37,8 @@ func (r record) encode() []byte {
 	return data
 }
 
-// holder is what a reader of the held key knows of its holder: ttl 0 and
-// lockDelay -1 if the record does not tell.
+// holder is what a reader of the held key knows of its holder, from its
+// record: ttl and lockDelay are 0 where it does not tell.
 type holder struct {
 	session, identity string
 	token             uint64
@@ -47,20 +47,16 @@ type holder struct {
 }
 
 func parseHolder(pair *api.KVPair) holder {
-	h := holder{session: pair.Session, identity: string(pair.Value), token: pair.ModifyIndex, lockDelay: -1}
+	h := holder{session: pair.Session, identity: string(pair.Value), token: pair.ModifyIndex}
 	var r record
 	if pair.Flags != recordFlags || json.Unmarshal(pair.Value, &r) != nil {
 		return h
 	}
 	h.identity, h.holders = r.Identity, max(r.Holders, 0)
+	h.ttl, _ = time.ParseDuration(r.TTL)
+	h.lockDelay, _ = time.ParseDuration(r.LockDelay)
 	if r.Token != 0 {
 		h.token = r.Token
-	}
-	if d, err := time.ParseDuration(r.LockDelay); err == nil {
-		h.lockDelay = d
-	}
-	if d, err := time.ParseDuration(r.TTL); err == nil && d > 0 {
-		h.ttl = d
 	}
 	return h
 }

@@ -17,12 +17,9 @@ import (
 
 // checkName names every candidate's TTL check, and checkPrefix begins its
 // ID: dropDeadChecks recognises them by both.
-const (
-	checkName   = "leaderrun"
-	checkPrefix = "leaderrun:"
-)
+const checkName, checkPrefix = "leaderrun", "leaderrun:"
 
-// parkedTTL is the TTL of the check of a waiter that is not first in line
+// parkedTTL is the TTL of the check of a waiter further back in the queue
 // (or the lease duration, if longer), and twice the period of its
 // keep-alive: it holds no lock session, and passes its check every 5
 // minutes, about when its blocking query ends too. So a queue costs its
@@ -88,12 +85,12 @@ func (t *candidate) registerCheck(ctx context.Context, ttl time.Duration) error 
 // createSession creates the candidate's lock session (forLock), or the
 // one that holds its queue entry, and returns its ID.
 //
-// The lock session is bound to the candidate's check alone, not Consul's
-// default serfHealth (see the package documentation). The queue session
-// has no TTL, so that a waiter further back need not renew it: it ends
-// with the check or with the agent's node (a host merely cut off from
-// the servers loses its place, and takes one again at the end), and its
-// entry with it (Behavior delete), which wakes the waiter behind.
+// The lock session is bound to the candidate's check alone, not to
+// serfHealth (see the package documentation). The queue session has no
+// TTL, so that a waiter further back need not renew it: it ends with the
+// check or with the agent's node (a host merely cut off from the servers
+// loses its place, and takes one again at the end), and its entry with it
+// (Behavior delete), which wakes the waiter behind.
 //
 // The body is sent as is: api.Session.Create leaves out a zero LockDelay,
 // which Consul reads as 15 s, and Consul adds serfHealth to a session
@@ -120,11 +117,6 @@ func (t *candidate) createSession(ctx context.Context, forLock bool) (string, er
 	}
 }
 
-// destroy destroys session id; errors are ignored (its check ends it).
-func (s *Store) destroy(ctx context.Context, id string) {
-	_, _ = s.client.Session().Destroy(id, (&api.WriteOptions{}).WithContext(ctx))
-}
-
 // dropDeadChecks deregisters the critical checks of candidates that died
 // on this agent: nothing else would. Their sessions are invalidated
 // already (or will be, as deregistering does), so no live holder depends
@@ -132,11 +124,8 @@ func (s *Store) destroy(ctx context.Context, id string) {
 func (s *Store) dropDeadChecks(ctx context.Context) {
 	q := (&api.QueryOptions{}).WithContext(ctx)
 	checks, err := s.client.Agent().ChecksWithFilterOpts(fmt.Sprintf("Name == %q and Status == %q", checkName, api.HealthCritical), q)
-	if err != nil {
-		return
-	}
 	for id, ch := range checks {
-		if ch.Name == checkName && strings.HasPrefix(id, checkPrefix) && ch.Status == api.HealthCritical {
+		if err == nil && ch.Name == checkName && strings.HasPrefix(id, checkPrefix) && ch.Status == api.HealthCritical {
 			_ = s.client.Agent().CheckDeregisterOpts(id, q)
 		}
 	}
@@ -162,8 +151,7 @@ func (t *candidate) setReady(ctx context.Context, ready bool) error {
 	defer cancel()
 	// Neither the check's timer nor a new session's starts before this:
 	// the lease's deadline may count from it.
-	sent := time.Now()
-	ttl, id := max(parkedTTL, t.claim.Timings.LeaseDuration), ""
+	sent, ttl, id := time.Now(), max(parkedTTL, t.claim.Timings.LeaseDuration), ""
 	if ready {
 		ttl = t.claim.Timings.LeaseDuration
 	}
@@ -172,7 +160,7 @@ func (t *candidate) setReady(ctx context.Context, ready bool) error {
 	case err == nil && ready:
 		id, err = t.createSession(ctx, true)
 	case err == nil:
-		t.l.s.destroy(ctx, t.session)
+		_, _ = t.l.s.client.Session().Destroy(t.session, (&api.WriteOptions{}).WithContext(ctx))
 	}
 	if err != nil {
 		return err
@@ -185,35 +173,29 @@ func (t *candidate) setReady(ctx context.Context, ready bool) error {
 	return nil
 }
 
-// acked is the send time of the last acknowledged renewal, or of the
-// request that last set the check's TTL.
-func (t *candidate) acked() time.Time {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.lastAck
-}
-
-// liveFor is how long after acked the candidate's sessions live without a
-// renewal: its check's TTL, which is its lock session's if it has one.
-func (t *candidate) liveFor() time.Duration {
+// acked is the send time of the last acknowledged renewal or check
+// registration, and liveFor how long after it the candidate's sessions
+// live without a renewal: its check's TTL, its lock session's if any.
+func (t *candidate) acked() (time.Time, time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.session == "" {
-		return max(parkedTTL, t.claim.Timings.LeaseDuration)
+		return t.lastAck, max(parkedTTL, t.claim.Timings.LeaseDuration)
 	}
-	return t.claim.Timings.LeaseDuration
+	return t.lastAck, t.claim.Timings.LeaseDuration
 }
 
 // keepAlive passes the check and renews the sessions of a waiting
-// candidate every half of liveFor, as the api's RenewPeriodic does, and
+// candidate every half of their life, as the api's RenewPeriodic does, and
 // every second after a failure, until ctx ends. If a session is gone, the
-// agent refuses, or they could not be renewed within liveFor, it ends the
-// candidacy (t.end) with the reason.
+// agent refuses, or they could not be renewed within their life, it ends
+// the candidacy (t.end) with the reason.
 func (t *candidate) keepAlive(ctx context.Context) {
 	defer close(t.done)
 	failed := false
 	for {
-		pause := time.Until(t.acked().Add(t.liveFor() / 2))
+		acked, life := t.acked()
+		pause := time.Until(acked.Add(life / 2))
 		if failed {
 			pause = time.Second
 		}
@@ -241,8 +223,8 @@ func (t *candidate) keepAlive(ctx context.Context) {
 		case errors.Is(err, errSessionGone):
 		case !transient(err):
 			err = t.l.s.failed("renew the sessions of a candidate for", t.l.key, err)
-		case time.Since(t.acked()) >= t.liveFor():
-			err = fmt.Errorf("consul: could not renew the sessions of a candidate for %s within their TTL: %w: %v", t.l.key, backends.ErrEnded, err)
+		case time.Since(acked) >= life:
+			err = fmt.Errorf("consul: could not renew the sessions of a candidate for %s in time: %w: %v", t.l.key, backends.ErrEnded, err)
 		default:
 			failed = true
 			continue

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
-	"time"
 
 	"github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-cleanhttp"
@@ -43,14 +41,8 @@ var errRedirect = errors.New("consul: the agent answered with a redirect, which 
 // name and repeat it in every error. The error names the address
 // redacted. Open checks it too.
 func CheckAddress(addr string) error {
-	_, rest, ok := strings.Cut(addr, "://")
-	if !ok {
-		rest = addr
-	}
-	host, _, _ := strings.Cut(rest, "/")
-	if strings.Contains(host, "@") {
-		return fmt.Errorf("address %s: user information in the address is not supported; give the ACL token with --consul-token-file or CONSUL_HTTP_TOKEN, HTTP basic authentication with CONSUL_HTTP_AUTH",
-			backends.Redact(addr))
+	if r := backends.Redact(addr); r != addr {
+		return fmt.Errorf("address %s: user information in the address is not supported; give the ACL token with --consul-token-file or CONSUL_HTTP_TOKEN, HTTP basic authentication with CONSUL_HTTP_AUTH", r)
 	}
 	return nil
 }
@@ -77,40 +69,35 @@ func newClient(cfg *api.Config) (*api.Client, *http.Client, error) {
 	if tr, ok := hc.Transport.(*http.Transport); ok {
 		tr.MaxResponseHeaderBytes = maxHeader
 	}
-	hc.Transport = &boundedTransport{base: hc.Transport, limit: maxAnswer, timeout: requestTimeout}
+	hc.Transport = &boundedTransport{base: hc.Transport}
 	hc.CheckRedirect = func(req *http.Request, _ []*http.Request) error {
 		return fmt.Errorf("%w (to %s://%s)", errRedirect, req.URL.Scheme, req.URL.Host)
 	}
 	return client, hc, nil
 }
 
-// boundedTransport caps answers at limit bytes and gives a request
-// without a deadline one of timeout.
-type boundedTransport struct {
-	base    http.RoundTripper
-	limit   int64
-	timeout time.Duration
-}
+// boundedTransport caps answers at maxAnswer and gives a request without
+// a deadline one of requestTimeout.
+type boundedTransport struct{ base http.RoundTripper }
 
 // RoundTrip implements http.RoundTripper.
 func (t *boundedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	cancel := context.CancelFunc(func() {})
 	if _, ok := req.Context().Deadline(); !ok {
 		var ctx context.Context
-		ctx, cancel = context.WithTimeout(req.Context(), t.timeout)
+		ctx, cancel = context.WithTimeout(req.Context(), requestTimeout)
 		req = req.WithContext(ctx)
 	}
 	resp, err := t.base.RoundTrip(req)
+	if err == nil && resp.ContentLength > maxAnswer {
+		resp.Body.Close()
+		err = fmt.Errorf("%w: %s %s: %d bytes", errTooLarge, req.Method, req.URL.Path, resp.ContentLength)
+	}
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	if resp.ContentLength > t.limit {
-		resp.Body.Close()
-		cancel()
-		return nil, fmt.Errorf("%w: %s %s: %d bytes", errTooLarge, req.Method, req.URL.Path, resp.ContentLength)
-	}
-	resp.Body = &cappedBody{body: resp.Body, left: t.limit, cancel: cancel}
+	resp.Body = &cappedBody{body: resp.Body, left: maxAnswer, cancel: cancel}
 	return resp, nil
 }
 
@@ -128,10 +115,7 @@ func (b *cappedBody) Read(p []byte) (int, error) {
 	}
 	// Ask for one byte past the limit, to tell an answer that ends at
 	// the limit from one that goes on.
-	if int64(len(p)) > b.left+1 {
-		p = p[:b.left+1]
-	}
-	n, err := b.body.Read(p)
+	n, err := b.body.Read(p[:min(int64(len(p)), b.left+1)])
 	if int64(n) > b.left {
 		n, b.left = int(b.left), -1
 		return n, errTooLarge
