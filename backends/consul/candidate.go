@@ -24,7 +24,6 @@ type candidate struct {
 	claim backends.Claim
 	delay time.Duration // its lock session's lock-delay
 	check string        // the ID of its TTL check
-	kick  chan struct{} // parked or readied: for the keep-alive
 
 	// mu is held by each renewal and by setReady, and guards what the
 	// keep-alive reads; Lead's goroutine, the only writer, reads without.
@@ -39,16 +38,18 @@ type candidate struct {
 	end   context.CancelCauseFunc
 	done  chan struct{}
 
-	// maybeHeld: an acquisition may have succeeded unbeknownst to us.
-	maybeHeld bool
 	// first: no live entry is ahead of ours. Entries only join at the
 	// end, so it stays first until it wins or leaves.
 	first bool
 	// The last read of the lock key (first in line only), if viewed.
-	viewed bool
-	index  uint64 // for the next blocking query
-	holder holder // holder.session is "" if the key is free
-	free   freeSpell
+	viewed      bool
+	index       uint64        // for the next blocking query
+	holder      string        // its holder's session, "" if the key is free
+	holderDelay time.Duration // the lock-delay of the last holder seen, 0 if unknown
+	// While the key is free: when it was seen so, acquisitions refused
+	// since (a lock-delay runs), and when to try again (see refusedFree).
+	freed, retry time.Time
+	refused      int
 
 	// The grant: won by attempt, handed out by Lead.
 	won, handed bool
@@ -102,8 +103,8 @@ func (l *lock) newCandidate(ctx context.Context, c backends.Claim) (*candidate, 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
 	defer cancel()
 	l.s.dropDeadChecks(ctx)
-	t := &candidate{l: l, claim: c, delay: l.s.LockDelay(c.Timings), check: newCheckID(), kick: make(chan struct{}, 1),
-		alive: context.Background(), lastAck: time.Now(), Loss: backends.NewLoss()}
+	t := &candidate{l: l, claim: c, delay: l.s.LockDelay(c.Timings), check: newCheckID(), alive: context.Background(),
+		lastAck: time.Now(), Loss: backends.NewLoss()}
 	err := t.registerCheck(ctx, c.Timings.LeaseDuration)
 	if err == nil {
 		if t.session, err = t.createSession(ctx, true); err != nil {
@@ -147,8 +148,8 @@ func (t *candidate) lead(ctx context.Context) error {
 		switch {
 		case err != nil || won:
 			return err
-		case t.holder.session == "": // free, and refused: a lock-delay runs
-			t.free.refused, t.free.last = t.free.refused+1, time.Now()
+		case t.holder == "":
+			t.refusedFree()
 		default: // the key looked like ours and was not: read it again
 			t.viewed = false
 		}
@@ -170,7 +171,6 @@ func (t *candidate) attempt(ctx context.Context) (bool, error) {
 		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVDelete, Key: t.l.queuePrefix() + t.qsession}})
 	}
 	ok, resp, why, _, err := t.l.s.txn(ctx, ops)
-	t.maybeHeld = err != nil
 	switch {
 	case err != nil:
 		return false, t.l.s.failed("acquire", t.l.key, err)
@@ -179,7 +179,6 @@ func (t *candidate) attempt(ctx context.Context) (bool, error) {
 	case !ok:
 		return false, nil
 	case len(resp.Results) == 0 || resp.Results[0].KV == nil:
-		t.maybeHeld = true
 		return false, t.l.s.failed("acquire", t.l.key, errors.New("transaction answer without the key"))
 	}
 	t.won, t.token, t.acquired = true, resp.Results[0].KV.ModifyIndex, acked
@@ -212,24 +211,24 @@ func (t *candidate) stopKeepAlive() {
 }
 
 // close gives up what the candidacy holds. The key goes first, released
-// with its record (a release, unlike an invalidation, imposes no
-// lock-delay on the next holder), if it is held or may be; then the queue
-// entry with its session, so that the waiter behind moves up; the check
-// last, since deregistering it invalidates the sessions. Errors but the
-// lock session's are ignored: the check turns critical a TTL later, which
-// ends the sessions, and the next candidate on this agent deregisters it.
+// with its record, since an acquisition whose answer was lost may hold it
+// (a release, unlike an invalidation, imposes no lock-delay on the next
+// holder); then the queue entry with its session, so that the waiter
+// behind moves up; the check last, since deregistering it invalidates the
+// sessions. Errors but the lock session's are ignored: the check turns
+// critical a TTL later, which ends the sessions, and the next candidate
+// on this agent deregisters it.
 func (t *candidate) close(ctx context.Context) error {
-	s := t.l.s
-	if t.maybeHeld || t.won && t.Err() == nil {
-		p := &api.KVPair{Key: t.l.key, Value: t.rec.encode(), Flags: recordFlags, Session: t.session}
-		_, _, _ = s.client.KV().Release(p, (&api.WriteOptions{}).WithContext(ctx))
+	s, wo := t.l.s, (&api.WriteOptions{}).WithContext(ctx)
+	if t.session != "" && t.Err() == nil {
+		_, _, _ = s.client.KV().Release(&api.KVPair{Key: t.l.key, Value: t.rec.encode(), Flags: recordFlags, Session: t.session}, wo)
 	}
 	if t.qsession != "" {
-		_, _ = s.client.Session().Destroy(t.qsession, (&api.WriteOptions{}).WithContext(ctx))
+		_, _ = s.client.Session().Destroy(t.qsession, wo)
 	}
 	var err error
 	if t.session != "" {
-		_, err = s.client.Session().Destroy(t.session, (&api.WriteOptions{}).WithContext(ctx))
+		_, err = s.client.Session().Destroy(t.session, wo)
 	}
 	_ = s.client.Agent().CheckDeregisterOpts(t.check, (&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {

@@ -51,18 +51,15 @@ const (
 	MaxLockDelay = 60 * time.Second
 )
 
-const (
-	// requestTimeout bounds every request but a blocking query, so that a
-	// connection that stalls without closing cannot hang a campaign.
-	requestTimeout = 10 * time.Second
-	// maxWait caps a blocking query (Consul caps it at 10 minutes).
-	maxWait = 5 * time.Minute
-)
+// requestTimeout bounds every request but a blocking query, so that a
+// connection that stalls without closing cannot hang a campaign; maxWait
+// caps a blocking query (Consul caps it at 10 minutes).
+const requestTimeout, maxWait = 10 * time.Second, 5 * time.Minute
 
 // DefaultLockDelay, as Config.LockDelay, is each candidate's kill grace
-// plus a second, at most MaxLockDelay: a holder whose session someone
-// else ended hears of it within a round trip, and its command is dead a
-// kill grace later.
+// plus a second, at most MaxLockDelay: a holder whose session someone else
+// ended hears of it within a round trip, and its command is dead a kill
+// grace later.
 const DefaultLockDelay time.Duration = -1
 
 // Config describes one Consul datacenter.
@@ -112,16 +109,12 @@ func Open(cfg Config) (*Store, error) {
 	if err := CheckAddress(apiCfg.Address); err != nil {
 		return nil, fmt.Errorf("consul: %w", err)
 	}
-	addr := backends.Redact(apiCfg.Address)
 	client, hc, err := newClient(&apiCfg)
 	if err != nil {
 		// A bad scheme, TLS file or token file; no message shows the token.
-		return nil, fmt.Errorf("consul: client for %s: %w", addr, err)
+		return nil, fmt.Errorf("consul: client for %s: %w", apiCfg.Address, err)
 	}
-	if addr == "" {
-		addr = apiCfg.Address
-	}
-	return &Store{client: client, http: hc, addr: addr, prefix: cfg.Prefix, lockDelay: cfg.LockDelay}, nil
+	return &Store{client: client, http: hc, addr: apiCfg.Address, prefix: cfg.Prefix, lockDelay: cfg.LockDelay}, nil
 }
 
 // Name implements backends.Store.
@@ -169,25 +162,23 @@ func (l *lock) queuePrefix() string { return l.key + ":queue/" }
 var errSessionGone = fmt.Errorf("consul: session invalidated: %w", backends.ErrEnded)
 
 // failed wraps an error of op on key: ErrUnavailable, and ErrRefused too
-// unless asking again may help (see transient). It names the address,
-// never the token.
+// if it is refused. It names the address, never the token.
 func (s *Store) failed(op, key string, err error) error {
-	if transient(err) {
-		return fmt.Errorf("consul at %s: %s %s: %w: %w", s.addr, op, key, backends.ErrUnavailable, err)
+	if refused(err) {
+		err = fmt.Errorf("%w: %w", backends.ErrRefused, err)
 	}
-	return fmt.Errorf("consul at %s: %s %s: %w: %w: %w", s.addr, op, key, backends.ErrUnavailable, backends.ErrRefused, err)
+	return fmt.Errorf("consul at %s: %s %s: %w: %w", s.addr, op, key, backends.ErrUnavailable, err)
 }
 
-// transient reports whether a request that failed with err may succeed
-// if sent again: after a network error, a server error (no leader) or
-// rate limiting; not after a refusal (403), nor an answer leaderrun
-// refuses (a redirect, one past maxAnswer).
-func transient(err error) bool {
+// refused reports whether asking again cannot help after err: a refusal
+// (403) or an answer leaderrun refuses (a redirect, one past maxAnswer),
+// not a network error, a server error (no leader) or rate limiting.
+func refused(err error) bool {
 	var se api.StatusError
 	if errors.As(err, &se) {
-		return se.Code >= 500 || se.Code == http.StatusTooManyRequests
+		return se.Code < 500 && se.Code != http.StatusTooManyRequests
 	}
-	return !errors.Is(err, errPermissionDenied) && !errors.Is(err, errRedirect) && !errors.Is(err, errTooLarge)
+	return errors.Is(err, errPermissionDenied) || errors.Is(err, errRedirect) || errors.Is(err, errTooLarge)
 }
 
 // errPermissionDenied is a transaction refused by the ACLs: Consul reports

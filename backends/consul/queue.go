@@ -67,6 +67,29 @@ func (t *candidate) waitTurn(ctx context.Context) error {
 	return t.waitKey(ctx)
 }
 
+// ahead lists the queue and returns the live entry just ahead of ours, or
+// nil if ours is first. Dead entries (released when their session ended:
+// an older leaderrun's) are skipped and deleted, unless they changed since.
+// Our entry gone (deleted by hand) ends the candidacy.
+func (t *candidate) ahead(ctx context.Context) (*api.KVPair, error) {
+	entries, err := t.l.queue(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var prev *api.KVPair
+	for _, e := range entries {
+		switch {
+		case e.Session == t.qsession:
+			return prev, nil
+		case e.Session == "":
+			_, _, _ = t.l.s.client.KV().DeleteCAS(e, (&api.WriteOptions{}).WithContext(ctx))
+		default:
+			prev = e
+		}
+	}
+	return nil, fmt.Errorf("%w: its queue entry is gone", errSessionGone)
+}
+
 // waitFor blocks, in blocking queries, until the entry ahead is deleted
 // (its waiter took the key, left, or its session ended) or released (an
 // older leaderrun's whose session ended).
@@ -83,91 +106,54 @@ func (t *candidate) waitFor(ctx context.Context, ahead *api.KVPair) error {
 	}
 }
 
-// ahead lists the queue and returns the live entry just ahead of ours, or
-// nil if ours is first. Dead entries (released when their session ended:
-// an older leaderrun's) are skipped and deleted, unless they changed since.
-// Our entry gone (deleted by hand) is our candidacy's end.
-func (t *candidate) ahead(ctx context.Context) (*api.KVPair, error) {
-	entries, err := t.l.queue(ctx)
-	if err != nil {
-		return nil, err
-	}
-	own := t.l.queuePrefix() + t.qsession
-	var prev *api.KVPair
-	for _, e := range entries {
-		switch {
-		case e.Key == own && e.Session == t.qsession:
-			return prev, nil
-		case e.Session == "":
-			_, _, _ = t.l.s.client.KV().DeleteCAS(e, (&api.WriteOptions{}).WithContext(ctx))
-		default:
-			prev = e
-		}
-	}
-	return nil, fmt.Errorf("%w: its queue entry %s is gone", errSessionGone, own)
-}
-
-// freeSpell is an unbroken run of reads that found the key free. An
-// acquisition refused on a free key meets the lock-delay of the session
-// whose invalidation freed it; freeSpell times the retries.
-type freeSpell struct {
-	since   time.Time     // when the key was first seen free
-	delay   time.Duration // lock-delay of the session seen holding it before, 0 if unknown
-	refused int           // acquisitions refused in this spell
-	last    time.Time     // when the last was refused
-}
-
-// retryAt is the earliest time an acquisition in this spell can succeed:
-// at once until one was refused (a released key has no delay); then the
-// known lock-delay after the key was seen free, plus 5 ms (Consul counts
-// it from the invalidation); else backing off from 50 ms to 1 s, which
-// costs at most a second more than the delay itself.
-func (f *freeSpell) retryAt() time.Time {
-	if f.refused == 0 {
-		return f.since
-	}
-	if at := f.since.Add(f.delay + 5*time.Millisecond); f.refused == 1 && f.delay > 0 && at.After(f.last) {
-		return at
-	}
-	return f.last.Add(min(50*time.Millisecond<<min(f.refused-1, 6), time.Second))
-}
-
 // waitKey blocks, first in line, until an acquisition may succeed: the
-// key is free and no lock-delay is known to run. It sleeps in a blocking
-// query on the key, which Consul answers as soon as the key changes. A
-// holder's renewals do not write the key, so an idle first in line sends
-// one query per maxWait, and wakes up early only to retry after a
-// lock-delay.
+// key is free and no lock-delay is known to run (t.retry), or an
+// acquisition whose answer was lost went through (acquiring again with
+// the same session succeeds). It sleeps in a blocking query on the key,
+// which Consul answers as soon as the key changes. A holder's renewals do
+// not write the key, so an idle first in line sends one query per
+// maxWait.
 func (t *candidate) waitKey(ctx context.Context) error {
 	for {
-		now := time.Now()
-		wake, index := now.Add(maxWait), t.index
+		wait, index := maxWait, t.index
 		switch {
 		case !t.viewed:
 			index = 0
-		case t.holder.session == "":
-			if wake = t.free.retryAt(); !now.Before(wake) {
+		case t.holder == t.session:
+			return nil
+		case t.holder == "":
+			if wait = time.Until(t.retry); wait <= 0 {
 				return nil
 			}
-		case t.holder.session == t.session:
-			// An acquisition whose answer was lost went through; acquiring
-			// again with the same session succeeds.
-			return nil
 		}
-		pair, meta, err := t.l.s.get(ctx, t.l.key, index, wake.Sub(now))
+		pair, meta, err := t.l.s.get(ctx, t.l.key, index, wait)
 		if err != nil {
 			return t.l.s.failed("watch", t.l.key, err)
 		}
 		t.index, t.viewed = nextIndex(t.index, meta.LastIndex), true
 		switch {
 		case pair != nil && pair.Session != "":
-			t.holder, t.free = parseHolder(pair), freeSpell{}
-		case t.free.since.IsZero():
-			// Seen going free (the answer comes no earlier than the
-			// write): if its holder was invalidated rather than released,
-			// its lock-delay runs from about now.
-			t.free = freeSpell{since: time.Now(), delay: t.holder.lockDelay}
-			t.holder = holder{}
+			_, t.holderDelay = holderOf(pair)
+			t.holder, t.freed, t.refused, t.retry = pair.Session, time.Time{}, 0, time.Time{}
+		case t.freed.IsZero():
+			// Seen going free, no earlier than it did: if its holder was
+			// invalidated rather than released, its lock-delay runs from
+			// about now.
+			t.freed, t.holder = time.Now(), ""
 		}
+	}
+}
+
+// refusedFree times the next acquisition after one was refused although
+// the key was free: the lock-delay of the session whose invalidation freed
+// it runs. After the first refusal, that is the delay its record gave,
+// from when the key was seen free (plus 5 ms: Consul counts it from the
+// invalidation); else, backing off from 50 ms to 1 s, at most a second
+// more than the delay itself.
+func (t *candidate) refusedFree() {
+	t.refused++
+	t.retry = t.freed.Add(t.holderDelay + 5*time.Millisecond)
+	if t.refused > 1 || t.holderDelay == 0 || !t.retry.After(time.Now()) {
+		t.retry = time.Now().Add(min(50*time.Millisecond<<min(t.refused-1, 6), time.Second))
 	}
 }

@@ -37,28 +37,21 @@ func (r record) encode() []byte {
 	return data
 }
 
-// holder is what a reader of the held key knows of its holder, from its
-// record: ttl and lockDelay are 0 where it does not tell.
-type holder struct {
-	session, identity string
-	token             uint64
-	ttl, lockDelay    time.Duration
-	holders           int
-}
-
-func parseHolder(pair *api.KVPair) holder {
-	h := holder{session: pair.Session, identity: string(pair.Value), token: pair.ModifyIndex}
+// holderOf reads the held key pair: who holds it, as Status tells it, and
+// its lock-delay. A value that is not a record is the holder's identity;
+// the TTL and lock-delay are then 0 (unknown).
+func holderOf(pair *api.KVPair) (st backends.Status, lockDelay time.Duration) {
+	st = backends.Status{Held: true, Identity: string(pair.Value), Token: pair.ModifyIndex, Remaining: -1, Waiting: -1}
 	var r record
-	if pair.Flags != recordFlags || json.Unmarshal(pair.Value, &r) != nil {
-		return h
+	if pair.Flags == recordFlags && json.Unmarshal(pair.Value, &r) == nil {
+		st.Identity, st.Holders = r.Identity, max(r.Holders, 0)
+		st.TTL, _ = time.ParseDuration(r.TTL)
+		lockDelay, _ = time.ParseDuration(r.LockDelay)
+		if r.Token != 0 {
+			st.Token = r.Token
+		}
 	}
-	h.identity, h.holders = r.Identity, max(r.Holders, 0)
-	h.ttl, _ = time.ParseDuration(r.TTL)
-	h.lockDelay, _ = time.ParseDuration(r.LockDelay)
-	if r.Token != 0 {
-		h.token = r.Token
-	}
-	return h
+	return st, lockDelay
 }
 
 // Status implements backends.QueueLock. Waiting counts the live entries
@@ -71,27 +64,22 @@ func (l *lock) Status(ctx context.Context) (backends.Status, error) {
 	if err != nil {
 		return st, l.s.failed("read", l.key, err)
 	}
-	var h holder
 	if pair != nil && pair.Session != "" {
-		h = parseHolder(pair)
+		st, _ = holderOf(pair)
+		ictx, cancel := context.WithTimeout(ctx, requestTimeout)
+		defer cancel()
+		if info, _, err := l.s.client.Session().Info(pair.Session, (&api.QueryOptions{}).WithContext(ictx)); err == nil && info != nil {
+			st.Node = info.Node
+			st.TTL, _ = time.ParseDuration(info.TTL)
+		}
 	}
 	if queue, err := l.queue(ctx); err == nil {
 		st.Waiting = 0
 		for _, e := range queue {
-			if e.Session != "" && e.Session != h.session {
+			if e.Session != "" && (pair == nil || e.Session != pair.Session) {
 				st.Waiting++
 			}
 		}
-	}
-	if h.session == "" {
-		return st, nil
-	}
-	st.Held, st.Identity, st.Token, st.TTL, st.Holders = true, h.identity, h.token, h.ttl, h.holders
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
-	if info, _, err := l.s.client.Session().Info(h.session, (&api.QueryOptions{}).WithContext(ctx)); err == nil && info != nil {
-		st.Node = info.Node
-		st.TTL, _ = time.ParseDuration(info.TTL)
 	}
 	return st, nil
 }

@@ -162,21 +162,16 @@ func (t *candidate) setReady(ctx context.Context, ready bool) error {
 	case err == nil:
 		_, _ = t.l.s.client.Session().Destroy(t.session, (&api.WriteOptions{}).WithContext(ctx))
 	}
-	if err != nil {
-		return err
+	if err == nil {
+		t.session, t.lastAck = id, sent
 	}
-	t.session, t.lastAck = id, sent
-	select {
-	case t.kick <- struct{}{}:
-	default:
-	}
-	return nil
+	return err
 }
 
 // acked is the send time of the last acknowledged renewal or check
-// registration, and liveFor how long after it the candidate's sessions
-// live without a renewal: its check's TTL, its lock session's if any.
-func (t *candidate) acked() (time.Time, time.Duration) {
+// registration, and life how long after it the candidate's sessions live
+// without a renewal: its check's TTL, its lock session's if any.
+func (t *candidate) acked() (at time.Time, life time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.session == "" {
@@ -187,49 +182,53 @@ func (t *candidate) acked() (time.Time, time.Duration) {
 
 // keepAlive passes the check and renews the sessions of a waiting
 // candidate every half of their life, as the api's RenewPeriodic does, and
-// every second after a failure, until ctx ends. If a session is gone, the
-// agent refuses, or they could not be renewed within their life, it ends
-// the candidacy (t.end) with the reason.
+// every second after a failure, until ctx ends; it looks at least every
+// half lease, to notice a candidate readied meanwhile. If a session is
+// gone, the agent refuses, or they could not be renewed within their
+// life, it ends the candidacy (t.end) with the reason.
 func (t *candidate) keepAlive(ctx context.Context) {
 	defer close(t.done)
-	failed := false
 	for {
 		acked, life := t.acked()
-		pause := time.Until(acked.Add(life / 2))
-		if failed {
-			pause = time.Second
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.kick: // parked or readied: a new period
-			failed = false
+		if due := time.Until(acked.Add(life / 2)); due > 0 {
+			if sleep(ctx, min(due, t.claim.Timings.LeaseDuration/2)) != nil {
+				return
+			}
 			continue
-		case <-time.After(pause):
 		}
-		t.mu.Lock()
-		rctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		sent := time.Now()
-		err := t.l.s.renew(rctx, t.check, t.session, t.qsession)
-		if err == nil {
-			t.lastAck = sent
-		}
-		cancel()
-		t.mu.Unlock()
+		err := t.renew(ctx)
 		switch {
-		case err == nil || ctx.Err() != nil:
-			failed = false
+		case err == nil:
 			continue
+		case ctx.Err() != nil:
+			return
 		case errors.Is(err, errSessionGone):
-		case !transient(err):
+		case refused(err):
 			err = t.l.s.failed("renew the sessions of a candidate for", t.l.key, err)
-		case time.Since(acked) >= life:
-			err = fmt.Errorf("consul: could not renew the sessions of a candidate for %s in time: %w: %v", t.l.key, backends.ErrEnded, err)
-		default:
-			failed = true
+		case time.Since(acked) < life:
+			if sleep(ctx, time.Second) != nil {
+				return
+			}
 			continue
+		default:
+			err = fmt.Errorf("consul: could not renew the sessions of a candidate for %s in time: %w: %v", t.l.key, backends.ErrEnded, err)
 		}
 		t.end(err)
 		return
 	}
+}
+
+// renew passes the check and renews the sessions once, and records the
+// send time if each was acknowledged.
+func (t *candidate) renew(ctx context.Context) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	sent := time.Now()
+	err := t.l.s.renew(ctx, t.check, t.session, t.qsession)
+	if err == nil {
+		t.lastAck = sent
+	}
+	return err
 }
