@@ -41,15 +41,13 @@ type candidate struct {
 	// first: no live entry is ahead of ours. Entries only join at the
 	// end, so it stays first until it wins or leaves.
 	first bool
-	// The last read of the lock key (first in line only), if viewed.
-	viewed      bool
-	index       uint64        // for the next blocking query
-	holder      string        // its holder's session, "" if the key is free
+	// What the last read of the lock key showed (first in line only).
+	index       uint64        // for the next blocking query; 0: read it anew
+	holder      string        // the holder's session, "" if the key is free
 	holderDelay time.Duration // the lock-delay of the last holder seen, 0 if unknown
-	// While the key is free: when it was seen so, acquisitions refused
-	// since (a lock-delay runs), and when to try again (see refusedFree).
-	freed, retry time.Time
-	refused      int
+	freed       time.Time     // when the key was seen free, zero while held
+	retry       time.Time     // when to try again after refusals on a free key
+	refused     int           // acquisitions refused since it was seen free
 
 	// The grant: won by attempt, handed out by Lead.
 	won, handed bool
@@ -100,8 +98,7 @@ func (l *lock) newCandidate(ctx context.Context, c backends.Claim) (*candidate, 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
-	defer cancel()
+	ctx = context.WithoutCancel(ctx)
 	l.s.dropDeadChecks(ctx)
 	t := &candidate{l: l, claim: c, delay: l.s.LockDelay(c.Timings), check: newCheckID(), alive: context.Background(),
 		lastAck: time.Now(), Loss: backends.NewLoss()}
@@ -114,17 +111,19 @@ func (l *lock) newCandidate(ctx context.Context, c backends.Claim) (*candidate, 
 	return t, err
 }
 
-// Lead implements backends.Ticket. First in line, the candidate sleeps in
-// a blocking query on the lock key and acquires it once it is free and no
-// lock-delay runs; further back, in one on the entry just ahead of its
-// own. The keep-alive stops before Lead returns: from then on the
-// runner's renewals are the only ones.
+// Lead implements backends.Ticket: it waits for the candidate's turn
+// (waitTurn) and acquires the key. The keep-alive stops before Lead
+// returns: from then on the runner's renewals are the only ones.
 func (t *candidate) Lead(ctx context.Context) (backends.Grant, error) {
-	if !t.won {
-		lctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		defer context.AfterFunc(t.alive, cancel)()
-		err := t.lead(lctx)
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(t.alive, cancel)()
+	for !t.won {
+		err := t.waitTurn(lctx)
+		won := false
+		if err == nil {
+			won, err = t.attempt(lctx)
+		}
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return nil, ctx.Err()
@@ -132,28 +131,16 @@ func (t *candidate) Lead(ctx context.Context) (backends.Grant, error) {
 			return nil, context.Cause(t.alive)
 		case err != nil:
 			return nil, err
-		}
-		t.stopKeepAlive()
-	}
-	t.handed = true
-	return t, nil
-}
-
-func (t *candidate) lead(ctx context.Context) error {
-	for {
-		if err := t.waitTurn(ctx); err != nil {
-			return err
-		}
-		won, err := t.attempt(ctx)
-		switch {
-		case err != nil || won:
-			return err
+		case won:
 		case t.holder == "":
 			t.refusedFree()
 		default: // the key looked like ours and was not: read it again
-			t.viewed = false
+			t.index = 0
 		}
 	}
+	t.stopKeepAlive()
+	t.handed = true
+	return t, nil
 }
 
 // attempt acquires the key, and leaves the queue in the same transaction,
@@ -213,11 +200,11 @@ func (t *candidate) stopKeepAlive() {
 // close gives up what the candidacy holds. The key goes first, released
 // with its record, since an acquisition whose answer was lost may hold it
 // (a release, unlike an invalidation, imposes no lock-delay on the next
-// holder); then the queue entry with its session, so that the waiter
-// behind moves up; the check last, since deregistering it invalidates the
-// sessions. Errors but the lock session's are ignored: the check turns
-// critical a TTL later, which ends the sessions, and the next candidate
-// on this agent deregisters it.
+// holder); then the queue session, so that the waiter behind moves up;
+// the check last, since deregistering it invalidates the sessions. Errors
+// but the lock session's are ignored: the check turns critical a TTL
+// later, which ends the sessions, and the next candidate on this agent
+// deregisters it.
 func (t *candidate) close(ctx context.Context) error {
 	s, wo := t.l.s, (&api.WriteOptions{}).WithContext(ctx)
 	if t.session != "" && t.Err() == nil {
@@ -235,4 +222,88 @@ func (t *candidate) close(ctx context.Context) error {
 		return fmt.Errorf("consul at %s: destroy session %s holding %s: %w", s.addr, t.session, t.l.key, err)
 	}
 	return nil
+}
+
+// The candidate is its own grant once Lead returned it: the methods below
+// implement backends.Grant.
+
+func (t *candidate) Token() uint64       { return t.token }
+func (t *candidate) TTL() time.Duration  { return t.claim.Timings.LeaseDuration }
+func (t *candidate) Acquired() time.Time { return t.acquired }
+
+// Session is the ID of the Consul session that holds the lock.
+func (t *candidate) Session() string { return t.session }
+
+// Renew renews the session (the servers' TTL timer) and passes its check
+// (the agent's), and returns nil only if both were acknowledged: the
+// runner's deadline then counts from the send time of a renewal that
+// restarted both timers (docs/safety.md). Neither writes anything a waiter
+// watches. A session or check that is gone is a loss.
+func (t *candidate) Renew(ctx context.Context) error {
+	if err := t.Err(); err != nil {
+		return err
+	}
+	err := t.l.s.renew(ctx, t.check, t.session)
+	switch {
+	case errors.Is(err, errSessionGone):
+		err = fmt.Errorf("consul: lost %s: %v: %w", t.l.key, err, backends.ErrLeaseLost)
+		t.Set(err)
+		return err
+	case err != nil:
+		return fmt.Errorf("consul at %s: holding %s: %w", t.l.s.addr, t.l.key, err)
+	}
+	return nil
+}
+
+// watch reports the loss once the key is no longer held by this session,
+// in blocking queries of a minute at most (so that a silently broken
+// connection is noticed), until ctx ends. A failed query is retried:
+// whether the store can be reached is for renewals and the runner's
+// deadline to judge; the watch reports only what Consul says of the key.
+func (t *candidate) watch(ctx context.Context, index uint64) {
+	defer close(t.watchDone)
+	for {
+		pair, meta, err := t.l.s.get(ctx, t.l.key, index, time.Minute)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			if sleep(ctx, time.Second) != nil {
+				return
+			}
+			continue
+		case pair == nil:
+			err = fmt.Errorf("consul: lock key %s was deleted: %w", t.l.key, backends.ErrLeaseLost)
+		case pair.Session == "":
+			err = fmt.Errorf("consul: session %s no longer holds %s (destroyed, expired or released): %w", t.session, t.l.key, backends.ErrLeaseLost)
+		case pair.Session != t.session:
+			err = fmt.Errorf("consul: %s was taken by session %s (%q): %w", t.l.key, pair.Session, pair.Value, backends.ErrLeaseLost)
+		}
+		if err != nil {
+			t.Set(err)
+			return
+		}
+		index = nextIndex(index, meta.LastIndex)
+	}
+}
+
+// Release releases the key, writing the token into the record, and
+// removes the sessions and the check (see close): if the release fails
+// but the destroy succeeds, the key is freed after the lock-delay; if
+// both fail, the check, no longer passed, ends the session within a TTL.
+// The watch is waited for last: the release is what the next holder
+// waits for.
+func (t *candidate) Release(ctx context.Context) error {
+	if !t.BeginRelease() {
+		return nil
+	}
+	t.stopWatch()
+	defer func() { <-t.watchDone }()
+	return t.close(ctx)
+}
+
+// WriteDoc writes d in one transaction that checks that the lock key is
+// still held by this session.
+func (t *candidate) WriteDoc(ctx context.Context, d backends.Doc) error {
+	return t.l.writeDoc(ctx, d, t.session)
 }

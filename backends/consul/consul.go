@@ -1,33 +1,25 @@
-// Package consul is the Consul store, a backends.QueueLock: a candidate
+// Package consul is the Consul store, a backends.QueueLock. A candidate
 // acquires the key <prefix><lock> with a session whose TTL is the lease
-// duration. One that finds it held joins a queue of keys under
-// <prefix><lock>:queue/, one per waiter, held by a session of its own and
-// ordered by CreateIndex. Only the first in line watches the lock key;
-// every other waiter watches the entry just ahead of its own (as etcd's
-// election and ZooKeeper's lock recipe do), so that a change of leader
-// wakes two waiters, not all of them.
+// duration; one that finds it held joins a queue of keys under
+// <prefix><lock>:queue/, each held by its waiter's own session, ordered by
+// CreateIndex. The first in line watches the lock key, every other waiter
+// the entry just ahead of its own (as etcd's election and ZooKeeper's lock
+// recipe do), so that a change of leader wakes two waiters, not all.
 //
-// Each candidate registers a TTL check of its own on the agent and binds
-// its sessions to it alone. The holder's renewals renew its session and
-// pass its check; if it dies, hangs or loses its link to the agent, the
-// check turns critical a lease after the last pass the agent received,
-// and Consul invalidates the session at once (its own session TTL, which
-// it enforces only after 2×TTL, is the backstop for an agent that dies
-// with its holder). The first in line then acquires the key once the
-// lock-delay has passed. Sessions carry no serfHealth check, so that an
-// agent cut off from the servers does not free the key while its holder's
-// command still runs. docs/safety.md ("Consul: a session bound to a TTL
-// check of its own") argues why the old holder's command is dead by then.
+// Each candidate binds its sessions to a TTL check of its own on the
+// agent, which its renewals pass: if it dies, hangs or loses its link to
+// the agent, the check turns critical a lease after the last pass, and
+// Consul invalidates the session at once; its own session TTL, which it
+// enforces only after 2×TTL, is the backstop for an agent that dies with
+// its holder. No session carries serfHealth, so that an agent cut off from
+// the servers does not free the key while its holder's command still runs
+// (docs/safety.md, "Consul: a session bound to a TTL check of its own").
 //
-// The fencing token is the key's ModifyIndex right after this session
-// acquired it: a Raft index, which every write in the datacenter raises,
-// so it grows even when the key is deleted and created again (LockIndex
-// starts again at 1 then). Nothing writes the key while it is held, so its
-// ModifyIndex stays the token.
-//
-// The lock's documents are the keys <prefix><lock>:history and
-// <prefix><lock>:markers. Lock names cannot hold ':', so none of these
-// keys meets another lock's.
+// The token is the key's ModifyIndex right after the acquisition: a Raft
+// index, which grows even when the key is deleted and created again
+// (LockIndex starts again at 1). Nothing writes the key while it is held.
+// The lock's documents are the keys <prefix><lock>:history and :markers;
+// lock names hold no ':', so no key of a lock meets another lock's.
 package consul
 
 import (
@@ -51,9 +43,9 @@ const (
 	MaxLockDelay = 60 * time.Second
 )
 
-// requestTimeout bounds every request but a blocking query, so that a
-// connection that stalls without closing cannot hang a campaign; maxWait
-// caps a blocking query (Consul caps it at 10 minutes).
+// requestTimeout bounds every request (a blocking query: and its wait),
+// so that a connection that stalls without closing cannot hang a
+// campaign; maxWait caps a blocking query (Consul caps it at 10 minutes).
 const requestTimeout, maxWait = 10 * time.Second, 5 * time.Minute
 
 // DefaultLockDelay, as Config.LockDelay, is each candidate's kill grace
@@ -86,7 +78,7 @@ type Config struct {
 type Store struct {
 	client    *api.Client
 	http      *http.Client
-	addr      string // redacted, for messages
+	addr      string // for messages: it has no user information
 	prefix    string
 	lockDelay time.Duration
 }
@@ -164,6 +156,9 @@ var errSessionGone = fmt.Errorf("consul: session invalidated: %w", backends.ErrE
 // failed wraps an error of op on key: ErrUnavailable, and ErrRefused too
 // if it is refused. It names the address, never the token.
 func (s *Store) failed(op, key string, err error) error {
+	if mb := (*http.MaxBytesError)(nil); errors.As(err, &mb) {
+		err = fmt.Errorf("%w: %v", errTooLarge, err)
+	}
 	if refused(err) {
 		err = fmt.Errorf("%w: %w", backends.ErrRefused, err)
 	}
@@ -178,7 +173,8 @@ func refused(err error) bool {
 	if errors.As(err, &se) {
 		return se.Code < 500 && se.Code != http.StatusTooManyRequests
 	}
-	return errors.Is(err, errPermissionDenied) || errors.Is(err, errRedirect) || errors.Is(err, errTooLarge)
+	mb := (*http.MaxBytesError)(nil)
+	return errors.Is(err, errPermissionDenied) || errors.Is(err, errRedirect) || errors.Is(err, errTooLarge) || errors.As(err, &mb)
 }
 
 // errPermissionDenied is a transaction refused by the ACLs: Consul reports
@@ -189,8 +185,6 @@ var errPermissionDenied = errors.New("permission denied (403)")
 // first error Consul reported and the index of its operation (-1: none).
 // A refusal by the ACLs is an error wrapping errPermissionDenied.
 func (s *Store) txn(ctx context.Context, ops api.TxnOps) (bool, *api.TxnResponse, string, int, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
 	ok, resp, _, err := s.client.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
 	if err != nil || ok || resp == nil || len(resp.Errors) == 0 {
 		return ok, resp, "", -1, err
@@ -205,17 +199,14 @@ func (s *Store) txn(ctx context.Context, ops api.TxnOps) (bool, *api.TxnResponse
 // get reads key. With index > 0 it is a blocking query that returns when
 // the key's index passes index, or after at most wait.
 func (s *Store) get(ctx context.Context, key string, index uint64, wait time.Duration) (*api.KVPair, *api.QueryMeta, error) {
-	q, timeout := &api.QueryOptions{}, requestTimeout
+	q := (&api.QueryOptions{}).WithContext(ctx)
 	if index > 0 {
 		wait = min(max(wait, time.Millisecond), maxWait)
 		// Consul adds a random jitter of up to 1/16 of the wait time: ask
 		// for 16/17 of it so that the answer comes by wait at the latest.
 		q.WaitIndex, q.WaitTime = index, max(wait-wait/17, time.Millisecond)
-		timeout += wait
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	return s.client.KV().Get(key, q.WithContext(ctx))
+	return s.client.KV().Get(key, q)
 }
 
 // nextIndex is the index for the next blocking query after one that

@@ -13,8 +13,6 @@ import (
 
 // queue lists the entries of the lock's queue of waiters, oldest first.
 func (l *lock) queue(ctx context.Context) (api.KVPairs, error) {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
 	pairs, _, err := l.s.client.KV().List(l.queuePrefix(), (&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {
 		return nil, l.s.failed("read the queue of", l.key, err)
@@ -27,8 +25,6 @@ func (l *lock) queue(ctx context.Context) (api.KVPairs, error) {
 // and held by it. Entries are ordered by CreateIndex, a Raft index: a new
 // one always comes last.
 func (t *candidate) enqueue(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
 	p := &api.KVPair{Key: t.l.queuePrefix() + t.qsession, Value: []byte(t.claim.Identity), Session: t.qsession}
 	ok, _, err := t.l.s.client.KV().Acquire(p, (&api.WriteOptions{}).WithContext(ctx))
 	switch {
@@ -115,10 +111,9 @@ func (t *candidate) waitFor(ctx context.Context, ahead *api.KVPair) error {
 // maxWait.
 func (t *candidate) waitKey(ctx context.Context) error {
 	for {
-		wait, index := maxWait, t.index
+		wait := maxWait
 		switch {
-		case !t.viewed:
-			index = 0
+		case t.index == 0:
 		case t.holder == t.session:
 			return nil
 		case t.holder == "":
@@ -126,11 +121,11 @@ func (t *candidate) waitKey(ctx context.Context) error {
 				return nil
 			}
 		}
-		pair, meta, err := t.l.s.get(ctx, t.l.key, index, wait)
+		pair, meta, err := t.l.s.get(ctx, t.l.key, t.index, wait)
 		if err != nil {
 			return t.l.s.failed("watch", t.l.key, err)
 		}
-		t.index, t.viewed = nextIndex(t.index, meta.LastIndex), true
+		t.index = nextIndex(t.index, meta.LastIndex)
 		switch {
 		case pair != nil && pair.Session != "":
 			_, t.holderDelay = holderOf(pair)

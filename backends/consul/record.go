@@ -66,9 +66,7 @@ func (l *lock) Status(ctx context.Context) (backends.Status, error) {
 	}
 	if pair != nil && pair.Session != "" {
 		st, _ = holderOf(pair)
-		ictx, cancel := context.WithTimeout(ctx, requestTimeout)
-		defer cancel()
-		if info, _, err := l.s.client.Session().Info(pair.Session, (&api.QueryOptions{}).WithContext(ictx)); err == nil && info != nil {
+		if info, _, err := l.s.client.Session().Info(pair.Session, (&api.QueryOptions{}).WithContext(ctx)); err == nil && info != nil {
 			st.Node = info.Node
 			st.TTL, _ = time.ParseDuration(info.TTL)
 		}
@@ -90,8 +88,6 @@ func (l *lock) docKey(name string) string { return l.key + ":" + name }
 // key's ModifyIndex.
 func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
 	d, key := backends.Doc{Name: name}, l.docKey(name)
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
 	pair, _, err := l.s.client.KV().Get(key, (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
 	switch {
 	case err != nil:

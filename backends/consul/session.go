@@ -147,8 +147,6 @@ func (t *candidate) setReady(ctx context.Context, ready bool) error {
 	if (t.session != "") == ready {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
 	// Neither the check's timer nor a new session's starts before this:
 	// the lease's deadline may count from it.
 	sent, ttl, id := time.Now(), max(parkedTTL, t.claim.Timings.LeaseDuration), ""
@@ -174,10 +172,10 @@ func (t *candidate) setReady(ctx context.Context, ready bool) error {
 func (t *candidate) acked() (at time.Time, life time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.session == "" {
-		return t.lastAck, max(parkedTTL, t.claim.Timings.LeaseDuration)
+	if life = t.claim.Timings.LeaseDuration; t.session == "" {
+		life = max(parkedTTL, life)
 	}
-	return t.lastAck, t.claim.Timings.LeaseDuration
+	return t.lastAck, life
 }
 
 // keepAlive passes the check and renews the sessions of a waiting
@@ -223,8 +221,6 @@ func (t *candidate) keepAlive(ctx context.Context) {
 func (t *candidate) renew(ctx context.Context) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
-	defer cancel()
 	sent := time.Now()
 	err := t.l.s.renew(ctx, t.check, t.session, t.qsession)
 	if err == nil {

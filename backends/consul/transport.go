@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-cleanhttp"
@@ -49,8 +50,7 @@ func CheckAddress(addr string) error {
 
 // newClient builds Consul's client for cfg on an HTTP client of its own,
 // bounded: every answer is capped at maxAnswer and its header at
-// maxHeader, every request without a deadline gets requestTimeout, and no
-// redirect is followed. cfg is changed (its Transport and HttpClient are
+// maxHeader, every request has a deadline, and no redirect is followed. cfg is changed (its Transport and HttpClient are
 // the new client's).
 func newClient(cfg *api.Config) (*api.Client, *http.Client, error) {
 	if cfg.Transport == nil {
@@ -76,18 +76,18 @@ func newClient(cfg *api.Config) (*api.Client, *http.Client, error) {
 	return client, hc, nil
 }
 
-// boundedTransport caps answers at maxAnswer and gives a request without
-// a deadline one of requestTimeout.
+// boundedTransport caps answers at maxAnswer, and gives every request
+// requestTimeout at most, a blocking query its wait more.
 type boundedTransport struct{ base http.RoundTripper }
 
 // RoundTrip implements http.RoundTripper.
 func (t *boundedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	cancel := context.CancelFunc(func() {})
-	if _, ok := req.Context().Deadline(); !ok {
-		var ctx context.Context
-		ctx, cancel = context.WithTimeout(req.Context(), requestTimeout)
-		req = req.WithContext(ctx)
+	timeout := requestTimeout
+	if wait, err := time.ParseDuration(req.URL.Query().Get("wait")); err == nil {
+		timeout += wait
 	}
+	ctx, cancel := context.WithTimeout(req.Context(), timeout)
+	req = req.WithContext(ctx)
 	resp, err := t.base.RoundTrip(req)
 	if err == nil && resp.ContentLength > maxAnswer {
 		resp.Body.Close()
@@ -97,34 +97,20 @@ func (t *boundedTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		cancel()
 		return nil, err
 	}
-	resp.Body = &cappedBody{body: resp.Body, left: maxAnswer, cancel: cancel}
+	// One byte past the limit is an error (http.MaxBytesError, which
+	// failed reads as errTooLarge), never the end of the answer.
+	resp.Body = cappedBody{http.MaxBytesReader(nil, resp.Body, maxAnswer), cancel}
 	return resp, nil
 }
 
-// cappedBody reads an answer's body up to a limit; one byte more is
-// errTooLarge, never an end of the answer.
+// cappedBody is an answer's body, read up to maxAnswer; closing it ends
+// the request's own deadline.
 type cappedBody struct {
-	body   io.ReadCloser
-	left   int64 // bytes still allowed; -1 once the limit was passed
+	io.ReadCloser
 	cancel context.CancelFunc
 }
 
-func (b *cappedBody) Read(p []byte) (int, error) {
-	if b.left < 0 {
-		return 0, errTooLarge
-	}
-	// Ask for one byte past the limit, to tell an answer that ends at
-	// the limit from one that goes on.
-	n, err := b.body.Read(p[:min(int64(len(p)), b.left+1)])
-	if int64(n) > b.left {
-		n, b.left = int(b.left), -1
-		return n, errTooLarge
-	}
-	b.left -= int64(n)
-	return n, err
-}
-
-func (b *cappedBody) Close() error {
+func (b cappedBody) Close() error {
 	defer b.cancel()
-	return b.body.Close()
+	return b.ReadCloser.Close()
 }
