@@ -2,6 +2,7 @@ package consul
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"strings"
@@ -15,10 +16,9 @@ import (
 
 // candidate is one candidacy from Join to Release: a TTL check on the
 // agent, the sessions bound to it, a place in the queue and, once it
-// leads, the grant (Lead returns the candidate itself). While it may
-// acquire the key (first in line, or before it queues) it is ready: it
-// holds a lock session, and its check's TTL is the lease duration.
-// Further back it is parked: no lock session, and a check of parkedTTL.
+// leads, the grant (Lead returns the candidate itself). First in line, or
+// before it queues, it is ready: it holds a lock session, and its check's
+// TTL is the lease duration. Further back it is parked (see parkedTTL).
 type candidate struct {
 	l     *lock
 	claim backends.Claim
@@ -26,7 +26,7 @@ type candidate struct {
 	check string        // the ID of its TTL check
 
 	// mu is held by each renewal and by setReady, and guards what the
-	// keep-alive reads; Lead's goroutine, the only writer, reads without.
+	// keep-alive reads; Lead's goroutine, the only writer, reads freely.
 	mu       sync.Mutex
 	session  string    // the lock session; "" while parked
 	qsession string    // holds the queue entry, named by it; "" until it queues
@@ -38,9 +38,7 @@ type candidate struct {
 	end   context.CancelCauseFunc
 	done  chan struct{}
 
-	// first: no live entry is ahead of ours. Entries only join at the
-	// end, so it stays first until it wins or leaves.
-	first bool
+	first bool // no live entry is ahead: entries only join at the end
 	// What the last read of the lock key showed (first in line only).
 	index       uint64        // for the next blocking query; 0: read it anew
 	holder      string        // the holder's session, "" if the key is free
@@ -51,25 +49,30 @@ type candidate struct {
 
 	// The grant: won by attempt, handed out by Lead.
 	won, handed bool
-	token       uint64
 	acquired    time.Time
-	rec         record // as written at the grant
+	rec         record // as written at the grant, with its token
 	*backends.Loss
 	stopWatch context.CancelFunc
 	watchDone chan struct{}
 }
 
-// Join implements backends.QueueLock: it registers the candidate's check,
-// creates its lock session and tries to acquire the key. If another
-// session holds it, the candidate joins the queue (unless try), and a
-// goroutine of its own passes the check and renews the sessions while it
-// waits, so that no blocking query has to end early for a renewal.
+// Join implements backends.QueueLock: it registers the candidate's check
+// and creates its lock session (even if ctx ends meanwhile, so that a
+// withdrawal can remove them), and tries to acquire the key. If another
+// session holds it, the candidate queues (unless try), and a goroutine of
+// its own keeps the sessions alive while it waits (see keepAlive).
 func (l *lock) Join(ctx context.Context, c backends.Claim, try bool) (backends.Ticket, error) {
-	t, err := l.newCandidate(ctx, c)
-	if err != nil {
-		return nil, err
+	t := &candidate{l: l, claim: c, delay: l.s.LockDelay(c.Timings), check: checkPrefix + rand.Text(), alive: context.Background(),
+		lastAck: time.Now(), Loss: backends.NewLoss()}
+	l.s.dropDeadChecks(context.WithoutCancel(ctx))
+	err := t.registerCheck(context.WithoutCancel(ctx), c.Timings.LeaseDuration)
+	if err == nil {
+		t.session, err = t.createSession(context.WithoutCancel(ctx), true)
 	}
-	won, err := t.attempt(ctx)
+	won := false
+	if err == nil {
+		won, err = t.attempt(ctx)
+	}
 	switch {
 	case err == nil && !won && try:
 		err = fmt.Errorf("consul: %s is held by another session, or in its lock-delay: %w", l.key, backends.ErrLocked)
@@ -91,29 +94,8 @@ func (l *lock) Join(ctx context.Context, c backends.Claim, try bool) (backends.T
 	return t, nil
 }
 
-// newCandidate registers a TTL check and creates a lock session bound to
-// it, even if ctx ends meanwhile, so that a withdrawal can remove them
-// rather than leave them to expire.
-func (l *lock) newCandidate(ctx context.Context, c backends.Claim) (*candidate, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	ctx = context.WithoutCancel(ctx)
-	l.s.dropDeadChecks(ctx)
-	t := &candidate{l: l, claim: c, delay: l.s.LockDelay(c.Timings), check: newCheckID(), alive: context.Background(),
-		lastAck: time.Now(), Loss: backends.NewLoss()}
-	err := t.registerCheck(ctx, c.Timings.LeaseDuration)
-	if err == nil {
-		if t.session, err = t.createSession(ctx, true); err != nil {
-			_ = t.close(ctx)
-		}
-	}
-	return t, err
-}
-
-// Lead implements backends.Ticket: it waits for the candidate's turn
-// (waitTurn) and acquires the key. The keep-alive stops before Lead
-// returns: from then on the runner's renewals are the only ones.
+// Lead implements backends.Ticket. The keep-alive stops before it returns
+// the grant: from then on the runner's renewals are the only ones.
 func (t *candidate) Lead(ctx context.Context) (backends.Grant, error) {
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -143,14 +125,12 @@ func (t *candidate) Lead(ctx context.Context) (backends.Grant, error) {
 	return t, nil
 }
 
-// attempt acquires the key, and leaves the queue in the same transaction,
-// so that the waiter behind learns of it only once the key is ours. It
-// returns false, nil if another session holds the key or its lock-delay
-// runs. The answer carries the key's new ModifyIndex: the token.
+// attempt acquires the key and leaves the queue in one transaction, so
+// that the waiter behind wakes once the key is ours: false, nil if another
+// session holds it or a lock-delay runs. The answer carries the key's new
+// ModifyIndex, the token. The lease counts from the last renewal of the
+// session and the check acknowledged before: neither expires sooner.
 func (t *candidate) attempt(ctx context.Context) (bool, error) {
-	// The lease counts from the send time of the last renewal of both the
-	// session and the check acknowledged before the acquisition was sent:
-	// neither can expire sooner than a TTL after it.
 	acked, _ := t.acked()
 	t.rec = record{Identity: t.claim.Identity, TTL: t.claim.Timings.LeaseDuration.String(), LockDelay: t.delay.String(), Holders: t.claim.Holders}
 	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVLock, Key: t.l.key, Value: t.rec.encode(), Flags: recordFlags, Session: t.session}}}
@@ -168,11 +148,10 @@ func (t *candidate) attempt(ctx context.Context) (bool, error) {
 	case len(resp.Results) == 0 || resp.Results[0].KV == nil:
 		return false, t.l.s.failed("acquire", t.l.key, errors.New("transaction answer without the key"))
 	}
-	t.won, t.token, t.acquired = true, resp.Results[0].KV.ModifyIndex, acked
-	t.rec.Token = t.token
+	t.won, t.rec.Token, t.acquired = true, resp.Results[0].KV.ModifyIndex, acked
 	wctx, cancel := context.WithCancel(context.Background())
 	t.stopWatch, t.watchDone = cancel, make(chan struct{})
-	go t.watch(wctx, t.token)
+	go t.watch(wctx, t.rec.Token)
 	return true, nil
 }
 
@@ -197,14 +176,12 @@ func (t *candidate) stopKeepAlive() {
 	}
 }
 
-// close gives up what the candidacy holds. The key goes first, released
-// with its record, since an acquisition whose answer was lost may hold it
-// (a release, unlike an invalidation, imposes no lock-delay on the next
-// holder); then the queue session, so that the waiter behind moves up;
-// the check last, since deregistering it invalidates the sessions. Errors
-// but the lock session's are ignored: the check turns critical a TTL
-// later, which ends the sessions, and the next candidate on this agent
-// deregisters it.
+// close gives up what the candidacy holds: the key first, with its record
+// (a lost answer may have granted it; a release, unlike an invalidation,
+// imposes no lock-delay), then the queue session, so that the waiter
+// behind moves up, the lock session, and the check last (its removal
+// invalidates the sessions). Errors but the lock session's are ignored:
+// the check, no longer passed, ends the sessions a TTL later.
 func (t *candidate) close(ctx context.Context) error {
 	s, wo := t.l.s, (&api.WriteOptions{}).WithContext(ctx)
 	if t.session != "" && t.Err() == nil {
@@ -226,19 +203,15 @@ func (t *candidate) close(ctx context.Context) error {
 
 // The candidate is its own grant once Lead returned it: the methods below
 // implement backends.Grant.
-
-func (t *candidate) Token() uint64       { return t.token }
+func (t *candidate) Token() uint64       { return t.rec.Token }
 func (t *candidate) TTL() time.Duration  { return t.claim.Timings.LeaseDuration }
 func (t *candidate) Acquired() time.Time { return t.acquired }
 
-// Session is the ID of the Consul session that holds the lock.
-func (t *candidate) Session() string { return t.session }
-
 // Renew renews the session (the servers' TTL timer) and passes its check
-// (the agent's), and returns nil only if both were acknowledged: the
-// runner's deadline then counts from the send time of a renewal that
-// restarted both timers (docs/safety.md). Neither writes anything a waiter
-// watches. A session or check that is gone is a loss.
+// (the agent's), and returns nil only if both were acknowledged, so that
+// the runner's deadline counts from a renewal that restarted both timers
+// (docs/safety.md). Neither writes anything a waiter watches. A session or
+// check that is gone is a loss.
 func (t *candidate) Renew(ctx context.Context) error {
 	if err := t.Err(); err != nil {
 		return err
@@ -256,10 +229,9 @@ func (t *candidate) Renew(ctx context.Context) error {
 }
 
 // watch reports the loss once the key is no longer held by this session,
-// in blocking queries of a minute at most (so that a silently broken
-// connection is noticed), until ctx ends. A failed query is retried:
-// whether the store can be reached is for renewals and the runner's
-// deadline to judge; the watch reports only what Consul says of the key.
+// in blocking queries of a minute at most, so that a silently broken
+// connection is noticed. A failed query is retried: whether the store can
+// be reached is for renewals and the runner's deadline to judge.
 func (t *candidate) watch(ctx context.Context, index uint64) {
 	defer close(t.watchDone)
 	for {
@@ -287,12 +259,8 @@ func (t *candidate) watch(ctx context.Context, index uint64) {
 	}
 }
 
-// Release releases the key, writing the token into the record, and
-// removes the sessions and the check (see close): if the release fails
-// but the destroy succeeds, the key is freed after the lock-delay; if
-// both fail, the check, no longer passed, ends the session within a TTL.
-// The watch is waited for last: the release is what the next holder
-// waits for.
+// Release gives up the key and the sessions (see close). The watch is
+// waited for last: the release is what the next holder waits for.
 func (t *candidate) Release(ctx context.Context) error {
 	if !t.BeginRelease() {
 		return nil
@@ -302,7 +270,7 @@ func (t *candidate) Release(ctx context.Context) error {
 	return t.close(ctx)
 }
 
-// WriteDoc writes d in one transaction that checks that the lock key is
+// WriteDoc writes d in a transaction that checks that the lock key is
 // still held by this session.
 func (t *candidate) WriteDoc(ctx context.Context, d backends.Doc) error {
 	return t.l.writeDoc(ctx, d, t.session)

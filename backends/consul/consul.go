@@ -1,29 +1,23 @@
 // Package consul is the Consul store, a backends.QueueLock. A candidate
 // acquires the key <prefix><lock> with a session whose TTL is the lease
 // duration; one that finds it held joins a queue of keys under
-// <prefix><lock>:queue/, each held by its waiter's own session, ordered by
-// CreateIndex. The first in line watches the lock key, every other waiter
-// the entry just ahead of its own (as etcd's election and ZooKeeper's lock
-// recipe do), so that a change of leader wakes two waiters, not all.
+// <prefix><lock>:queue/, ordered by CreateIndex. The first in line watches
+// the lock key, every other waiter the entry ahead of its own (as etcd's
+// election does), so that a change of leader wakes two waiters, not all.
 //
-// Each candidate binds its sessions to a TTL check of its own on the
-// agent, which its renewals pass: if it dies, hangs or loses its link to
-// the agent, the check turns critical a lease after the last pass, and
-// Consul invalidates the session at once; its own session TTL, which it
-// enforces only after 2×TTL, is the backstop for an agent that dies with
-// its holder. No session carries serfHealth, so that an agent cut off from
-// the servers does not free the key while its holder's command still runs
-// (docs/safety.md, "Consul: a session bound to a TTL check of its own").
-//
-// The token is the key's ModifyIndex right after the acquisition: a Raft
-// index, which grows even when the key is deleted and created again
-// (LockIndex starts again at 1). Nothing writes the key while it is held.
-// The lock's documents are the keys <prefix><lock>:history and :markers;
-// lock names hold no ':', so no key of a lock meets another lock's.
+// Sessions are bound to a TTL check of the candidate's own on the agent
+// (not serfHealth), which its renewals pass: if it dies, hangs or loses
+// its link, the check turns critical a lease after the last pass, and
+// Consul invalidates the session at once (docs/safety.md, "Consul: a
+// session bound to a TTL check of its own"). The token is the key's
+// ModifyIndex right after the acquisition: a Raft index, which grows even
+// when the key is deleted and created again, unlike its LockIndex. The
+// documents are the keys <prefix><lock>:history and :markers.
 package consul
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -41,40 +35,36 @@ const (
 	MinTTL       = 10 * time.Second
 	MaxTTL       = 24 * time.Hour
 	MaxLockDelay = 60 * time.Second
+	// DefaultLockDelay, as Config.LockDelay, is each candidate's kill
+	// grace plus a second, at most MaxLockDelay: a holder whose session
+	// someone else ended hears of it within a round trip, and its
+	// command is dead a kill grace later.
+	DefaultLockDelay time.Duration = -1
 )
 
 // requestTimeout bounds every request (a blocking query: and its wait),
-// so that a connection that stalls without closing cannot hang a
-// campaign; maxWait caps a blocking query (Consul caps it at 10 minutes).
+// so that a stalled connection cannot hang a campaign; maxWait caps a
+// blocking query (Consul caps it at 10 minutes).
 const requestTimeout, maxWait = 10 * time.Second, 5 * time.Minute
-
-// DefaultLockDelay, as Config.LockDelay, is each candidate's kill grace
-// plus a second, at most MaxLockDelay: a holder whose session someone else
-// ended hears of it within a round trip, and its command is dead a kill
-// grace later.
-const DefaultLockDelay time.Duration = -1
 
 // Config describes one Consul datacenter.
 type Config struct {
-	// API says how to reach the agent, as Consul's client takes it. It is
-	// copied; its HttpClient is not used (the store builds a bounded one,
-	// on a copy of its Transport). Nil: api.DefaultConfig(), which reads
-	// CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN, CONSUL_CACERT and the rest as
-	// the consul CLI does. An address with user information is refused.
+	// API says how to reach the agent. It is copied, and its HttpClient
+	// is not used (see newClient). Nil: api.DefaultConfig(), which reads
+	// CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN and the rest as the consul CLI
+	// does. An address with user information is refused.
 	API *api.Config
 	// Prefix is prepended to a lock's name to form its key.
 	Prefix string
 	// LockDelay is how long Consul refuses the key to others after a
 	// holder's session was invalidated or destroyed, so that a holder
-	// whose session someone else ended can stop its command first; it
-	// delays every failover from a crashed holder by as much. 0 to
-	// MaxLockDelay, or DefaultLockDelay. Zero value: none (unlike the
-	// Consul API, whose default is 15 s).
+	// whose session someone else ended can stop its command first; every
+	// failover from a crashed holder waits as long. 0 to MaxLockDelay, or
+	// DefaultLockDelay. Zero value: none (the Consul API's is 15 s).
 	LockDelay time.Duration
 }
 
-// Store is one Consul datacenter, reached through one agent. Its methods
-// are safe for concurrent use.
+// Store is one Consul datacenter, reached through one agent.
 type Store struct {
 	client    *api.Client
 	http      *http.Client
@@ -86,7 +76,6 @@ type Store struct {
 var (
 	_ backends.LeaseDurationChecker = (*Store)(nil)
 	_ backends.QueueLock            = (*lock)(nil)
-	_ backends.Grant                = (*candidate)(nil)
 )
 
 // Open validates cfg and builds the client; it sends nothing to Consul.
@@ -101,25 +90,17 @@ func Open(cfg Config) (*Store, error) {
 	if err := CheckAddress(apiCfg.Address); err != nil {
 		return nil, fmt.Errorf("consul: %w", err)
 	}
-	client, hc, err := newClient(&apiCfg)
+	client, hc, err := newClient(&apiCfg) // no message of it shows the token
 	if err != nil {
-		// A bad scheme, TLS file or token file; no message shows the token.
 		return nil, fmt.Errorf("consul: client for %s: %w", apiCfg.Address, err)
 	}
 	return &Store{client: client, http: hc, addr: apiCfg.Address, prefix: cfg.Prefix, lockDelay: cfg.LockDelay}, nil
 }
 
-// Name implements backends.Store.
-func (s *Store) Name() string { return "consul" }
-
-// Lock implements backends.Store.
+// Name, Lock and Close implement backends.Store.
+func (s *Store) Name() string                   { return "consul" }
 func (s *Store) Lock(name string) backends.Lock { return &lock{s: s, key: s.prefix + name} }
-
-// Close implements backends.Store: it closes idle connections.
-func (s *Store) Close() error {
-	s.http.CloseIdleConnections()
-	return nil
-}
+func (s *Store) Close() error                   { s.http.CloseIdleConnections(); return nil }
 
 // CheckLeaseDuration implements backends.LeaseDurationChecker: the lease
 // duration is the session TTL.
@@ -144,46 +125,32 @@ type lock struct {
 	key string
 }
 
-// Key implements backends.Lock.
-func (l *lock) Key() string { return l.key }
-
+func (l *lock) Key() string         { return l.key }
 func (l *lock) queuePrefix() string { return l.key + ":queue/" }
 
-// errSessionGone: a candidate's session or check is gone (expired,
-// destroyed, deregistered); the driver joins again with new ones.
+// errSessionGone: a candidate's session or check is gone; the driver
+// joins again with new ones.
 var errSessionGone = fmt.Errorf("consul: session invalidated: %w", backends.ErrEnded)
 
-// failed wraps an error of op on key: ErrUnavailable, and ErrRefused too
-// if it is refused. It names the address, never the token.
+// failed wraps an error of op on key, naming the address (never the
+// token): ErrUnavailable, and ErrRefused too unless asking again may help
+// (a network error, a server error, rate limiting may pass).
 func (s *Store) failed(op, key string, err error) error {
-	if mb := (*http.MaxBytesError)(nil); errors.As(err, &mb) {
-		err = fmt.Errorf("%w: %v", errTooLarge, err)
-	}
-	if refused(err) {
+	var se api.StatusError
+	if errors.As(err, &se) && se.Code < 500 && se.Code != http.StatusTooManyRequests ||
+		errors.Is(err, errPermissionDenied) || errors.Is(err, errRedirect) || errors.Is(err, errTooLarge) {
 		err = fmt.Errorf("%w: %w", backends.ErrRefused, err)
 	}
 	return fmt.Errorf("consul at %s: %s %s: %w: %w", s.addr, op, key, backends.ErrUnavailable, err)
 }
 
-// refused reports whether asking again cannot help after err: a refusal
-// (403) or an answer leaderrun refuses (a redirect, one past maxAnswer),
-// not a network error, a server error (no leader) or rate limiting.
-func refused(err error) bool {
-	var se api.StatusError
-	if errors.As(err, &se) {
-		return se.Code < 500 && se.Code != http.StatusTooManyRequests
-	}
-	mb := (*http.MaxBytesError)(nil)
-	return errors.Is(err, errPermissionDenied) || errors.Is(err, errRedirect) || errors.Is(err, errTooLarge) || errors.As(err, &mb)
-}
-
-// errPermissionDenied is a transaction refused by the ACLs: Consul reports
-// that as an error of the transaction, not as a 403.
+// errPermissionDenied is a transaction refused by the ACLs, which Consul
+// reports as an error of the transaction, not as a 403.
 var errPermissionDenied = errors.New("permission denied (403)")
 
-// txn runs ops and says whether they were applied; if not, it returns the
-// first error Consul reported and the index of its operation (-1: none).
-// A refusal by the ACLs is an error wrapping errPermissionDenied.
+// txn runs ops, and says if they were applied; if not, the first error
+// Consul reported and its operation's index (-1: none). A refusal by the
+// ACLs is an error wrapping errPermissionDenied.
 func (s *Store) txn(ctx context.Context, ops api.TxnOps) (bool, *api.TxnResponse, string, int, error) {
 	ok, resp, _, err := s.client.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
 	if err != nil || ok || resp == nil || len(resp.Errors) == 0 {
@@ -196,8 +163,8 @@ func (s *Store) txn(ctx context.Context, ops api.TxnOps) (bool, *api.TxnResponse
 	return false, resp, what, resp.Errors[0].OpIndex, nil
 }
 
-// get reads key. With index > 0 it is a blocking query that returns when
-// the key's index passes index, or after at most wait.
+// get reads key; with index > 0, once its index passes index, or after
+// wait at most.
 func (s *Store) get(ctx context.Context, key string, index uint64, wait time.Duration) (*api.KVPair, *api.QueryMeta, error) {
 	q := (&api.QueryOptions{}).WithContext(ctx)
 	if index > 0 {
@@ -229,4 +196,111 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// recordFlags, in the flags of the lock key, marks its value as a record
+// (format 2: its holder does not write the key at renewals). Any other
+// value (another tool's, an older leaderrun's) is the holder's identity.
+const recordFlags uint64 = 0x6c72756e_00000002 // "lrun", format 2
+
+// record is the lock key's value while leaderrun holds it, in JSON for
+// `consul kv get`. Token is 0 until the release writes it (the key's
+// ModifyIndex is the token). The lock-delay tells the first in line how
+// long an invalidated key stays refused; Holders is the pool's size.
+type record struct {
+	Identity  string `json:"identity"`
+	Token     uint64 `json:"token,omitempty"`
+	TTL       string `json:"ttl"`
+	LockDelay string `json:"lock_delay"`
+	Holders   int    `json:"holders,omitempty"`
+}
+
+func (r record) encode() []byte {
+	data, _ := json.Marshal(r)
+	return data
+}
+
+// holderOf reads the held key pair: who holds it, and its lock-delay (0:
+// unknown). A value that is no record is the holder's identity.
+func holderOf(pair *api.KVPair) (st backends.Status, lockDelay time.Duration) {
+	st = backends.Status{Held: true, Identity: string(pair.Value), Token: pair.ModifyIndex, Remaining: -1, Waiting: -1}
+	var r record
+	if pair.Flags == recordFlags && json.Unmarshal(pair.Value, &r) == nil {
+		st.Identity, st.Holders = r.Identity, max(r.Holders, 0)
+		st.TTL, _ = time.ParseDuration(r.TTL)
+		lockDelay, _ = time.ParseDuration(r.LockDelay)
+		if r.Token != 0 {
+			st.Token = r.Token
+		}
+	}
+	return st, lockDelay
+}
+
+// Status implements backends.QueueLock: Waiting counts the live entries
+// of the queue, Remaining is -1 (Consul does not tell). It needs key:read
+// on the prefix; without session:read, it shows no node.
+func (l *lock) Status(ctx context.Context) (backends.Status, error) {
+	st := backends.Status{Remaining: -1, Waiting: -1}
+	pair, _, err := l.s.get(ctx, l.key, 0, 0)
+	if err != nil {
+		return st, l.s.failed("read", l.key, err)
+	}
+	if pair != nil && pair.Session != "" {
+		st, _ = holderOf(pair)
+		if info, _, err := l.s.client.Session().Info(pair.Session, (&api.QueryOptions{}).WithContext(ctx)); err == nil && info != nil {
+			st.Node = info.Node
+			st.TTL, _ = time.ParseDuration(info.TTL)
+		}
+	}
+	if queue, err := l.queue(ctx); err == nil {
+		st.Waiting = 0
+		for _, e := range queue {
+			if e.Session != "" && (pair == nil || e.Session != pair.Session) {
+				st.Waiting++
+			}
+		}
+	}
+	return st, nil
+}
+
+func (l *lock) docKey(name string) string { return l.key + ":" + name }
+
+// ReadDoc implements backends.Lock: consistent, versioned by ModifyIndex.
+func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
+	d, key := backends.Doc{Name: name}, l.docKey(name)
+	pair, _, err := l.s.client.KV().Get(key, (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
+	switch {
+	case err != nil:
+		return d, l.s.failed("read", key, err)
+	case pair == nil:
+		return d, nil
+	case len(pair.Value) > backends.MaxDoc:
+		return d, fmt.Errorf("consul: %s: %d bytes, more than a document holds: %w: %w", key, len(pair.Value), backends.ErrUnavailable, backends.ErrRefused)
+	}
+	d.Data, d.Version = pair.Value, pair.ModifyIndex
+	return d, nil
+}
+
+// WriteDoc implements backends.Lock.
+func (l *lock) WriteDoc(ctx context.Context, d backends.Doc) error { return l.writeDoc(ctx, d, "") }
+
+// writeDoc writes d if it is still at d.Version (nil: absent) and, with a
+// session, only while that session holds the lock key.
+func (l *lock) writeDoc(ctx context.Context, d backends.Doc, session string) error {
+	key := l.docKey(d.Name)
+	index, _ := d.Version.(uint64)
+	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: key, Value: d.Data, Index: index}}}
+	if session != "" {
+		ops = append(api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVCheckSession, Key: l.key, Session: session}}}, ops...)
+	}
+	ok, _, why, op, err := l.s.txn(ctx, ops)
+	switch {
+	case err != nil:
+		return l.s.failed("write", key, err)
+	case ok:
+		return nil
+	case session != "" && op == 0:
+		return fmt.Errorf("consul: %s is no longer held by session %s (%s); %s not written: %w", l.key, session, why, key, backends.ErrLeaseLost)
+	}
+	return fmt.Errorf("consul: %s changed since it was read (%s): %w", key, why, backends.ErrConflict)
 }

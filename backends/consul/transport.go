@@ -17,13 +17,11 @@ import (
 // Bounds on what leaderrun reads from the agent, so that a broken or
 // hostile server gets an error and never our memory.
 const (
-	// maxAnswer caps the body of every answer. The largest leaderrun
-	// reads is the list of a lock's queue (about 200 bytes of JSON per
-	// waiter: 10,000 waiters fit) or a document (backends.MaxDoc, about
-	// 170 KiB in base64). The JSON decoder buffers an answer whole,
-	// doubling its buffer as it grows: an answer of maxAnswer costs up to
-	// about 3 times that while it is read, well within the 64 MiB that a
-	// leaderrun may use.
+	// maxAnswer caps every answer's body. The largest leaderrun reads is
+	// a lock's queue (about 200 bytes of JSON per waiter: 10,000 fit) or
+	// a document (backends.MaxDoc, 170 KiB in base64). The JSON decoder,
+	// doubling its buffer, costs up to 3 times an answer while reading
+	// it: well within the 64 MiB that a leaderrun may use.
 	maxAnswer = 2 << 20
 	// maxHeader caps an answer's header; Consul's are a few hundred bytes.
 	maxHeader = 64 << 10
@@ -38,9 +36,8 @@ var errTooLarge = fmt.Errorf("consul: answer longer than the %d MiB leaderrun re
 var errRedirect = errors.New("consul: the agent answered with a redirect, which leaderrun never follows")
 
 // CheckAddress refuses an agent address with user information
-// (http://user:password@host): Consul's client would put it in the host
-// name and repeat it in every error. The error names the address
-// redacted. Open checks it too.
+// (http://user:password@host), which Consul's client would repeat in every
+// error; its own error names the address redacted. Open checks it too.
 func CheckAddress(addr string) error {
 	if r := backends.Redact(addr); r != addr {
 		return fmt.Errorf("address %s: user information in the address is not supported; give the ACL token with --consul-token-file or CONSUL_HTTP_TOKEN, HTTP basic authentication with CONSUL_HTTP_AUTH", r)
@@ -48,16 +45,14 @@ func CheckAddress(addr string) error {
 	return nil
 }
 
-// newClient builds Consul's client for cfg on an HTTP client of its own,
-// bounded: every answer is capped at maxAnswer and its header at
-// maxHeader, every request has a deadline, and no redirect is followed. cfg is changed (its Transport and HttpClient are
-// the new client's).
+// newClient builds Consul's client for cfg (which it changes) on an HTTP
+// client of its own: every answer capped at maxAnswer and its header at
+// maxHeader, every request with a deadline, no redirect followed.
 func newClient(cfg *api.Config) (*api.Client, *http.Client, error) {
 	if cfg.Transport == nil {
 		cfg.Transport = cleanhttp.DefaultPooledTransport()
-	} else {
-		cfg.Transport = cfg.Transport.Clone()
 	}
+	cfg.Transport = cfg.Transport.Clone()
 	cfg.HttpClient = nil
 	client, err := api.NewClient(cfg)
 	if err != nil {
@@ -97,17 +92,23 @@ func (t *boundedTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		cancel()
 		return nil, err
 	}
-	// One byte past the limit is an error (http.MaxBytesError, which
-	// failed reads as errTooLarge), never the end of the answer.
 	resp.Body = cappedBody{http.MaxBytesReader(nil, resp.Body, maxAnswer), cancel}
 	return resp, nil
 }
 
-// cappedBody is an answer's body, read up to maxAnswer; closing it ends
-// the request's own deadline.
+// cappedBody is an answer's body up to maxAnswer: one byte more is
+// errTooLarge, never the end of the answer. Closing it ends its deadline.
 type cappedBody struct {
 	io.ReadCloser
 	cancel context.CancelFunc
+}
+
+func (b cappedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if mb := (*http.MaxBytesError)(nil); errors.As(err, &mb) {
+		err = errTooLarge
+	}
+	return n, err
 }
 
 func (b cappedBody) Close() error {
