@@ -14,11 +14,11 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// candidate is one candidacy from Join to Release: a TTL check on the
-// agent, the sessions bound to it, a place in the queue and, once it
-// leads, the grant (Lead returns the candidate itself). First in line, or
-// before it queues, it is ready: it holds a lock session, and its check's
-// TTL is the lease duration. Further back it is parked (see parkedTTL).
+// candidate is one candidacy from Join to Release: a TTL check, the
+// sessions bound to it, a place in the queue and, once it leads, the
+// grant (Lead returns the candidate itself). First in line, or before it
+// queues, it is ready: a lock session, and a check of the lease's TTL.
+// Further back it is parked (see parkedTTL).
 type candidate struct {
 	l     *lock
 	claim backends.Claim
@@ -32,8 +32,8 @@ type candidate struct {
 	qsession string    // holds the queue entry, named by it; "" until it queues
 	lastAck  time.Time // send time of the last acknowledged renewal or check registration
 
-	// alive ends, with the reason (end), when the keep-alive gives up;
-	// done is closed once the keep-alive returned, nil if none ran.
+	// alive ends (end) with the reason the keep-alive gave up; done is
+	// closed once the keep-alive returned (nil if none ran).
 	alive context.Context
 	end   context.CancelCauseFunc
 	done  chan struct{}
@@ -58,9 +58,8 @@ type candidate struct {
 
 // Join implements backends.QueueLock: it registers the candidate's check
 // and creates its lock session (even if ctx ends meanwhile, so that a
-// withdrawal can remove them), and tries to acquire the key. If another
-// session holds it, the candidate queues (unless try), and a goroutine of
-// its own keeps the sessions alive while it waits (see keepAlive).
+// withdrawal can remove them), and tries to acquire the key; if it is
+// held, it queues (unless try), kept alive meanwhile by keepAlive.
 func (l *lock) Join(ctx context.Context, c backends.Claim, try bool) (backends.Ticket, error) {
 	t := &candidate{l: l, claim: c, delay: l.s.LockDelay(c.Timings), check: checkPrefix + rand.Text(), alive: context.Background(),
 		lastAck: time.Now(), Loss: backends.NewLoss()}
@@ -69,20 +68,29 @@ func (l *lock) Join(ctx context.Context, c backends.Claim, try bool) (backends.T
 	if err == nil {
 		t.session, err = t.createSession(context.WithoutCancel(ctx), true)
 	}
-	won := false
 	if err == nil {
-		won, err = t.attempt(ctx)
+		err = t.attempt(ctx)
 	}
 	switch {
-	case err == nil && !won && try:
+	case err == nil && !t.won && try:
 		err = fmt.Errorf("consul: %s is held by another session, or in its lock-delay: %w", l.key, backends.ErrLocked)
-	case err == nil && !won:
+	case err == nil && !t.won:
+		// The entry, named by the queue session and held by it, comes
+		// last: CreateIndex is a Raft index. Nobody else can hold it, so
+		// an answer other than "true" (cut short, not Consul's) is an error.
 		if t.qsession, err = t.createSession(ctx, false); err == nil {
 			var kctx context.Context
 			kctx, t.end = context.WithCancelCause(context.Background())
 			t.alive, t.done = kctx, make(chan struct{})
 			go t.keepAlive(kctx)
-			err = t.enqueue(ctx)
+			p := &api.KVPair{Key: l.queuePrefix() + t.qsession, Value: []byte(c.Identity), Session: t.qsession}
+			var ok bool
+			if ok, _, err = l.s.client.KV().Acquire(p, (&api.WriteOptions{}).WithContext(ctx)); err == nil && !ok {
+				err = errors.New("the agent did not acknowledge the entry " + p.Key)
+			}
+			if err != nil {
+				err = l.s.failed("join the queue of", l.key, err)
+			}
 		}
 	}
 	if err != nil {
@@ -102,9 +110,8 @@ func (t *candidate) Lead(ctx context.Context) (backends.Grant, error) {
 	defer context.AfterFunc(t.alive, cancel)()
 	for !t.won {
 		err := t.waitTurn(lctx)
-		won := false
 		if err == nil {
-			won, err = t.attempt(lctx)
+			err = t.attempt(lctx)
 		}
 		switch {
 		case err != nil && ctx.Err() != nil:
@@ -113,7 +120,7 @@ func (t *candidate) Lead(ctx context.Context) (backends.Grant, error) {
 			return nil, context.Cause(t.alive)
 		case err != nil:
 			return nil, err
-		case won:
+		case t.won:
 		case t.holder == "":
 			t.refusedFree()
 		default: // the key looked like ours and was not: read it again
@@ -125,12 +132,12 @@ func (t *candidate) Lead(ctx context.Context) (backends.Grant, error) {
 	return t, nil
 }
 
-// attempt acquires the key and leaves the queue in one transaction, so
-// that the waiter behind wakes once the key is ours: false, nil if another
-// session holds it or a lock-delay runs. The answer carries the key's new
-// ModifyIndex, the token. The lease counts from the last renewal of the
-// session and the check acknowledged before: neither expires sooner.
-func (t *candidate) attempt(ctx context.Context) (bool, error) {
+// attempt acquires the key (t.won) and leaves the queue in one
+// transaction, so that the waiter behind wakes once the key is ours; no
+// win and no error: the key is held, or a lock-delay runs. The answer has
+// the key's new ModifyIndex, the token. The lease counts from the last
+// renewal acknowledged before: neither session nor check expires sooner.
+func (t *candidate) attempt(ctx context.Context) error {
 	acked, _ := t.acked()
 	t.rec = record{Identity: t.claim.Identity, TTL: t.claim.Timings.LeaseDuration.String(), LockDelay: t.delay.String(), Holders: t.claim.Holders}
 	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVLock, Key: t.l.key, Value: t.rec.encode(), Flags: recordFlags, Session: t.session}}}
@@ -140,19 +147,19 @@ func (t *candidate) attempt(ctx context.Context) (bool, error) {
 	ok, resp, why, _, err := t.l.s.txn(ctx, ops)
 	switch {
 	case err != nil:
-		return false, t.l.s.failed("acquire", t.l.key, err)
+		return t.l.s.failed("acquire", t.l.key, err)
 	case !ok && strings.Contains(why, "invalid session"):
-		return false, errSessionGone
+		return errSessionGone
 	case !ok:
-		return false, nil
+		return nil
 	case len(resp.Results) == 0 || resp.Results[0].KV == nil:
-		return false, t.l.s.failed("acquire", t.l.key, errors.New("transaction answer without the key"))
+		return t.l.s.failed("acquire", t.l.key, errors.New("transaction answer without the key"))
 	}
 	t.won, t.rec.Token, t.acquired = true, resp.Results[0].KV.ModifyIndex, acked
 	wctx, cancel := context.WithCancel(context.Background())
 	t.stopWatch, t.watchDone = cancel, make(chan struct{})
 	go t.watch(wctx, t.rec.Token)
-	return true, nil
+	return nil
 }
 
 // Leave implements backends.Ticket: it stops the keep-alive and withdraws
@@ -165,8 +172,7 @@ func (t *candidate) Leave(ctx context.Context) error {
 		return t.Release(ctx)
 	}
 	t.stopKeepAlive()
-	_ = t.close(ctx)
-	return nil
+	return t.close(ctx)
 }
 
 func (t *candidate) stopKeepAlive() {
@@ -176,12 +182,12 @@ func (t *candidate) stopKeepAlive() {
 	}
 }
 
-// close gives up what the candidacy holds: the key first, with its record
-// (a lost answer may have granted it; a release, unlike an invalidation,
-// imposes no lock-delay), then the queue session, so that the waiter
-// behind moves up, the lock session, and the check last (its removal
-// invalidates the sessions). Errors but the lock session's are ignored:
-// the check, no longer passed, ends the sessions a TTL later.
+// close gives up what the candidacy holds: the key, with its record (a
+// lost answer may have granted it; a release, unlike an invalidation,
+// imposes no lock-delay), the queue session, so that the waiter behind
+// moves up, the lock session, and last the check, whose removal ends the
+// sessions. Errors but the lock session's are ignored: the check, no
+// longer passed, ends the sessions a TTL later.
 func (t *candidate) close(ctx context.Context) error {
 	s, wo := t.l.s, (&api.WriteOptions{}).WithContext(ctx)
 	if t.session != "" && t.Err() == nil {

@@ -5,14 +5,13 @@
 // the lock key, every other waiter the entry ahead of its own (as etcd's
 // election does), so that a change of leader wakes two waiters, not all.
 //
-// Sessions are bound to a TTL check of the candidate's own on the agent
-// (not serfHealth), which its renewals pass: if it dies, hangs or loses
-// its link, the check turns critical a lease after the last pass, and
-// Consul invalidates the session at once (docs/safety.md, "Consul: a
-// session bound to a TTL check of its own"). The token is the key's
-// ModifyIndex right after the acquisition: a Raft index, which grows even
-// when the key is deleted and created again, unlike its LockIndex. The
-// documents are the keys <prefix><lock>:history and :markers.
+// Sessions are bound to a TTL check of the candidate's own on the agent,
+// not to serfHealth: the check turns critical a lease after its holder's
+// last renewal, and Consul ends the session at once (docs/safety.md,
+// "Consul: a session bound to a TTL check of its own"). The token is the
+// key's ModifyIndex right after the acquisition, a Raft index: unlike
+// LockIndex, it grows even across a deletion of the key. The documents
+// are the keys <prefix><lock>:history and :markers.
 package consul
 
 import (
@@ -35,32 +34,29 @@ const (
 	MinTTL       = 10 * time.Second
 	MaxTTL       = 24 * time.Hour
 	MaxLockDelay = 60 * time.Second
-	// DefaultLockDelay, as Config.LockDelay, is each candidate's kill
-	// grace plus a second, at most MaxLockDelay: a holder whose session
-	// someone else ended hears of it within a round trip, and its
-	// command is dead a kill grace later.
+	// DefaultLockDelay, as Config.LockDelay, is the kill grace plus a
+	// second (at most MaxLockDelay): a holder whose session someone else
+	// ended hears of it within a round trip, and stops its command.
 	DefaultLockDelay time.Duration = -1
+	// requestTimeout bounds every request (a blocking query: and its
+	// wait), so that a stalled connection cannot hang a campaign; maxWait
+	// caps a blocking query (Consul caps it at 10 minutes).
+	requestTimeout, maxWait = 10 * time.Second, 5 * time.Minute
 )
-
-// requestTimeout bounds every request (a blocking query: and its wait),
-// so that a stalled connection cannot hang a campaign; maxWait caps a
-// blocking query (Consul caps it at 10 minutes).
-const requestTimeout, maxWait = 10 * time.Second, 5 * time.Minute
 
 // Config describes one Consul datacenter.
 type Config struct {
-	// API says how to reach the agent. It is copied, and its HttpClient
-	// is not used (see newClient). Nil: api.DefaultConfig(), which reads
-	// CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN and the rest as the consul CLI
-	// does. An address with user information is refused.
+	// API says how to reach the agent; it is copied, its HttpClient not
+	// used (see newClient). Nil: api.DefaultConfig(), which reads the
+	// CONSUL_HTTP_* variables as the consul CLI does. An address with
+	// user information is refused.
 	API *api.Config
 	// Prefix is prepended to a lock's name to form its key.
 	Prefix string
 	// LockDelay is how long Consul refuses the key to others after a
-	// holder's session was invalidated or destroyed, so that a holder
-	// whose session someone else ended can stop its command first; every
-	// failover from a crashed holder waits as long. 0 to MaxLockDelay, or
-	// DefaultLockDelay. Zero value: none (the Consul API's is 15 s).
+	// holder's session was invalidated, so that a holder whose session
+	// someone else ended can stop its command first; every failover from
+	// a crash waits as long. 0 to MaxLockDelay, or DefaultLockDelay.
 	LockDelay time.Duration
 }
 
@@ -102,8 +98,7 @@ func (s *Store) Name() string                   { return "consul" }
 func (s *Store) Lock(name string) backends.Lock { return &lock{s: s, key: s.prefix + name} }
 func (s *Store) Close() error                   { s.http.CloseIdleConnections(); return nil }
 
-// CheckLeaseDuration implements backends.LeaseDurationChecker: the lease
-// duration is the session TTL.
+// CheckLeaseDuration implements backends.LeaseDurationChecker.
 func (s *Store) CheckLeaseDuration(d time.Duration) error {
 	if d < MinTTL || d > MaxTTL {
 		return fmt.Errorf("a Consul session TTL must be within %v and %v", MinTTL, MaxTTL)
@@ -128,8 +123,7 @@ type lock struct {
 func (l *lock) Key() string         { return l.key }
 func (l *lock) queuePrefix() string { return l.key + ":queue/" }
 
-// errSessionGone: a candidate's session or check is gone; the driver
-// joins again with new ones.
+// errSessionGone: a candidate's session or check is gone; it joins again.
 var errSessionGone = fmt.Errorf("consul: session invalidated: %w", backends.ErrEnded)
 
 // failed wraps an error of op on key, naming the address (never the
@@ -188,12 +182,10 @@ func nextIndex(prev, got uint64) uint64 {
 
 // sleep pauses for d, or until ctx ends, whose error it then returns.
 func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-t.C:
+	case <-time.After(d):
 		return nil
 	}
 }
@@ -255,7 +247,7 @@ func (l *lock) Status(ctx context.Context) (backends.Status, error) {
 	if queue, err := l.queue(ctx); err == nil {
 		st.Waiting = 0
 		for _, e := range queue {
-			if e.Session != "" && (pair == nil || e.Session != pair.Session) {
+			if e.Session != "" {
 				st.Waiting++
 			}
 		}

@@ -15,16 +15,14 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// checkName names every candidate's TTL check, and checkPrefix begins its
-// ID: dropDeadChecks recognises them by both.
+// checkName names every candidate's TTL check, checkPrefix begins its ID.
 const checkName, checkPrefix = "leaderrun", "leaderrun:"
 
 // parkedTTL is the check's TTL of a waiter further back in the queue (or
-// the lease duration, if longer): it holds no lock session, and passes its
-// check every 5 minutes, about when its blocking query ends too, so that a
-// change of leader makes the two waiters at the front send something and
-// no other. The price: a waiter further back that dies without a word
-// (SIGKILL) keeps its place up to parkedTTL.
+// the lease duration, if longer): it holds no lock session and passes its
+// check every 5 minutes, as its blocking query ends, so that a change of
+// leader makes only the two waiters at the front send anything. The
+// price: one that dies without a word keeps its place up to parkedTTL.
 const parkedTTL = 10 * time.Minute
 
 // queue lists the entries of the lock's queue of waiters, oldest first.
@@ -35,26 +33,6 @@ func (l *lock) queue(ctx context.Context) (api.KVPairs, error) {
 	}
 	slices.SortFunc(pairs, func(a, b *api.KVPair) int { return cmp.Compare(a.CreateIndex, b.CreateIndex) })
 	return pairs, nil
-}
-
-// enqueue joins the queue: an entry named by the candidate's queue session
-// and held by it. Entries are ordered by CreateIndex, a Raft index: a new
-// one always comes last.
-func (t *candidate) enqueue(ctx context.Context) error {
-	p := &api.KVPair{Key: t.l.queuePrefix() + t.qsession, Value: []byte(t.claim.Identity), Session: t.qsession}
-	ok, _, err := t.l.s.client.KV().Acquire(p, (&api.WriteOptions{}).WithContext(ctx))
-	switch {
-	case err != nil && strings.Contains(strings.ToLower(err.Error()), "invalid session"):
-		return errSessionGone
-	case err == nil && !ok:
-		// Nobody else can hold an entry named by our session: an answer
-		// that is not "true" (cut short, or not Consul's) is an error.
-		err = fmt.Errorf("the agent did not acknowledge the entry %s", p.Key)
-	}
-	if err != nil {
-		return t.l.s.failed("join the queue of", t.l.key, err)
-	}
-	return nil
 }
 
 // waitTurn blocks until this candidate is first in the queue and an
@@ -162,13 +140,9 @@ func (t *candidate) refusedFree() {
 }
 
 // renew renews sessions ("" skipped) and passes check; nil only if each
-// was acknowledged. A session or check gone (the check takes its sessions
-// with it) is errSessionGone.
+// was acknowledged. A session or check gone is errSessionGone.
 func (s *Store) renew(ctx context.Context, check string, sessions ...string) error {
-	for _, id := range sessions {
-		if id == "" {
-			continue
-		}
+	for _, id := range slices.DeleteFunc(sessions, func(id string) bool { return id == "" }) {
 		entry, _, err := s.client.Session().Renew(id, (&api.WriteOptions{}).WithContext(ctx))
 		switch {
 		case err == nil && entry == nil:
@@ -191,8 +165,7 @@ func (s *Store) renew(ctx context.Context, check string, sessions ...string) err
 	return nil
 }
 
-// withACLHint adds, to a 403 from the agent's check endpoints, the rule a
-// token needs for them.
+// withACLHint adds the rule a token needs to a 403 from a check endpoint.
 func withACLHint(err error) error {
 	var se api.StatusError
 	if errors.As(err, &se) && se.Code == http.StatusForbidden {
@@ -201,9 +174,8 @@ func withACLHint(err error) error {
 	return err
 }
 
-// registerCheck registers the candidate's TTL check, passing, with ttl,
-// or changes the TTL of the check it has (the agent restarts its timer;
-// the sessions bound to it stay).
+// registerCheck registers the candidate's TTL check, passing, or changes
+// its TTL (the agent restarts its timer; the sessions bound to it stay).
 func (t *candidate) registerCheck(ctx context.Context, ttl time.Duration) error {
 	reg := &api.AgentCheckRegistration{ID: t.check, Name: checkName,
 		Notes:             "leaderrun candidate for " + t.l.key + " (" + t.claim.Identity + "); its sessions end when this check turns critical",
@@ -215,14 +187,12 @@ func (t *candidate) registerCheck(ctx context.Context, ttl time.Duration) error 
 }
 
 // createSession creates the candidate's lock session (forLock), bound to
-// its check alone, or the one that holds its queue entry: no TTL, so that
-// a parked waiter need not renew it, and bound to the agent's serfHealth
-// too (a host cut off from the servers loses its place, and takes one at
-// the end); its entry goes with it (Behavior delete). The body is sent as
-// is: api.Session.Create leaves out a zero LockDelay (Consul reads 15 s),
-// and Consul adds serfHealth to a session without NodeChecks. Consul
-// refuses a session on a check the agent has not put in the catalog yet:
-// that is retried.
+// its check alone, or its queue session: no TTL (a parked waiter need not
+// renew it), bound to serfHealth too (a host cut off from the servers
+// loses its place), its entry deleted with it. The body is sent as is:
+// api.Session.Create drops a zero LockDelay (Consul reads 15 s), and
+// Consul adds serfHealth to a session without NodeChecks. A refusal of a
+// check the agent has not put in the catalog yet is retried.
 func (t *candidate) createSession(ctx context.Context, forLock bool) (string, error) {
 	body := map[string]any{"Name": "leaderrun " + t.l.key + ":queue", "LockDelay": "0s",
 		"Behavior": api.SessionBehaviorDelete, "NodeChecks": []string{"serfHealth", t.check}}
@@ -243,9 +213,8 @@ func (t *candidate) createSession(ctx context.Context, forLock bool) (string, er
 	}
 }
 
-// dropDeadChecks deregisters the critical checks of candidates that died
-// on this agent, which nothing else would; their sessions are invalidated
-// already. Errors are ignored: the next candidate tries again.
+// dropDeadChecks deregisters the critical checks (their sessions ended) of
+// candidates that died on this agent, which nothing else would.
 func (s *Store) dropDeadChecks(ctx context.Context) {
 	q := (&api.QueryOptions{}).WithContext(ctx)
 	checks, err := s.client.Agent().ChecksWithFilterOpts(fmt.Sprintf("Name == %q and Status == %q", checkName, api.HealthCritical), q)
@@ -297,10 +266,9 @@ func (t *candidate) acked() (at time.Time, life time.Duration) {
 }
 
 // keepAlive passes the check and renews the sessions of a waiting
-// candidate every half of their life, as the api's RenewPeriodic does
-// (every second after a failure), looking every half lease at least to
-// notice it readied. A session gone, a refusal, or no renewal within their
-// life ends the candidacy (t.end) with the reason.
+// candidate every half of their life (every second after a failure),
+// looking every half lease to notice it readied. A session gone, a
+// refusal, or no renewal within their life ends the candidacy (t.end).
 func (t *candidate) keepAlive(ctx context.Context) {
 	defer close(t.done)
 	for {

@@ -18,10 +18,9 @@ import (
 // hostile server gets an error and never our memory.
 const (
 	// maxAnswer caps every answer's body. The largest leaderrun reads is
-	// a lock's queue (about 200 bytes of JSON per waiter: 10,000 fit) or
-	// a document (backends.MaxDoc, 170 KiB in base64). The JSON decoder,
-	// doubling its buffer, costs up to 3 times an answer while reading
-	// it: well within the 64 MiB that a leaderrun may use.
+	// a lock's queue (200 bytes per waiter: 10,000 fit) or a document
+	// (backends.MaxDoc, 170 KiB in base64); decoding costs up to 3 times
+	// that, well within the 64 MiB that a leaderrun may use.
 	maxAnswer = 2 << 20
 	// maxHeader caps an answer's header; Consul's are a few hundred bytes.
 	maxHeader = 64 << 10
@@ -30,9 +29,8 @@ const (
 // errTooLarge is an answer longer than maxAnswer.
 var errTooLarge = fmt.Errorf("consul: answer longer than the %d MiB leaderrun reads", maxAnswer>>20)
 
-// errRedirect is a redirect from the agent. None is followed: the
-// request carries the ACL token, which must go to the configured agent
-// only, and Consul's HTTP API never redirects.
+// errRedirect: none is followed, since the request carries the ACL token,
+// and Consul's HTTP API never redirects.
 var errRedirect = errors.New("consul: the agent answered with a redirect, which leaderrun never follows")
 
 // CheckAddress refuses an agent address with user information
@@ -82,12 +80,7 @@ func (t *boundedTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		timeout += wait
 	}
 	ctx, cancel := context.WithTimeout(req.Context(), timeout)
-	req = req.WithContext(ctx)
-	resp, err := t.base.RoundTrip(req)
-	if err == nil && resp.ContentLength > maxAnswer {
-		resp.Body.Close()
-		err = fmt.Errorf("%w: %s %s: %d bytes", errTooLarge, req.Method, req.URL.Path, resp.ContentLength)
-	}
+	resp, err := t.base.RoundTrip(req.WithContext(ctx))
 	if err != nil {
 		cancel()
 		return nil, err
