@@ -191,8 +191,8 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 // recordFlags, in the flags of the lock key, marks its value as a record
-// (format 2: its holder does not write the key at renewals). Any other
-// value (another tool's, an older leaderrun's) is the holder's identity.
+// of format 2 (its holder does not write the key at renewals); its high
+// half ("lrun") marks any format. Any other value is the holder's identity.
 const recordFlags uint64 = 0x6c72756e_00000002 // "lrun", format 2
 
 // record is the lock key's value while leaderrun holds it, in JSON for
@@ -217,7 +217,7 @@ func (r record) encode() []byte {
 func holderOf(pair *api.KVPair) (st backends.Status, lockDelay time.Duration) {
 	st = backends.Status{Held: true, Identity: string(pair.Value), Token: pair.ModifyIndex, Remaining: -1, Waiting: -1}
 	var r record
-	if pair.Flags == recordFlags && json.Unmarshal(pair.Value, &r) == nil {
+	if pair.Flags>>32 == recordFlags>>32 && json.Unmarshal(pair.Value, &r) == nil {
 		st.Identity, st.Holders = r.Identity, max(r.Holders, 0)
 		st.TTL, _ = time.ParseDuration(r.TTL)
 		lockDelay, _ = time.ParseDuration(r.LockDelay)
