@@ -368,7 +368,8 @@ func TestConsulLeaseProperties(t *testing.T) {
 
 // TestConsulUnavailable: an agent that cannot be reached, or that refuses the
 // token, is ErrUnavailable to a --try and to status, naming the address and
-// never the token.
+// never the token, in the same words at every attempt (the campaign logs a
+// failure once per change of its message).
 func TestConsulUnavailable(t *testing.T) {
 	const secret = "d9b1c2a4-secret-token"
 	agent := testenv.StartConsul(t, testenv.ConsulOptions{ACLToken: "management-" + secret})
@@ -390,6 +391,10 @@ func TestConsulUnavailable(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			_, cerr := b.Campaign(ctx, campaignOptions{Identity: "a", Try: true, LeaseDuration: ttl})
+			_, again := b.Campaign(ctx, campaignOptions{Identity: "a", Try: true, LeaseDuration: ttl})
+			if cerr == nil || again == nil || cerr.Error() != again.Error() {
+				t.Errorf("two attempts failed as %v and as %v; want the same words", cerr, again)
+			}
 			_, serr := b.Status(ctx)
 			for _, err := range []error{cerr, serr} {
 				if !errors.Is(err, backends.ErrUnavailable) {

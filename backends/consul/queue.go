@@ -181,7 +181,7 @@ func (t *candidate) registerCheck(ctx context.Context, ttl time.Duration) error 
 		Notes:             "leaderrun candidate for " + t.l.key + " (" + t.claim.Identity + "); its sessions end when this check turns critical",
 		AgentServiceCheck: api.AgentServiceCheck{TTL: ttl.String(), Status: api.HealthPassing}}
 	if err := t.l.s.client.Agent().CheckRegisterOpts(reg, (&api.QueryOptions{}).WithContext(ctx)); err != nil {
-		return t.l.s.failed("register the TTL check "+t.check+" of a candidate for", t.l.key, withACLHint(err))
+		return t.l.s.failed("register the TTL check of a candidate for", t.l.key, withACLHint(err))
 	}
 	return nil
 }
