@@ -408,3 +408,48 @@ func TestConsulCheckGoneIsLoss(t *testing.T) {
 	}
 	release(t, next)
 }
+
+// TestConsulOutage: an agent out of reach for 2 s while candidates wait
+// (--wait 30s) costs no run. One that could not reach the agent at all
+// gets the lock once it is back; a dev agent comes back empty, so the
+// holder learns that its key is gone, and the waiter, whose sessions went
+// with the agent's state, joins the queue again and takes the lock.
+func TestConsulOutage(t *testing.T) {
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
+	h, w, late := newBackend(t, agent.Addr(), "outage", 0), newBackend(t, agent.Addr(), "outage", 0), newBackend(t, agent.Addr(), "outage-late", 0)
+	lh := campaign(t, h, "holder")
+	gotW := campaignFor(t, w, "waiter", ttl)
+	waitWaiting(t, h, 1)
+	agent.Stop()
+	gotLate := make(chan campaignResult, 1)
+	go func() {
+		l, err := backends.Campaign(context.Background(), late.s, late.name, backends.Candidate{Identity: "late", Timings: timings(ttl), Wait: 30 * time.Second})
+		gotLate <- campaignResult{l, err}
+	}()
+	time.Sleep(2 * time.Second) // the outage, not synchronisation
+	agent.Start()
+	restarted := time.Now()
+	for name, got := range map[string]<-chan campaignResult{"the waiter": asResult(gotW), "the late candidate": gotLate} {
+		select {
+		case res := <-got:
+			t.Logf("%s got the lock %v after the agent came back", name, time.Since(restarted).Round(time.Millisecond))
+			release(t, res.get(t))
+		case <-time.After(ttl + 10*time.Second):
+			t.Fatalf("%s did not get the lock after the outage", name)
+		}
+	}
+	select {
+	case <-lh.Lost():
+		t.Logf("the holder: %v", lh.Err())
+	case <-time.After(5 * time.Second):
+		t.Error("the holder did not learn that its key is gone")
+	}
+	release(t, lh)
+}
+
+// asResult turns a timed result into a plain one.
+func asResult(ch <-chan timedResult) <-chan campaignResult {
+	out := make(chan campaignResult, 1)
+	go func() { out <- (<-ch).campaignResult }()
+	return out
+}
