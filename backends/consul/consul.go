@@ -70,8 +70,8 @@ type Store struct {
 }
 
 var (
-	_ backends.LeaseDurationChecker = (*Store)(nil)
-	_ backends.QueueLock            = (*lock)(nil)
+	_ backends.TimingsChecker = (*Store)(nil)
+	_ backends.QueueLock      = (*lock)(nil)
 )
 
 // Open validates cfg and builds the client; it sends nothing to Consul.
@@ -98,10 +98,10 @@ func (s *Store) Name() string                   { return "consul" }
 func (s *Store) Lock(name string) backends.Lock { return &lock{s: s, key: s.prefix + name} }
 func (s *Store) Close() error                   { s.http.CloseIdleConnections(); return nil }
 
-// CheckLeaseDuration implements backends.LeaseDurationChecker.
-func (s *Store) CheckLeaseDuration(d time.Duration) error {
-	if d < MinTTL || d > MaxTTL {
-		return fmt.Errorf("a Consul session TTL must be within %v and %v", MinTTL, MaxTTL)
+// CheckTimings implements backends.TimingsChecker: the lease is the TTL.
+func (s *Store) CheckTimings(t backends.Timings) error {
+	if d := t.LeaseDuration; d < MinTTL || d > MaxTTL {
+		return fmt.Errorf("--lease-duration %v: a Consul session TTL must be within %v and %v", d, MinTTL, MaxTTL)
 	}
 	return nil
 }

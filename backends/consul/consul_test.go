@@ -441,7 +441,8 @@ func TestConsulOpenValidates(t *testing.T) {
 }
 
 // TestConsulLeaseDurationBounds: the lease duration is the session TTL,
-// which Consul takes from 10 s to 24 h; the runner asks before it campaigns.
+// which Consul takes from 10 s to 24 h; the runner asks before it
+// campaigns, and the message names the flag.
 func TestConsulLeaseDurationBounds(t *testing.T) {
 	b, err := consul.Open(consul.Config{})
 	if err != nil {
@@ -459,12 +460,12 @@ func TestConsulLeaseDurationBounds(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			err := b.CheckLeaseDuration(tc.d)
+			err := b.CheckTimings(timings(tc.d))
 			if (err == nil) != tc.ok {
-				t.Errorf("CheckLeaseDuration(%v) = %v, want ok=%v", tc.d, err, tc.ok)
+				t.Errorf("CheckTimings with a lease of %v = %v, want ok=%v", tc.d, err, tc.ok)
 			}
-			if err != nil && !strings.Contains(err.Error(), "10s and 24h") {
-				t.Errorf("%v does not give the bounds", err)
+			if err != nil && (!strings.Contains(err.Error(), "10s and 24h") || !strings.Contains(err.Error(), "--lease-duration")) {
+				t.Errorf("%v does not give the bounds and the flag", err)
 			}
 		})
 	}
