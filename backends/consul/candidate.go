@@ -47,8 +47,7 @@ type candidate struct {
 	retry       time.Time     // when to try again after refusals on a free key
 	refused     int           // acquisitions refused since it was seen free
 
-	// The grant: won by attempt, handed out by Lead.
-	won, handed bool
+	won, handed bool // the grant: won by attempt, handed out by Lead
 	acquired    time.Time
 	rec         record // as written at the grant, with its token
 	*backends.Loss

@@ -55,8 +55,9 @@ type Config struct {
 	Prefix string
 	// LockDelay is how long Consul refuses the key to others after a
 	// holder's session was invalidated, so that a holder whose session
-	// someone else ended can stop its command first; every failover from
-	// a crash waits as long. 0 to MaxLockDelay, or DefaultLockDelay.
+	// someone else ended stops its command first; a crash's failover
+	// waits as long. 0 (none, unlike the API's 15 s) to MaxLockDelay, or
+	// DefaultLockDelay.
 	LockDelay time.Duration
 }
 
