@@ -12,7 +12,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/leaderrun/leaderrun/backends"
-	"github.com/leaderrun/leaderrun/runner"
 )
 
 // holdersFlag is --holders, for run (the pool to campaign in) and for

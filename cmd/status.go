@@ -11,7 +11,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/leaderrun/leaderrun/backends"
-	"github.com/leaderrun/leaderrun/runner"
 )
 
 // readFlags are the flags of the commands that read the store (status,
