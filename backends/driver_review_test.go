@@ -213,8 +213,8 @@ func (l *followLock) Follow(_ context.Context, _ backends.Claim, held *backends.
 	return l, nil
 }
 func (l *followLock) Changed() <-chan struct{} { return l.ch }
-func (l *followLock) Behind() bool              { return false }
-func (l *followLock) Close()                    {}
+func (l *followLock) Behind() bool             { return false }
+func (l *followLock) Close()                   {}
 
 // TestReviewLossSeenAfterFailedRead (S3): the store tells the holder that
 // its record changed (it was taken over), and the read that follows fails
