@@ -38,7 +38,16 @@ func reviewDir(t *testing.T) string {
 // the local store ignore it): the waiter spins on a core and never
 // returns, whatever signal it gets.
 //
-//	LEADERRUN_REVIEW_DIR=/mnt/btrfs go test -run TestReview ./backends/local/
+// On ext4 it passes. To see it fail (as root, btrfs-progs installed):
+//
+//	truncate -s 300M /tmp/b.img && mkfs.btrfs -q /tmp/b.img && mkdir -p /mnt/b && mount -o loop /tmp/b.img /mnt/b
+//	LEADERRUN_REVIEW_DIR=/mnt/b go test -race -run TestReview ./backends/local/
+//
+// There stat gives st_dev 00:29 (the subvolume's anonymous device) and
+// /proc/locks 00:28 (the superblock's, as /proc/self/mountinfo shows it):
+// the held lock reads as free (status says no leader), the waiter spins,
+// and the holder's own follower reads its record as "ran out by the
+// store's clock" (Left 0): a second candidate costs the holder its lease.
 func TestReviewWaiterWithdrawsOnCancel(t *testing.T) {
 	dir := reviewDir(t)
 	s := local.Open(dir)
