@@ -383,3 +383,43 @@ func TestReviewPoolFreeSlotNotDelayed(t *testing.T) {
 		t.Errorf("won slot %d after %v; slot 1 was free from the start", l.Slot(), took.Round(time.Millisecond))
 	}
 }
+
+// slowStore is a multiStore whose slot 1 never answers a read before its
+// context ends (a hung connection, a slow member).
+type slowStore struct{ *multiStore }
+
+func (s slowStore) Lock(name string) backends.Lock {
+	if name == backends.SlotLock("lock", 1) {
+		return slowLock{&memLock{s.of(name)}}
+	}
+	return s.multiStore.Lock(name)
+}
+
+type slowLock struct{ *memLock }
+
+func (slowLock) Get(ctx context.Context) (backends.Record, error) {
+	<-ctx.Done()
+	return backends.Record{}, fmt.Errorf("mem: %w: %w", backends.ErrUnavailable, ctx.Err())
+}
+
+// TestReviewGrantNotStaleAtReturn: a lock of one holder (the default)
+// wins at once, but its pool-size checks of slot 1 (single's agree beside
+// the campaign, then agreed's after the grant) are bounded by
+// max(AttemptTimeout, statusTimeout = 5 s) each (pool.go:157), whatever
+// the timings: a slot 1 that does not answer holds the grant back for
+// 10 s, and the lease returned is older than --renew-deadline, which the
+// runner refuses ("renew deadline passed before the child could start").
+// The errors are ignored for one holder anyway: the reads only cost.
+func TestReviewGrantNotStaleAtReturn(t *testing.T) {
+	s := slowStore{newMulti()}
+	c := candidate("me")
+	c.Wait = 30 * time.Second
+	l, err := backends.Campaign(context.Background(), s, "lock", c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(context.Background(), nil)
+	if age := time.Since(l.Acquired()); age >= timings.RenewDeadline {
+		t.Errorf("the lease was handed out %v after its grant, past --renew-deadline %v", age.Round(time.Millisecond), timings.RenewDeadline)
+	}
+}
