@@ -48,7 +48,7 @@ func (m *multiStore) of(name string) *memStore {
 // TestReviewPoolRetriesOutageAtStart: a pool's candidate (--holders 2)
 // with --wait meets a store that fails its first requests. The issue asks
 // that an outage during --wait be retried; acquire returns the failure of
-// the first status read (pool.go:80, agree's "status of slot" error for
+// the first status read (pool.go:32, agree's "status of slot" error for
 // Holders > 1) at once, and the run exits 69 after a few milliseconds.
 func TestReviewPoolRetriesOutageAtStart(t *testing.T) {
 	m := newMulti()
@@ -359,7 +359,7 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 // TestReviewPoolFreeSlotNotDelayed: a pool of 2 (no --try) whose slot 0
 // is held by a holder that looks dead by its own timestamps (NoClock, its
 // last renewal an hour ago) while slot 1 is free. The first pass of
-// acquire tries each slot with try=true (pool.go:84), and a try on a
+// acquire tries each slot with try=true (pool.go:36), and a try on a
 // record that looks dead watches it for one lease duration (tryWatches):
 // the candidate sits out the whole lease on slot 0 before it even looks
 // at the free slot 1. With the default 15 s lease, that is 15 s of a
@@ -405,7 +405,7 @@ func (slowLock) Get(ctx context.Context) (backends.Record, error) {
 // TestReviewGrantNotStaleAtReturn: a lock of one holder (the default)
 // wins at once, but its pool-size checks of slot 1 (single's agree beside
 // the campaign, then agreed's after the grant) are bounded by
-// max(AttemptTimeout, statusTimeout = 5 s) each (pool.go:157), whatever
+// max(AttemptTimeout, statusTimeout = 5 s) each (pool.go:109), whatever
 // the timings: a slot 1 that does not answer holds the grant back for
 // 10 s, and the lease returned is older than --renew-deadline, which the
 // runner refuses ("renew deadline passed before the child could start").
