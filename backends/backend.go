@@ -45,6 +45,8 @@ import (
 
 // Shared errors. Stores wrap them with detail (endpoint, key, cause) so
 // that callers can test with errors.Is and still print a useful message.
+// A store's failure that may pass must wrap ErrUnavailable, or the
+// campaign driver takes it for final and ends the campaign.
 var (
 	// ErrLocked means the lock is held by another candidate and the
 	// candidate asked not to wait (--try), or its --wait ran out.
@@ -261,13 +263,17 @@ type RecordLock interface {
 	// answer); the driver then looks for c.Owner when it withdraws.
 	Take(ctx context.Context, prev Record, c Claim) (Record, error)
 
-	// Keep renews held, the record this candidate holds, and returns the
-	// record as it is now; an error wrapping ErrLeaseLost if the record
-	// is no longer held's (by owner or version, as the store can tell).
+	// Keep renews held, the record this candidate holds, and returns it
+	// as renewed: held with what the renewal changed (its Version, its
+	// Renewed time), its Handle kept. An error wrapping ErrLeaseLost if
+	// the record is no longer held's (by owner or version, as the store
+	// can tell).
 	Keep(ctx context.Context, held Record) (Record, error)
 
 	// Free gives held up; nil if it is no longer held's. The record may
-	// stay, freed, as proof of the last token granted.
+	// stay, freed, as proof of the last token granted. held may be a
+	// record Get returned (a grant whose answer was lost, found again),
+	// with no Handle.
 	Free(ctx context.Context, held Record) error
 
 	// WriteDocHeld is WriteDoc fenced by held: it succeeds only while
@@ -300,7 +306,7 @@ type HeldChecker interface {
 type Follower interface {
 	// Changed receives when the record may have changed, or when a
 	// waiter became first in the store's queue of waiters. Several
-	// changes may arrive as one.
+	// changes may arrive as one. It is never closed.
 	Changed() <-chan struct{}
 
 	// Behind reports whether another waiter is ahead of this one in the
@@ -309,7 +315,9 @@ type Follower interface {
 	// always false).
 	Behind() bool
 
-	// Close stops following, and leaves the queue of waiters.
+	// Close stops following, and leaves the queue of waiters. It
+	// returns promptly, whatever the store does: what it must still
+	// send, it sends on a bounded context.
 	Close()
 }
 

@@ -99,8 +99,10 @@ type elector struct {
 	slots []Lock
 
 	// answered is set once the store answered a request: a wait that
-	// ends without a grant is then "held", not "unreachable".
+	// ends without a grant is then "held", not "unreachable". answers
+	// counts them.
 	answered atomic.Bool
+	answers  atomic.Int64
 	mu       sync.Mutex
 	lastErr  error // the last failure, for the message when the wait ends
 }
@@ -168,21 +170,24 @@ type candidacy interface {
 }
 
 // newCandidacy begins a candidacy for lk, of the kind its store is.
-func (e *elector) newCandidacy(lk Lock, try bool) (candidacy, error) {
+func (e *elector) newCandidacy(lk Lock, try, quick bool) (candidacy, error) {
 	claim := Claim{Identity: e.c.Identity, Owner: newOwner(), Timings: e.c.Timings}
 	if e.c.Holders > 1 {
 		claim.Holders = e.c.Holders
 	}
 	switch lk := lk.(type) {
 	case RecordLock:
-		return &recordCandidacy{lock: lk, claim: claim, try: try, answered: e.noteAnswer}, nil
+		return &recordCandidacy{lock: lk, claim: claim, try: try, quick: quick, answered: e.noteAnswer}, nil
 	case QueueLock:
 		return &queueCandidacy{lock: lk, claim: claim, try: try, answered: e.noteAnswer}, nil
 	}
 	return nil, fmt.Errorf("backends: %s hands out a lock of type %T, neither a record nor a queue", e.store.Name(), lk)
 }
 
-func (e *elector) noteAnswer() { e.answered.Store(true) }
+func (e *elector) noteAnswer() {
+	e.answered.Store(true)
+	e.answers.Add(1)
+}
 
 // newOwner is a Claim.Owner: 16 random hex digits.
 func newOwner() string {
@@ -191,10 +196,12 @@ func newOwner() string {
 	return hex.EncodeToString(b[:])
 }
 
-// campaign wins one lock, the slot i of the pool: the retry loop.
-func (e *elector) campaign(ctx context.Context, i int, try bool) (*Lease, error) {
+// campaign wins one lock, the slot i of the pool: the retry loop. quick
+// is a try that does not watch a record that looks expired (a pool's
+// first look at each slot).
+func (e *elector) campaign(ctx context.Context, i int, try, quick bool) (*Lease, error) {
 	lk := e.slots[i]
-	cand, err := e.newCandidacy(lk, try)
+	cand, err := e.newCandidacy(lk, try, quick)
 	if err != nil {
 		return nil, err
 	}
@@ -208,8 +215,18 @@ func (e *elector) campaign(ctx context.Context, i int, try bool) (*Lease, error)
 	}()
 	backoff := e.backoff()
 	var logged string
+	answers := e.answers.Load()
 	for {
 		g, err := cand.step(ctx)
+		if n := e.answers.Load(); n != answers && err != nil {
+			// The store answered since the last failure: a new outage
+			// is logged, and backed off, from the start.
+			answers, backoff = n, e.backoff()
+			if logged != "" {
+				e.log.Info("store answered again", "slot", i)
+				logged = ""
+			}
+		}
 		if err == nil {
 			won = true
 			return &Lease{g: g, lock: lk, slots: e.slots[:e.c.Holders], slot: i, log: e.log}, nil

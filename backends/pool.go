@@ -5,35 +5,39 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // acquire wins one slot: the lock itself for one holder; for a pool, the
 // lowest free slot, else (unless --try) whichever slot frees first.
 //
-// Every holder of a lock must have campaigned with the same pool size:
-// the status of the other slots is read before the campaign (so that a
-// candidate facing another pool fails at once rather than after its
-// wait) and again after the grant, and a holder that recorded another
-// size is ErrHoldersDiffer; the grant is then released unused. A
-// candidate of one holder reads slot 1 alone, the slot every pool of two
-// or more has. Of two candidates that start together, each reads the
-// other's slot after its own grant, so at least one of them sees the other
+// Every holder of a lock must have campaigned with the same pool size. A
+// pool's candidate reads the status of every slot of its pool, and of the
+// slot just past it (where a larger pool may hold), before it campaigns
+// and again after its grant; a holder that recorded another size is
+// ErrHoldersDiffer, and the grant is released unused. Of two candidates of
+// different pools that start together, each reads the other's slot after
+// its own grant, so at least one of them sees the other. A candidate of
+// one holder reads slot 1, the slot every pool of two or more fills
+// first, while it campaigns, so that one facing a pool fails at once
+// rather than after its wait; it makes no read after its grant, which
+// would delay its command. A status that cannot be read decides nothing:
+// the check finds misconfigurations, the store's own rules keep the lock
 // (docs/safety.md, "Pools").
 func (e *elector) acquire(ctx context.Context) (*Lease, error) {
 	n := e.c.Holders
-	e.slots = make([]Lock, max(n, 2))
+	e.slots = make([]Lock, n+1) // the pool's, and the one just past it
 	for i := range e.slots {
 		e.slots[i] = e.store.Lock(SlotLock(e.lock, i))
 	}
 	if n == 1 {
 		return e.single(ctx)
 	}
-	e.slots = e.slots[:n]
 	if err := e.agree(ctx, -1); err != nil {
 		return nil, err
 	}
 	for i := range n {
-		l, err := e.campaign(ctx, i, true)
+		l, err := e.campaign(ctx, i, true, true)
 		switch {
 		case err == nil:
 			return e.agreed(ctx, l)
@@ -55,22 +59,38 @@ func (e *elector) acquire(ctx context.Context) (*Lease, error) {
 }
 
 // single campaigns for a lock of one holder, while slot 1 is read beside
-// the campaign; a pool there ends the campaign.
+// the campaign; a pool there ends the campaign. Once the lock is won, the
+// read is waited for a short while at most (checkBound), then given up.
 func (e *elector) single(ctx context.Context) (*Lease, error) {
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	rctx, stopRead := context.WithCancel(ctx)
+	defer stopRead()
 	checked := make(chan error, 1)
 	go func() {
-		err := e.agree(cctx, 0)
-		if err != nil && errors.Is(err, ErrHoldersDiffer) {
+		err := e.agree(rctx, 0)
+		if errors.Is(err, ErrHoldersDiffer) {
 			cancel()
 		}
 		checked <- err
 	}()
-	l, err := e.campaign(cctx, 0, e.c.Try)
-	pre := <-checked
+	l, err := e.campaign(cctx, 0, e.c.Try, false)
+	var pre error
+	if l == nil {
+		stopRead()
+		pre = <-checked
+	} else {
+		t := time.NewTimer(e.checkBound())
+		select {
+		case pre = <-checked:
+		case <-t.C:
+			stopRead()
+			pre = <-checked
+		}
+		t.Stop()
+	}
 	switch {
-	case pre != nil && errors.Is(pre, ErrHoldersDiffer):
+	case errors.Is(pre, ErrHoldersDiffer):
 		if l != nil {
 			e.releaseUnused(ctx, l)
 		}
@@ -78,52 +98,57 @@ func (e *elector) single(ctx context.Context) (*Lease, error) {
 	case err != nil:
 		return nil, err
 	}
-	return e.agreed(ctx, l)
+	return l, nil
+}
+
+// checkBound bounds a read of the status of the other slots that stands
+// between a grant and the command's start: a small part of the renew
+// deadline, which counts from before the grant.
+func (e *elector) checkBound() time.Duration {
+	return max(min(e.c.Timings.AttemptTimeout(), e.c.Timings.RenewDeadline/4), 10*time.Millisecond)
 }
 
 // agreed checks, once l is won, that no other slot is held by a holder
 // of another pool size (one that checked before this candidate won); if
 // one is, the grant is released unused.
 func (e *elector) agreed(ctx context.Context, l *Lease) (*Lease, error) {
-	if err := e.agree(ctx, l.slot); err != nil {
+	actx, cancel := context.WithTimeout(ctx, e.checkBound())
+	defer cancel()
+	if err := e.agree(actx, l.slot); err != nil {
 		e.releaseUnused(ctx, l)
 		return nil, err
 	}
 	return l, nil
 }
 
-// agree reads the status of every slot but skip (-1: none), all at once,
-// and returns ErrHoldersDiffer naming both pool sizes if a slot is held
-// by a holder that recorded another one (nothing recorded counts as 1).
-// A store that fails to answer is no disagreement: the campaign meets it.
+// agree reads the status of the slots to check (for a pool, all of its
+// own and the one past them; for one holder, slot 1), but skip, all at
+// once, and returns ErrHoldersDiffer naming both pool sizes if one is held
+// by a holder that recorded another size (nothing recorded counts as 1).
+// A status that cannot be read is no disagreement.
 func (e *elector) agree(ctx context.Context, skip int) error {
 	n := len(e.slots)
 	sts := make([]Status, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for j, lk := range e.slots {
-		if j == skip {
+		if j == skip || e.c.Holders == 1 && j != 1 {
 			continue
 		}
 		wg.Go(func() {
-			sctx, cancel := context.WithTimeout(ctx, max(e.c.Timings.AttemptTimeout(), statusTimeout))
+			sctx, cancel := context.WithTimeout(ctx, statusTimeout)
 			defer cancel()
 			sts[j], errs[j] = lockStatus(sctx, lk)
 		})
 	}
 	wg.Wait()
 	for j := range n {
-		if errs[j] != nil {
-			if e.c.Holders > 1 {
-				return fmt.Errorf("status of slot %d: %w", j, errs[j])
-			}
-			continue
-		}
 		// A holder always records an identity: a held slot that names
 		// none is one whose record is not written yet (the local store
 		// takes the flock first, then writes the record).
 		st := sts[j]
-		if got := max(st.Holders, 1); j != skip && st.Held && st.Identity != "" && got != e.c.Holders {
+		if got := max(st.Holders, 1); errs[j] == nil && st.Held && st.Identity != "" && got != e.c.Holders &&
+			(j < e.c.Holders || got > j) {
 			return fmt.Errorf("--holders %d: slot %d of lock %q is held by %q, which runs with --holders %d; "+
 				"every candidate of a lock must use the same --holders: %w", e.c.Holders, j, e.lock, st.Identity, got, ErrHoldersDiffer)
 		}
@@ -143,16 +168,17 @@ func (e *elector) race(ctx context.Context) (*Lease, error) {
 		slot  int
 		err   error
 	}
-	grants := make(chan grant, len(e.slots))
-	for i := range e.slots {
+	n := e.c.Holders
+	grants := make(chan grant, n)
+	for i := range n {
 		go func() {
-			l, err := e.campaign(rctx, i, false)
+			l, err := e.campaign(rctx, i, false, false)
 			grants <- grant{l, i, err}
 		}()
 	}
 	var won *Lease
 	var failed error
-	for range e.slots {
+	for range n {
 		g := <-grants
 		switch {
 		case g.err == nil && won == nil:

@@ -14,6 +14,11 @@ import (
 // rather than just before.
 const wakeSlack = 5 * time.Millisecond
 
+// maxConflicts is how many conditional writes in a row may meet another
+// writer's before the campaign backs off: each is another candidate that
+// won, or a store whose read and write disagree.
+const maxConflicts = 3
+
 // recordCandidacy is one candidate's campaign for a RecordLock: client-go's
 // elector, for every store that keeps its lock as one record.
 //
@@ -27,6 +32,9 @@ type recordCandidacy struct {
 	lock     RecordLock
 	claim    Claim
 	try      bool
+	// quick: a try that does not watch a record that looks expired (a
+	// pool's first look at each slot, before it waits for them all).
+	quick    bool
 	answered func()
 
 	cur        Record    // the record as last read
@@ -58,7 +66,10 @@ func (c *recordCandidacy) step(ctx context.Context) (g Grant, err error) {
 			c.fresh = false
 		}
 	}()
-	for {
+	for conflicts := 0; ; {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		if !c.fresh {
 			rec, err := c.lock.Get(ctx)
 			if err != nil {
@@ -70,14 +81,27 @@ func (c *recordCandidacy) step(ctx context.Context) (g Grant, err error) {
 		now := time.Now()
 		switch {
 		case c.uncertain && c.ours(c.cur):
-			// The Take whose answer was lost went through.
-			return c.won(ctx, c.cur, c.takeSent)
+			// The Take whose answer was lost went through. Its grant is
+			// given back and taken again, at the cost of a token: the
+			// store's own state of it (Record.Handle) was lost with the
+			// answer.
+			if err := c.lock.Free(ctx, c.cur); err != nil {
+				return nil, err
+			}
+			c.uncertain, c.fresh = false, false
+			continue
 		case c.takeable(now) && !c.behind():
 			g, err := c.take(ctx)
 			switch {
-			case errors.Is(err, ErrConflict):
+			case errors.Is(err, ErrConflict) && conflicts < maxConflicts:
+				// Someone wrote first: read again, and decide again.
+				conflicts++
 				c.fresh = false
 				continue
+			case errors.Is(err, ErrConflict):
+				// A store whose reads and conditional writes keep
+				// disagreeing: paced and logged by the retry loop.
+				return nil, fmt.Errorf("%s: %d conflicting writes in a row: %w: %w", c.lock.Key(), conflicts+1, ErrUnavailable, err)
 			case !errors.Is(err, ErrLocked) || c.try:
 				return g, err
 			}
@@ -132,7 +156,7 @@ func (c *recordCandidacy) tryWatches(now time.Time) bool {
 	if c.watching != "" {
 		return r.Version == c.watching
 	}
-	if r.Left != NoClock || r.TTL <= 0 || r.Renewed.IsZero() || now.Before(r.Renewed.Add(r.TTL)) {
+	if c.quick || r.Left != NoClock || r.TTL <= 0 || r.Renewed.IsZero() || now.Before(r.Renewed.Add(r.TTL)) {
 		return false
 	}
 	c.watching = r.Version
@@ -297,23 +321,31 @@ func (g *recordGrant) current() Record {
 }
 
 // watch reads the record whenever the follower says it may have changed,
-// and sets the loss if it is no longer ours. A read that fails decides
-// nothing: the renewals do.
+// and sets the loss if it is no longer ours. A read that fails is tried
+// again, paced, until one answers: the change it was to see may be
+// announced only once.
 func (g *recordGrant) watch(ctx context.Context, f Follower) {
 	defer close(g.done)
 	defer f.Close()
+	var retry <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-f.Changed():
+		case <-retry:
 		}
 		rctx, cancel := context.WithTimeout(ctx, g.claim.Timings.AttemptTimeout())
 		err := g.look(rctx)
 		cancel()
-		if errors.Is(err, ErrLeaseLost) {
+		switch {
+		case errors.Is(err, ErrLeaseLost):
 			g.Set(err)
 			return
+		case err != nil:
+			retry = time.After(min(100*time.Millisecond, g.claim.Timings.RetryPeriod))
+		default:
+			retry = nil
 		}
 	}
 }

@@ -182,7 +182,8 @@ func flockCount(f *os.File) (int, error) {
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return 0, err
 	}
-	id := fmt.Sprintf("%02x:%02x:%d", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	major, minor := lockDevice(f, &st)
+	id := fmt.Sprintf("%02x:%02x:%d", major, minor, st.Ino)
 	pl, err := os.Open("/proc/locks")
 	if err != nil {
 		return 0, err
@@ -201,4 +202,37 @@ func flockCount(f *os.File) (int, error) {
 		}
 	}
 	return n, sc.Err()
+}
+
+// lockDevice is the device /proc/locks names f's inode by: its
+// superblock's, as /proc/self/mountinfo gives it for f's mount. That is
+// stat's device on most filesystems, but not on btrfs, where stat gives
+// the subvolume's (00:29 where /proc/locks says 00:28); so the mount is
+// found by its id (statx) and its device read from mountinfo, and stat's
+// is the fallback.
+func lockDevice(f *os.File, st *unix.Stat_t) (major, minor uint32) {
+	major, minor = unix.Major(st.Dev), unix.Minor(st.Dev)
+	var sx unix.Statx_t
+	if unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &sx) != nil || sx.Mask&unix.STATX_MNT_ID == 0 {
+		return major, minor
+	}
+	mi, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return major, minor
+	}
+	defer mi.Close()
+	id := fmt.Sprint(sx.Mnt_id)
+	sc := bufio.NewScanner(mi)
+	for sc.Scan() {
+		// fields: mount ID, parent ID, major:minor, root, mount point, ...
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 3 || fields[0] != id {
+			continue
+		}
+		var ma, mi uint32
+		if _, err := fmt.Sscanf(fields[2], "%d:%d", &ma, &mi); err == nil {
+			return ma, mi
+		}
+	}
+	return major, minor
 }

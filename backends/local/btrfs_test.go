@@ -48,7 +48,7 @@ func reviewDir(t *testing.T) string {
 // the held lock reads as free (status says no leader), the waiter spins,
 // and the holder's own follower reads its record as "ran out by the
 // store's clock" (Left 0): a second candidate costs the holder its lease.
-func TestReviewWaiterWithdrawsOnCancel(t *testing.T) {
+func TestWaiterWithdrawsOnCancel(t *testing.T) {
 	dir := reviewDir(t)
 	s := local.Open(dir)
 	defer s.Close()
