@@ -1,0 +1,189 @@
+//go:build linux
+
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leaderrun/leaderrun/internal/testenv"
+)
+
+// TestRedisHostileAnswers: a Redis server that announces an array of
+// 999999999999999999 elements as the answer to EVALSHA (the acquire
+// script), or one of 999999999999999998 as the answer to HELLO and then
+// sends pairs of 1 MiB strings without end. Multiplied by what the client
+// allocates per element, either count wraps around int64; the reply guard
+// must refuse both at the header. leaderrun exits 69 within 15 s, without
+// a panic, its peak RSS under 64 MiB.
+func TestRedisHostileAnswers(t *testing.T) {
+	t.Parallel()
+	// Pairs of distinct strings: a map that go-redis fills with them
+	// keeps every one.
+	pair := func(i int) []byte {
+		key := []byte("$1048576\r\n" + strings.Repeat("x", 1<<20) + "\r\n$1048576\r\n" + strings.Repeat("y", 1<<20) + "\r\n")
+		copy(key[len("$1048576\r\n"):], fmt.Sprintf("%020d", i))
+		return key
+	}
+	for _, tc := range []struct {
+		name string
+		// answer is what the server writes for a command; then it goes
+		// on writing endless(0), endless(1), ... without end, if set.
+		answer  func(cmd string) string
+		endless func(i int) []byte
+	}{
+		{name: "array of 999999999999999999 to EVALSHA", answer: func(cmd string) string {
+			if cmd == "EVALSHA" || cmd == "EVAL" {
+				return "*999999999999999999\r\n"
+			}
+			return politeAnswer(cmd)
+		}},
+		{name: "array of 999999999999999998 to HELLO, then 1 MiB pairs", answer: func(cmd string) string {
+			if cmd == "HELLO" {
+				return "*999999999999999998\r\n"
+			}
+			return politeAnswer(cmd)
+		}, endless: pair},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := serveRESP(t, tc.answer, tc.endless)
+			m := testenv.RunMeasured(t, hostileDeadline, testenv.Leaderrun(t),
+				"--redis-url", "redis://"+srv.addr, "--lock", "hostile", "--", "true")
+			t.Logf("exit %d after %v, peak RSS %.1f MiB, %d connections\n%s", m.Code, m.Took.Round(time.Millisecond),
+				float64(m.PeakRSS)/(1<<20), srv.conns.Load(), strings.TrimSpace(m.Output))
+			if m.Code != 69 {
+				t.Errorf("exit %d, want 69", m.Code)
+			}
+			if strings.Contains(m.Output, "panic") || strings.Contains(m.Output, "goroutine ") {
+				t.Errorf("leaderrun panicked:\n%s", m.Output)
+			}
+			if m.PeakRSS >= hostileMaxRSS {
+				t.Errorf("peak RSS %.1f MiB, want under %d MiB", float64(m.PeakRSS)/(1<<20), hostileMaxRSS>>20)
+			}
+			if srv.hostile.Load() == 0 {
+				t.Error("the hostile answer was never sent: the test tested nothing")
+			}
+		})
+	}
+}
+
+// politeAnswer is what a Redis that has nothing to say to leaderrun
+// answers: HELLO refused as by Redis 5 (go-redis then sets the name with
+// CLIENT SETNAME), anything else OK.
+func politeAnswer(cmd string) string {
+	if cmd == "HELLO" {
+		return "-ERR unknown command 'HELLO'\r\n"
+	}
+	return "+OK\r\n"
+}
+
+// respServer is a TCP server that reads RESP commands and answers each as
+// its answer function says; once it has written a reply other than
+// politeAnswer's, it writes endless(0), endless(1), ... without end (if
+// set).
+type respServer struct {
+	addr    string
+	conns   atomic.Int32
+	hostile atomic.Int32 // answers other than politeAnswer's written
+}
+
+func serveRESP(t *testing.T, answer func(cmd string) string, endless func(i int) []byte) *respServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &respServer{addr: ln.Addr().String()}
+	// leaderrun has exited when the test cleans up: every connection's
+	// reads and writes fail, and its goroutine returns.
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.conns.Add(1)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					cmd, err := readCommand(r)
+					if err != nil {
+						return
+					}
+					a := answer(cmd)
+					if _, err := io.WriteString(c, a); err != nil {
+						return
+					}
+					if a == politeAnswer(cmd) {
+						continue
+					}
+					s.hostile.Add(1)
+					for i := 0; endless != nil; i++ {
+						if _, err := c.Write(endless(i)); err != nil {
+							return
+						}
+					}
+				}
+			}()
+		}
+	}()
+	return s
+}
+
+// readCommand reads one command (an array of bulk strings) and returns
+// its name in upper case.
+func readCommand(r *bufio.Reader) (string, error) {
+	n, err := readHeader(r, '*')
+	if err != nil {
+		return "", err
+	}
+	var name string
+	for i := range n {
+		size, err := readHeader(r, '$')
+		if err != nil {
+			return "", err
+		}
+		arg := make([]byte, size+2)
+		if _, err := io.ReadFull(r, arg); err != nil {
+			return "", err
+		}
+		if i == 0 {
+			name = strings.ToUpper(string(arg[:size]))
+		}
+	}
+	return name, nil
+}
+
+func readHeader(r *bufio.Reader, typ byte) (int, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return 0, err
+	}
+	if len(line) < 3 || line[0] != typ {
+		return 0, fmt.Errorf("want a %q header, got %q", typ, line)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(line[1:]))
+	if err != nil || n < 0 || n > 1<<20 {
+		return 0, fmt.Errorf("header %q", line)
+	}
+	return n, nil
+}
