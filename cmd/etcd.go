@@ -97,6 +97,11 @@ func newEtcdBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
 
 // etcdEndpoints splits and checks --etcd-endpoints.
 func etcdEndpoints(s string) ([]string, error) {
+	// User information in an endpoint is never sent (gRPC ignores it; the
+	// user and password go in --etcd-user): it is dropped before the list
+	// is split, so that a password holding "," or "/" cannot become an
+	// endpoint of its own, to be quoted in a message.
+	s = backends.Redact(s)
 	var eps []string
 	for _, ep := range strings.Split(s, ",") {
 		ep = strings.TrimSpace(ep)
@@ -104,13 +109,12 @@ func etcdEndpoints(s string) ([]string, error) {
 			continue
 		}
 		if !validEndpoint(ep) {
-			return nil, usageErrorf("--etcd-endpoints %q: %q is not an endpoint like http://HOST:PORT, https://HOST:PORT or HOST:PORT",
-				backends.Redact(s), backends.Redact(ep))
+			return nil, usageErrorf("--etcd-endpoints %q: %q is not an endpoint like http://HOST:PORT, https://HOST:PORT or HOST:PORT", s, ep)
 		}
 		eps = append(eps, ep)
 	}
 	if len(eps) == 0 {
-		return nil, usageErrorf("--etcd-endpoints %q: no endpoint given", backends.Redact(s))
+		return nil, usageErrorf("--etcd-endpoints %q: no endpoint given", s)
 	}
 	return eps, nil
 }

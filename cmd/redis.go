@@ -1,7 +1,6 @@
 package cmd
 
 import (
-	"net/url"
 	"os"
 	"strings"
 
@@ -60,6 +59,12 @@ var redisStore = store{
 // backend's messages are redacted again here.
 func newRedisBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
 	rawURL, master := c.String("redis-url"), c.String("redis-sentinel-master")
+	if list := c.String("redis-sentinels"); backends.Redact(list) != list {
+		// Refused before the list is split, so that no piece of a
+		// password holding "," is quoted as a Sentinel.
+		return nil, usageErrorf("--redis-sentinels %q: want HOST:PORT, without user information (the Sentinels' password goes in LEADERRUN_REDIS_SENTINEL_PASSWORD)",
+			backends.Redact(list))
+	}
 	var sentinels []string
 	for _, s := range strings.Split(c.String("redis-sentinels"), ",") {
 		if s = strings.TrimSpace(s); s != "" {
@@ -67,10 +72,8 @@ func newRedisBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) 
 		}
 	}
 	secrets := []string{os.Getenv("REDISCLI_AUTH"), c.String("redis-sentinel-password")}
-	if u, err := url.Parse(rawURL); err == nil {
-		if p, ok := u.User.Password(); ok {
-			secrets = append(secrets, p)
-		}
+	if _, _, p, ok, _ := backends.SplitUserinfo(rawURL); ok {
+		secrets = append(secrets, p)
 	}
 	switch {
 	case rawURL == "" && len(sentinels) == 0 && master == "":

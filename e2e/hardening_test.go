@@ -4,9 +4,12 @@ package e2e
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -186,4 +189,67 @@ func readHeader(r *bufio.Reader, typ byte) (int, error) {
 		return 0, fmt.Errorf("header %q", line)
 	}
 	return n, nil
+}
+
+// TestRedisPasswordWithSlashAndComma: a password that holds "/" and ","
+// (as base64 passwords do), written into --redis-url as it is, reaches
+// the server whole, and no part of it shows in any message: run, status
+// and history work; a wrong one, a bad database and an unreachable server
+// are errors that quote the URL without it.
+func TestRedisPasswordWithSlashAndComma(t *testing.T) {
+	t.Parallel()
+	const password = "ab/cd,ef+gh=SECRET"
+	r := testenv.StartRedis(t, testenv.RedisOptions{Password: password})
+	// Every piece of the password that a parser splitting at "/", ","
+	// or ":" would leave behind.
+	pieces := []string{"SECRET", "ab/cd", "cd,ef", "ef+gh", "zz/yy", "yy,xx"}
+	url := func(pw, rest string) string { return "redis://:" + pw + "@" + rest }
+	dead := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string // in the output
+	}{
+		{"status", []string{"status", "--lock", "pw", "--redis-url", url(password, r.Addr()+"/0")}, 3, "leader:   none"},
+		{"run", []string{"--lock", "pw", "--redis-url", url(password, r.Addr()+"/0"), "--", "true"}, 0, "leadership released"},
+		{"history", []string{"history", "--lock", "pw", "--redis-url", url(password, r.Addr()+"/0")}, 0, "exited 0"},
+		{"wrong password", []string{"status", "--lock", "pw", "--redis-url", url("zz/yy,xx=SECRET", r.Addr()+"/0")}, 69, "redis at " + r.Addr()},
+		{"bad database", []string{"status", "--lock", "pw", "--redis-url", url(password, r.Addr()+"/x")}, 64, `--redis-url "redis://` + r.Addr() + `/x"`},
+		{"unreachable", []string{"--lock", "pw", "--redis-url", url(password, dead+"/0"), "--", "true"}, 69, "redis at " + dead},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, code := combinedOutput(t, nil, tc.args...)
+			t.Logf("exit %d:\n%s", code, out)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d", code, tc.code)
+			}
+			if !strings.Contains(out, tc.want) {
+				t.Errorf("output lacks %q", tc.want)
+			}
+			for _, p := range pieces {
+				if strings.Contains(out, p) {
+					t.Errorf("output shows %q, a piece of the password", p)
+				}
+			}
+		})
+	}
+}
+
+// combinedOutput runs leaderrun to the end, with env added to the test's
+// environment, and returns its stdout and stderr together, and its exit
+// code.
+func combinedOutput(t *testing.T, env []string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(testenv.Leaderrun(t), args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		return string(out), ee.ExitCode()
+	case err != nil:
+		t.Fatalf("leaderrun %v: %v", args, err)
+	}
+	return string(out), 0
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -45,12 +44,10 @@ var errRedirect = errors.New("consul: the agent answered with a redirect, which 
 // name and repeat it in every error. The error names the address
 // redacted. New checks it too.
 func CheckAddress(addr string) error {
-	_, rest, ok := strings.Cut(addr, "://")
-	if !ok {
-		rest = addr
-	}
-	host, _, _ := strings.Cut(rest, "/")
-	if strings.Contains(host, "@") {
+	// Found by backends.Redact's rule, not by a parser's: a password
+	// holding "/" ends the host part for a parser, which would then find
+	// no user information.
+	if backends.Redact(addr) != addr {
 		return fmt.Errorf("address %s: user information in the address is not supported; give the ACL token with --consul-token-file or CONSUL_HTTP_TOKEN, HTTP basic authentication with CONSUL_HTTP_AUTH",
 			backends.Redact(addr))
 	}

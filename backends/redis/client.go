@@ -143,7 +143,9 @@ func newClient(cfg Config) (clients, error) {
 
 // parseURL parses cfg.URL with go-redis's ParseURL. With Sentinels the
 // URL names no host (the Sentinels name the primary), and may be empty.
-// Errors never show the URL: it may carry a password.
+// The user information is split off first (backends.SplitUserinfo), so
+// that a password holding "/" or "," reaches the server whole, and no
+// parser ever sees it or quotes part of it in an error.
 func parseURL(cfg Config) (*redis.Options, error) {
 	sentinel := cfg.SentinelMaster != "" || len(cfg.Sentinels) > 0
 	raw := cfg.URL
@@ -153,6 +155,7 @@ func parseURL(cfg Config) (*redis.Options, error) {
 		}
 		raw = "redis://"
 	}
+	raw, user, password, hasPassword, _ := backends.SplitUserinfo(raw)
 	u, err := url.Parse(raw)
 	if err != nil {
 		return nil, errors.New("redis: the URL does not parse (scheme://[user:password@]host:port[/db])")
@@ -166,13 +169,12 @@ func parseURL(cfg Config) (*redis.Options, error) {
 	}
 	opt, err := redis.ParseURL(raw)
 	if err != nil {
-		// go-redis's messages quote query parameters and paths, not the
-		// user information; redact the password all the same.
 		msg := strings.TrimPrefix(err.Error(), "redis: ")
-		if p, ok := u.User.Password(); ok && p != "" {
-			msg = strings.ReplaceAll(msg, p, "xxxxx")
-		}
 		return nil, fmt.Errorf("redis: URL: %s (want redis://, rediss:// or unix://)", msg)
+	}
+	opt.Username = user
+	if hasPassword {
+		opt.Password = password
 	}
 	if opt.DialTimeout == 0 {
 		opt.DialTimeout = DefaultDialTimeout
