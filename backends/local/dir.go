@@ -108,7 +108,7 @@ func newWalk(euid int) (*walk, error) {
 // push opens name in the directory dirfd (never through a symlink),
 // checks it and makes it the walk's current directory.
 func (w *walk) push(dirfd int, name, path string) error {
-	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	fd, err := unix.Openat(dirfd, name, walkFlag|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
