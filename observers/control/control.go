@@ -19,6 +19,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/leaderrun/leaderrun/backends"
@@ -84,11 +85,12 @@ type Server struct {
 	cancel context.CancelFunc
 }
 
-// Listen creates the socket and serves state on it. On Linux the socket
-// is abstract (no file: nothing is left behind when leaderrun is killed)
-// and answers only this user and root; elsewhere it is a file under a new
-// 0700 directory in dir (os.TempDir if empty). log, if not nil, hears
-// when accepting fails and when it works again.
+// Listen creates the socket and serves state on it: a file in a new
+// directory of mode 0700 under dir (os.TempDir if empty), so that only
+// this user and root can connect (see listen). Close removes both; what a
+// leaderrun killed with SIGKILL leaves behind, the next Listen in the same
+// dir removes. log, if not nil, hears when accepting fails and when it
+// works again.
 func Listen(dir string, state *State, log *slog.Logger) (*Server, error) {
 	ln, path, d, err := listen(dir)
 	if err != nil {
@@ -240,8 +242,7 @@ func Ask(ctx context.Context, path, req string) (Answer, error) {
 	if path == "" {
 		return Answer{}, ErrNoSocket
 	}
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", path)
+	c, err := dial(ctx, path)
 	if err != nil {
 		return Answer{}, fmt.Errorf("ask leaderrun at %s: %w", path, err)
 	}
@@ -261,4 +262,26 @@ func Ask(ctx context.Context, path, req string) (Answer, error) {
 		return Answer{}, fmt.Errorf("read answer from %s: %w", path, err)
 	}
 	return a, nil
+}
+
+// dialBackoff paces connects that find the backlog full.
+var dialBackoff = backends.Backoff{Min: time.Millisecond, Max: 20 * time.Millisecond}
+
+// dial connects to the socket at path. A connect that finds the
+// listener's backlog full (EAGAIN: connections of the job's own that the
+// server has not accepted yet) is tried again until ctx ends: the server
+// accepts them in microseconds, and a check that gave up at once would
+// report leadership lost while it is held.
+func dial(ctx context.Context, path string) (net.Conn, error) {
+	var d net.Dialer
+	retry := dialBackoff
+	for {
+		c, err := d.DialContext(ctx, "unix", path)
+		if err == nil || !errors.Is(err, syscall.EAGAIN) {
+			return c, err
+		}
+		if retry.Sleep(ctx) != nil {
+			return nil, err
+		}
+	}
 }
