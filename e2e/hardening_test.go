@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -241,7 +242,86 @@ func TestRedisPasswordWithSlashAndComma(t *testing.T) {
 // code.
 func combinedOutput(t *testing.T, env []string, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(testenv.Leaderrun(t), args...)
+	return combinedOutputOf(t, testenv.Leaderrun(t), env, args...)
+}
+
+// TestForeignOwnedCompanion: leaderrun runs the companion beside it only
+// under the rule the state directory is held to: a regular file of this
+// user or root that no one else may write, in directories of this user or
+// root that no one else may write unless they are sticky. Otherwise
+// another user could edit it, or put their own in its place, and have
+// root run it. Each case that breaks the rule is exit 69 naming what is
+// wrong, and the companion (a script that leaves a mark) never runs.
+func TestForeignOwnedCompanion(t *testing.T) {
+	requireRoot(t)
+	const other = 65534
+	bin := testenv.Leaderrun(t)
+	for _, tc := range []struct {
+		name      string
+		fileOwner int
+		fileMode  os.FileMode
+		dirOwner  int
+		dirMode   os.FileMode
+		want      string // in the message; "": the companion runs
+	}{
+		{name: "root's, 0755", dirMode: 0o755},
+		{name: "owned by another user", fileOwner: other, fileMode: 0o755, dirMode: 0o755, want: "leaderrun-dynamodb is owned by uid 65534"},
+		{name: "owned by another user, 0777", fileOwner: other, fileMode: 0o777, dirMode: 0o755, want: "leaderrun-dynamodb is owned by uid 65534"},
+		{name: "writable by everyone", fileMode: 0o777, dirMode: 0o755, want: "leaderrun-dynamodb is writable by others (mode 0777)"},
+		{name: "writable by its group", fileMode: 0o775, dirMode: 0o755, want: "leaderrun-dynamodb is writable by others (mode 0775)"},
+		{name: "in another user's directory", fileMode: 0o755, dirOwner: other, dirMode: 0o755, want: "bin is owned by uid 65534"},
+		{name: "in a directory everyone may write", fileMode: 0o755, dirMode: 0o777, want: "bin is writable by others (mode 0777) and not sticky"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "bin")
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			self := filepath.Join(dir, "leaderrun")
+			install(t, bin, self)
+			mark := filepath.Join(filepath.Dir(dir), "ran")
+			companion := filepath.Join(dir, "leaderrun-dynamodb")
+			if err := os.WriteFile(companion, []byte("#!/bin/sh\necho ran >"+mark+"\n"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			mode := tc.fileMode
+			if mode == 0 {
+				mode = 0o755
+			}
+			for _, set := range []error{os.Chown(companion, tc.fileOwner, tc.fileOwner), os.Chmod(companion, mode),
+				os.Chown(dir, tc.dirOwner, tc.dirOwner), os.Chmod(dir, tc.dirMode)} {
+				if set != nil {
+					t.Fatal(set)
+				}
+			}
+			out, code := combinedOutputOf(t, self, []string{"AWS_REGION=eu-west-1"}, "status", "--dynamodb-table", "ops_locks",
+				"--dynamodb-endpoint", "http://127.0.0.1:1", "--lock", "companion")
+			_, ranErr := os.Stat(mark)
+			ran := ranErr == nil
+			t.Logf("exit %d, companion ran: %v\n%s", code, ran, out)
+			if tc.want == "" {
+				if !ran || code != 0 {
+					t.Errorf("a companion of root's, 0755, in root's directory: exit %d, ran %v; want it run", code, ran)
+				}
+				return
+			}
+			if ran {
+				t.Errorf("the companion ran")
+			}
+			if code != 69 {
+				t.Errorf("exit %d, want 69", code)
+			}
+			if !strings.Contains(out, tc.want) {
+				t.Errorf("output does not say %q", tc.want)
+			}
+		})
+	}
+}
+
+// combinedOutputOf is combinedOutput for the leaderrun at path.
+func combinedOutputOf(t *testing.T, path string, env []string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(path, args...)
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
@@ -249,7 +329,7 @@ func combinedOutput(t *testing.T, env []string, args ...string) (string, int) {
 	case errors.As(err, &ee):
 		return string(out), ee.ExitCode()
 	case err != nil:
-		t.Fatalf("leaderrun %v: %v", args, err)
+		t.Fatalf("%s %v: %v", path, args, err)
 	}
 	return string(out), 0
 }
