@@ -38,6 +38,7 @@ var dynamodbStore = store{
 	address:  "--dynamodb-table, --dynamodb-endpoint or --dynamodb-region (LEADERRUN_DYNAMODB_TABLE, _ENDPOINT, _REGION)",
 	// AWS credentials are as often the job's own access to AWS: nothing
 	// is removed.
+	risks: dynamodbRisks,
 }
 
 // dynamodbSelected: a DynamoDB flag, or its variable

@@ -333,3 +333,88 @@ func combinedOutputOf(t *testing.T, path string, env []string, args ...string) (
 	}
 	return string(out), 0
 }
+
+// TestCredentialRiskWarnings: a credential in the arguments (which every
+// user of the host reads in ps), one sent across a network in clear text,
+// or a certificate check turned off, is said in one warning line at
+// start, naming the flag or variable and what to use instead, and never
+// the secret; the forms that keep it safe (variables, files, TLS, the
+// loopback) draw none. status stands for every command: the line comes
+// from choosing the store, before anything is sent.
+func TestCredentialRiskWarnings(t *testing.T) {
+	t.Parallel()
+	const secret = "S3cretPw"
+	// Nothing answers at either: the status fails, after the warning.
+	local, far := "127.0.0.1:1", "192.0.2.1:1"
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  []string
+		want []string // in the one warning line; none: no warning
+	}{
+		{name: "redis password in --redis-url", args: []string{"--redis-url", "redis://:" + secret + "@" + local + "/0"},
+			want: []string{"--redis-url holds a secret in the arguments", "use LEADERRUN_REDIS_URL, or the password alone in REDISCLI_AUTH"}},
+		{name: "redis password to a remote host over redis://", env: []string{"LEADERRUN_REDIS_URL=redis://:" + secret + "@" + far + "/0"},
+			want: []string{"the Redis password and every command cross the network to " + far + " in clear text: use rediss://"}},
+		{name: "REDISCLI_AUTH to a remote host over redis://", args: []string{"--redis-url", "redis://" + far}, env: []string{"REDISCLI_AUTH=" + secret},
+			want: []string{"cross the network to " + far + " in clear text"}},
+		{name: "rediss with skip_verify", env: []string{"LEADERRUN_REDIS_URL=rediss://:" + secret + "@" + local + "/0?skip_verify=true"},
+			want: []string{"skip_verify=true in --redis-url: the server's certificate is not checked", "--redis-cacert"}},
+		{name: "--redis-sentinel-password", args: []string{"--redis-sentinels", local, "--redis-sentinel-master", "m", "--redis-sentinel-password", secret},
+			want: []string{"--redis-sentinel-password holds a secret in the arguments", "use LEADERRUN_REDIS_SENTINEL_PASSWORD"}},
+		{name: "--consul-token", args: []string{"--consul-addr", local, "--consul-token", secret},
+			want: []string{"--consul-token holds a secret in the arguments", "--consul-token-file, CONSUL_HTTP_TOKEN_FILE"}},
+		{name: "consul token to a remote agent over http", env: []string{"CONSUL_HTTP_ADDR=http://" + far, "CONSUL_HTTP_TOKEN=" + secret},
+			want: []string{"the Consul ACL token and every request cross the network to " + far + " in clear text"}},
+		{name: "CONSUL_HTTP_SSL_VERIFY=false", env: []string{"CONSUL_HTTP_ADDR=https://" + local, "CONSUL_HTTP_SSL_VERIFY=false"},
+			want: []string{"CONSUL_HTTP_SSL_VERIFY=false: the agent's certificate is not checked"}},
+		{name: "etcd password in the arguments, to a remote member over http", args: []string{"--etcd-endpoints", "http://" + far, "--etcd-user", "root:" + secret},
+			want: []string{"--etcd-user holds a secret in the arguments", "use ETCDCTL_USER and ETCDCTL_PASSWORD",
+				"the etcd password and every request cross the network to " + far + " in clear text"}},
+		{name: "postgres password in --postgres-url", args: []string{"--postgres-url", "postgres://app:" + secret + "@" + local + "/app"},
+			want: []string{"--postgres-url holds a secret in the arguments", "PGPASSWORD or ~/.pgpass"}},
+		{name: "azure SAS to a remote endpoint over http", args: []string{"--azure-container", "locks", "--azure-account-url", "http://" + far + "/acct"},
+			env:  []string{"AZURE_STORAGE_ACCOUNT=acct", "AZURE_STORAGE_SAS_TOKEN=sv=2024&sig=" + secret},
+			want: []string{"the SAS token, or requests signed with the account key, cross the network to " + far + " in clear text: use https://"}},
+		{name: "dynamodb to a remote endpoint over http", args: []string{"--dynamodb-endpoint", "http://" + far},
+			env:  []string{"AWS_REGION=eu-west-1", "AWS_ACCESS_KEY_ID=AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY=" + secret},
+			want: []string{"requests signed with the AWS credentials cross the network to " + far + " in clear text: use https://"}},
+
+		{name: "redis password in the variable, loopback", env: []string{"LEADERRUN_REDIS_URL=redis://:" + secret + "@" + local + "/0"}},
+		{name: "redis over TLS, verified", env: []string{"LEADERRUN_REDIS_URL=rediss://:" + secret + "@" + far + "/0"}},
+		{name: "consul token from a file, remote over https", args: []string{"--consul-addr", "https://" + far, "--consul-token-file", "/nonexistent"}},
+		{name: "etcd password in the variables, loopback", args: []string{"--etcd-endpoints", "http://" + local}, env: []string{"ETCDCTL_USER=root", "ETCDCTL_PASSWORD=" + secret}},
+		{name: "dynamodb emulator on the loopback", args: []string{"--dynamodb-endpoint", "http://" + local},
+			env: []string{"AWS_REGION=eu-west-1", "AWS_ACCESS_KEY_ID=AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY=" + secret}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			args := append([]string{"status", "--lock", "risks", "--timeout", "300ms"}, tc.args...)
+			out, code := combinedOutput(t, tc.env, args...)
+			var warnings []string
+			for _, line := range strings.Split(out, "\n") {
+				if strings.Contains(line, "level=WARN") {
+					warnings = append(warnings, line)
+				}
+			}
+			t.Logf("exit %d:\n%s", code, out)
+			if strings.Contains(out, secret) {
+				t.Errorf("the output shows the secret")
+			}
+			if len(tc.want) == 0 {
+				if len(warnings) > 0 {
+					t.Errorf("warned of a safe setting: %s", warnings)
+				}
+				return
+			}
+			if len(warnings) != 1 {
+				t.Fatalf("%d warning lines, want 1", len(warnings))
+			}
+			for _, w := range append([]string{`msg="credentials at risk"`}, tc.want...) {
+				if !strings.Contains(warnings[0], w) {
+					t.Errorf("the warning does not say %q", w)
+				}
+			}
+		})
+	}
+}
