@@ -61,8 +61,9 @@ func openDir(path string) (*dir, error) {
 		return nil, err
 	}
 	top := w.stack[len(w.stack)-1]
-	// The walk holds O_PATH descriptors; flock and fsync need one opened
-	// for reading, of the same directory (".": no name to swap).
+	// The walk's descriptors may be O_PATH ones (walkFlag); flock and
+	// fsync need one opened for reading, of the same directory (".": no
+	// name to swap).
 	fd, err := unix.Openat(top.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open state directory %s: %w", top.path, err)
@@ -85,7 +86,7 @@ func openDir(path string) (*dir, error) {
 const maxLinks = 40
 
 // walk is the walk of openDir: the directories from "/" down to where it
-// has got, each held open (O_PATH) and checked.
+// has got, each held open (walkFlag) and checked.
 type walk struct {
 	euid  int
 	stack []walked // stack[0] is "/"
@@ -140,52 +141,70 @@ func (w *walk) walk(p string) error {
 			}
 			continue
 		}
-		cur := w.stack[len(w.stack)-1]
-		path := filepath.Join(cur.path, name)
-		err := w.push(cur.fd, name, path)
-		if errors.Is(err, unix.ENOENT) {
-			// Made only inside a directory found safe, and checked
-			// like any other once made (someone may have made it
-			// first).
-			if err = unix.Mkdirat(cur.fd, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-				return fmt.Errorf("create state directory %s: %w", path, err)
-			}
-			err = w.push(cur.fd, name, path)
-		}
-		switch {
-		case err == nil:
-			continue
-		case errors.Is(err, backends.ErrUnsafeState):
-			return err
-		case !errors.Is(err, unix.ELOOP) && !errors.Is(err, unix.ENOTDIR):
-			return fmt.Errorf("local: open %s: %w", path, err)
-		}
-		// Not a directory: a symbolic link, or refused.
-		var lst unix.Stat_t
-		if err := unix.Fstatat(cur.fd, name, &lst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return fmt.Errorf("local: inspect %s: %w", path, err)
-		}
-		if lst.Mode&unix.S_IFMT != unix.S_IFLNK {
-			return unsafeErr(path, "is not a directory")
-		}
-		if !owned(lst.Uid, w.euid) {
-			return unsafeErr(path, fmt.Sprintf("is a symbolic link owned by uid %d", lst.Uid))
-		}
-		if w.links++; w.links > maxLinks {
-			return fmt.Errorf("local: %s: more than %d symbolic links: %w", path, maxLinks, unix.ELOOP)
-		}
-		target, err := readlinkat(cur.fd, name)
+		target, err := w.step(name)
 		if err != nil {
-			return fmt.Errorf("local: read symbolic link %s: %w", path, err)
+			return err
 		}
-		if filepath.IsAbs(target) {
-			for len(w.stack) > 1 {
-				w.pop()
-			}
+		if target != "" {
+			names = append(strings.Split(target, "/"), names...)
 		}
-		names = append(strings.Split(target, "/"), names...)
 	}
 	return nil
+}
+
+// step enters the directory name in the current one, making it (0700) if
+// it is missing: only inside a directory found safe, and checked like any
+// other once made (someone may have made it first). If name is a symbolic
+// link the walk may follow, step returns its target, to be walked next.
+func (w *walk) step(name string) (target string, err error) {
+	cur := w.stack[len(w.stack)-1]
+	path := filepath.Join(cur.path, name)
+	err = w.push(cur.fd, name, path)
+	if errors.Is(err, unix.ENOENT) {
+		if err = unix.Mkdirat(cur.fd, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+			return "", fmt.Errorf("create state directory %s: %w", path, err)
+		}
+		err = w.push(cur.fd, name, path)
+	}
+	switch {
+	case err == nil:
+		return "", nil
+	case errors.Is(err, backends.ErrUnsafeState):
+		return "", err
+	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR):
+		// Not a directory: a symbolic link, or refused.
+		return w.follow(cur, name, path)
+	}
+	return "", fmt.Errorf("local: open %s: %w", path, err)
+}
+
+// follow returns the target of the symbolic link name in the directory
+// cur, if this user or root owns it, and goes back to "/" first if the
+// target is absolute; anything else that is not a directory is refused.
+func (w *walk) follow(cur walked, name, path string) (string, error) {
+	var lst unix.Stat_t
+	if err := unix.Fstatat(cur.fd, name, &lst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return "", fmt.Errorf("local: inspect %s: %w", path, err)
+	}
+	if lst.Mode&unix.S_IFMT != unix.S_IFLNK {
+		return "", unsafeErr(path, "is not a directory")
+	}
+	if !owned(lst.Uid, w.euid) {
+		return "", unsafeErr(path, fmt.Sprintf("is a symbolic link owned by uid %d", lst.Uid))
+	}
+	if w.links++; w.links > maxLinks {
+		return "", fmt.Errorf("local: %s: more than %d symbolic links: %w", path, maxLinks, unix.ELOOP)
+	}
+	target, err := readlinkat(cur.fd, name)
+	if err != nil {
+		return "", fmt.Errorf("local: read symbolic link %s: %w", path, err)
+	}
+	if filepath.IsAbs(target) {
+		for len(w.stack) > 1 {
+			w.pop()
+		}
+	}
+	return target, nil
 }
 
 func (w *walk) pop() {
