@@ -123,11 +123,12 @@ func checkCompanion(path string, euid int) error {
 		if err := syscall.Lstat(d, &st); err != nil {
 			return fmt.Errorf("inspect %s: %w", d, err)
 		}
+		if err := owned(d, &st); err != nil {
+			return err
+		}
 		switch {
 		case st.Mode&syscall.S_IFMT != syscall.S_IFDIR:
 			return fmt.Errorf("%s is not a directory: refusing to run %s", d, path)
-		case owned(d, &st) != nil:
-			return owned(d, &st)
 		case st.Mode&0o022 != 0 && st.Mode&syscall.S_ISVTX == 0:
 			return fmt.Errorf("%s is writable by others (mode %04o) and not sticky: refusing to run %s", d, st.Mode&0o7777, path)
 		}
