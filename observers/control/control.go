@@ -86,18 +86,26 @@ type Server struct {
 }
 
 // Listen creates the socket and serves state on it: a file in a new
-// directory of mode 0700 under dir (os.TempDir if empty), so that only
+// directory of mode 0700 under dir (os.TempDir if empty, or if dir would
+// let another user replace that directory: see checkBase), so that only
 // this user and root can connect (see listen). Close removes both; what a
 // leaderrun killed with SIGKILL leaves behind, the next Listen in the same
 // dir removes. log, if not nil, hears when accepting fails and when it
 // works again.
 func Listen(dir string, state *State, log *slog.Logger) (*Server, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if dir != "" {
+		if err := checkBase(dir); err != nil {
+			// Another user's $XDG_RUNTIME_DIR, say, kept by su.
+			log.Info("check socket: not in this directory; in the temporary directory instead", "error", err, "temp_dir", os.TempDir())
+			dir = ""
+		}
+	}
 	ln, path, d, err := listen(dir)
 	if err != nil {
 		return nil, err
-	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{path: path, dir: d, ln: ln, log: log}
 	s.stop, s.cancel = context.WithCancel(context.Background())
@@ -275,13 +283,28 @@ var dialBackoff = backends.Backoff{Min: time.Millisecond, Max: 20 * time.Millise
 func dial(ctx context.Context, path string) (net.Conn, error) {
 	var d net.Dialer
 	retry := dialBackoff
+	var full error // the latest EAGAIN: what to report when ctx ends
 	for {
 		c, err := d.DialContext(ctx, "unix", path)
-		if err == nil || !errors.Is(err, syscall.EAGAIN) {
-			return c, err
-		}
-		if retry.Sleep(ctx) != nil {
+		switch {
+		case err == nil:
+			return c, nil
+		case errors.Is(err, syscall.EAGAIN):
+			full = err
+		case full != nil && (ctx.Err() != nil || timedOut(err)):
+			// The budget ran out during a connect.
+			return nil, full
+		default:
 			return nil, err
 		}
+		if retry.Sleep(ctx) != nil {
+			return nil, full
+		}
 	}
+}
+
+// timedOut reports whether err is a deadline that passed.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
