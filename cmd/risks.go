@@ -73,6 +73,9 @@ func redisRisks(c *cli.Context, given map[string]bool) []string {
 	if given["redis-sentinel-password"] {
 		risks = append(risks, inArguments("redis-sentinel-password", "LEADERRUN_REDIS_SENTINEL_PASSWORD"))
 	}
+	if stripped == "" {
+		stripped = "redis://" // Sentinels without a URL: plain TCP
+	}
 	u, err := url.Parse(stripped)
 	if err != nil {
 		return risks
