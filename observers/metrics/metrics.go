@@ -285,24 +285,22 @@ type capped struct {
 }
 
 func (l *capped) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		cc := &cappedConn{Conn: c, l: l}
-		l.mu.Lock()
-		var victim *cappedConn
-		if len(l.open) >= l.max {
-			victim = l.victim()
-		}
-		l.open = append(l.open, cc)
-		l.mu.Unlock()
-		if victim != nil {
-			victim.Close()
-		}
-		return cc, nil
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
 	}
+	cc := &cappedConn{Conn: c, l: l}
+	l.mu.Lock()
+	var victim *cappedConn
+	if len(l.open) >= l.max {
+		victim = l.victim()
+	}
+	l.open = append(l.open, cc)
+	l.mu.Unlock()
+	if victim != nil {
+		victim.Close()
+	}
+	return cc, nil
 }
 
 // victim is the connection to close for a new one, with l.mu held: the
