@@ -29,9 +29,9 @@ const maxConflicts = 3
 // (client-go's observedRecord and observedTime). The timestamps in the
 // record decide nothing but how long a --try waits: hosts' clocks differ.
 type recordCandidacy struct {
-	lock     RecordLock
-	claim    Claim
-	try      bool
+	lock  RecordLock
+	claim Claim
+	try   bool
 	// quick: a try that does not watch a record that looks expired (a
 	// pool's first look at each slot, before it waits for them all).
 	quick    bool

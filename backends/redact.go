@@ -1,33 +1,101 @@
 package backends
 
-import "strings"
+import (
+	"net/url"
+	"strings"
+)
 
 // Redact drops the user information (user:password@) from an address
-// given as a URL or host:port list, so that messages that name a store's
-// address never carry a password. Several comma-separated addresses are
-// redacted one by one.
+// given as a URL, a host:port, or a comma-separated list of them, so that
+// messages that name a store's address never carry a password. The user
+// information is found before the list is split, by the rule of
+// SplitUserinfo: a password may hold ",", "/", "?" or "@" (base64
+// passwords often hold "/"), encoded or not, and none of it shows. Where
+// the rule is in doubt it hides more than the user information, never
+// less.
 func Redact(addr string) string {
-	parts := strings.Split(addr, ",")
-	for i, a := range parts {
-		parts[i] = redactOne(a)
+	var out strings.Builder
+	rest := addr
+	for {
+		i := strings.Index(rest, "://")
+		if i < 0 {
+			out.WriteString(afterLastAt(rest))
+			return out.String()
+		}
+		// The scheme begins after the last comma before "://"; what
+		// comes before it are addresses without a scheme.
+		start := strings.LastIndexByte(rest[:i], ',') + 1
+		out.WriteString(afterLastAt(rest[:start]))
+		scheme, body := rest[start:i], rest[i+len("://"):]
+		// This URL ends before the scheme of the next one, if a comma
+		// comes before that; else it runs to the end (a URL in its
+		// query, say).
+		end := len(body)
+		if j := strings.Index(body, "://"); j >= 0 {
+			if k := strings.LastIndexByte(body[:j], ','); k >= 0 {
+				end = k + 1
+			}
+		}
+		_, after, _ := cutUserinfo(scheme, body[:end])
+		out.WriteString(scheme + "://" + after)
+		rest = body[end:]
 	}
-	return strings.Join(parts, ",")
 }
 
-func redactOne(addr string) string {
-	scheme, rest, ok := strings.Cut(addr, "://")
+// SplitUserinfo splits the user information off one URL
+// (scheme://user:password@host...) before anything parses it, and returns
+// the URL without it, and the user and the password, percent-decoded
+// where they are validly encoded and as written where they are not. ok
+// reports whether the URL had user information; hasPassword whether it
+// had a password (a ":" in it).
+//
+// Parsers take the user information to end at the first "/" after
+// "://", so a password that holds an unencoded "/" (base64) would leave
+// its tail in the host or the path, to be quoted in their error messages.
+// Here it ends at the last "@" of the URL, since a host holds none; for
+// unix:// and unixs:// URLs, whose socket path may hold one, at the first
+// "@/". A URL whose authority is empty (scheme:///path) has none.
+func SplitUserinfo(raw string) (stripped, user, password string, hasPassword, ok bool) {
+	scheme, body, found := strings.Cut(raw, "://")
+	if !found {
+		return raw, "", "", false, false
+	}
+	info, after, ok := cutUserinfo(scheme, body)
 	if !ok {
-		scheme, rest = "", addr
+		return raw, "", "", false, false
 	}
-	host, path, hasPath := strings.Cut(rest, "/")
-	if i := strings.LastIndexByte(host, '@'); i >= 0 {
-		host = host[i+1:]
+	user, password, hasPassword = strings.Cut(info, ":")
+	return scheme + "://" + after, unescape(user), unescape(password), hasPassword, true
+}
+
+// cutUserinfo splits the part of a URL after "scheme://" at the end of
+// its user information, by SplitUserinfo's rule.
+func cutUserinfo(scheme, body string) (info, after string, ok bool) {
+	if body == "" || body[0] == '/' {
+		return "", body, false
 	}
-	if hasPath {
-		host += "/" + path
+	at := strings.LastIndexByte(body, '@')
+	if scheme == "unix" || scheme == "unixs" {
+		at = strings.Index(body, "@/")
 	}
-	if scheme != "" {
-		return scheme + "://" + host
+	if at < 0 {
+		return "", body, false
 	}
-	return host
+	return body[:at], body[at+1:], true
+}
+
+// afterLastAt drops everything up to the last "@" of addresses without a
+// scheme (user:password@host:port).
+func afterLastAt(s string) string {
+	if i := strings.LastIndexByte(s, '@'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
+
+func unescape(s string) string {
+	if u, err := url.PathUnescape(s); err == nil {
+		return u
+	}
+	return s
 }

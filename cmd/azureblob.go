@@ -44,6 +44,7 @@ var azureStore = store{
 	// What would let a job write to the lock's blobs. AZURE_STORAGE_ACCOUNT
 	// names the account and is no secret.
 	credentials: []string{envAzureConnectionString, envAzureKey, envAzureSAS},
+	risks:       azureRisks,
 }
 
 // newAzureBackend validates the Azure Blob flags and builds the backend.

@@ -59,7 +59,9 @@ func takeHandOver() (string, error) {
 
 // companionPath is where the companion called name must be: beside the
 // running binary (symbolic links resolved), and nowhere else (not $PATH:
-// a root leaderrun must not run whatever a user put first there).
+// a root leaderrun must not run whatever a user put first there). The
+// path returned has its symbolic links resolved too, and has passed
+// checkCompanion: it is what is run.
 func companionPath(name string) (string, error) {
 	self, err := os.Executable()
 	if err != nil {
@@ -68,14 +70,20 @@ func companionPath(name string) (string, error) {
 	if resolved, err := filepath.EvalSymlinks(self); err == nil {
 		self = resolved
 	}
-	path := filepath.Join(filepath.Dir(self), name)
-	fi, err := os.Stat(path)
+	path, err := filepath.EvalSymlinks(filepath.Join(filepath.Dir(self), name))
 	if err != nil {
 		return "", fmt.Errorf("%s is not installed beside %s: install it from the same release as leaderrun "+
 			"(go install github.com/leaderrun/leaderrun/cmd/%s@<version>)", name, self, name)
 	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", err
+	}
 	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
 		return "", fmt.Errorf("%s is not an executable file (%v)", path, fi.Mode())
+	}
+	if err := checkCompanion(path, os.Geteuid()); err != nil {
+		return "", err
 	}
 	if me, err := os.Stat(self); err == nil && os.SameFile(me, fi) {
 		// A leaderrun installed under the companion's name would hand
@@ -83,6 +91,51 @@ func companionPath(name string) (string, error) {
 		return "", fmt.Errorf("%s is a leaderrun without that backend, not the companion binary", path)
 	}
 	return path, nil
+}
+
+// checkCompanion holds the companion at path (symbolic links resolved)
+// to the rule of the local backend's state directory: a file of this user
+// (euid) or root that no one else may write, in directories of this user
+// or root, from its own up to /, that no one else may write unless they
+// are sticky (like /tmp). Otherwise another user could edit it, or put a
+// program of theirs in its place, and have leaderrun (often root) run it.
+func checkCompanion(path string, euid int) error {
+	owned := func(p string, st *syscall.Stat_t) error {
+		if st.Uid != 0 && int(st.Uid) != euid {
+			return fmt.Errorf("%s is owned by uid %d, not by this user (%d) or root: refusing to run %s", p, st.Uid, euid, path)
+		}
+		return nil
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(path, &st); err != nil {
+		return fmt.Errorf("inspect %s: %w", path, err)
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return fmt.Errorf("%s is not a regular file: refusing to run it", path)
+	}
+	if err := owned(path, &st); err != nil {
+		return err
+	}
+	if st.Mode&0o022 != 0 {
+		return fmt.Errorf("%s is writable by others (mode %04o): refusing to run it", path, st.Mode&0o7777)
+	}
+	for d := filepath.Dir(path); ; d = filepath.Dir(d) {
+		if err := syscall.Lstat(d, &st); err != nil {
+			return fmt.Errorf("inspect %s: %w", d, err)
+		}
+		if err := owned(d, &st); err != nil {
+			return err
+		}
+		switch {
+		case st.Mode&syscall.S_IFMT != syscall.S_IFDIR:
+			return fmt.Errorf("%s is not a directory: refusing to run %s", d, path)
+		case st.Mode&0o022 != 0 && st.Mode&syscall.S_ISVTX == 0:
+			return fmt.Errorf("%s is writable by others (mode %04o) and not sticky: refusing to run %s", d, st.Mode&0o7777, path)
+		}
+		if d == filepath.Dir(d) {
+			return nil
+		}
+	}
 }
 
 // handOver replaces this process with the companion called name, which

@@ -19,7 +19,7 @@ func consulFlags() []cli.Flag {
 		&cli.StringFlag{Name: "consul-addr", Category: categoryStore, EnvVars: []string{"LEADERRUN_CONSUL_ADDR", api.HTTPAddrEnvName},
 			Usage: "Consul agent `ADDR` (host:port or URL; https:// for TLS, with CONSUL_CACERT, CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY)"},
 		&cli.StringFlag{Name: "consul-token", Category: categoryStore, EnvVars: []string{api.HTTPTokenEnvName},
-			Usage: "Consul ACL `TOKEN` (prefer --consul-token-file: arguments are visible to every user of the host)"},
+			Usage: "Consul ACL `TOKEN`; prefer --consul-token-file, CONSUL_HTTP_TOKEN_FILE or CONSUL_HTTP_TOKEN: arguments are visible to every user of the host (warned at start)"},
 		&cli.StringFlag{Name: "consul-token-file", Category: categoryStore, EnvVars: []string{api.HTTPTokenFileEnvName},
 			Usage: "`FILE` holding the Consul ACL token; wins over --consul-token"},
 		&cli.DurationFlag{Name: "consul-lock-delay", Category: categoryStore, EnvVars: []string{"LEADERRUN_CONSUL_LOCK_DELAY"},
@@ -36,6 +36,7 @@ var consulStore = store{
 	address:  "--consul-addr (CONSUL_HTTP_ADDR)",
 	credentials: []string{"CONSUL_HTTP_TOKEN", "CONSUL_HTTP_TOKEN_FILE", "CONSUL_HTTP_AUTH",
 		"CONSUL_CLIENT_CERT", "CONSUL_CLIENT_KEY"},
+	risks: consulRisks,
 }
 
 // openConsul validates the Consul flags and opens the store. The token's

@@ -37,6 +37,7 @@ var dynamodbStore = store{
 	address:  "--dynamodb-table, --dynamodb-endpoint or --dynamodb-region (LEADERRUN_DYNAMODB_TABLE, _ENDPOINT, _REGION)",
 	// AWS credentials are as often the job's own access to AWS: nothing
 	// is removed.
+	risks: dynamodbRisks,
 }
 
 // dynamodbSelected: a DynamoDB flag, or its variable
@@ -107,9 +108,14 @@ func dynamodbSettings(c *cli.Context, cfg storeConfig) (spec.Settings, error) {
 	}
 	endpoint := c.String("dynamodb-endpoint")
 	if endpoint != "" {
+		// Checked for user information before it is parsed: a parser
+		// takes a password holding "/" for a host and a path.
+		if backends.Redact(endpoint) != endpoint {
+			return spec.Settings{}, usageErrorf("--dynamodb-endpoint %q: want a URL without user information (credentials as the AWS CLI reads them)", backends.Redact(endpoint))
+		}
 		u, err := url.Parse(endpoint)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return spec.Settings{}, usageErrorf("--dynamodb-endpoint %q: want an http:// or https:// URL", backends.Redact(endpoint))
+			return spec.Settings{}, usageErrorf("--dynamodb-endpoint %q: want an http:// or https:// URL", endpoint)
 		}
 	}
 	return spec.Settings{

@@ -27,7 +27,7 @@ func etcdFlags() []cli.Flag {
 		&cli.StringFlag{Name: "etcd-key", Category: categoryStore, EnvVars: []string{"ETCDCTL_KEY"},
 			Usage: "TLS client key `FILE` (with --etcd-cert)"},
 		&cli.StringFlag{Name: "etcd-user", Category: categoryStore, EnvVars: []string{"ETCDCTL_USER"},
-			Usage: "authenticate as `USER:PASSWORD` (prefer the variable: arguments are visible to every user of the host)"},
+			Usage: "authenticate as `USER:PASSWORD`; prefer ETCDCTL_USER and ETCDCTL_PASSWORD: arguments are visible to every user of the host (warned at start)"},
 		&cli.DurationFlag{Name: "etcd-dial-timeout", Category: categoryStore, EnvVars: []string{"LEADERRUN_ETCD_DIAL_TIMEOUT", "ETCDCTL_DIAL_TIMEOUT"}, Value: etcd.DefaultDialTimeout,
 			Usage: "give up after `D` when no etcd member can be reached before leadership (exit 69)"},
 	}
@@ -42,6 +42,7 @@ var etcdStore = store{
 	// The user and password, and the client certificate: what would let
 	// a job write to the lock's keys (the CA only checks the server).
 	credentials: []string{"ETCDCTL_USER", "ETCDCTL_PASSWORD", "ETCDCTL_CERT", "ETCDCTL_KEY"},
+	risks:       etcdRisks,
 }
 
 func newEtcdBackend(c *cli.Context, cfg storeConfig) (backends.Store, error) {
@@ -96,6 +97,11 @@ func newEtcdBackend(c *cli.Context, cfg storeConfig) (backends.Store, error) {
 
 // etcdEndpoints splits and checks --etcd-endpoints.
 func etcdEndpoints(s string) ([]string, error) {
+	// User information in an endpoint is never sent (gRPC ignores it; the
+	// user and password go in --etcd-user): it is dropped before the list
+	// is split, so that a password holding "," or "/" cannot become an
+	// endpoint of its own, to be quoted in a message.
+	s = backends.Redact(s)
 	var eps []string
 	for _, ep := range strings.Split(s, ",") {
 		ep = strings.TrimSpace(ep)
@@ -103,13 +109,12 @@ func etcdEndpoints(s string) ([]string, error) {
 			continue
 		}
 		if !validEndpoint(ep) {
-			return nil, usageErrorf("--etcd-endpoints %q: %q is not an endpoint like http://HOST:PORT, https://HOST:PORT or HOST:PORT",
-				backends.Redact(s), backends.Redact(ep))
+			return nil, usageErrorf("--etcd-endpoints %q: %q is not an endpoint like http://HOST:PORT, https://HOST:PORT or HOST:PORT", s, ep)
 		}
 		eps = append(eps, ep)
 	}
 	if len(eps) == 0 {
-		return nil, usageErrorf("--etcd-endpoints %q: no endpoint given", backends.Redact(s))
+		return nil, usageErrorf("--etcd-endpoints %q: no endpoint given", s)
 	}
 	return eps, nil
 }

@@ -51,6 +51,10 @@ type store struct {
 	// environment unless --pass-credentials. Variables that jobs commonly
 	// use for their own work (DATABASE_URL, PG*, KUBECONFIG) are not here.
 	credentials []string
+	// risks, when set, lists what in the store's settings puts its
+	// credentials at risk (risks.go); given are the flags on the command
+	// line. Logged as one warning line once the store is chosen.
+	risks func(c *cli.Context, given map[string]bool) []string
 }
 
 // stores are the backends, in the order the help lists them.
@@ -249,8 +253,15 @@ func openStore(c *cli.Context) (backends.Store, store, error) {
 // that failed). Both happen before the store is touched.
 func storeToServe(c *cli.Context) (store, error) {
 	s, err := chooseStore(c)
-	if err != nil || s.handOver == nil {
+	if err != nil {
 		return s, err
 	}
-	return s, s.handOver(c, storeConfig{Lock: c.String("lock"), Prefix: c.String("prefix")})
+	if s.handOver != nil {
+		if err := s.handOver(c, storeConfig{Lock: c.String("lock"), Prefix: c.String("prefix")}); err != nil {
+			return s, err
+		}
+	}
+	// Here, not before the hand-over: the companion says it once.
+	warnRisks(c, s)
+	return s, nil
 }

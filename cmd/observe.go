@@ -33,8 +33,8 @@ func observers(c *cli.Context, cfg *runner.Config, s backends.Store, log *slog.L
 		cfg.Progress = runner.NewProgress()
 		state.Progress = cfg.Progress
 	}
-	// Where the socket needs a file (not on Linux): $XDG_RUNTIME_DIR (per
-	// user, cleared at logout) if there is one.
+	// The socket's directory goes in $XDG_RUNTIME_DIR (per user, cleared
+	// at logout) if there is one, else in $TMPDIR or /tmp.
 	srv, err := control.Listen(os.Getenv("XDG_RUNTIME_DIR"), state, log)
 	if err != nil {
 		return nil, nil, err

@@ -22,7 +22,7 @@ func postgresFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "postgres-url", Category: categoryStore, EnvVars: []string{"LEADERRUN_POSTGRES_URL"},
 			Usage: "PostgreSQL connection `URL` or key=value string, as psql takes it (default: $DATABASE_URL); what it leaves out comes from a service file (service=NAME), libpq's PG* variables and ~/.pgpass; with no host anywhere, the socket in /var/run/postgresql. " +
-				"Put no password here: arguments are visible to every user of the host; use the variable, PGPASSWORD or ~/.pgpass"},
+				"Put no password here: arguments are visible to every user of the host (warned at start); use the variable, PGPASSWORD or ~/.pgpass"},
 		&cli.StringFlag{Name: "postgres-table", Category: categoryStore, EnvVars: []string{"LEADERRUN_POSTGRES_TABLE"}, Value: postgres.DefaultTable,
 			Usage: "lease `TABLE` ([schema.]name), created with its sequence, markers and history tables if missing"},
 	}
@@ -37,6 +37,7 @@ var postgresStore = store{
 	// Only leaderrun's own variable: DATABASE_URL and PG* are as often
 	// the job's own connection to its data.
 	credentials: []string{"LEADERRUN_POSTGRES_URL"},
+	risks:       postgresRisks,
 }
 
 // newPostgresBackend validates the PostgreSQL flags and builds the

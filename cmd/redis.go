@@ -23,7 +23,8 @@ func redisFlags() []cli.Flag {
 		&cli.StringFlag{Name: "redis-url", Category: categoryStore, EnvVars: []string{"LEADERRUN_REDIS_URL"},
 			Usage: "Redis `URL`: redis://[user[:password]@]host:port[/db], rediss:// for TLS, or unix://[user[:password]@]/path/to/redis.sock; " +
 				"without a password in it, the password comes from REDISCLI_AUTH, as redis-cli reads it. " +
-				"Put no password here: arguments are visible to every user of the host; use the variable or REDISCLI_AUTH. " +
+				"Put no password here: arguments are visible to every user of the host; use the variable, or REDISCLI_AUTH for the password alone. " +
+				"skip_verify=true turns rediss://'s certificate check off; leaderrun warns at start of it, of a password here, and of one sent over redis:// to another host. " +
 				"Tokens only increase while the server never forgets an acknowledged write (appendonly yes, appendfsync always): see docs/backends/redis.md"},
 		&cli.StringFlag{Name: "redis-sentinels", Category: categoryStore, EnvVars: []string{"LEADERRUN_REDIS_SENTINELS"},
 			Usage: "comma-separated `HOSTS` (host:port) of the Sentinels that watch the primary, with --redis-sentinel-master; " +
@@ -31,7 +32,7 @@ func redisFlags() []cli.Flag {
 		&cli.StringFlag{Name: "redis-sentinel-master", Category: categoryStore, EnvVars: []string{"LEADERRUN_REDIS_SENTINEL_MASTER"},
 			Usage: "master `NAME` of the primary, as the Sentinels know it"},
 		&cli.StringFlag{Name: "redis-sentinel-password", Category: categoryStore, EnvVars: []string{"LEADERRUN_REDIS_SENTINEL_PASSWORD"},
-			Usage: "`PASSWORD` of the Sentinels themselves (prefer the variable: arguments are visible to every user of the host)"},
+			Usage: "`PASSWORD` of the Sentinels themselves; prefer LEADERRUN_REDIS_SENTINEL_PASSWORD: arguments are visible to every user of the host (warned at start)"},
 		&cli.IntFlag{Name: "redis-min-replicas", Category: categoryStore, EnvVars: []string{"LEADERRUN_REDIS_MIN_REPLICAS"}, Value: 0,
 			Usage: "start the command only once `N` replicas acknowledged the grant (WAIT), and count each renewal only once they acknowledged it; " +
 				"narrows what a failover can lose, does not close it (docs/backends/redis.md)"},
@@ -55,6 +56,7 @@ var redisStore = store{
 	// and the client certificate (the CA only checks the server).
 	credentials: []string{"LEADERRUN_REDIS_URL", "REDISCLI_AUTH", "LEADERRUN_REDIS_SENTINEL_PASSWORD",
 		"LEADERRUN_REDIS_CERT", "LEADERRUN_REDIS_KEY"},
+	risks: redisRisks,
 }
 
 // newRedisStore validates the Redis flags and opens the store. No
@@ -62,6 +64,12 @@ var redisStore = store{
 // information, and the store's messages are redacted again here.
 func newRedisStore(c *cli.Context, cfg storeConfig) (backends.Store, error) {
 	rawURL, master := c.String("redis-url"), c.String("redis-sentinel-master")
+	if list := c.String("redis-sentinels"); backends.Redact(list) != list {
+		// Refused before the list is split, so that no piece of a
+		// password holding "," is quoted as a Sentinel.
+		return nil, usageErrorf("--redis-sentinels %q: want HOST:PORT, without user information (the Sentinels' password goes in LEADERRUN_REDIS_SENTINEL_PASSWORD)",
+			backends.Redact(list))
+	}
 	var sentinels []string
 	for _, s := range strings.Split(c.String("redis-sentinels"), ",") {
 		if s = strings.TrimSpace(s); s != "" {
@@ -69,10 +77,8 @@ func newRedisStore(c *cli.Context, cfg storeConfig) (backends.Store, error) {
 		}
 	}
 	secrets := []string{os.Getenv("REDISCLI_AUTH"), c.String("redis-sentinel-password")}
-	if u, err := url.Parse(rawURL); err == nil {
-		if p, ok := u.User.Password(); ok {
-			secrets = append(secrets, p)
-		}
+	if _, _, p, ok, _ := backends.SplitUserinfo(rawURL); ok {
+		secrets = append(secrets, p)
 	}
 	switch {
 	case rawURL == "" && len(sentinels) == 0 && master == "":

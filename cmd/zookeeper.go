@@ -76,6 +76,12 @@ func openZooKeeper(c *cli.Context, cfg storeConfig) (backends.Store, error) {
 // may end in a chroot (host:port,host:port/path); leaderrun's --prefix does
 // that job, and Open says so.
 func zkServers(s string) ([]string, error) {
+	// User information is refused before the list is split: a password
+	// holding "," or "/" would otherwise become a "server" of its own,
+	// and be quoted as one.
+	if backends.Redact(s) != s {
+		return nil, usageErrorf("--zk-servers %q: want host:port, without user information (use --zk-auth-file)", backends.Redact(s))
+	}
 	var servers []string
 	for _, srv := range strings.Split(s, ",") {
 		if srv = strings.TrimSpace(srv); srv != "" {

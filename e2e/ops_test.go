@@ -121,27 +121,46 @@ func TestCheckMinRemaining(t *testing.T) {
 	}
 }
 
-// TestCheckSocketLeavesNothing: a leaderrun killed with SIGKILL leaves no
-// socket or directory behind in $XDG_RUNTIME_DIR or $TMPDIR (on Linux the
-// check socket is abstract), and the child's LEADERRUN_SOCKET says so.
+// TestCheckSocketLeavesNothing: the check socket is a file in a
+// directory of its own in $XDG_RUNTIME_DIR, which the child's
+// LEADERRUN_SOCKET names. A leaderrun killed with SIGKILL leaves that
+// directory behind (nothing in $TMPDIR); the next run removes it once it
+// is stale (a minute old: its time is set back here), and leaves nothing
+// either.
 func TestCheckSocketLeavesNothing(t *testing.T) {
 	dir := t.TempDir()
 	runtime, tmp := t.TempDir(), t.TempDir()
+	env := []string{"XDG_RUNTIME_DIR=" + runtime, "TMPDIR=" + tmp}
 	out := filepath.Join(dir, "socket")
-	p := start(t, []string{"XDG_RUNTIME_DIR=" + runtime, "TMPDIR=" + tmp},
-		localArgs(dir, "sock", "--shell", "--", `echo "$LEADERRUN_SOCKET" > `+out+`; exec sleep 3600`)...)
+	p := start(t, env, localArgs(dir, "sock", "--shell", "--", `echo "$LEADERRUN_SOCKET" > `+out+`; exec sleep 3600`)...)
 	waitFor(t, 10*time.Second, "the child's LEADERRUN_SOCKET", func() bool {
 		data, _ := os.ReadFile(out)
 		return strings.HasSuffix(string(data), "\n")
 	})
-	if data, _ := os.ReadFile(out); !strings.HasPrefix(string(data), "@leaderrun-") {
-		t.Errorf("LEADERRUN_SOCKET=%q, want an abstract socket @leaderrun-...", strings.TrimSpace(string(data)))
+	data, _ := os.ReadFile(out)
+	socket := strings.TrimSpace(string(data))
+	if filepath.Dir(filepath.Dir(socket)) != runtime {
+		t.Errorf("LEADERRUN_SOCKET=%q, want a socket in a directory of its own in $XDG_RUNTIME_DIR %s", socket, runtime)
 	}
 	p.signal(syscall.SIGKILL)
 	p.wait(5 * time.Second)
+	if entries, _ := os.ReadDir(tmp); len(entries) > 0 {
+		t.Errorf("%s holds %v after leaderrun was killed", tmp, entries)
+	}
+	left := filepath.Dir(socket)
+	if _, err := os.Stat(left); err != nil {
+		t.Fatalf("the killed leaderrun's socket directory: %v; want it left behind (nothing ran its Close)", err)
+	}
+	old := time.Now().Add(-2 * time.Minute)
+	if err := os.Chtimes(left, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if code := start(t, env, localArgs(dir, "sock", "--", "true")...).wait(10 * time.Second); code != 0 {
+		t.Fatalf("the next run: exit %d", code)
+	}
 	for _, d := range []string{runtime, tmp} {
 		if entries, _ := os.ReadDir(d); len(entries) > 0 {
-			t.Errorf("%s holds %v after leaderrun was killed", d, entries)
+			t.Errorf("%s holds %v after the next run", d, entries)
 		}
 	}
 }

@@ -155,7 +155,7 @@ type Store struct {
 }
 
 var (
-	_ backends.Store                = (*Store)(nil)
+	_ backends.Store          = (*Store)(nil)
 	_ backends.TimingsChecker = (*Store)(nil)
 )
 

@@ -13,6 +13,8 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
+
+	"github.com/leaderrun/leaderrun/backends"
 )
 
 // Bounds of what the backend sends and accepts.
@@ -127,7 +129,9 @@ func accountURL(given, account string) (*url.URL, error) {
 		given = "https://" + account + ".blob.core.windows.net"
 	}
 	u, err := url.Parse(given)
-	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+	// User information is found by backends.Redact's rule: url.Parse
+	// takes a password holding "/" for a host and a path.
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || backends.Redact(given) != given || u.RawQuery != "" || u.Fragment != "" {
 		return nil, fmt.Errorf("azureblob: account URL %q: want https://ACCOUNT.blob.core.windows.net or http(s)://HOST[:PORT]/ACCOUNT, "+
 			"without user information or query (a SAS goes in AZURE_STORAGE_SAS_TOKEN)", redactURL(given))
 	}
@@ -174,7 +178,7 @@ func endpointOf(raw string) string {
 
 // redactURL is raw without user information, query or fragment.
 func redactURL(raw string) string {
-	u, err := url.Parse(raw)
+	u, err := url.Parse(backends.Redact(raw))
 	if err != nil {
 		return "(unparsable URL)"
 	}

@@ -37,6 +37,9 @@ var errRedirect = errors.New("consul: the agent answered with a redirect, which 
 // (http://user:password@host), which Consul's client would repeat in every
 // error; its own error names the address redacted. Open checks it too.
 func CheckAddress(addr string) error {
+	// Found by backends.Redact's rule, not by a parser's: a password
+	// holding "/" ends the host part for a parser, which would then find
+	// no user information.
 	if r := backends.Redact(addr); r != addr {
 		return fmt.Errorf("address %s: user information in the address is not supported; give the ACL token with --consul-token-file or CONSUL_HTTP_TOKEN, HTTP basic authentication with CONSUL_HTTP_AUTH", r)
 	}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,20 +35,38 @@ type dir struct {
 	mu sync.Mutex
 }
 
-// openDir creates path (0700) if it does not exist, checks it and every
-// directory above it, and opens it.
+// openDir opens the state directory at path, creating what is missing
+// (0700), by walking the path from "/" one name at a time with
+// openat(O_NOFOLLOW): each directory is checked (checkDir) through the
+// descriptor the walk holds, before anything is looked up or created in
+// it, and a symbolic link is followed only if this user or root owns it,
+// by walking its target the same way. So what is checked is what is
+// opened: the directories a link leads through are held to the same rule
+// as those written out, and a directory another user can change (to swap
+// the state directory between two runs) is refused, whichever way the
+// path reaches it. The state directory itself must be this user's alone
+// (checkStateDir).
 func openDir(path string) (*dir, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, err
 	}
 	euid := os.Geteuid()
-	if err := makeChecked(abs, euid); err != nil {
+	w, err := newWalk(euid)
+	if err != nil {
 		return nil, err
 	}
-	fd, err := unix.Open(abs, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	defer w.close()
+	if err := w.walk(abs); err != nil {
+		return nil, err
+	}
+	top := w.stack[len(w.stack)-1]
+	// The walk's descriptors may be O_PATH ones (walkFlag); flock and
+	// fsync need one opened for reading, of the same directory (".": no
+	// name to swap).
+	fd, err := unix.Openat(top.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("open state directory %s: %w", abs, err)
+		return nil, fmt.Errorf("open state directory %s: %w", top.path, err)
 	}
 	f := os.NewFile(uintptr(fd), abs)
 	var st unix.Stat_t
@@ -57,47 +74,161 @@ func openDir(path string) (*dir, error) {
 		f.Close()
 		return nil, err
 	}
-	// Checked again through the descriptor: the path may have changed
-	// since it was checked by name.
-	if err := checkStateDir(abs, &st, euid); err != nil {
+	if err := checkStateDir(top.path, &st, euid); err != nil {
 		f.Close()
 		return nil, err
 	}
 	return &dir{path: abs, f: f, euid: euid}, nil
 }
 
-// makeChecked checks every directory from the root down to abs, the state
-// directory, and creates those that are missing (0700) one at a time, each
-// only once the directory it goes in was found safe: a directory someone
-// else may write to could swap what lies below it, and a symlink of
-// theirs would have leaderrun (often root) make directories wherever it
-// points. abs itself must be this user's alone (checkStateDir).
-func makeChecked(abs string, euid int) error {
-	var path []string
-	for p := abs; ; p = filepath.Dir(p) {
-		path = append(path, p)
-		if p == filepath.Dir(p) {
-			break
-		}
+// maxLinks bounds the symbolic links one walk follows, as the kernel's
+// own lookup does (40), so that a loop of them is an error.
+const maxLinks = 40
+
+// walk is the walk of openDir: the directories from "/" down to where it
+// has got, each held open (walkFlag) and checked.
+type walk struct {
+	euid  int
+	stack []walked // stack[0] is "/"
+	links int
+}
+
+type walked struct {
+	fd   int
+	path string // as resolved, for messages
+}
+
+func newWalk(euid int) (*walk, error) {
+	w := &walk{euid: euid}
+	if err := w.push(unix.AT_FDCWD, "/", "/"); err != nil {
+		return nil, err
 	}
-	for i := len(path) - 1; i >= 0; i-- {
-		p := path[i]
-		err := checkDirAt(p, euid)
-		if errors.Is(err, fs.ErrNotExist) {
-			if err = unix.Mkdir(p, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-				return fmt.Errorf("create state directory %s: %w", p, err)
+	return w, nil
+}
+
+// push opens name in the directory dirfd (never through a symlink),
+// checks it and makes it the walk's current directory.
+func (w *walk) push(dirfd int, name, path string) error {
+	fd, err := unix.Openat(dirfd, name, walkFlag|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("local: inspect %s: %w", path, err)
+	}
+	if err := checkDir(path, &st, w.euid); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	w.stack = append(w.stack, walked{fd: fd, path: path})
+	return nil
+}
+
+// walk follows the absolute path p from where the walk is.
+func (w *walk) walk(p string) error {
+	names := strings.Split(p, "/")
+	for len(names) > 0 {
+		name := names[0]
+		names = names[1:]
+		switch name {
+		case "", ".":
+			continue
+		case "..":
+			if len(w.stack) > 1 {
+				w.pop()
 			}
-			err = checkDirAt(p, euid)
+			continue
 		}
+		target, err := w.step(name)
 		if err != nil {
 			return err
 		}
+		if target != "" {
+			names = append(strings.Split(target, "/"), names...)
+		}
 	}
-	var st unix.Stat_t
-	if err := unix.Stat(abs, &st); err != nil {
-		return fmt.Errorf("local: inspect %s: %w", abs, err)
+	return nil
+}
+
+// step enters the directory name in the current one, making it (0700) if
+// it is missing: only inside a directory found safe, and checked like any
+// other once made (someone may have made it first). If name is a symbolic
+// link the walk may follow, step returns its target, to be walked next.
+func (w *walk) step(name string) (target string, err error) {
+	cur := w.stack[len(w.stack)-1]
+	path := filepath.Join(cur.path, name)
+	err = w.push(cur.fd, name, path)
+	if errors.Is(err, unix.ENOENT) {
+		if err = unix.Mkdirat(cur.fd, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+			return "", fmt.Errorf("create state directory %s: %w", path, err)
+		}
+		err = w.push(cur.fd, name, path)
 	}
-	return checkStateDir(abs, &st, euid)
+	switch {
+	case err == nil:
+		return "", nil
+	case errors.Is(err, backends.ErrUnsafeState):
+		return "", err
+	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR):
+		// Not a directory: a symbolic link, or refused.
+		return w.follow(cur, name, path)
+	}
+	return "", fmt.Errorf("local: open %s: %w", path, err)
+}
+
+// follow returns the target of the symbolic link name in the directory
+// cur, if this user or root owns it, and goes back to "/" first if the
+// target is absolute; anything else that is not a directory is refused.
+func (w *walk) follow(cur walked, name, path string) (string, error) {
+	var lst unix.Stat_t
+	if err := unix.Fstatat(cur.fd, name, &lst, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return "", fmt.Errorf("local: inspect %s: %w", path, err)
+	}
+	if lst.Mode&unix.S_IFMT != unix.S_IFLNK {
+		return "", unsafeErr(path, "is not a directory")
+	}
+	if !owned(lst.Uid, w.euid) {
+		return "", unsafeErr(path, fmt.Sprintf("is a symbolic link owned by uid %d", lst.Uid))
+	}
+	if w.links++; w.links > maxLinks {
+		return "", fmt.Errorf("local: %s: more than %d symbolic links: %w", path, maxLinks, unix.ELOOP)
+	}
+	target, err := readlinkat(cur.fd, name)
+	if err != nil {
+		return "", fmt.Errorf("local: read symbolic link %s: %w", path, err)
+	}
+	if filepath.IsAbs(target) {
+		for len(w.stack) > 1 {
+			w.pop()
+		}
+	}
+	return target, nil
+}
+
+func (w *walk) pop() {
+	unix.Close(w.stack[len(w.stack)-1].fd)
+	w.stack = w.stack[:len(w.stack)-1]
+}
+
+func (w *walk) close() {
+	for len(w.stack) > 0 {
+		w.pop()
+	}
+}
+
+// readlinkat reads the target of the symbolic link name in dirfd.
+func readlinkat(dirfd int, name string) (string, error) {
+	buf := make([]byte, unix.PathMax)
+	n, err := unix.Readlinkat(dirfd, name, buf)
+	if err != nil {
+		return "", err
+	}
+	if n == len(buf) {
+		return "", unix.ENAMETOOLONG
+	}
+	return string(buf[:n]), nil
 }
 
 // checkStateDir checks the state directory itself: as any directory above
@@ -127,22 +258,6 @@ func unsafeErr(path, why string) error {
 
 // owned reports whether uid may own leaderrun's files when euid runs it.
 func owned(uid uint32, euid int) bool { return uid == 0 || int(uid) == euid }
-
-// checkDirAt checks the directory at p, and p itself if it is a symlink.
-func checkDirAt(p string, euid int) error {
-	var lst unix.Stat_t
-	if err := unix.Lstat(p, &lst); err != nil {
-		return fmt.Errorf("local: inspect %s: %w", p, err)
-	}
-	if lst.Mode&unix.S_IFMT == unix.S_IFLNK && !owned(lst.Uid, euid) {
-		return unsafeErr(p, fmt.Sprintf("is a symbolic link owned by uid %d", lst.Uid))
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(p, &st); err != nil {
-		return fmt.Errorf("local: inspect %s: %w", p, err)
-	}
-	return checkDir(p, &st, euid)
-}
 
 func checkDir(p string, st *unix.Stat_t, euid int) error {
 	switch {

@@ -97,7 +97,9 @@ func New(cfg Config) (*Store, error) {
 
 // parseURL parses cfg.URL with go-redis's ParseURL. With Sentinels the
 // URL names no host (the Sentinels name the primary), and may be empty.
-// Errors never show the URL: it may carry a password.
+// The user information is split off first (backends.SplitUserinfo), so
+// that a password holding "/" or "," reaches the server whole, and no
+// parser ever sees it or quotes part of it in an error.
 func parseURL(cfg Config) (*redis.Options, error) {
 	sentinel, raw := cfg.SentinelMaster != "" || len(cfg.Sentinels) > 0, cfg.URL
 	if raw == "" && !sentinel {
@@ -105,6 +107,7 @@ func parseURL(cfg Config) (*redis.Options, error) {
 	} else if raw == "" {
 		raw = "redis://"
 	}
+	raw, user, password, hasPassword, _ := backends.SplitUserinfo(raw)
 	u, err := url.Parse(raw)
 	switch {
 	case err != nil:
@@ -117,13 +120,12 @@ func parseURL(cfg Config) (*redis.Options, error) {
 	}
 	opt, err := redis.ParseURL(raw)
 	if err != nil {
-		// go-redis's messages quote query parameters and paths, not the
-		// user information; redact the password all the same.
 		msg := strings.TrimPrefix(err.Error(), "redis: ")
-		if p, ok := u.User.Password(); ok && p != "" {
-			msg = strings.ReplaceAll(msg, p, "xxxxx")
-		}
 		return nil, fmt.Errorf("redis: URL: %s (want redis://, rediss:// or unix://)", msg)
+	}
+	opt.Username = user
+	if hasPassword {
+		opt.Password = password
 	}
 	if opt.DialTimeout == 0 {
 		opt.DialTimeout = DefaultDialTimeout

@@ -168,16 +168,16 @@ func (s *respScanner) header(body []byte) error {
 		if n > maxBulk {
 			return s.fail("a string of %d bytes (at most %d)", n, maxBulk)
 		}
-		if err := s.charge(n); err != nil {
+		if err := s.charge(n, 1); err != nil {
 			return err
 		}
 		s.bulk = n + 2
 		return nil
 	}
-	n *= per
-	if err := s.charge(n * elemCost); err != nil {
+	if err := s.charge(n, per*elemCost); err != nil {
 		return err
 	}
+	n *= per
 	if n == 0 {
 		if typ != '|' {
 			s.valueDone()
@@ -191,12 +191,16 @@ func (s *respScanner) header(body []byte) error {
 	return nil
 }
 
-// charge adds n to what the current reply announced.
-func (s *respScanner) charge(n int64) error {
-	s.cost += n
-	if s.cost > maxReply {
+// charge adds n items of size bytes each to what the current reply
+// announced. n comes from the wire (up to 18 digits), so it is checked
+// against what is left of the bound before it is multiplied: the product
+// of a huge count would wrap around to a negative cost, which no bound
+// ever trips.
+func (s *respScanner) charge(n, size int64) error {
+	if n > (maxReply-s.cost)/size {
 		return s.fail("a reply of more than %d bytes", maxReply)
 	}
+	s.cost += n * size
 	return nil
 }
 

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -35,6 +36,15 @@ func TestRespScanner(t *testing.T) {
 		{"bulk over the bound", "$1048577\r\n", false},
 		{"huge bulk", "$8000000000\r\n", false},
 		{"huge array", "*1000000000000\r\n", false},
+		// Counts whose cost (count × elements per entry × elemCost)
+		// wraps around int64 unless the bound is checked first.
+		{"array whose cost wraps", "*999999999999999999\r\n", false},
+		{"array whose cost wraps, to HELLO", "*999999999999999998\r\n$1\r\nx\r\n$1\r\ny\r\n", false},
+		{"map whose cost wraps", "%999999999999999999\r\n", false},
+		{"set whose cost wraps", "~576460752303423488\r\n", false},
+		{"push whose cost wraps", ">999999999999999999\r\n", false},
+		{"attribute whose cost wraps", "|288230376151711744\r\n+k\r\n+v\r\n:1\r\n", false},
+		{"array just past the reply bound", "*" + strconv.Itoa(maxReply/elemCost+1) + "\r\n", false},
 		{"strings that add up past the reply bound", "*2\r\n$1000000\r\n" + strings.Repeat("y", 1000000) + "\r\n$1000000\r\n" +
 			strings.Repeat("y", 1000000) + "\r\n*9\r\n" + strings.Repeat("$1000000\r\n"+strings.Repeat("z", 1000000)+"\r\n", 9), false},
 		{"too deep", strings.Repeat("*1\r\n", maxDepth+1) + ":1\r\n", false},

@@ -19,10 +19,12 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
-	"github.com/leaderrun/leaderrun/runner"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/leaderrun/leaderrun/runner"
 )
 
 // Answer is what the socket says.
@@ -84,18 +86,27 @@ type Server struct {
 	cancel context.CancelFunc
 }
 
-// Listen creates the socket and serves state on it. On Linux the socket
-// is abstract (no file: nothing is left behind when leaderrun is killed)
-// and answers only this user and root; elsewhere it is a file under a new
-// 0700 directory in dir (os.TempDir if empty). log, if not nil, hears
-// when accepting fails and when it works again.
+// Listen creates the socket and serves state on it: a file in a new
+// directory of mode 0700 under dir (os.TempDir if empty, or if dir would
+// let another user replace that directory: see checkBase), so that only
+// this user and root can connect (see listen). Close removes both; what a
+// leaderrun killed with SIGKILL leaves behind, the next Listen in the same
+// dir removes. log, if not nil, hears when accepting fails and when it
+// works again.
 func Listen(dir string, state *State, log *slog.Logger) (*Server, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if dir != "" {
+		if err := checkBase(dir); err != nil {
+			// Another user's $XDG_RUNTIME_DIR, say, kept by su.
+			log.Info("check socket: not in this directory; in the temporary directory instead", "error", err, "temp_dir", os.TempDir())
+			dir = ""
+		}
+	}
 	ln, path, d, err := listen(dir)
 	if err != nil {
 		return nil, err
-	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{path: path, dir: d, ln: ln, log: log}
 	s.stop, s.cancel = context.WithCancel(context.Background())
@@ -247,8 +258,7 @@ func Ask(ctx context.Context, path, req string) (Answer, error) {
 	if path == "" {
 		return Answer{}, ErrNoSocket
 	}
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", path)
+	c, err := dial(ctx, path)
 	if err != nil {
 		return Answer{}, fmt.Errorf("ask leaderrun at %s: %w", path, err)
 	}
@@ -268,4 +278,47 @@ func Ask(ctx context.Context, path, req string) (Answer, error) {
 		return Answer{}, fmt.Errorf("read answer from %s: %w", path, err)
 	}
 	return a, nil
+}
+
+// dialBackoff paces connects that find the backlog full.
+func dialBackoff() wait.Backoff {
+	return wait.Backoff{Duration: time.Millisecond, Factor: 2, Steps: 8, Cap: 20 * time.Millisecond}
+}
+
+// dial connects to the socket at path. A connect that finds the
+// listener's backlog full (EAGAIN: connections of the job's own that the
+// server has not accepted yet) is tried again until ctx ends: the server
+// accepts them in microseconds, and a check that gave up at once would
+// report leadership lost while it is held.
+func dial(ctx context.Context, path string) (net.Conn, error) {
+	var d net.Dialer
+	retry := dialBackoff()
+	var full error // the latest EAGAIN: what to report when ctx ends
+	for {
+		c, err := d.DialContext(ctx, "unix", path)
+		switch {
+		case err == nil:
+			return c, nil
+		case errors.Is(err, syscall.EAGAIN):
+			full = err
+		case full != nil && (ctx.Err() != nil || timedOut(err)):
+			// The budget ran out during a connect.
+			return nil, full
+		default:
+			return nil, err
+		}
+		t := time.NewTimer(retry.Step())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, full
+		case <-t.C:
+		}
+	}
+}
+
+// timedOut reports whether err is a deadline that passed.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }

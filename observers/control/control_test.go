@@ -28,6 +28,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("CONTROL_TEST_SERVER") != "" {
 		os.Exit(serverMain())
 	}
+	if os.Getenv("CONTROL_TEST_FLOOD") != "" {
+		os.Exit(floodMain())
+	}
 	os.Exit(m.Run())
 }
 
@@ -145,6 +148,11 @@ func startCheckServer(t *testing.T) *checkServer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	// Open to every user, as /tmp is: what keeps others out must be the
+	// server's own doing.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	s := &checkServer{t: t, cmd: exec.Command(self), stderr: &lockedBuffer{}}
 	// GORACE: a race-enabled helper otherwise sleeps 1 s at exit, which
 	// would hide how long Close takes.
@@ -162,7 +170,7 @@ func startCheckServer(t *testing.T) *checkServer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.stop(10 * time.Second) })
-	s.path = s.next("@")
+	s.path = s.next("")
 	return s
 }
 
@@ -313,10 +321,9 @@ func TestAcceptSurvivesExhaustedDescriptors(t *testing.T) {
 	}
 }
 
-// TestOtherUsersAreRefused: the socket is abstract, so anyone in the
-// network namespace can connect; only this user and root get an answer.
-// `leaderrun check` run as another user fails (exit 1), as this one
-// succeeds.
+// TestOtherUsersAreRefused: only this user and root get an answer:
+// `leaderrun check` run as another user fails (exit 1, its connect
+// refused at the socket's directory), as this one succeeds.
 func TestOtherUsersAreRefused(t *testing.T) {
 	if os.Geteuid() != 0 {
 		testenv.Missing(t, "playing another user needs root")

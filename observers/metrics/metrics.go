@@ -164,7 +164,9 @@ type Limits struct {
 	// all arrived this long after it was accepted, or after its previous
 	// response (a client that connects and sends nothing). Default 5 s.
 	ReadHeaderTimeout time.Duration
-	// ReadTimeout bounds the reading of a whole request. Default 10 s.
+	// ReadTimeout bounds the reading of a whole request, headers and
+	// all: no body is ever read (a request with one is refused, see
+	// bodiless). Default 10 s.
 	ReadTimeout time.Duration
 	// WriteTimeout bounds the writing of a response to a client that reads
 	// slowly. Default 10 s.
@@ -174,10 +176,10 @@ type Limits struct {
 	// a reconnect per scrape, nothing more. Default 30 s.
 	IdleTimeout time.Duration
 	// MaxConns caps the connections open at once. One more takes the
-	// place of the oldest connection that is not serving a request (and is
-	// closed at once only if all are busy), so a flood costs neither
-	// descriptors nor memory, and idle connections cannot lock a scraper
-	// out. Default 64.
+	// place of the oldest connection that is not serving a request, or,
+	// if all are, of the one that has been serving its request longest,
+	// so a flood costs neither descriptors nor memory, and neither idle
+	// nor busy connections can lock a scraper out. Default 64.
 	MaxConns int
 }
 
@@ -213,7 +215,7 @@ func Serve(addr string, m *Metrics, lim Limits) (*Server, error) {
 	capped := &capped{Listener: ln, max: lim.MaxConns}
 	s := &Server{
 		srv: &http.Server{
-			Handler:           mux,
+			Handler:           bodiless(mux),
 			ReadHeaderTimeout: lim.ReadHeaderTimeout,
 			ReadTimeout:       lim.ReadTimeout,
 			WriteTimeout:      lim.WriteTimeout,
@@ -234,12 +236,47 @@ func Serve(addr string, m *Metrics, lim Limits) (*Server, error) {
 	return s, nil
 }
 
+// bodiless refuses, at once and without reading it, a request that has a
+// body or a method other than GET and HEAD (405, or 413), and closes its
+// connection then and there. The server would otherwise read up to 256
+// KiB of an unread body before it answers, so as to reuse the connection,
+// and a client that sends the body a byte at a time would keep the
+// connection busy for the whole ReadTimeout; with many such, busy
+// connections fill the cap.
+func bodiless(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		status := 0
+		switch {
+		case r.Method != http.MethodGet && r.Method != http.MethodHead:
+			w.Header().Set("Allow", "GET, HEAD")
+			status = http.StatusMethodNotAllowed
+		case r.ContentLength != 0 || len(r.TransferEncoding) > 0:
+			status = http.StatusRequestEntityTooLarge
+		default:
+			h.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Connection", "close")
+		w.Header().Set("Content-Length", "0")
+		w.WriteHeader(status)
+		// Hijacking sends the answer; closing the connection ourselves
+		// spares it the half-second the server lingers on a connection
+		// whose body it left unread.
+		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			c.Close()
+		}
+	})
+}
+
 // capped is a listener that keeps at most max connections open. At the
 // cap, a new connection takes the place of the oldest one that is not
-// serving a request (new, or idle between keep-alive requests); only when
-// every open connection is busy is the new one closed. So connections left
-// open by anyone (another user of the host, say) can never lock a scraper
-// out: a scraper's connection is the newest, and sends its request at once.
+// serving a request (new, or idle between keep-alive requests), or, when
+// every open connection is busy, of the one that has been busy longest: a
+// scrape takes milliseconds, so what stays busy (a request or a reader
+// that trickles) is what keeps others out. So connections left open by
+// anyone (another user of the host, say) can never lock a scraper out: a
+// scraper's connection is the newest, and is done with its request before
+// the others have been busy as long.
 type capped struct {
 	net.Listener
 	max  int
@@ -248,45 +285,52 @@ type capped struct {
 }
 
 func (l *capped) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		cc := &cappedConn{Conn: c, l: l}
-		l.mu.Lock()
-		var victim *cappedConn
-		if len(l.open) >= l.max {
-			for _, o := range l.open {
-				if st := http.ConnState(o.state.Load()); st == http.StateNew || st == http.StateIdle {
-					victim = o
-					break
-				}
-			}
-		}
-		full := len(l.open) >= l.max && victim == nil
-		if !full {
-			l.open = append(l.open, cc)
-		}
-		l.mu.Unlock()
-		if full {
-			c.Close()
-			continue
-		}
-		if victim != nil {
-			victim.Close()
-		}
-		return cc, nil
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
 	}
+	cc := &cappedConn{Conn: c, l: l}
+	l.mu.Lock()
+	var victim *cappedConn
+	if len(l.open) >= l.max {
+		victim = l.victim()
+	}
+	l.open = append(l.open, cc)
+	l.mu.Unlock()
+	if victim != nil {
+		victim.Close()
+	}
+	return cc, nil
+}
+
+// victim is the connection to close for a new one, with l.mu held: the
+// oldest that is new or idle, else the one busy the longest.
+func (l *capped) victim() *cappedConn {
+	var busiest *cappedConn
+	for _, o := range l.open {
+		if st := http.ConnState(o.state.Load()); st == http.StateNew || st == http.StateIdle {
+			return o
+		}
+		if busiest == nil || o.busySince.Load() < busiest.busySince.Load() {
+			busiest = o
+		}
+	}
+	return busiest
 }
 
 // track is the server's ConnState hook: it records each connection's
-// state, for Accept to choose what it may close.
+// state, and when it became busy, for Accept to choose what it may close.
 func (l *capped) track(c net.Conn, st http.ConnState) {
 	if cc, ok := c.(*cappedConn); ok {
+		if st == http.StateActive {
+			cc.busySince.Store(int64(time.Since(epoch)))
+		}
 		cc.state.Store(int32(st))
 	}
 }
+
+// epoch is what busySince counts from, on the monotonic clock.
+var epoch = time.Now()
 
 // cappedConn frees its slot when it is closed, once however often Close
 // is called.
@@ -294,7 +338,10 @@ type cappedConn struct {
 	net.Conn
 	l     *capped
 	state atomic.Int32 // an http.ConnState; StateNew (0) until the server says
-	once  sync.Once
+	// busySince is when the connection last became busy (StateActive),
+	// in nanoseconds since epoch.
+	busySince atomic.Int64
+	once      sync.Once
 }
 
 func (c *cappedConn) Close() error {
