@@ -23,6 +23,10 @@ import (
 // anything: what the user sees is one leaderrun process with the same
 // flags, exit codes and output.
 
+// awsCompanion is the companion of the stores on the AWS SDK (DynamoDB,
+// S3): cmd/leaderrun-aws.
+const awsCompanion = "leaderrun-aws"
+
 // handedOverVar tells a companion which release handed the run over to
 // it. It is removed from the environment at once, so that the command
 // never sees it; a companion of another release refuses the run, and a

@@ -19,7 +19,7 @@ func dynamodbFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "dynamodb-table", Category: categoryStore, EnvVars: []string{"LEADERRUN_DYNAMODB_TABLE"}, Value: spec.DefaultTable,
 			Usage: "DynamoDB `TABLE` of the locks (partition key \"name\", a string), created on first use if missing and permitted; " +
-				"served by leaderrun-dynamodb, installed beside leaderrun; " +
+				"served by leaderrun-aws, installed beside leaderrun; " +
 				"credentials, Region and endpoint as the AWS CLI reads them (AWS_PROFILE, AWS_REGION, AWS_ENDPOINT_URL_DYNAMODB, ...)"},
 		&cli.StringFlag{Name: "dynamodb-region", Category: categoryStore, EnvVars: []string{"LEADERRUN_DYNAMODB_REGION"},
 			Usage: "AWS `REGION` of the table (default: AWS_REGION, else the profile's)"},
@@ -55,16 +55,16 @@ func dynamodbSelected(c *cli.Context) bool {
 
 // openDynamoDB opens the DynamoDB backend: nil in the leaderrun binary,
 // which leaves the AWS SDK out and hands a DynamoDB run over to the
-// companion leaderrun-dynamodb (companion.go); leaderrun-dynamodb sets it
+// companion leaderrun-aws (companion.go); leaderrun-aws sets it
 // with RegisterDynamoDB.
 var openDynamoDB func(spec.Settings) (backends.Store, error)
 
-// RegisterDynamoDB links the DynamoDB backend in: leaderrun-dynamodb's
+// RegisterDynamoDB links the DynamoDB backend in: leaderrun-aws's
 // main calls it, before Main.
 func RegisterDynamoDB(open func(spec.Settings) (backends.Store, error)) { openDynamoDB = open }
 
 // handOverDynamoDB: a leaderrun without the DynamoDB backend checks the
-// DynamoDB flags, then becomes leaderrun-dynamodb.
+// DynamoDB flags, then becomes leaderrun-aws.
 func handOverDynamoDB(c *cli.Context, cfg storeConfig) error {
 	if openDynamoDB != nil {
 		return nil
@@ -72,7 +72,7 @@ func handOverDynamoDB(c *cli.Context, cfg storeConfig) error {
 	if _, err := dynamodbSettings(c, cfg); err != nil {
 		return err
 	}
-	return handOver(c, "leaderrun-dynamodb", "DynamoDB")
+	return handOver(c, awsCompanion, "DynamoDB")
 }
 
 // newDynamoDBBackend validates the DynamoDB flags and opens the store.

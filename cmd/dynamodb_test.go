@@ -17,7 +17,7 @@ import (
 // exit 69 naming the table, the Region and the endpoint; the secret key
 // never shows.
 func TestDynamoDBFlags(t *testing.T) {
-	// As in leaderrun-dynamodb (TestDynamoDBHandOver: as in leaderrun).
+	// As in leaderrun-aws (TestDynamoDBHandOver: as in leaderrun).
 	RegisterDynamoDB(openDynamoDBForTest)
 	t.Cleanup(func() { RegisterDynamoDB(nil) })
 	const secret = "aws-secret-hunter2"
@@ -113,7 +113,7 @@ func openDynamoDBForTest(s spec.Settings) (backends.Backend, error) {
 
 // TestDynamoDBHandOver: the leaderrun binary has no DynamoDB backend. It
 // checks the DynamoDB flags itself (a usage error is exit 64, as in
-// leaderrun-dynamodb), and a companion that is not beside it is exit 69
+// leaderrun-aws), and a companion that is not beside it is exit 69
 // naming it (e2e's TestCompanion runs the real binaries).
 func TestDynamoDBHandOver(t *testing.T) {
 	if openDynamoDB != nil {
@@ -131,7 +131,7 @@ func TestDynamoDBHandOver(t *testing.T) {
 	}{
 		{"bad table", []string{"--dynamodb-table", "a/b"}, ExitUsage, []string{"--dynamodb-table", `"a/b"`}},
 		{"no companion", []string{"--dynamodb-table", "ops_locks"}, ExitUnavailable,
-			[]string{"served by leaderrun-dynamodb", "leaderrun-dynamodb is not installed beside", "go install github.com/leaderrun/leaderrun/cmd/leaderrun-dynamodb@"}},
+			[]string{"served by leaderrun-aws", "leaderrun-aws is not installed beside", "go install github.com/leaderrun/leaderrun/cmd/leaderrun-aws@"}},
 	} {
 		for _, command := range []string{"run", "status", "history"} {
 			t.Run(tc.name+"/"+command, func(t *testing.T) {

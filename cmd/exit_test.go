@@ -23,7 +23,7 @@ func TestExitCode(t *testing.T) {
 		{name: "usage", err: usageErrorf("--lock is required"), want: 64},
 		{name: "configuration the runner refuses", err: configError(t), want: 64},
 		{name: "store unreachable", err: fmt.Errorf("etcd http://127.0.0.1:1: %w", backends.ErrUnavailable), want: 69},
-		{name: "companion missing", err: &companionError{store: "DynamoDB", name: "leaderrun-dynamodb", err: errors.New("not installed")}, want: 69},
+		{name: "companion missing", err: &companionError{store: "DynamoDB", name: "leaderrun-aws", err: errors.New("not installed")}, want: 69},
 		{name: "not acquired", err: fmt.Errorf("%w: held", runner.ErrNotAcquired), want: 75},
 		{name: "leadership lost", err: &runner.LostError{Reason: backends.ErrLeaseLost}, want: 76},
 		{name: "lost wins over unavailable", err: &runner.LostError{Reason: fmt.Errorf("renew: %w", backends.ErrUnavailable)}, want: 76},

@@ -1,8 +1,9 @@
-// Command leaderrun-dynamodb is leaderrun with the DynamoDB backend linked
-// in. leaderrun itself leaves the AWS SDK out, whose package init would
-// cost every leading instance on a host 3.1 MiB (2.2 MiB in leaderrun,
-// 0.9 MiB in its watchdog) whatever its store, and replaces itself with
-// this binary, installed beside it, when the store is DynamoDB. It takes every flag leaderrun takes, and serves every
+// Command leaderrun-aws is leaderrun with the backends that need the AWS
+// SDK linked in: DynamoDB. leaderrun itself leaves the SDK out,
+// whose package init would cost every leading instance on a host 3.1 MiB
+// (2.2 MiB in leaderrun, 0.9 MiB in its watchdog) whatever its store, and
+// replaces itself with this binary, installed beside it, when the store
+// is DynamoDB. It takes every flag leaderrun takes, and serves every
 // store.
 package main
 
@@ -11,12 +12,12 @@ import (
 
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/dynamodb"
-	"github.com/leaderrun/leaderrun/backends/dynamodb/spec"
+	dynamodbspec "github.com/leaderrun/leaderrun/backends/dynamodb/spec"
 	"github.com/leaderrun/leaderrun/cmd"
 )
 
 func main() {
-	cmd.RegisterDynamoDB(func(s spec.Settings) (backends.Store, error) {
+	cmd.RegisterDynamoDB(func(s dynamodbspec.Settings) (backends.Store, error) {
 		return dynamodb.Open(dynamodb.Config{Settings: s})
 	})
 	os.Exit(cmd.Main(os.Args))
