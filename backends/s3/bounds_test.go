@@ -3,7 +3,6 @@ package s3
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -158,5 +157,16 @@ func TestAddressing(t *testing.T) {
 			t.Errorf("pathStyle(%q, %q) = %v, want %v", tc.style, tc.endpoint, got, tc.path)
 		}
 	}
-	_ = fmt.Sprint
+	// The endpoint as the SDK resolves it from the environment decides
+	// too.
+	t.Setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9000")
+	for style, want := range map[string]bool{"": true, "virtual": false} {
+		s, err := Open(Config{Settings: spec.Settings{Bucket: "locks", Region: "eu-west-1", Addressing: style}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.api.Options().UsePathStyle; got != want || !strings.Contains(s.where, "http://127.0.0.1:9000") {
+			t.Errorf("AWS_ENDPOINT_URL_S3, style %q: path-style %v at %s, want %v", style, got, s.where, want)
+		}
+	}
 }
