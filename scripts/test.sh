@@ -62,6 +62,9 @@ export LEADERRUN_K8SELECTOR_BIN="$elector_dir/k8selector"
 # its own too, built into the cache.
 ddb_dir=$(scripts/install-dynamodb.sh)
 export LEADERRUN_DYNAMODB_EMULATOR_BIN="$ddb_dir/ddbemu"
+# versitygw, the S3 store's server, is built from the module proxy into the cache.
+vgw_dir=$(scripts/install-versitygw.sh)
+export LEADERRUN_VERSITYGW_BIN="$vgw_dir/versitygw"
 # The servers that come from Debian's packages (root and apt-get, or
 # installed already) or from the npm registry (Node.js and npm): without
 # one, its store's tests are skipped (failed under CI=true).
