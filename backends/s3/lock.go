@@ -121,10 +121,21 @@ func (l *lock) Get(ctx context.Context) (backends.Record, error) {
 
 // Take implements backends.RecordLock: it raises the mark in the state
 // object to the new token, conditional on the state as read, then writes
-// the grant, conditional on prev's ETag (none: on there being no object),
-// keeping prev's markers.
+// the grant, conditional on prev's ETag, keeping prev's markers. Where
+// there is no lock object, it first creates a free one (If-None-Match: *)
+// and takes that: a grant conditional on there being none could land
+// behind a later grant whose object was deleted by hand meanwhile, with a
+// lower token.
 func (l *lock) Take(ctx context.Context, prev backends.Record, c backends.Claim) (backends.Record, error) {
 	l.s.learn(c.Timings)
+	if !prev.Exists() {
+		free := lease{RVN: newRVN()}
+		etag, err := l.s.write(ctx, l.key, free, "")
+		if err != nil {
+			return backends.Record{}, l.writeFailed("create", l.key, err)
+		}
+		prev = record(free, etag, time.Time{})
+	}
 	token, err := l.raiseMark(ctx, prev.Token)
 	if err != nil {
 		return backends.Record{}, err

@@ -15,11 +15,12 @@
 // on most servers, and two writes of the same content must never share
 // one. A grant raises the mark (conditional on the state object's ETag as
 // read) to max(mark, token in the lease) + 1, then writes that token into
-// the lease object (conditional on the ETag the candidate timed). Every
-// write is conditional, and every grant writes its token to both objects
-// before its child can start, so the token grows even if one of the two is
-// deleted: docs/backends/s3.md has the argument, and what a server that
-// ignores conditions does to it.
+// the lease object, conditional on the ETag the candidate timed; where
+// there is no lease object, it creates a free one first and takes that, so
+// that every grant is conditional on an object read before its mark was.
+// Every write is conditional and no two share an ETag, so the token grows
+// even if one of the two objects is deleted: docs/backends/s3.md has the
+// argument, and what a server that ignores conditions does to it.
 package s3
 
 import (

@@ -1,9 +1,11 @@
 package s3
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -46,6 +48,7 @@ func TestS3(t *testing.T) {
 		{"TokensAcrossDeletesByHand", testTokensAcrossDeletes},
 		{"StaleHolderFenced", testStaleHolder},
 		{"StaleMarkWriteConflicts", testStaleMark},
+		{"StalledGrantAfterDeleteByHand", testStalledGrant},
 		{"LossSeenWithinASecond", testLossWithinASecond},
 		{"WaiterTimesLeaseOnItsOwnClock", testWaiterClock},
 		{"TryOnDeadHolder", testTryOnDeadHolder},
@@ -272,6 +275,48 @@ func testStaleMark(t *testing.T, e *env) {
 	}
 }
 
+// testStalledGrant: a candidate that drew its token and stalled before it
+// wrote its grant, while another was granted a later token and the lock
+// object was then deleted by hand, does not take the lock with its lower
+// token: its grant is conditional on an object that the later grant
+// replaced, and it draws again.
+func testStalledGrant(t *testing.T, e *env) {
+	b := e.bucket(t)
+	var once sync.Once
+	stalled, resume := make(chan struct{}), make(chan struct{})
+	url := e.proxy(t, func(r *http.Request, body []byte) {
+		if r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/leaderrun/stalled") && bytes.Contains(body, []byte(`"holder":"b"`)) {
+			once.Do(func() {
+				close(stalled)
+				<-resume
+			})
+		}
+	})
+	sa, sb := e.open(t, b, ""), e.open(t, b, url)
+	tm := timings(10*time.Second, testPoll)
+	got := make(chan *backends.Lease, 1)
+	go func() {
+		l, err := backends.Campaign(context.Background(), sb, "stalled", backends.Candidate{Identity: "b", Timings: tm})
+		if err != nil {
+			t.Errorf("b: %v", err)
+		}
+		got <- l
+	}()
+	<-stalled
+	la := campaign(t, sa, "stalled", "a", tm)
+	e.gw.DeleteObject(t, b, "leaderrun/stalled")
+	close(resume)
+	lb := <-got
+	if lb == nil {
+		return
+	}
+	defer release(t, lb, nil)
+	if lb.Token() <= la.Token() {
+		t.Errorf("the stalled candidate holds token %d, not greater than %d, granted before it", lb.Token(), la.Token())
+	}
+	release(t, la, nil)
+}
+
 // testLossWithinASecond: at the default retry period of 2 s, a holder
 // whose lock object is deleted, or taken by hand, learns of it within a
 // second (S3).
@@ -440,27 +485,41 @@ func testMarkerThenRenew(t *testing.T, e *env) {
 	}
 }
 
-// counter is a reverse proxy in front of the gateway that counts the
-// requests it forwards, by method.
+// proxy is a reverse proxy in front of the gateway that shows every
+// request, with its body, to hook before it forwards it; it returns the
+// proxy's endpoint.
+func (e *env) proxy(t *testing.T, hook func(r *http.Request, body []byte)) string {
+	target, _ := url.Parse(e.gw.URL())
+	rp := httputil.NewSingleHostReverseProxy(target)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		hook(r, body)
+		rp.ServeHTTP(w, r)
+	})}
+	ln := listen(t)
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// counter counts the requests a proxy forwards, by method.
 type counter struct {
 	mu sync.Mutex
 	n  map[string]int
 }
 
 func (e *env) counted(t *testing.T) (*counter, string) {
-	target, _ := url.Parse(e.gw.URL())
 	c := &counter{n: map[string]int{}}
-	proxy := httputil.NewSingleHostReverseProxy(target)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return c, e.proxy(t, func(r *http.Request, _ []byte) {
 		c.mu.Lock()
 		c.n[r.Method]++
 		c.mu.Unlock()
-		proxy.ServeHTTP(w, r)
-	})}
-	ln := listen(t)
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { srv.Close() })
-	return c, "http://" + ln.Addr().String()
+	})
 }
 
 func (c *counter) take() map[string]int {
