@@ -10,13 +10,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
-	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
-	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	s3api "github.com/aws/aws-sdk-go-v2/service/s3"
@@ -24,7 +20,6 @@ import (
 	"github.com/aws/smithy-go/logging"
 
 	"github.com/leaderrun/leaderrun/backends"
-	"github.com/leaderrun/leaderrun/backends/s3/spec"
 )
 
 const (
@@ -83,44 +78,6 @@ func loadConfig(ctx context.Context, cfg Config) (aws.Config, error) {
 	return awsCfg, nil
 }
 
-// configure sets the S3 client's options: the endpoint and its addressing
-// style; the SDK's standard retries of throttling, 5xx answers and broken
-// connections, 3 attempts at most with at most 500 ms between them, and
-// no client-side quota (a long outage would leave it unable to retry once
-// it is over); every attempt bounded (bounded); and checksums only where
-// the API requires them, as S3-compatible servers may not know the newer
-// ones, unless the AWS configuration asks for more.
-func (s *Store) configure(o *s3api.Options, cfg Config) {
-	if cfg.Endpoint != "" {
-		o.BaseEndpoint = aws.String(cfg.Endpoint)
-	}
-	o.UsePathStyle = pathStyle(cfg.Addressing, aws.ToString(o.BaseEndpoint))
-	o.Retryer = retry.NewStandard(func(r *retry.StandardOptions) {
-		r.MaxAttempts, r.MaxBackoff, r.RateLimiter = 3, 500*time.Millisecond, ratelimit.None
-	})
-	o.HTTPClient = bounded{inner: o.HTTPClient, s: s}
-	if o.RequestChecksumCalculation == aws.RequestChecksumCalculationUnset {
-		o.RequestChecksumCalculation = aws.RequestChecksumCalculationWhenRequired
-	}
-	if o.ResponseChecksumValidation == aws.ResponseChecksumValidationUnset {
-		o.ResponseChecksumValidation = aws.ResponseChecksumValidationWhenRequired
-	}
-}
-
-// pathStyle decides the addressing style: path-style for an endpoint that
-// is not AWS's (MinIO, Ceph and versitygw need it unless their DNS names
-// every bucket), virtual-hosted on AWS.
-func pathStyle(style, endpoint string) bool {
-	switch style {
-	case spec.AddressingPath:
-		return true
-	case spec.AddressingVirtual:
-		return false
-	}
-	u, err := url.Parse(endpoint)
-	return endpoint != "" && (err != nil || !strings.HasSuffix(strings.ToLower(u.Hostname()), ".amazonaws.com"))
-}
-
 // bounded is the HTTP client of every S3 request: each attempt cut at the
 // store's try bound, and every answer's body capped at maxAnswer, so that
 // a hostile endpoint gets an error, never our memory.
@@ -173,7 +130,7 @@ func (s *Store) read(ctx context.Context, key string, v any) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	out, err := s.api.GetObject(ctx, &s3api.GetObjectInput{Bucket: &s.bucket, Key: &key})
-	if code(err) == "NoSuchKey" {
+	if _, code := answered(err); code == "NoSuchKey" {
 		return "", nil
 	} else if err != nil {
 		return "", s.failed("read", key, err)
@@ -220,29 +177,25 @@ func (s *Store) write(ctx context.Context, key string, v any, etag string) (stri
 	return *out.ETag, nil
 }
 
-// code is the S3 error code of err, "" if it is none.
-func code(err error) string {
-	var ae smithy.APIError
-	if errors.As(err, &ae) {
-		return ae.ErrorCode()
-	}
-	return ""
-}
-
-// status is the HTTP status of the answer that err reports, 0 if none came.
-func status(err error) int {
+// answered is the HTTP status and the S3 error code of the answer that
+// err reports: 0 and "" if none came.
+func answered(err error) (status int, code string) {
 	var re *awshttp.ResponseError
 	if errors.As(err, &re) {
-		return re.HTTPStatusCode()
+		status = re.HTTPStatusCode()
 	}
-	return 0
+	if ae := smithy.APIError(nil); errors.As(err, &ae) {
+		code = ae.ErrorCode()
+	}
+	return status, code
 }
 
 // conflict reports whether a conditional write failed its condition: 412,
 // or the object gone (404 NoSuchKey, for If-Match), or 409, which S3 sends
 // to one of two conditional writes of a key that cross.
 func conflict(err error) bool {
-	return status(err) == http.StatusPreconditionFailed || status(err) == http.StatusConflict || code(err) == "NoSuchKey"
+	st, code := answered(err)
+	return st == http.StatusPreconditionFailed || st == http.StatusConflict || code == "NoSuchKey"
 }
 
 // refused reports whether the server refused a request for good, or
@@ -251,11 +204,11 @@ func conflict(err error) bool {
 // answer too large. Network errors, timeouts, throttling and other 5xx
 // answers are not.
 func refused(err error) bool {
-	st := status(err)
+	st, code := answered(err)
 	switch {
 	case errors.Is(err, errAnswer):
 		return true
-	case st == http.StatusRequestTimeout || st == http.StatusTooManyRequests || code(err) == "RequestTimeout" || code(err) == "SlowDown":
+	case st == http.StatusRequestTimeout || st == http.StatusTooManyRequests || code == "RequestTimeout" || code == "SlowDown":
 		return false
 	}
 	return st >= 300 && st < 500 || st == http.StatusNotImplemented

@@ -26,10 +26,14 @@ package s3
 import (
 	"context"
 	"fmt"
+	"net/url"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	s3api "github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/leaderrun/leaderrun/backends"
@@ -82,6 +86,44 @@ func Open(cfg Config) (*Store, error) {
 		s.where += " at " + backends.Redact(ep)
 	}
 	return s, nil
+}
+
+// configure sets the S3 client's options: the endpoint and its addressing
+// style; the SDK's standard retries of throttling, 5xx answers and broken
+// connections, 3 attempts at most with at most 500 ms between them, and
+// no client-side quota (a long outage would leave it unable to retry once
+// it is over); every attempt bounded (bounded); and checksums only where
+// the API requires them, as S3-compatible servers may not know the newer
+// ones, unless the AWS configuration asks for more.
+func (s *Store) configure(o *s3api.Options, cfg Config) {
+	if cfg.Endpoint != "" {
+		o.BaseEndpoint = aws.String(cfg.Endpoint)
+	}
+	o.UsePathStyle = pathStyle(cfg.Addressing, aws.ToString(o.BaseEndpoint))
+	o.Retryer = retry.NewStandard(func(r *retry.StandardOptions) {
+		r.MaxAttempts, r.MaxBackoff, r.RateLimiter = 3, 500*time.Millisecond, ratelimit.None
+	})
+	o.HTTPClient = bounded{inner: o.HTTPClient, s: s}
+	if o.RequestChecksumCalculation == aws.RequestChecksumCalculationUnset {
+		o.RequestChecksumCalculation = aws.RequestChecksumCalculationWhenRequired
+	}
+	if o.ResponseChecksumValidation == aws.ResponseChecksumValidationUnset {
+		o.ResponseChecksumValidation = aws.ResponseChecksumValidationWhenRequired
+	}
+}
+
+// pathStyle decides the addressing style: path-style for an endpoint that
+// is not AWS's (MinIO, Ceph and versitygw need it unless their DNS names
+// every bucket), virtual-hosted on AWS.
+func pathStyle(style, endpoint string) bool {
+	switch style {
+	case spec.AddressingPath:
+		return true
+	case spec.AddressingVirtual:
+		return false
+	}
+	u, err := url.Parse(endpoint)
+	return endpoint != "" && (err != nil || !strings.HasSuffix(strings.ToLower(u.Hostname()), ".amazonaws.com"))
 }
 
 // Name implements backends.Store.
