@@ -7,32 +7,25 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
-	"github.com/aws/aws-sdk-go-v2/config"
 	s3api "github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go"
-	"github.com/aws/smithy-go/logging"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
 
+// Bounds on every request (retries included), on connecting and the wait
+// for an answer's headers, on every answer's body, and on an object read
+// (the store's objects stay under 100 KiB).
 const (
-	// requestTimeout bounds every request, its retries included.
 	requestTimeout = 10 * time.Second
-	// connTimeout bounds connecting, the TLS handshake and the wait for an
-	// answer's headers.
-	connTimeout = 5 * time.Second
-	// maxAnswer caps the body of every answer (error documents included),
-	// maxObject an object read: the store's objects stay under 100 KiB
-	// (a lease with its markers, a state with its history).
-	maxAnswer = 1 << 20
-	maxObject = 256 << 10
+	connTimeout    = 5 * time.Second
+	maxAnswer      = 1 << 20
+	maxObject      = 256 << 10
 )
 
 // errAnswer: an answer no S3 server gives, which ends a campaign.
@@ -42,45 +35,9 @@ var (
 	errNoETag   = fmt.Errorf("%w: no ETag", errAnswer)
 )
 
-// loadConfig reads the configuration as the AWS CLI does: credentials from
-// the environment, the shared files (profiles, SSO, credential processes),
-// web identity or the container or instance metadata service; the Region
-// from cfg, else AWS_REGION or the profile. Every request the SDK sends,
-// credential lookups included, goes through one HTTP client whose dials,
-// handshakes and answers' headers are bounded.
-func loadConfig(ctx context.Context, cfg Config) (aws.Config, error) {
-	httpc := awshttp.NewBuildableClient().WithTimeout(requestTimeout).
-		WithDialerOptions(func(d *net.Dialer) { d.Timeout = connTimeout }).
-		WithTransportOptions(func(tr *http.Transport) {
-			tr.TLSHandshakeTimeout, tr.ResponseHeaderTimeout = connTimeout, connTimeout
-			tr.MaxResponseHeaderBytes, tr.MaxIdleConnsPerHost, tr.DisableCompression = 64<<10, 2, true
-		})
-	log := cfg.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	opts := []func(*config.LoadOptions) error{config.WithHTTPClient(httpc), config.WithLogger(logging.LoggerFunc(
-		func(c logging.Classification, format string, v ...any) {
-			log.Warn(fmt.Sprintf(format, v...), "source", "aws-sdk-go-v2", "class", string(c))
-		}))}
-	if cfg.Region != "" {
-		opts = append(opts, config.WithRegion(cfg.Region))
-	}
-	awsCfg, err := config.LoadDefaultConfig(ctx, opts...)
-	switch {
-	case err != nil:
-		return aws.Config{}, fmt.Errorf("s3: load the AWS configuration: %w", err)
-	case awsCfg.Region == "":
-		return aws.Config{}, errors.New("s3: no AWS region: set AWS_REGION, a profile's region, or --s3-region")
-	case cfg.Credentials != nil:
-		awsCfg.Credentials = cfg.Credentials
-	}
-	return awsCfg, nil
-}
-
 // bounded is the HTTP client of every S3 request: each attempt cut at the
-// store's try bound, and every answer's body capped at maxAnswer, so that
-// a hostile endpoint gets an error, never our memory.
+// store's try bound, and every answer's body capped at maxAnswer: a
+// hostile endpoint gets an error, never our memory.
 type bounded struct {
 	inner aws.HTTPClient
 	s     *Store
@@ -92,10 +49,6 @@ func (b bounded) Do(req *http.Request) (*http.Response, error) {
 		ctx, cancel = context.WithTimeout(ctx, d)
 	}
 	resp, err := b.inner.Do(req.WithContext(ctx))
-	if err == nil && resp.ContentLength > maxAnswer {
-		resp.Body.Close()
-		err = fmt.Errorf("%w: Content-Length %d", errTooLarge, resp.ContentLength)
-	}
 	if err != nil {
 		cancel()
 		return nil, err
@@ -124,8 +77,8 @@ func (c *capped) Close() error {
 	return c.ReadCloser.Close()
 }
 
-// read decodes the object key into v and returns its ETag; "" and v
-// untouched if there is none.
+// read decodes the object key into v and returns its ETag; "" if there
+// is none.
 func (s *Store) read(ctx context.Context, key string, v any) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -152,8 +105,7 @@ func (s *Store) read(ctx context.Context, key string, v any) (string, error) {
 }
 
 // write replaces the object key with v if its ETag is still etag ("":
-// only if there is none), and returns the new ETag. An error for which
-// conflict is true says that the condition did not hold.
+// if there is none), and returns the new ETag.
 func (s *Store) write(ctx context.Context, key string, v any, etag string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -177,8 +129,7 @@ func (s *Store) write(ctx context.Context, key string, v any, etag string) (stri
 	return *out.ETag, nil
 }
 
-// answered is the HTTP status and the S3 error code of the answer that
-// err reports: 0 and "" if none came.
+// answered is the HTTP status and S3 error code of err's answer, if any.
 func answered(err error) (status int, code string) {
 	var re *awshttp.ResponseError
 	if errors.As(err, &re) {
@@ -190,19 +141,16 @@ func answered(err error) (status int, code string) {
 	return status, code
 }
 
-// conflict reports whether a conditional write failed its condition: 412,
-// or the object gone (404 NoSuchKey, for If-Match), or 409, which S3 sends
-// to one of two conditional writes of a key that cross.
+// conflict reports whether a write's condition failed: 412, 404 (If-Match
+// on an object gone), or 409 (AWS's, to one of two writes that cross).
 func conflict(err error) bool {
 	st, code := answered(err)
 	return st == http.StatusPreconditionFailed || st == http.StatusConflict || code == "NoSuchKey"
 }
 
-// refused reports whether the server refused a request for good, or
-// answered as no S3 server does: credentials, permissions, a missing
-// bucket, the wrong Region, conditions it does not implement (501), an
-// answer too large. Network errors, timeouts, throttling and other 5xx
-// answers are not.
+// refused reports whether the server refused for good (credentials,
+// permissions, a missing bucket, the wrong Region, 501 to conditions), or
+// answered as no S3 server does; not throttling nor other 5xx answers.
 func refused(err error) bool {
 	st, code := answered(err)
 	switch {

@@ -4,18 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// A lock's documents live in its objects: the markers in the lock object,
-// so that a grant's marker is one write conditional on the grant's own
-// object; the history in the state object, beside the mark. A document's
-// Version is its object as read (version), which its write rewrites whole
-// with the new document, conditional on the ETag read.
-
-// version is the object a document was read from, and its ETag.
+// A lock's markers live in its lock object, so that a grant's marker is
+// one write conditional on the grant's own object; its history lives in
+// the state object, beside the mark. A document's Version is the object it
+// was read from (*version), which its write rewrites whole, conditional on
+// the ETag read.
 type version struct {
 	etag  string
 	lease lease
@@ -39,62 +36,58 @@ func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
 	return d, err
 }
 
+// versionOf is the object d was read from; none if there was none.
+func versionOf(d backends.Doc) *version {
+	if v, ok := d.Version.(*version); ok {
+		return v
+	}
+	return &version{}
+}
+
 // WriteDoc implements backends.Lock. A state object created anew holds
 // the lock object's token as its mark, as a grant would have written it.
 func (l *lock) WriteDoc(ctx context.Context, d backends.Doc) error {
-	v, _ := d.Version.(*version)
-	if v == nil {
-		v = &version{}
-	}
+	v := versionOf(d)
 	if d.Name == backends.DocMarkers {
-		obj := v.lease
-		obj.Markers, obj.RVN = d.Data, newRVN()
-		_, err := l.s.write(ctx, l.key, obj, v.etag)
+		v.lease.Markers, v.lease.RVN = d.Data, newRVN()
+		_, err := l.s.write(ctx, l.key, v.lease, v.etag)
 		return l.docFailed(d.Name, err)
 	}
-	st := v.state
 	if v.etag == "" {
 		var obj lease
 		if _, err := l.s.read(ctx, l.key, &obj); err != nil {
 			return err
 		}
-		st.Mark = obj.Token
+		v.state.Mark = obj.Token
 	}
-	st.History, st.RVN = d.Data, newRVN()
-	_, err := l.s.write(ctx, l.state, st, v.etag)
+	v.state.History, v.state.RVN = d.Data, newRVN()
+	_, err := l.s.write(ctx, l.state, v.state, v.etag)
 	return l.docFailed(d.Name, err)
 }
 
 // WriteDocHeld implements backends.RecordLock for the markers: written
-// into the lock object only if the object read is held's grant, by a
-// write conditional on its ETag.
+// only if the lock object read is held's grant, conditional on its ETag.
 func (l *lock) WriteDocHeld(ctx context.Context, d backends.Doc, held backends.Record) error {
-	v, _ := d.Version.(*version)
-	switch {
-	case d.Name != backends.DocMarkers:
+	v := versionOf(d)
+	if d.Name != backends.DocMarkers {
 		return errors.New("s3: only the markers are written under a grant")
-	case v == nil || !ours(v.lease, held):
-		return fmt.Errorf("s3: lock object %s is no longer this grant's: the markers were not written: %w", l.Key(), backends.ErrLeaseLost)
+	} else if err := l.lost(v.lease, v.etag, held); err != nil {
+		return fmt.Errorf("the markers were not written: %w", err)
 	}
-	obj := v.lease
-	obj.Markers, obj.RVN = d.Data, newRVN()
-	sent := time.Now()
-	etag, err := l.s.write(ctx, l.key, obj, v.etag)
+	v.lease.Markers, v.lease.RVN = d.Data, newRVN()
+	etag, err := l.s.write(ctx, l.key, v.lease, v.etag)
 	if err == nil {
-		handleOf(held).set(obj, etag, sent)
+		handleOf(held).set(v.lease, etag)
 	}
 	return l.docFailed(d.Name, err)
 }
 
-// docFailed wraps the error of a document's write: a conflict if the
-// object changed since it was read.
+// docFailed wraps the error of a write of document name, if any.
 func (l *lock) docFailed(name string, err error) error {
 	if err == nil {
 		return nil
+	} else if name == backends.DocMarkers {
+		return l.s.failed("write the markers in", l.key, err)
 	}
-	key := l.state
-	if name == backends.DocMarkers {
-		key = l.key
-	}
-	return l.writeFailed("write the "+name+" in", key, err)
+	return l.s.failed("write the history in", l.state, err)
 }

@@ -14,13 +14,10 @@ import (
 )
 
 // maxLossPoll bounds the interval at which a holder reads its object: a
-// loss is then seen within half a second and a read, inside the second
-// that S3 (docs/safety.md) allows, whatever the retry period.
+// loss is seen within the second that S3 (docs/safety.md) allows.
 const maxLossPoll = 500 * time.Millisecond
 
-// lease is the lock object's content. Holder is "" when the lock is free;
-// the token stays, as proof of the last one granted, and so do the
-// markers, which outlive the grants.
+// lease is the lock object's content (a free one keeps token and markers).
 type lease struct {
 	Holder   string          `json:"holder"`
 	Owner    string          `json:"owner,omitempty"`
@@ -33,8 +30,7 @@ type lease struct {
 	Markers  json.RawMessage `json:"markers,omitempty"`
 }
 
-// state is the state object's content: the token's high-water mark and
-// the history.
+// state is the state object's content.
 type state struct {
 	Mark    uint64          `json:"mark"`
 	RVN     string          `json:"rvn"`
@@ -43,24 +39,22 @@ type state struct {
 
 // lock is one lock's two objects.
 type lock struct {
-	s     *Store
-	key   string // the lock object
-	state string // the state object
+	s          *Store
+	key, state string
 }
 
 var _ backends.RecordLock = (*lock)(nil)
 
-// Key implements backends.Lock: bucket/<prefix><lock>.
+// Key implements backends.Lock.
 func (l *lock) Key() string { return l.s.bucket + "/" + l.key }
 
 // handle is the Record.Handle of every record the store returns: the lock
-// object as last read or written by this candidacy, which Keep, Free and
-// a marker's write rewrite whole, and when a write last proved it ours.
+// object as the candidacy last read or wrote it, which Keep, Free and a
+// marker rewrite whole.
 type handle struct {
-	mu     sync.Mutex
-	obj    lease
-	etag   string
-	proved time.Time
+	mu   sync.Mutex
+	obj  lease
+	etag string
 }
 
 func (h *handle) get() (lease, string) {
@@ -69,188 +63,144 @@ func (h *handle) get() (lease, string) {
 	return h.obj, h.etag
 }
 
-// set records obj as written with etag by a request sent at sent (zero:
-// only read).
-func (h *handle) set(obj lease, etag string, sent time.Time) {
+func (h *handle) set(obj lease, etag string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.obj, h.etag = obj, etag
-	if sent.After(h.proved) {
-		h.proved = sent
-	}
 }
 
-func (h *handle) due(every time.Duration) time.Time {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.proved.Add(every)
-}
-
-// handleOf is rec's handle; one made of rec alone for a record that has
-// none.
-func handleOf(rec backends.Record) *handle {
-	if h, ok := rec.Handle.(*handle); ok {
-		return h
-	}
-	return &handle{obj: lease{Holder: rec.Holder, Owner: rec.Owner, Token: rec.Token}, etag: rec.Version}
-}
+func handleOf(rec backends.Record) *handle { return rec.Handle.(*handle) }
 
 // record is the Record of the lock object obj, read or written with etag.
-func record(obj lease, etag string, sent time.Time) backends.Record {
-	h := &handle{}
-	h.set(obj, etag, sent)
+func record(obj lease, etag string) backends.Record {
 	return backends.Record{Holder: obj.Holder, Owner: obj.Owner, Token: obj.Token, Holders: obj.Holders,
 		TTL: time.Duration(obj.LeaseMS) * time.Millisecond, Acquired: obj.Acquired, Renewed: obj.Renewed,
-		Left: backends.NoClock, Waiting: -1, Version: etag, Handle: h}
-}
-
-// ours reports whether obj is still the grant held.
-func ours(obj lease, held backends.Record) bool {
-	return obj.Holder != "" && obj.Owner == held.Owner && obj.Token == held.Token
+		Left: backends.NoClock, Waiting: -1, Version: etag, Handle: &handle{obj: obj, etag: etag}}
 }
 
 // Get implements backends.RecordLock.
 func (l *lock) Get(ctx context.Context) (backends.Record, error) {
 	var obj lease
 	etag, err := l.s.read(ctx, l.key, &obj)
-	if err != nil {
-		return backends.Record{}, err
-	}
-	return record(obj, etag, time.Time{}), nil
+	return record(obj, etag), err
 }
 
-// Take implements backends.RecordLock: it raises the mark in the state
-// object to the new token, conditional on the state as read, then writes
-// the grant, conditional on prev's ETag, keeping prev's markers. Where
-// there is no lock object, it first creates a free one (If-None-Match: *)
-// and takes that: a grant conditional on there being none could land
-// behind a later grant whose object was deleted by hand meanwhile, with a
-// lower token.
+// Take implements backends.RecordLock: it raises the mark, then writes
+// the grant conditional on prev's ETag, keeping prev's markers. Where
+// there is no lock object, it creates a free one first and takes that: a
+// grant conditional on absence could land, with a lower token, behind a
+// later grant whose object was deleted by hand meanwhile.
 func (l *lock) Take(ctx context.Context, prev backends.Record, c backends.Claim) (backends.Record, error) {
-	l.s.learn(c.Timings)
+	l.s.try.CompareAndSwap(0, int64(c.Timings.AttemptTimeout()/2))
 	if !prev.Exists() {
-		free := lease{RVN: newRVN()}
-		etag, err := l.s.write(ctx, l.key, free, "")
+		etag, err := l.s.write(ctx, l.key, lease{RVN: newRVN()}, "")
 		if err != nil {
-			return backends.Record{}, l.writeFailed("create", l.key, err)
+			return backends.Record{}, l.s.failed("create", l.key, err)
 		}
-		prev = record(free, etag, time.Time{})
+		prev.Version, prev.Handle = etag, &handle{etag: etag}
 	}
 	token, err := l.raiseMark(ctx, prev.Token)
 	if err != nil {
 		return backends.Record{}, err
 	}
-	now := timeNow()
-	obj := lease{Holder: c.Identity, Owner: c.Owner, Token: token, Holders: c.Holders, Acquired: now, Renewed: now,
-		LeaseMS: int64((c.Timings.LeaseDuration + time.Millisecond - 1) / time.Millisecond), RVN: newRVN()}
-	if prev.Exists() {
-		prevObj, _ := handleOf(prev).get()
-		obj.Markers = prevObj.Markers
-	}
-	sent := time.Now()
+	prevObj, _ := handleOf(prev).get()
+	obj := lease{Holder: c.Identity, Owner: c.Owner, Token: token, Holders: c.Holders, Acquired: time.Now().UTC(),
+		LeaseMS: int64((c.Timings.LeaseDuration + time.Millisecond - 1) / time.Millisecond), RVN: newRVN(), Markers: prevObj.Markers}
+	obj.Renewed = obj.Acquired
 	etag, err := l.s.write(ctx, l.key, obj, prev.Version)
-	if conflict(err) {
-		// The SDK's retry of a grant whose first answer was lost meets
-		// the grant itself.
+	if conflict(err) { // the SDK's retry of a grant whose answer was lost meets the grant
 		var cur lease
-		if tag, rerr := l.s.read(ctx, l.key, &cur); rerr == nil && cur.Owner == c.Owner && cur.Token == obj.Token {
-			return record(cur, tag, sent), nil
+		if tag, rerr := l.s.read(ctx, l.key, &cur); rerr == nil && cur.Owner == c.Owner && cur.Token == token {
+			return record(cur, tag), nil
 		}
 	}
 	if err != nil {
-		return backends.Record{}, l.writeFailed("grant", l.key, err)
+		return backends.Record{}, l.s.failed("grant", l.key, err)
 	}
-	return record(obj, etag, sent), nil
+	return record(obj, etag), nil
 }
 
 // raiseMark draws the next token, max(mark, token)+1, and writes it as
-// the new mark, conditional on the state object as read. A history written
+// the mark, conditional on the state object as read. A history written
 // meanwhile is read again; a mark raised meanwhile is another candidate
-// taking the lock, and this one looks again a retry period later
-// (ErrLocked) rather than race it.
+// taking the lock: ErrLocked, to look again later rather than race it.
 func (l *lock) raiseMark(ctx context.Context, token uint64) (uint64, error) {
 	var err error
-	for try, seen := 0, uint64(0); try < 3; try++ {
+	var seen uint64
+	for try := 0; try < 3; try++ {
 		var st state
 		etag, rerr := l.s.read(ctx, l.state, &st)
-		switch {
-		case rerr != nil:
+		if rerr != nil {
 			return 0, rerr
-		case try > 0 && st.Mark != seen:
+		} else if try > 0 && st.Mark != seen {
 			return 0, fmt.Errorf("s3: %s: another candidate is drawing a token: %w", l.Key(), backends.ErrLocked)
 		}
 		seen, st.Mark, st.RVN = st.Mark, max(st.Mark, token)+1, newRVN()
-		if _, err = l.s.write(ctx, l.state, st, etag); err == nil {
-			return st.Mark, nil
-		} else if !conflict(err) {
+		if _, err = l.s.write(ctx, l.state, st, etag); err == nil || !conflict(err) {
 			break
 		}
 	}
-	return 0, l.writeFailed("raise the token's mark in", l.state, err)
-}
-
-// writeFailed wraps the error of a conditional write: a conflict if its
-// condition did not hold.
-func (l *lock) writeFailed(op, key string, err error) error {
-	if conflict(err) {
-		return fmt.Errorf("s3: %s %s/%s: %w: %w", op, l.s.bucket, key, backends.ErrConflict, err)
+	if err != nil {
+		return 0, l.s.failed("raise the token's mark in", l.state, err)
 	}
-	return l.s.failed(op, key, err)
+	return max(seen, token) + 1, nil
 }
 
-// rewrite writes obj, with a new rvn, over the lock object held has, and
-// again once over what it finds if that is still held's grant: a write
-// whose answer was lost, or the grant's own marker, changed its ETag.
-// It returns obj as written, an error wrapping ErrLeaseLost if the object
-// is no longer held's (gone, released or taken).
+// rewrite writes the lock object held has, changed and with a new rvn,
+// and once more over what it finds if that is still held's grant (a write
+// whose answer was lost, or the grant's marker, changed its ETag); an
+// error wrapping ErrLeaseLost if it is not.
 func (l *lock) rewrite(ctx context.Context, held backends.Record, op string, change func(*lease)) error {
 	h := handleOf(held)
 	for try := 0; ; try++ {
 		obj, etag := h.get()
 		change(&obj)
 		obj.RVN = newRVN()
-		sent := time.Now()
 		tag, err := l.s.write(ctx, l.key, obj, etag)
-		switch {
-		case err == nil:
-			h.set(obj, tag, sent)
+		if err == nil {
+			h.set(obj, tag)
 			return nil
-		case !conflict(err) || try > 0:
-			return l.writeFailed(op, l.key, err)
+		} else if !conflict(err) || try > 0 {
+			return l.s.failed(op, l.key, err)
 		}
 		var cur lease
-		tag, err = l.s.read(ctx, l.key, &cur)
-		switch {
-		case err != nil:
-			return err
-		case tag == "":
-			return fmt.Errorf("s3: lock object %s was deleted: %w", l.Key(), backends.ErrLeaseLost)
-		case cur.Holder == "":
-			return fmt.Errorf("s3: lock object %s was released by someone else: %w", l.Key(), backends.ErrLeaseLost)
-		case !ours(cur, held):
-			return fmt.Errorf("s3: lock object %s was taken by %q (token %d): %w", l.Key(), cur.Holder, cur.Token, backends.ErrLeaseLost)
+		if tag, err = l.s.read(ctx, l.key, &cur); err == nil {
+			err = l.lost(cur, tag, held)
 		}
-		h.set(cur, tag, time.Time{})
+		if err != nil {
+			return err
+		}
+		h.set(cur, tag)
 	}
 }
 
-// Keep implements backends.RecordLock: the lock object rewritten with a
-// new rvn and renewal time.
-func (l *lock) Keep(ctx context.Context, held backends.Record) (backends.Record, error) {
-	err := l.rewrite(ctx, held, "renew", func(obj *lease) { obj.Renewed = timeNow() })
-	if err == nil {
-		obj, etag := handleOf(held).get()
-		held.Version, held.Renewed = etag, obj.Renewed
+// lost says why cur, the lock object as read with etag, is no longer
+// held's grant; nil if it is.
+func (l *lock) lost(cur lease, etag string, held backends.Record) error {
+	switch {
+	case etag == "":
+		return fmt.Errorf("s3: lock object %s was deleted: %w", l.Key(), backends.ErrLeaseLost)
+	case cur.Holder == "":
+		return fmt.Errorf("s3: lock object %s was released by someone else: %w", l.Key(), backends.ErrLeaseLost)
+	case cur.Owner != held.Owner || cur.Token != held.Token:
+		return fmt.Errorf("s3: lock object %s was taken by %q (token %d): %w", l.Key(), cur.Holder, cur.Token, backends.ErrLeaseLost)
 	}
+	return nil
+}
+
+// Keep implements backends.RecordLock: a new rvn and renewal time.
+func (l *lock) Keep(ctx context.Context, held backends.Record) (backends.Record, error) {
+	err := l.rewrite(ctx, held, "renew", func(obj *lease) { obj.Renewed = time.Now().UTC() })
+	obj, etag := handleOf(held).get()
+	held.Version, held.Renewed = etag, obj.Renewed
 	return held, err
 }
 
-// Free implements backends.RecordLock: the lock object rewritten without
-// a holder, keeping the token and the markers. One no longer held's is
-// left alone.
+// Free implements backends.RecordLock: no holder; the token and the
+// markers stay. One no longer held's is left alone.
 func (l *lock) Free(ctx context.Context, held backends.Record) error {
 	err := l.rewrite(ctx, held, "release", func(obj *lease) {
-		*obj = lease{Token: obj.Token, Renewed: timeNow(), Markers: obj.Markers}
+		*obj = lease{Token: obj.Token, Renewed: time.Now().UTC(), Markers: obj.Markers}
 	})
 	if errors.Is(err, backends.ErrLeaseLost) {
 		return nil
@@ -259,19 +209,16 @@ func (l *lock) Free(ctx context.Context, held backends.Record) error {
 }
 
 // Follow implements backends.RecordLock. S3 tells nobody of a change:
-// waiters get no follower (the driver reads every retry period), and a
-// holder's follower asks for a read every retry period, at most every
-// maxLossPoll, unless a write proved the grant meanwhile.
+// waiters get no follower (the driver reads every retry period); a
+// holder's asks for a read every retry period, at most every maxLossPoll.
 func (l *lock) Follow(_ context.Context, c backends.Claim, held *backends.Record) (backends.Follower, error) {
 	if held == nil {
 		return nil, nil
 	}
-	every, h := min(c.Timings.RetryPeriod, maxLossPoll), handleOf(*held)
-	return backends.Poll(every, func() time.Time { return h.due(every) }), nil
+	return backends.Poll(min(c.Timings.RetryPeriod, maxLossPoll), nil), nil
 }
 
-// newRVN is 128 random bits, so that no two writes, by any host, ever
-// write the same content.
+// newRVN is 128 random bits: no two writes ever have the same content.
 func newRVN() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)

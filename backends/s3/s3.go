@@ -1,31 +1,24 @@
 // Package s3 is the S3 store: a lock is an object in a bucket of any
-// S3-compatible service, created with If-None-Match: * and replaced with
-// If-Match on the ETag last read. S3 has no clock a client can use and
-// tells nobody of a change, so every write of a lock object gives it a new
-// ETag, and the others time the holder on their own clocks: a
-// backends.RecordLock without a clock, timed by the campaign driver
-// (backends/record.go).
-//
-// Each lock is two objects, JSON both:
-//
-//	<prefix><lock>         the lease: holder, owner, token, lease_ms, acquired, renewed, holders, rvn, markers
-//	<prefix><lock>~state   the token's high-water mark and the history: mark, rvn, history
-//
-// rvn is 128 random bits, new at every write: an ETag is the content's MD5
-// on most servers, and two writes of the same content must never share
-// one. A grant raises the mark (conditional on the state object's ETag as
-// read) to max(mark, token in the lease) + 1, then writes that token into
-// the lease object, conditional on the ETag the candidate timed; where
-// there is no lease object, it creates a free one first and takes that, so
-// that every grant is conditional on an object read before its mark was.
-// Every write is conditional and no two share an ETag, so the token grows
-// even if one of the two objects is deleted: docs/backends/s3.md has the
-// argument, and what a server that ignores conditions does to it.
+// S3-compatible server, written with If-None-Match: * or If-Match on the
+// ETag read, a backends.RecordLock without a clock. Every write carries
+// 128 random bits (rvn), so no ETag ever comes back. Beside the lock
+// object <prefix><lock> (holder, token, lease, markers), the state object
+// <prefix><lock>~state keeps the token's high-water mark and the history.
+// A grant raises the mark to max(mark, token in the lock object) + 1, then
+// writes the lock object, conditional on it as read (created free first
+// if missing): a grant reads what every grant before it wrote, in one
+// object or the other, so the token grows even if one is deleted
+// (docs/backends/s3.md has the argument).
 package s3
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -34,50 +27,62 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/config"
 	s3api "github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go/logging"
 
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/s3/spec"
 )
 
-// Config describes one bucket: the settings the command line reads
-// (spec.Settings, whose zero values are noted there) and the credentials.
+// Config is the settings the command line reads, and credentials that
+// replace the SDK's default chain (nil: the chain).
 type Config struct {
 	spec.Settings
-	// Credentials replace the SDK's default credential chain. Nil: the
-	// chain (environment, shared files and profiles, SSO, web identity,
-	// container and instance metadata).
 	Credentials aws.CredentialsProvider
 }
 
 // Store is one bucket, reached by one client.
 type Store struct {
-	api    *s3api.Client
-	bucket string
-	where  string // the Region, and the endpoint if one is set
-	prefix string
-	// try bounds each HTTP attempt to half the runner's attempt timeout
-	// once a campaign told it, so that a request stuck on a dead
-	// connection is sent again on a fresh one within one renewal. Zero:
-	// connTimeout alone.
+	api                   *s3api.Client
+	bucket, where, prefix string // where: the Region, and the endpoint if set
+	// try bounds each HTTP attempt to half the runner's attempt timeout,
+	// once a campaign told it (zero: none): a request stuck on a dead
+	// connection is retried within one renewal.
 	try atomic.Int64
 }
 
-var _ backends.Store = (*Store)(nil)
-
-// Open validates cfg and reads the AWS configuration (environment, shared
-// files), but sends nothing until a lock is first used.
+// Open validates cfg and reads the AWS configuration as the AWS CLI does;
+// it sends nothing. Every request, credential lookups included, goes
+// through one bounded HTTP client; the SDK's warnings go to cfg.Log.
 func Open(cfg Config) (*Store, error) {
 	for _, err := range []error{spec.ValidateBucket(cfg.Bucket), spec.ValidatePrefix(cfg.Prefix), spec.ValidateAddressing(cfg.Addressing)} {
 		if err != nil {
 			return nil, err
 		}
 	}
+	httpc := awshttp.NewBuildableClient().WithTimeout(requestTimeout).
+		WithDialerOptions(func(d *net.Dialer) { d.Timeout = connTimeout }).
+		WithTransportOptions(func(tr *http.Transport) {
+			tr.TLSHandshakeTimeout, tr.ResponseHeaderTimeout = connTimeout, connTimeout
+			tr.MaxResponseHeaderBytes, tr.MaxIdleConnsPerHost, tr.DisableCompression = 64<<10, 2, true
+		})
+	log := cmp.Or(cfg.Log, slog.New(slog.DiscardHandler))
+	opts := []func(*config.LoadOptions) error{config.WithHTTPClient(httpc), config.WithRegion(cfg.Region),
+		config.WithLogger(logging.LoggerFunc(func(c logging.Classification, format string, v ...any) {
+			log.Warn(fmt.Sprintf(format, v...), "source", "aws-sdk-go-v2", "class", string(c))
+		}))}
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
-	awsCfg, err := loadConfig(ctx, cfg)
-	if err != nil {
-		return nil, err
+	awsCfg, err := config.LoadDefaultConfig(ctx, opts...)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("s3: load the AWS configuration: %w", err)
+	case awsCfg.Region == "":
+		return nil, errors.New("s3: no AWS region: set AWS_REGION, a profile's region, or --s3-region")
+	case cfg.Credentials != nil:
+		awsCfg.Credentials = cfg.Credentials
 	}
 	s := &Store{bucket: cfg.Bucket, prefix: cfg.Prefix}
 	s.api = s3api.NewFromConfig(awsCfg, func(o *s3api.Options) { s.configure(o, cfg) })
@@ -88,13 +93,11 @@ func Open(cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// configure sets the S3 client's options: the endpoint and its addressing
-// style; the SDK's standard retries of throttling, 5xx answers and broken
-// connections, 3 attempts at most with at most 500 ms between them, and
-// no client-side quota (a long outage would leave it unable to retry once
-// it is over); every attempt bounded (bounded); and checksums only where
-// the API requires them, as S3-compatible servers may not know the newer
-// ones, unless the AWS configuration asks for more.
+// configure sets the endpoint and addressing style; at most 3 attempts
+// 500 ms apart, no client-side retry quota (a long outage would use it
+// up); every attempt bounded; checksums only where required, unless the
+// AWS configuration asks for more (S3-compatible servers may not know the
+// newer ones).
 func (s *Store) configure(o *s3api.Options, cfg Config) {
 	if cfg.Endpoint != "" {
 		o.BaseEndpoint = aws.String(cfg.Endpoint)
@@ -112,9 +115,8 @@ func (s *Store) configure(o *s3api.Options, cfg Config) {
 	}
 }
 
-// pathStyle decides the addressing style: path-style for an endpoint that
-// is not AWS's (MinIO, Ceph and versitygw need it unless their DNS names
-// every bucket), virtual-hosted on AWS.
+// pathStyle: path-style for an endpoint that is not AWS's (MinIO, Ceph and
+// versitygw need it unless their DNS names every bucket).
 func pathStyle(style, endpoint string) bool {
 	switch style {
 	case spec.AddressingPath:
@@ -129,29 +131,22 @@ func pathStyle(style, endpoint string) bool {
 // Name implements backends.Store.
 func (s *Store) Name() string { return "s3" }
 
-// Lock implements backends.Store: the objects <prefix><name> and
-// <prefix><name>~state.
-func (s *Store) Lock(name string) backends.Lock {
-	return &lock{s: s, key: s.prefix + name, state: s.prefix + name + spec.StateSuffix}
+// Lock implements backends.Store.
+func (s *Store) Lock(n string) backends.Lock {
+	return &lock{s: s, key: s.prefix + n, state: s.prefix + n + spec.StateSuffix}
 }
 
-// Close implements backends.Store. The SDK's client keeps idle
-// connections for 30 s; it has nothing to close.
+// Close implements backends.Store: the client has nothing to close.
 func (s *Store) Close() error { return nil }
 
-// learn bounds each HTTP attempt by the timings of a campaign.
-func (s *Store) learn(t backends.Timings) { s.try.CompareAndSwap(0, int64(t.AttemptTimeout()/2)) }
-
-// failed wraps err of op on the object key: it names the bucket, the
-// Region, the endpoint and the object, never a credential; a refusal is
-// final.
+// failed wraps err of op on the object key, naming where, never a
+// credential: a conflict if a write's condition failed; a refusal is final.
 func (s *Store) failed(op, key string, err error) error {
-	if refused(err) {
+	switch {
+	case conflict(err):
+		return fmt.Errorf("s3: %s %s/%s: %w: %w", op, s.bucket, key, backends.ErrConflict, err)
+	case refused(err):
 		return fmt.Errorf("s3 bucket %s in %s: %s %s: %w: %w: %w", s.bucket, s.where, op, key, backends.ErrUnavailable, backends.ErrRefused, err)
 	}
 	return fmt.Errorf("s3 bucket %s in %s: %s %s: %w: %w", s.bucket, s.where, op, key, backends.ErrUnavailable, err)
 }
-
-// timeNow is the wall clock written into objects, for status and --try
-// only; UTC, to the millisecond.
-func timeNow() time.Time { return time.Now().UTC().Truncate(time.Millisecond) }
