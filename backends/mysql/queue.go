@@ -195,9 +195,7 @@ func (f *follower) waiting(ctx context.Context) {
 		var err error
 		switch {
 		case f.conn == nil:
-			if err = f.join(ctx); err == nil && f.first {
-				f.poke(true)
-			}
+			err = f.join(ctx)
 		case f.first:
 			err = f.lead(ctx, wait)
 		default:
@@ -235,9 +233,9 @@ func (f *follower) inLine(ctx context.Context, wait time.Duration) error {
 		return err
 	}
 	if got.Bool {
+		// First in line: lead says when to read the row.
 		f.first = true
 		f.behind.Store(false)
-		f.poke(true)
 		return nil
 	}
 	var n int
