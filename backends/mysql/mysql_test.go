@@ -404,6 +404,10 @@ func follow(t *testing.T, s *mysql.Store, lock string, tm backends.Timings) back
 // server notices that its connection closed.
 func testWithdrawn(t *testing.T, e *env) {
 	lock := lockName()
+	q, h := mysql.NamedLocks(newStore(t, e, mysql.Config{}), lock)
+	if tq, th := testenv.MySQLNamedLocks("leaderrun", "leaderrun_locks", prefix+lock); tq != q || th != h {
+		t.Errorf("testenv.MySQLNamedLocks says %s and %s, the store %s and %s", tq, th, q, h)
+	}
 	e.m.CreateUser(t, "waiter", "waiter-Pa55", "SELECT, INSERT, UPDATE, CREATE ON leaderrun.*")
 	user := mysql.Config{DSN: e.m.DSN("waiter", "waiter-Pa55", "leaderrun", "")}
 	queue, held := mysql.NamedLocks(newStore(t, e, user), lock)

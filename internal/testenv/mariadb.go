@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"database/sql"
@@ -411,4 +412,17 @@ func (m *MariaDB) SessionsOf(t testing.TB, db *sql.DB, text string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// MySQLNamedLocks are the names of the named locks that the mysql store
+// (backends/mysql) takes for the lock key ("leaderrun/" + lock by default)
+// kept in table of database: the queue's, held by the first waiter in
+// line, and the holder's. A session waiting in GET_LOCK for one of them
+// shows it in information_schema.PROCESSLIST (SessionsOf): the scenarios
+// count the waiters so. backends/mysql's tests check that this rule is
+// the store's.
+func MySQLNamedLocks(database, table, key string) (queue, held string) {
+	sum := sha256.Sum256([]byte(database + "\x00" + table + "\x00" + key))
+	named := "leaderrun:" + hex.EncodeToString(sum[:16])
+	return named + ":q", named + ":h"
 }
