@@ -27,10 +27,10 @@ func clearMySQLVars(t *testing.T) {
 // TestMySQLFlags: which settings select the MySQL store, and what bad
 // ones say, through run, status and history. Nothing listens at the
 // address, so a selected store is exit 69; MYSQL_PWD alone selects
-// nothing; no message shows a password, one that holds "/", "," and ":"
-// included.
+// nothing; no message shows a password, one that holds "/", ",", ":" and
+// "@" included.
 func TestMySQLFlags(t *testing.T) {
-	const secret = "ab/cd,ef:SECRET"
+	const secret = "ab/cd,ef:SE@CRET"
 	clearMySQLVars(t)
 	addr := closedAddr(t)
 	dsn := "app:" + secret + "@tcp(" + addr + ")/ops?timeout=1s"
@@ -102,7 +102,7 @@ func TestMySQLFlags(t *testing.T) {
 						t.Errorf("output does not say %q:\n%s", w, out)
 					}
 				}
-				for _, p := range []string{"SECRET", "ab/cd", "cd,ef", "ef:"} {
+				for _, p := range []string{"CRET", "ab/cd", "cd,ef", "ef:", "SE@"} {
 					if strings.Contains(out, p) {
 						t.Errorf("output shows %q, a piece of the password:\n%s", p, out)
 					}
