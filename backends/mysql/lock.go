@@ -286,10 +286,9 @@ func discard(c *sql.Conn) {
 // the holder's, and says to read the row when the holder gave it up (or
 // died), when no one holds it (every retry period), and after a lease
 // duration (a frozen holder): the driver times the lease from the row.
-// Where the server refuses named locks (Galera), waiters read every
-// retry period. A holder reads its row every retry period, at least
-// every 500 ms: the database tells of no change, and a loss must be seen
-// within a second.
+// Where the server refuses named locks (Galera), waiters read every retry
+// period. A holder reads its row every retry period, at least every 500
+// ms: the database tells of no change; a loss is seen within a second.
 func (l *lock) Follow(ctx context.Context, c backends.Claim, held *backends.Record) (backends.Follower, error) {
 	if held != nil {
 		return backends.Poll(min(c.Timings.RetryPeriod, 500*time.Millisecond), nil), nil
@@ -321,17 +320,6 @@ type follower struct {
 	first, stale bool      // it holds the queue's named lock; the first in line looked frozen
 }
 
-func (f *follower) Changed() <-chan struct{} { return f.ch }
-func (f *follower) Behind() bool             { return f.behind.Load() }
-
-func (f *follower) poke() {
-	f.l.s.woken.Add(1)
-	select {
-	case f.ch <- struct{}{}:
-	default:
-	}
-}
-
 // Close implements backends.Follower. A waiter's session is killed: it
 // leaves the queue at once, even from within GET_LOCK, where the server
 // notices a closed connection a second or more later.
@@ -345,6 +333,9 @@ func (f *follower) Close() {
 		discard(f.conn)
 	}
 }
+
+func (f *follower) Changed() <-chan struct{} { return f.ch }
+func (f *follower) Behind() bool             { return f.behind.Load() }
 
 // join takes a connection and a place in the queue, first if it is free.
 func (f *follower) join(ctx context.Context) error {
@@ -395,6 +386,15 @@ func (f *follower) pause(ctx context.Context) {
 	select {
 	case <-ctx.Done():
 	case <-t.C:
+	}
+}
+
+// poke says to read the row; one already pending stands for it.
+func (f *follower) poke() {
+	f.l.s.woken.Add(1)
+	select {
+	case f.ch <- struct{}{}:
+	default:
 	}
 }
 
