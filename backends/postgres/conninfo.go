@@ -47,23 +47,22 @@ const (
 // It also takes the pool's bound from pool_max_conns, and defaults
 // application_name to "leaderrun" and client_encoding to UTF8. Its errors
 // never show the string, which may hold a password.
-func parseConnString(s string) (*pgconn.Config, int, error) {
+func parseConnString(s string) (cfg *pgconn.Config, completed string, maxConns int, err error) {
 	extra, err := libpqDefaults(s)
 	if err != nil {
-		return nil, 0, err
+		return nil, "", 0, err
 	}
-	cfg, err := pgconn.ParseConfig(withSettings(s, extra))
-	if err != nil {
-		return nil, 0, parseError(err)
+	completed = withSettings(s, extra)
+	if cfg, err = pgconn.ParseConfig(completed); err != nil {
+		return nil, "", 0, parseError(err)
 	}
-	maxConns, err := takeRuntimeParams(cfg)
-	if err != nil {
-		return nil, 0, err
+	if maxConns, err = takeRuntimeParams(cfg); err != nil {
+		return nil, "", 0, err
 	}
 	if err := tlsVersions(cfg); err != nil {
-		return nil, 0, err
+		return nil, "", 0, err
 	}
-	return cfg, maxConns, nil
+	return cfg, completed, maxConns, nil
 }
 
 // parseError is pgx's parse error without the connection string that

@@ -77,7 +77,7 @@ func TestParseConnString(t *testing.T) {
 			for k, v := range tc.env {
 				t.Setenv(k, v)
 			}
-			cfg, maxConns, err := parseConnString(tc.s)
+			cfg, _, maxConns, err := parseConnString(tc.s)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -99,7 +99,7 @@ func TestParseConnString(t *testing.T) {
 func TestParseConnStringSettings(t *testing.T) {
 	cleanLibpqEnv(t)
 	for _, attrs := range []string{"any", "read-write", "read-only", "primary", "standby", "prefer-standby"} {
-		cfg, _, err := parseConnString("host=h target_session_attrs=" + attrs)
+		cfg, _, _, err := parseConnString("host=h target_session_attrs=" + attrs)
 		if err != nil {
 			t.Fatalf("target_session_attrs=%s: %v", attrs, err)
 		}
@@ -107,7 +107,7 @@ func TestParseConnStringSettings(t *testing.T) {
 			t.Errorf("target_session_attrs=%s: no check of the session", attrs)
 		}
 	}
-	cfg, maxConns, err := parseConnString("postgres://u@h/d?channel_binding=require&require_auth=scram-sha-256" +
+	cfg, _, maxConns, err := parseConnString("postgres://u@h/d?channel_binding=require&require_auth=scram-sha-256" +
 		"&pool_max_conns=3&fallback_application_name=ops&keepalives=1&ssl_min_protocol_version=TLSv1.3")
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +123,7 @@ func TestParseConnStringSettings(t *testing.T) {
 		t.Errorf("run-time parameters %v, want %v", cfg.RuntimeParams, want)
 	}
 	t.Setenv("PGSSLMAXPROTOCOLVERSION", "TLSv1.2")
-	if cfg, _, err = parseConnString("host=h sslmode=require"); err != nil {
+	if cfg, _, _, err = parseConnString("host=h sslmode=require"); err != nil {
 		t.Fatal(err)
 	}
 	if tc := cfg.TLSConfig; tc.MinVersion != tls.VersionTLS12 || tc.MaxVersion != tls.VersionTLS12 {
@@ -164,7 +164,7 @@ func TestParseConnStringRefuses(t *testing.T) {
 			for k, v := range tc.env {
 				t.Setenv(k, v)
 			}
-			_, _, err := parseConnString(tc.s)
+			_, _, _, err := parseConnString(tc.s)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("parseConnString(%q) = %v, want an error saying %s", tc.s, err, tc.want)
 			}
