@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -56,16 +55,11 @@ func (b *budgetConn) Read(p []byte) (int, error) {
 
 func (b *budgetConn) reset() { b.left.Store(maxExchange) }
 
-// connConfig is the configuration of every connection of a store, pooled
-// or a follower's: cc with the bounds above, and unnamed statements with
-// their parameters' types given, in one round trip each, which a pooler
-// in transaction mode needs (nothing is prepared, no description cached).
-func connConfig(connString string, cc *pgconn.Config) (*pgxpool.Config, error) {
-	pc, err := pgxpool.ParseConfig(connString)
-	if err != nil {
-		return nil, parseError(err)
-	}
-	pc.ConnConfig.Config = *cc
+// connConfig sets the configuration of every connection of a store,
+// pooled or a follower's: the bounds above, and unnamed statements with
+// their parameters' types given, in one round trip each, which a pooler in
+// transaction mode needs (nothing is prepared, no description cached).
+func connConfig(pc *pgxpool.Config) {
 	cfg := pc.ConnConfig
 	cfg.MaxProtocolMessageBodyLen = maxMessage
 	cfg.AfterNetConnect = func(_ context.Context, _ *pgconn.Config, nc net.Conn) (net.Conn, error) {
@@ -81,8 +75,7 @@ func connConfig(connString string, cc *pgconn.Config) (*pgxpool.Config, error) {
 	// A connection that broke while idle fails its next statement, which
 	// Store.do retries once: no ping before every statement.
 	pc.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-	pc.MinConns, pc.MinIdleConns, pc.HealthCheckPeriod = 0, 0, time.Minute
-	return pc, nil
+	pc.MinConns, pc.MinIdleConns = 0, 0
 }
 
 // exchange starts a new exchange on c (see budgetConn).

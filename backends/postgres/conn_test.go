@@ -15,11 +15,7 @@ import (
 // errTooManyRows at the second, however many the server sends.
 func TestRowsBounded(t *testing.T) {
 	fake := testenv.StartHostilePostgres(t, testenv.EndlessRows)
-	cc, conn, _, err := parseConnString(fake.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc, err := connConfig(conn, cc)
+	pc, err := parseConnString(fake.URL())
 	if err != nil {
 		t.Fatal(err)
 	}

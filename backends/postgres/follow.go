@@ -212,7 +212,6 @@ func listenFor(ctx context.Context, c *pgx.Conn, d time.Duration) (*pgconn.Notif
 	return n, err
 }
 
-
 // startProbe starts the probe, unless the store knows the mode, or a
 // probe runs. It runs on a goroutine of the store's, which Close stops,
 // so that a follower that closes does not cut it short.

@@ -62,7 +62,9 @@ const (
 	// requestTimeout bounds a statement whose caller set no deadline, so
 	// that a connection that stalls without closing cannot hang it.
 	requestTimeout = 10 * time.Second
-	// maxPoolConns bounds the pool that runs the statements (see Open).
+	// maxPoolConns bounds the pool that runs the statements, unless
+	// pool_max_conns says otherwise: a renewal and a read of the row may
+	// overlap. Each follower has a connection of its own besides.
 	maxPoolConns = 2
 	// maxTableName keeps the names derived from the table's
 	// (<table>_token_seq, <table>_markers, ...) within PostgreSQL's 63
@@ -144,22 +146,15 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	cc, conn, maxConns, err := parseConnString(cfg.URL)
+	pc, err := parseConnString(cfg.URL)
 	if err != nil {
 		// Its messages never show the string.
 		return nil, fmt.Errorf("postgres: connection string: %w", err)
 	}
+	cc := &pc.ConnConfig.Config
 	if cc.ConnectTimeout <= 0 {
 		cc.ConnectTimeout = cfg.ConnectTimeout
 	}
-	pc, err := connConfig(conn, cc)
-	if err != nil {
-		return nil, fmt.Errorf("postgres: connection string: %w", err)
-	}
-	// Every leaderrun on a host costs the server's max_connections at
-	// most maxConns (a renewal and a read of the row may overlap), and a
-	// connection for each follower.
-	pc.MaxConns = int32(maxConns)
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)

@@ -803,6 +803,20 @@ func testLimitedRole(t *testing.T, e *env) {
 	if strings.Contains(logs.String(), "level=WARN") {
 		t.Errorf("the limited role's store warned:\n%s", logs.String())
 	}
+
+	// Without the triggers, which only the table's owner may create, the
+	// role's store polls, and says so.
+	e.exec(t, `DROP TRIGGER leaderrun_notify_update ON shared_leases; DROP TRIGGER leaderrun_notify_delete ON shared_leases;
+		DROP TRIGGER leaderrun_notify_truncate ON shared_leases`)
+	var pollLogs logBuffer
+	s = open(t, e, postgres.Config{URL: e.pg.URL("app", "app-pw"), Table: table, Log: pollLogs.logger()})
+	campaign(t, s, "limited", "app", 5*time.Second).Release(ctx, nil)
+	if !strings.Contains(pollLogs.String(), "mode=poll") || !strings.Contains(pollLogs.String(), "triggers are not installed") {
+		t.Errorf("without the triggers the store should poll; the log says:\n%s", pollLogs.String())
+	}
+	if n := e.count(t, "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'shared_leases'::regclass AND NOT tgisinternal"); n != 0 {
+		t.Errorf("the role that does not own the table installed %d triggers", n)
+	}
 }
 
 // testTryIsFast: --try on a held lock answers within 100 ms on loopback,

@@ -128,40 +128,39 @@ BEGIN
 			PRIMARY KEY (name, token)
 		);
 	END IF;
-	IF %[7]s = 3 THEN
-		RETURN;
-	END IF;
-	BEGIN
-	IF to_regprocedure(%[8]s) IS NULL THEN
-		CREATE FUNCTION %[9]s() RETURNS trigger LANGUAGE plpgsql AS $fn$
+	IF %[7]s <> 3 THEN
 		BEGIN
-			IF TG_OP = 'TRUNCATE' THEN
-				PERFORM pg_notify(TG_ARGV[0], json_build_object('op', 'truncate')::text);
-			ELSIF TG_OP = 'DELETE' THEN
-				PERFORM pg_notify(TG_ARGV[0], json_build_object('op', 'delete', 'name', OLD.name)::text);
-			ELSE
-				PERFORM pg_notify(TG_ARGV[0], json_build_object('op', 'update', 'name', OLD.name)::text);
-				IF NEW.name IS DISTINCT FROM OLD.name THEN
-					PERFORM pg_notify(TG_ARGV[0], json_build_object('op', 'update', 'name', NEW.name)::text);
-				END IF;
+			IF to_regprocedure(%[8]s) IS NULL THEN
+				CREATE FUNCTION %[9]s() RETURNS trigger LANGUAGE plpgsql AS $fn$
+				BEGIN
+					IF TG_OP = 'TRUNCATE' THEN
+						PERFORM pg_notify(TG_ARGV[0], json_build_object('op', 'truncate')::text);
+					ELSIF TG_OP = 'DELETE' THEN
+						PERFORM pg_notify(TG_ARGV[0], json_build_object('op', 'delete', 'name', OLD.name)::text);
+					ELSE
+						PERFORM pg_notify(TG_ARGV[0], json_build_object('op', 'update', 'name', OLD.name)::text);
+						IF NEW.name IS DISTINCT FROM OLD.name THEN
+							PERFORM pg_notify(TG_ARGV[0], json_build_object('op', 'update', 'name', NEW.name)::text);
+						END IF;
+					END IF;
+					RETURN NULL;
+				END
+				$fn$;
 			END IF;
-			RETURN NULL;
-		END
-		$fn$;
+			DROP TRIGGER IF EXISTS %[11]s ON %[3]s;
+			DROP TRIGGER IF EXISTS %[12]s ON %[3]s;
+			DROP TRIGGER IF EXISTS %[13]s ON %[3]s;
+			CREATE TRIGGER %[11]s AFTER UPDATE ON %[3]s FOR EACH ROW
+				WHEN (OLD.holder IS DISTINCT FROM NEW.holder OR OLD.owner IS DISTINCT FROM NEW.owner
+					OR OLD.token IS DISTINCT FROM NEW.token OR OLD.name IS DISTINCT FROM NEW.name
+					OR NEW.expires < OLD.expires)
+				EXECUTE FUNCTION %[9]s(%[10]s);
+			CREATE TRIGGER %[12]s AFTER DELETE ON %[3]s FOR EACH ROW EXECUTE FUNCTION %[9]s(%[10]s);
+			CREATE TRIGGER %[13]s AFTER TRUNCATE ON %[3]s FOR EACH STATEMENT EXECUTE FUNCTION %[9]s(%[10]s);
+		EXCEPTION WHEN insufficient_privilege THEN
+			NULL; -- not the table's owner: followers poll
+		END;
 	END IF;
-	DROP TRIGGER IF EXISTS %[11]s ON %[3]s;
-	DROP TRIGGER IF EXISTS %[12]s ON %[3]s;
-	DROP TRIGGER IF EXISTS %[13]s ON %[3]s;
-	CREATE TRIGGER %[11]s AFTER UPDATE ON %[3]s FOR EACH ROW
-		WHEN (OLD.holder IS DISTINCT FROM NEW.holder OR OLD.owner IS DISTINCT FROM NEW.owner
-			OR OLD.token IS DISTINCT FROM NEW.token OR OLD.name IS DISTINCT FROM NEW.name
-			OR NEW.expires < OLD.expires)
-		EXECUTE FUNCTION %[9]s(%[10]s);
-	CREATE TRIGGER %[12]s AFTER DELETE ON %[3]s FOR EACH ROW EXECUTE FUNCTION %[9]s(%[10]s);
-	CREATE TRIGGER %[13]s AFTER TRUNCATE ON %[3]s FOR EACH STATEMENT EXECUTE FUNCTION %[9]s(%[10]s);
-	EXCEPTION WHEN insufficient_privilege THEN
-		-- Not the table's owner: followers poll.
-	END;
 END
 $leaderrun$`
 
@@ -206,7 +205,7 @@ func (s *Store) ensure(ctx context.Context, key string) (notify bool, err error)
 		case err != nil:
 			return false, s.fail(op, key, err)
 		}
-		if !present || triggers != before {
+		if triggers != before {
 			s.log.Info("postgres: created what was missing of the table, its sequence and its triggers", "table", s.sql.ids.tableName)
 		}
 	}
