@@ -44,8 +44,7 @@ const (
 	modeNotify = "notify"
 	modePoll   = "poll"
 
-	// probeTimeout is how long the probe waits for its own pg_notify,
-	// and it bounds every statement of a follower but its wait in line.
+	// probeTimeout is how long the probe waits for its own pg_notify.
 	probeTimeout = 2 * time.Second
 	// pingEvery is how often an idle listening connection is pinged, so
 	// that one that died silently (a stalled link) is replaced; the pings
@@ -181,7 +180,7 @@ func (f *follower) queue(ctx context.Context, c *pgx.Conn) error {
 		_ = statement(ctx, c, set)
 	}
 	var first bool
-	qctx, cancel := quick(ctx)
+	qctx, cancel := withTimeout(ctx)
 	err := queryRow(qctx, c, "SELECT pg_try_advisory_lock($1)", []any{f.l.queue}, &first)
 	cancel()
 	if err != nil || first {
@@ -204,7 +203,7 @@ func listenFor(ctx context.Context, c *pgx.Conn, d time.Duration) (*pgconn.Notif
 	case ctx.Err() != nil:
 		return nil, ctx.Err()
 	case errors.Is(err, context.DeadlineExceeded) && !c.IsClosed():
-		pctx, cancel := quick(ctx)
+		pctx, cancel := withTimeout(ctx)
 		defer cancel()
 		exchange(c)
 		return nil, c.Ping(pctx)
@@ -235,10 +234,10 @@ func (s *Store) startProbe() {
 
 // probe LISTENs on a connection of its own, sends a notification from a
 // pooled connection, and reports whether it arrives within probeTimeout.
-// Its channel is its own: through a pooler, that LISTEN may stay with some
-// server connection, which then should not be sent every change of the
-// table (PgBouncer 1.18 was seen to crash when one came in while it
-// passed on a cancel request for that connection).
+// Its channel is its own: through a pooler, that LISTEN may stay with
+// some server connection, which should not be sent every change of the
+// table (PgBouncer 1.18 was seen to crash, "server_proto: server in bad
+// state", when one came in while it passed on a cancel request).
 func (s *Store) probe(ctx context.Context) (string, error) {
 	cctx, cancel := withTimeout(ctx)
 	c, err := pgx.ConnectConfig(cctx, s.listen)
@@ -269,20 +268,11 @@ func (s *Store) probe(ctx context.Context) (string, error) {
 	return "", err
 }
 
-// statement runs sql on c (see quick).
+// statement runs sql on c, bounded by requestTimeout.
 func statement(ctx context.Context, c *pgx.Conn, sql string) error {
-	ctx, cancel := quick(ctx)
+	ctx, cancel := withTimeout(ctx)
 	defer cancel()
 	return exec(ctx, c, sql)
-}
-
-// quick bounds a statement of a follower, other than its wait in line, by
-// probeTimeout, and does not cut it short when the follower closes: a
-// statement cut short makes pgconn send the server a cancel request, and
-// PgBouncer 1.18 was seen to crash on one ("server_proto: server in bad
-// state") when a notification reached the same server connection.
-func quick(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), probeTimeout)
 }
 
 func (s *Store) getMode() string {

@@ -1,33 +1,23 @@
 // Package postgres is the PostgreSQL store: a lock is a row of a table in
-// a database a team already runs, and the database's own clock (now())
-// decides when a lease expires, so the hosts' clocks never matter. Each
-// lock is a backends.RecordLock (record.go):
+// a database a team already runs, and the database's clock (now()) decides
+// when a lease expires, so the hosts' clocks never matter. A lock is a
+// backends.RecordLock (record.go): Get reads the row and the time its lease
+// has left by now(); Take is one conditional UPDATE that grants a free or
+// expired row and draws the token with nextval of a sequence, strictly
+// increasing even across rows deleted by hand; Keep is one conditional
+// UPDATE, and matching no row is a loss; Free frees the row, which stays as
+// proof of the last token. The lock's documents are rows of the markers
+// table (docs.go). Waiters queue on an advisory lock, and only the first in
+// line listens for what the table's triggers notify (follow.go).
 //
-//   - Get reads the row and the time its lease has left by now(), in one
-//     statement.
-//   - Take is one conditional UPDATE that grants a row that is free or
-//     expired, and draws the token with nextval of a sequence: strictly
-//     increasing, even across rows deleted by hand (docs/backends/postgres.md
-//     has the argument). A missing row is first created free, drawing no
-//     token.
-//   - Keep is one conditional UPDATE; matching no row is a loss.
-//   - Free frees the row if it is still ours; the row stays, as proof of
-//     the last token.
-//   - The lock's documents are rows of the markers table (docs.go).
-//   - Follow (follow.go): waiters queue on an advisory lock, and only the
-//     first in line listens for what the table's triggers notify, so that
-//     a release wakes one waiter, not all of them.
-//
-// Every statement runs on a pooled connection as one unnamed statement (no
-// prepared statement, no explicit transaction, no SET), so that the store
-// works through PgBouncer in transaction mode. Only a follower's connection
-// keeps a session (LISTEN, the advisory lock), and only once it has seen
-// that a notification reaches it; where none does, waiters look every
-// retry period and a holder learns of a loss at its next renewal.
-//
-// The connection is configured as psql's (conninfo.go), and what the
-// server sends is bounded (conn.go). docs/backends/postgres.md has the
-// layout, the statements, the privileges and the measured figures.
+// Every statement runs on a pooled connection as one unnamed statement,
+// with no explicit transaction and no session state, so that the store
+// works through PgBouncer in transaction mode; only a follower's own
+// connection keeps a session, once the store has seen that notifications
+// arrive. The connection is configured as psql's (conninfo.go), and what
+// the server sends is bounded (conn.go). docs/backends/postgres.md has the
+// layout, the statements, why the token never goes backwards, the
+// privileges and the measured figures.
 package postgres
 
 import (
@@ -76,13 +66,12 @@ const (
 // of each field is noted.
 type Config struct {
 	// URL is the connection string, as psql takes it: a URL
-	// (postgres://user@host:port/db?sslmode=require) or key=value pairs.
-	// Whatever it leaves out comes from its service (service=, or
-	// PGSERVICE), then the libpq variables (PGHOST, PGPORT, PGUSER,
-	// PGPASSWORD, PGDATABASE, PGSSLMODE, PGCONNECT_TIMEOUT, ...), and a
-	// missing password from PGPASSFILE or ~/.pgpass. Zero value: all from
-	// the environment. Prefer PGPASSWORD or .pgpass to a password in a URL
-	// on a command line, which every local user can read in ps.
+	// (postgres://user@host:port/db?sslmode=require) or key=value pairs;
+	// what it leaves out comes from its service (service=, PGSERVICE), the
+	// libpq variables (PGHOST, PGUSER, PGPASSWORD, ...), and a missing
+	// password from PGPASSFILE or ~/.pgpass. Zero value: all from the
+	// environment. Prefer PGPASSWORD or .pgpass to a password in a URL on
+	// a command line, which every local user can read in ps.
 	URL string
 
 	// Prefix is put before a lock's name to name its row.
@@ -99,14 +88,13 @@ type Config struct {
 	// DefaultConnectTimeout.
 	ConnectTimeout time.Duration
 
-	// Log receives a line when the store finds out whether notifications
-	// arrive, and when it creates its tables. Nil: nothing is logged.
+	// Log receives a line when the store creates its tables, and when it
+	// finds out whether notifications arrive. Nil: nothing is logged.
 	Log *slog.Logger
 }
 
-// Store is a PostgreSQL database that keeps locks, with a pool of
-// connections for the statements of all of them. Its methods are safe for
-// concurrent use.
+// Store is a PostgreSQL database that keeps locks, with one pool of
+// connections for them all. Its methods are safe for concurrent use.
 type Store struct {
 	prefix   string
 	pool     *pgxpool.Pool
@@ -125,9 +113,9 @@ type Store struct {
 	mode    string        // modeNotify, modePoll, or "" until the probe found out (follow.go)
 	known   chan struct{} // closed once mode is known
 	probing bool
-	probes  sync.WaitGroup
-	stopped context.Context // ends with Close
-	stop    context.CancelFunc
+	probes  sync.WaitGroup     // the probe's goroutine
+	stopped context.Context    // ends with Close
+	stop    context.CancelFunc // of stopped
 }
 
 // Open returns the store that cfg describes. It parses the connection
