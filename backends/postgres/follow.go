@@ -99,42 +99,43 @@ func (f *follower) poke() {
 	}
 }
 
-// run follows until Close, connecting again after a failure, or once the
-// store knows whether notifications arrive.
+// run follows until Close: it waits for the probe, listens, and connects
+// again after a failure. While it does not listen, a waiter looks every
+// retry period; a holder learns of a loss at its next renewal.
 func (f *follower) run(ctx context.Context) {
 	defer close(f.done)
 	s := f.l.s
 	for {
-		mode := s.getMode()
-		var err error
-		switch mode {
+		var known <-chan struct{}
+		switch mode := s.getMode(); mode {
 		case "":
 			s.startProbe()
-		case modeNotify:
-			err = f.follow(ctx)
-			f.behind.Store(false)
-		}
-		switch {
-		case ctx.Err() != nil, mode == modePoll && !f.waiter:
-			return
-		case err != nil && !f.failing:
-			f.failing = true
-			s.log.Info("postgres: the listening connection failed; trying again every retry period", "row", f.l.key, "err", s.redact(err))
-		}
-		if f.waiter {
-			f.poke()
-		}
-		var known <-chan struct{}
-		if mode == "" {
 			known = s.known
+		case modePoll:
+			if !f.waiter {
+				return
+			}
+		default:
+			err := f.follow(ctx)
+			f.behind.Store(false)
+			if ctx.Err() == nil && !f.failing {
+				f.failing = true
+				s.log.Info("postgres: the listening connection failed; trying again every retry period", "row", f.l.key, "err", s.redact(err))
+			}
 		}
 		t := time.NewTimer(wait.Jitter(f.period, 0.5))
 		select {
 		case <-ctx.Done():
+			t.Stop()
+			return
 		case <-known:
+			t.Stop()
+			continue
 		case <-t.C:
 		}
-		t.Stop()
+		if f.waiter {
+			f.poke()
+		}
 	}
 }
 
