@@ -67,13 +67,8 @@ func (r *row) record() backends.Record {
 	rec := backends.Record{Holder: r.holder, Owner: owner, Token: uint64(r.token), Holders: backends.ParseHolders(holders),
 		TTL: time.Duration(r.ttl) * time.Microsecond, Left: time.Duration(r.left) * time.Microsecond, Waiting: -1,
 		Version: strconv.FormatInt(r.token, 10) + "/" + r.holder}
-	for _, t := range []struct {
-		us  int64
-		out *time.Time
-	}{{r.acquired, &rec.Acquired}, {r.renewed, &rec.Renewed}} {
-		if t.us != 0 {
-			*t.out = time.UnixMicro(t.us)
-		}
+	if r.acquired != 0 {
+		rec.Acquired, rec.Renewed = time.UnixMicro(r.acquired), time.UnixMicro(r.renewed)
 	}
 	return rec
 }
