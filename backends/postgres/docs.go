@@ -77,7 +77,7 @@ func (l *lock) WriteDocHeld(ctx context.Context, d backends.Doc, held backends.R
 }
 
 func (l *lock) writeDoc(ctx context.Context, d backends.Doc, held *backends.Record) error {
-	if _, err := l.s.ensure(ctx, l.key); err != nil {
+	if err := l.s.ensure(ctx, l.key); err != nil {
 		return err
 	}
 	version, _ := d.Version.(int64)

@@ -14,32 +14,27 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// A follower has a connection of its own, the one session the store keeps,
-// that LISTENs on the table's channel: the triggers notify there every
-// change of a row's holder, owner, token or name, an expiry moved earlier,
-// a delete and a truncate (renewals notify nothing). A notification is a
-// hint, and the row the truth: the driver reads it when Changed says so.
+// A follower has a connection of its own, the one session the store
+// keeps, that LISTENs on the table's channel, where the triggers notify
+// every change of a row but its renewals. A notification is a hint, and the
+// row the truth: the driver reads it when Changed says so.
 //
-// Waiters first queue, on a session advisory lock of their lock's own key
-// (lock.queue): PostgreSQL grants it to one session at a time, in the
-// order they asked, and drops it with the session, so that a waiter that
-// dies leaves the line. Only the first in line, which holds it, LISTENs
+// Waiters first queue on a session advisory lock of their lock's own key
+// (lock.queue), which PostgreSQL grants one session at a time, in the order
+// they asked, and drops with the session. Only the first in line listens
 // and times the holder's expiry; the others wait in the server's lock
-// queue, sending nothing and woken by nothing (Behind). A release thus
-// wakes the first waiter, which takes the lock and closes its follower,
-// and the next in line, which becomes first and reads the row once: two
-// waiters, however many wait. A waiter's session also sets
-// idle_session_timeout (PostgreSQL 14 and later; its pings keep it alive),
-// so that a first waiter that stopped (a paused process, whose connection
-// stays up) loses its place, and client_connection_check_interval, so
-// that one that went away while behind leaves the lock's queue at once.
+// queue, sending nothing and woken by nothing (Behind). A release wakes the
+// first waiter, which takes the lock and closes its follower, and the next
+// in line, which becomes first and reads the row once. A waiter's session
+// bounds how long a first waiter that stopped keeps its place, and how long
+// one that went away stays in the queue (waiterSession).
 //
-// No follower keeps a session before the store knows that a notification
-// sent from a pooled connection arrives on a connection that listens
-// (probe): through PgBouncer in transaction mode none does, and a session
-// advisory lock would stay with the pooler's server connection. Until
-// then, and where none does, waiters look every retry period, and a
-// holder learns of a loss at its next renewal.
+// No follower keeps a session before the store's probe has seen that a
+// notification sent from a pooled connection arrives: through PgBouncer in
+// transaction mode none does, and a session advisory lock would stay with
+// the pooler's server connection. Until then, and where none does, waiters
+// look every retry period, and a holder learns of a loss at its next
+// renewal. docs/backends/postgres.md has the whole of it.
 const (
 	modeNotify = "notify"
 	modePoll   = "poll"
@@ -52,8 +47,12 @@ const (
 	pingEvery = 15 * time.Second
 )
 
-// waiterSession are the settings of a waiter's session (see above), each
-// ignored where the server does not know it.
+// waiterSession are the settings of a waiter's session, each ignored where
+// the server does not know it (before PostgreSQL 14): a first waiter that
+// stopped without its connection closing (a paused process) loses its place
+// after idle_session_timeout (its pings keep a live one), and one that went
+// away while behind leaves the lock's queue within
+// client_connection_check_interval.
 var waiterSession = []string{"SET idle_session_timeout = '40s'", "SET client_connection_check_interval = '1s'"}
 
 var (
@@ -64,8 +63,7 @@ var (
 
 // Follow implements backends.RecordLock: nil where the store polls.
 func (l *lock) Follow(ctx context.Context, c backends.Claim, held *backends.Record) (backends.Follower, error) {
-	notify, err := l.s.ensure(ctx, l.key)
-	if err != nil || !notify || l.s.getMode() == modePoll {
+	if err := l.s.ensure(ctx, l.key); err != nil || l.s.getMode() == modePoll {
 		return nil, err
 	}
 	fctx, cancel := context.WithCancel(context.Background())

@@ -107,7 +107,6 @@ type Store struct {
 
 	schemaMu sync.Mutex // held while the tables are checked
 	ready    bool       // the tables were found or created
-	notify   bool       // the triggers are installed, with our channel
 
 	mu      sync.Mutex
 	mode    string        // modeNotify, modePoll, or "" until the probe found out (follow.go)

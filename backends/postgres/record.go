@@ -94,7 +94,7 @@ func (l *lock) Get(ctx context.Context) (backends.Record, error) {
 // the database's clock decides; a row that prev says does not exist is
 // first created free, without a token (docs/backends/postgres.md).
 func (l *lock) Take(ctx context.Context, prev backends.Record, claim backends.Claim) (backends.Record, error) {
-	if _, err := l.s.ensure(ctx, l.key); err != nil {
+	if err := l.s.ensure(ctx, l.key); err != nil {
 		return backends.Record{}, err
 	}
 	owner := claim.Owner

@@ -165,13 +165,13 @@ END
 $leaderrun$`
 
 // ensure creates what is missing of the store's objects, once per Store
-// (again after a statement found the table gone), and reports whether the
-// triggers are installed; key is the row it is for, for messages.
-func (s *Store) ensure(ctx context.Context, key string) (notify bool, err error) {
+// (again after a statement found the table gone); key is the row it is
+// for, for messages. Without the triggers the store polls.
+func (s *Store) ensure(ctx context.Context, key string) error {
 	s.schemaMu.Lock()
 	defer s.schemaMu.Unlock()
 	if s.ready {
-		return s.notify, nil
+		return nil
 	}
 	var (
 		schema   string
@@ -182,7 +182,7 @@ func (s *Store) ensure(ctx context.Context, key string) (notify bool, err error)
 		return queryRow(ctx, c, s.sql.check, nil, &schema, &present, &triggers)
 	}
 	if err := s.do(ctx, true, check); err != nil {
-		return false, s.fail("check the tables for", key, err)
+		return s.fail("check the tables for", key, err)
 	}
 	if s.sql.ids.schema != "" {
 		schema = s.sql.ids.schema
@@ -190,7 +190,7 @@ func (s *Store) ensure(ctx context.Context, key string) (notify bool, err error)
 	if before := triggers; !present || triggers != 3 {
 		op := "create the table " + s.sql.ids.tableName + ", its sequence and its triggers for"
 		if !present && schema == "" {
-			return false, s.fail(op, key, errNoSchema)
+			return s.fail(op, key, errNoSchema)
 		}
 		err := s.do(ctx, true, func(ctx context.Context, c *pgx.Conn) error {
 			if err := exec(ctx, c, s.sql.ddl); err != nil {
@@ -200,10 +200,10 @@ func (s *Store) ensure(ctx context.Context, key string) (notify bool, err error)
 		})
 		switch {
 		case pgCode(err) == "42501": // insufficient_privilege
-			return false, s.fail(op, key, fmt.Errorf("%w; the role %q needs the CREATE privilege on schema %q, "+
+			return s.fail(op, key, fmt.Errorf("%w; the role %q needs the CREATE privilege on schema %q, "+
 				"or someone who has it must create them first (see the store's documentation)", err, s.user, schema))
 		case err != nil:
-			return false, s.fail(op, key, err)
+			return s.fail(op, key, err)
 		}
 		if triggers != before {
 			s.log.Info("postgres: created what was missing of the table, its sequence and its triggers", "table", s.sql.ids.tableName)
@@ -212,8 +212,8 @@ func (s *Store) ensure(ctx context.Context, key string) (notify bool, err error)
 	if triggers != 3 {
 		s.setMode(modePoll, errNoTriggers)
 	}
-	s.notify, s.ready = triggers == 3, true
-	return s.notify, nil
+	s.ready = true
+	return nil
 }
 
 // errNoSchema: the search_path names no schema that exists.
