@@ -255,8 +255,10 @@ type RecordLock interface {
 	Get(ctx context.Context) (Record, error)
 
 	// Take grants the lock to c, conditional on the stored record still
-	// being prev (by its Version; "": only if there is none). It draws a
-	// new token, and returns the record it wrote. ErrConflict: the
+	// being prev (by its Version; "": only if there is none), or, for a
+	// store whose own clock times its leases, on the record being free or
+	// run out by that clock when the write is made. It draws a new token,
+	// and returns the record it wrote. ErrConflict: the
 	// record changed since prev was read. ErrLocked: the store keeps the
 	// free lock for a waiter ahead of c in its queue (c waits to be
 	// woken). Any other error may or may not have written it (a lost

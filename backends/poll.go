@@ -51,3 +51,21 @@ func (p *poll) run(ctx context.Context, every time.Duration, due func() time.Tim
 		t.Reset(every)
 	}
 }
+
+// Wake is the channel of a Follower's Changed: a wake-up that coalesces,
+// so that a follower never blocks on a driver that has not looked yet.
+type Wake chan struct{}
+
+// NewWake returns a Wake with room for one wake-up.
+func NewWake() Wake { return make(Wake, 1) }
+
+// Poke wakes the driver, unless a wake-up is already waiting.
+func (w Wake) Poke() {
+	select {
+	case w <- struct{}{}:
+	default:
+	}
+}
+
+// Changed is the channel the Follower hands out.
+func (w Wake) Changed() <-chan struct{} { return w }

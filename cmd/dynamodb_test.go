@@ -5,7 +5,6 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/leaderrun/leaderrun/backends"
 	"github.com/leaderrun/leaderrun/backends/dynamodb"
@@ -107,8 +106,8 @@ func TestDynamoDBFlags(t *testing.T) {
 	})
 }
 
-func openDynamoDBForTest(s spec.Settings) (backends.Backend, error) {
-	return dynamodb.New(dynamodb.Config{Settings: s})
+func openDynamoDBForTest(s spec.Settings) (backends.Store, error) {
+	return dynamodb.Open(dynamodb.Config{Settings: s})
 }
 
 // TestDynamoDBHandOver: the leaderrun binary has no DynamoDB backend. It

@@ -58,7 +58,7 @@ type store struct {
 }
 
 // stores are the backends, in the order the help lists them.
-var stores = []store{etcdStore, consulStore, postgresStore, kubernetesStore, zkStore, redisStore, dynamodbStore, s3Store, azureStore, localStore}
+var stores = []store{etcdStore, consulStore, postgresStore, kubernetesStore, zkStore, redisStore, dynamodbStore, s3Store, azureStore, mysqlStore, localStore}
 
 var localStore = store{
 	name: "local",

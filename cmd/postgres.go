@@ -32,7 +32,7 @@ var postgresStore = store{
 	name:     "postgres",
 	flags:    postgresFlags,
 	selected: func(c *cli.Context) bool { return c.String("postgres-url") != "" },
-	open:     newPostgresBackend,
+	open:     openPostgres,
 	address:  "--postgres-url (LEADERRUN_POSTGRES_URL), or --backend postgres with DATABASE_URL or libpq's PG* variables",
 	// Only leaderrun's own variable: DATABASE_URL and PG* are as often
 	// the job's own connection to its data.
@@ -40,12 +40,10 @@ var postgresStore = store{
 	risks:       postgresRisks,
 }
 
-// newPostgresBackend validates the PostgreSQL flags and builds the
-// backend. Waiters without notifications poll every --retry-period (zero,
-// for status and history, which have no such flag: the backend's
-// default). No message shows the URL, which may carry a password:
-// postgres.New drops the string from pgx's parse errors.
-func newPostgresBackend(c *cli.Context, cfg storeConfig) (backends.Backend, error) {
+// openPostgres validates the PostgreSQL flags and opens the store. No
+// message shows the URL, which may carry a password: postgres.Open drops
+// the string from pgx's parse errors.
+func openPostgres(c *cli.Context, cfg storeConfig) (backends.Store, error) {
 	url, source := c.String("postgres-url"), "--postgres-url"
 	if url == "" {
 		url, source = os.Getenv("DATABASE_URL"), "DATABASE_URL"
@@ -64,16 +62,9 @@ func newPostgresBackend(c *cli.Context, cfg storeConfig) (backends.Backend, erro
 	if err != nil {
 		return nil, err
 	}
-	b, err := postgres.New(postgres.Config{
-		URL:          url,
-		Prefix:       cfg.Prefix,
-		Lock:         cfg.Lock,
-		Table:        table,
-		PollInterval: c.Duration("retry-period"),
-		Log:          log,
-	})
+	s, err := postgres.Open(postgres.Config{URL: url, Prefix: cfg.Prefix, Table: table, Log: log})
 	if err != nil {
 		return nil, usageErrorf("%s: %v", source, err)
 	}
-	return b, nil
+	return s, nil
 }

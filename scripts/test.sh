@@ -4,7 +4,7 @@
 # DynamoDB emulator) and installs Azurite 3.35.0 (npm) into
 # $LEADERRUN_CACHE (default ~/.cache/leaderrun, outside the repo; minutes
 # cold, seconds after) and, as root, installs Debian's zookeeper,
-# postgresql, pgbouncer and redis-server packages if they are missing; each test then
+# postgresql, pgbouncer, redis-server and mariadb-server packages if they are missing; each test then
 # starts its own servers on free loopback ports.
 #
 #   scripts/test.sh [go test flags, e.g. -run Local -v]
@@ -82,6 +82,7 @@ optional LEADERRUN_AZURITE_BIN install-azurite.sh "Azurite (Azure Blob)"
 optional LEADERRUN_POSTGRES_BIN install-postgres.sh PostgreSQL
 # Redis: Debian's redis-server; Sentinel is the same binary.
 optional LEADERRUN_REDIS_BIN install-redis.sh Redis
+optional LEADERRUN_MARIADB_BIN install-mariadb.sh "MariaDB (the mysql store)"
 
 echo "== go vet"
 go vet ./...

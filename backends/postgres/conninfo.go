@@ -9,11 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/jackc/pgservicefile"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Where libpq looks when the settings name no host or no system service
@@ -26,9 +26,9 @@ const (
 )
 
 // parseConnString parses a connection string as libpq reads it, with
-// pgx's parser (pgconn.ParseConfig): a postgres:// URL or keyword=value
-// pairs, completed from the PG* variables, a service file and the
-// password file. Beyond pgx it does what Debian's libpq does:
+// pgx's parser: a postgres:// URL or keyword=value pairs, completed from
+// the PG* variables, a service file and the password file. Beyond pgx it
+// does what Debian's libpq does:
 //
 //   - where no host is named (not in the string, the service or PGHOST),
 //     or an entry of a host list is empty, the host is defaultSocketDir,
@@ -41,29 +41,40 @@ const (
 //   - libpq's keywords that pgx does not implement are refused where they
 //     ask for a check that would not be made (sslcrl, requirepeer,
 //     hostaddr, ...) and ignored where they only tune what pgx does its
-//     own way (keepalives, ...), rather than sent to the server as
-//     run-time parameters.
+//     own way (keepalives, ...), rather than sent to the server.
 //
-// It also takes the pool's bound from pool_max_conns, and defaults
-// application_name to "leaderrun" and client_encoding to UTF8. Its errors
-// never show the string, which may hold a password.
-func parseConnString(s string) (*pgconn.Config, int, error) {
+// The pool is bound by pool_max_conns, else maxPoolConns, and every
+// connection as connConfig says. Its errors never show the string, which
+// may hold a password.
+func parseConnString(s string) (*pgxpool.Config, error) {
 	extra, err := libpqDefaults(s)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	cfg, err := pgconn.ParseConfig(withSettings(s, extra))
+	s = withSettings(s, extra)
+	// pgconn's parser first: pgx's and its pool's take their own options,
+	// which leaderrun refuses, without a word.
+	cfg, err := pgconn.ParseConfig(s)
 	if err != nil {
-		return nil, 0, parseError(err)
+		return nil, parseError(err)
 	}
-	maxConns, err := takeRuntimeParams(cfg)
+	maxSet, err := takeRuntimeParams(cfg)
+	if err == nil {
+		err = tlsVersions(cfg)
+	}
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	if err := tlsVersions(cfg); err != nil {
-		return nil, 0, err
+	pc, err := pgxpool.ParseConfig(s)
+	if err != nil {
+		return nil, parseError(err)
 	}
-	return cfg, maxConns, nil
+	pc.ConnConfig.Config = *cfg
+	if !maxSet {
+		pc.MaxConns = maxPoolConns
+	}
+	connConfig(pc)
+	return pc, nil
 }
 
 // parseError is pgx's parse error without the connection string that
@@ -348,37 +359,32 @@ var libpqOnlyEnv = map[string]string{"PGHOSTADDR": "hostaddr", "PGSSLCRL": "sslc
 
 // takeRuntimeParams takes out of cfg.RuntimeParams (where pgx puts every
 // keyword it does not know, to be sent at start-up) what is not a server
-// setting: pool_max_conns, returned, and libpq's keywords that pgx does
-// not implement (libpqOnly). It defaults application_name and
+// setting: pool_max_conns, which it reports, and libpq's keywords that pgx
+// does not implement (libpqOnly). It defaults application_name and
 // client_encoding.
-func takeRuntimeParams(cfg *pgconn.Config) (maxConns int, err error) {
+func takeRuntimeParams(cfg *pgconn.Config) (maxSet bool, err error) {
 	rp := cfg.RuntimeParams
-	maxConns = maxPoolConns
-	if v, ok := rp["pool_max_conns"]; ok {
-		if maxConns, err = strconv.Atoi(v); err != nil || maxConns < 1 {
-			return 0, fmt.Errorf("pool_max_conns %q: want a positive number", v)
-		}
-		delete(rp, "pool_max_conns")
-	}
+	_, maxSet = rp["pool_max_conns"]
+	delete(rp, "pool_max_conns")
 	for k, v := range rp {
 		why, known := libpqOnly[k]
 		switch {
 		case k == "gssencmode" || k == "load_balance_hosts":
 			if v == "require" || v == "random" {
-				return 0, fmt.Errorf("%s=%s is not supported", k, v)
+				return false, fmt.Errorf("%s=%s is not supported", k, v)
 			}
 			delete(rp, k)
 		case strings.HasPrefix(k, "pool_"):
-			return 0, fmt.Errorf("%s: a pgx pool option that leaderrun does not use (it has pool_max_conns)", k)
+			return false, fmt.Errorf("%s: a pgx pool option that leaderrun does not use (it has pool_max_conns)", k)
 		case known && why != "":
-			return 0, fmt.Errorf("%s is not supported: %s", k, why)
+			return false, fmt.Errorf("%s is not supported: %s", k, why)
 		case known:
 			delete(rp, k)
 		}
 	}
 	for name, k := range libpqOnlyEnv {
 		if os.Getenv(name) != "" {
-			return 0, fmt.Errorf("%s is set, and %s is not supported: %s", name, k, libpqOnly[k])
+			return false, fmt.Errorf("%s is set, and %s is not supported: %s", name, k, libpqOnly[k])
 		}
 	}
 	if fallback, ok := rp["fallback_application_name"]; ok {
@@ -391,10 +397,10 @@ func takeRuntimeParams(cfg *pgconn.Config) (maxConns int, err error) {
 		rp["application_name"] = "leaderrun"
 	}
 	if enc, ok := rp["client_encoding"]; ok && !strings.EqualFold(strings.ReplaceAll(enc, "-", ""), "UTF8") {
-		return 0, fmt.Errorf("client_encoding %q: only UTF8 is supported", enc)
+		return false, fmt.Errorf("client_encoding %q: only UTF8 is supported", enc)
 	}
 	rp["client_encoding"] = "UTF8"
-	return maxConns, nil
+	return maxSet, nil
 }
 
 // tlsVersions applies ssl_min_protocol_version (TLSv1.2 by default, as

@@ -77,10 +77,11 @@ func TestParseConnString(t *testing.T) {
 			for k, v := range tc.env {
 				t.Setenv(k, v)
 			}
-			cfg, maxConns, err := parseConnString(tc.s)
+			pc, err := parseConnString(tc.s)
 			if err != nil {
 				t.Fatal(err)
 			}
+			cfg, maxConns := &pc.ConnConfig.Config, int(pc.MaxConns)
 			if got := hostsOf(cfg); !slices.Equal(got, tc.hosts) {
 				t.Errorf("hosts %q, want %q", got, tc.hosts)
 			}
@@ -99,19 +100,20 @@ func TestParseConnString(t *testing.T) {
 func TestParseConnStringSettings(t *testing.T) {
 	cleanLibpqEnv(t)
 	for _, attrs := range []string{"any", "read-write", "read-only", "primary", "standby", "prefer-standby"} {
-		cfg, _, err := parseConnString("host=h target_session_attrs=" + attrs)
+		pc, err := parseConnString("host=h target_session_attrs=" + attrs)
 		if err != nil {
 			t.Fatalf("target_session_attrs=%s: %v", attrs, err)
 		}
-		if (cfg.ValidateConnect == nil) != (attrs == "any") {
+		if (pc.ConnConfig.ValidateConnect == nil) != (attrs == "any") {
 			t.Errorf("target_session_attrs=%s: no check of the session", attrs)
 		}
 	}
-	cfg, maxConns, err := parseConnString("postgres://u@h/d?channel_binding=require&require_auth=scram-sha-256" +
+	pc, err := parseConnString("postgres://u@h/d?channel_binding=require&require_auth=scram-sha-256" +
 		"&pool_max_conns=3&fallback_application_name=ops&keepalives=1&ssl_min_protocol_version=TLSv1.3")
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg, maxConns := &pc.ConnConfig.Config, pc.MaxConns
 	if cfg.ChannelBinding != "require" || cfg.RequireAuth != "scram-sha-256" || maxConns != 3 {
 		t.Errorf("channel_binding %q, require_auth %q, pool %d", cfg.ChannelBinding, cfg.RequireAuth, maxConns)
 	}
@@ -123,9 +125,10 @@ func TestParseConnStringSettings(t *testing.T) {
 		t.Errorf("run-time parameters %v, want %v", cfg.RuntimeParams, want)
 	}
 	t.Setenv("PGSSLMAXPROTOCOLVERSION", "TLSv1.2")
-	if cfg, _, err = parseConnString("host=h sslmode=require"); err != nil {
+	if pc, err = parseConnString("host=h sslmode=require"); err != nil {
 		t.Fatal(err)
 	}
+	cfg = &pc.ConnConfig.Config
 	if tc := cfg.TLSConfig; tc.MinVersion != tls.VersionTLS12 || tc.MaxVersion != tls.VersionTLS12 {
 		t.Errorf("TLS versions %x to %x, want 1.2 (libpq's minimum) to 1.2 (PGSSLMAXPROTOCOLVERSION)", tc.MinVersion, tc.MaxVersion)
 	}
@@ -164,7 +167,7 @@ func TestParseConnStringRefuses(t *testing.T) {
 			for k, v := range tc.env {
 				t.Setenv(k, v)
 			}
-			_, _, err := parseConnString(tc.s)
+			_, err := parseConnString(tc.s)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("parseConnString(%q) = %v, want an error saying %s", tc.s, err, tc.want)
 			}
