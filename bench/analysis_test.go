@@ -237,7 +237,7 @@ func (r *results) memoryCause() string {
 	}
 	fmt.Fprintf(&b, "Every backend's client library but the AWS SDK is linked into every run (the binary is %s), and what their packages register at init (protobuf descriptors, client-go's types) is allocated in every process, whichever store it uses. ", r.sizes()["leaderrun"])
 	if r.initBytes[companionInit] != nil {
-		fmt.Fprintf(&b, "The AWS SDK is linked into `leaderrun-dynamodb` only (%s), which leaderrun becomes for a DynamoDB run: its init allocates %s where leaderrun's allocates %s, paid by DynamoDB runs alone. ",
+		fmt.Fprintf(&b, "The AWS SDK is linked into `leaderrun-aws` only (%s), which leaderrun becomes for a DynamoDB run: its init allocates %s where leaderrun's allocates %s, paid by DynamoDB runs alone. ",
 			r.sizes()[companionInit], bytesText(int(r.p50(r.initBytes, companionInit))), bytesText(int(r.p50(r.initBytes, "leaderrun"))))
 	}
 	b.WriteString("Going further would take dropping or replacing a library; older SDKs are not pinned, nor are clients written by hand to meet the goal.\n")

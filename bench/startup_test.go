@@ -41,9 +41,9 @@ type initBin struct {
 // watchdogInit is the id of leaderrun's watchdog in the init figures.
 const watchdogInit = "leaderrun-watchdog"
 
-// companionInit is the id of leaderrun-dynamodb, which leaderrun becomes
+// companionInit is the id of leaderrun-aws, which leaderrun becomes
 // when the store is DynamoDB (the AWS SDK is linked into it only).
-const companionInit = "leaderrun-dynamodb"
+const companionInit = "leaderrun-aws"
 
 // initBins are the processes whose package init is measured: every
 // leaderrun binary's `version`, the watchdog of a run of the one under

@@ -18,13 +18,13 @@ import (
 )
 
 // TestCompanion: leaderrun links no AWS SDK; with the store DynamoDB it
-// becomes leaderrun-dynamodb, installed beside it, in the same process:
+// becomes leaderrun-aws, installed beside it, in the same process:
 // the pid that campaigns is the pid that leads and takes the user's
 // signals. Without the companion, or with a leaderrun copied under its
 // name, a DynamoDB run is exit 69 naming it, and never loops.
 func TestCompanion(t *testing.T) {
 	bin := testenv.Leaderrun(t)
-	companion := filepath.Join(filepath.Dir(bin), "leaderrun-dynamodb")
+	companion := filepath.Join(filepath.Dir(bin), "leaderrun-aws")
 	t.Run("LinksNoAWSSDK", func(t *testing.T) {
 		for _, tc := range []struct {
 			path string
@@ -50,8 +50,8 @@ func TestCompanion(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if filepath.Base(exe) != "leaderrun-dynamodb" {
-			t.Errorf("the leading process runs %s, want leaderrun-dynamodb", exe)
+		if filepath.Base(exe) != "leaderrun-aws" {
+			t.Errorf("the leading process runs %s, want leaderrun-aws", exe)
 		}
 		// ps, pgrep -x and killall still know it as leaderrun.
 		if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) != "leaderrun" {
@@ -71,10 +71,10 @@ func TestCompanion(t *testing.T) {
 			t.Errorf("the command's grandparent is %d, want the leaderrun started, %d", got, pid)
 		}
 		// The watchdog that leaderrun launched at its start, before it
-		// became leaderrun-dynamodb, is gone and reaped: the watchdog is
+		// became leaderrun-aws, is gone and reaped: the watchdog is
 		// its only child.
 		var children []string
-		waitFor(t, 10*time.Second, "leaderrun-dynamodb's only child to be its watchdog", func() bool {
+		waitFor(t, 10*time.Second, "leaderrun-aws's only child to be its watchdog", func() bool {
 			children = nil
 			tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 			for _, task := range tasks {
@@ -88,16 +88,16 @@ func TestCompanion(t *testing.T) {
 			t.Errorf("exit %d after SIGTERM, want 0:\n%s", code, p.stderr.String())
 		}
 	})
-	// Nothing listens at the endpoint: leaderrun-dynamodb, once it runs,
+	// Nothing listens at the endpoint: leaderrun-aws, once it runs,
 	// says so naming the table; leaderrun alone names the companion.
 	endpoint := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))
 	for _, tc := range []struct {
 		name      string
-		companion string // what is installed as leaderrun-dynamodb beside leaderrun
+		companion string // what is installed as leaderrun-aws beside leaderrun
 		symlink   bool   // leaderrun is a symbolic link to the test's binary
 		want      string
 	}{
-		{name: "Missing", want: "served by leaderrun-dynamodb: leaderrun-dynamodb is not installed beside"},
+		{name: "Missing", want: "served by leaderrun-aws: leaderrun-aws is not installed beside"},
 		{name: "NotTheCompanion", companion: bin, want: "is a leaderrun without that backend"},
 		{name: "Symlinked", symlink: true, want: "dynamodb table ops_locks in region " + testenv.DynamoDBRegion + " at " + endpoint},
 	} {
@@ -112,7 +112,7 @@ func TestCompanion(t *testing.T) {
 				install(t, bin, self)
 			}
 			if tc.companion != "" {
-				install(t, tc.companion, filepath.Join(dir, "leaderrun-dynamodb"))
+				install(t, tc.companion, filepath.Join(dir, "leaderrun-aws"))
 			}
 			cmd := exec.Command(self, "status", "--backend", "dynamodb", "--dynamodb-table", "ops_locks", "--dynamodb-endpoint", endpoint, "--lock", "companion")
 			cmd.Env = append(cmd.Environ(), testenv.DynamoDBEnv(ddbAll)...)

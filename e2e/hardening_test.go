@@ -265,10 +265,10 @@ func TestForeignOwnedCompanion(t *testing.T) {
 		want      string // in the message; "": the companion runs
 	}{
 		{name: "root's, 0755", dirMode: 0o755},
-		{name: "owned by another user", fileOwner: other, fileMode: 0o755, dirMode: 0o755, want: "leaderrun-dynamodb is owned by uid 65534"},
-		{name: "owned by another user, 0777", fileOwner: other, fileMode: 0o777, dirMode: 0o755, want: "leaderrun-dynamodb is owned by uid 65534"},
-		{name: "writable by everyone", fileMode: 0o777, dirMode: 0o755, want: "leaderrun-dynamodb is writable by others (mode 0777)"},
-		{name: "writable by its group", fileMode: 0o775, dirMode: 0o755, want: "leaderrun-dynamodb is writable by others (mode 0775)"},
+		{name: "owned by another user", fileOwner: other, fileMode: 0o755, dirMode: 0o755, want: "leaderrun-aws is owned by uid 65534"},
+		{name: "owned by another user, 0777", fileOwner: other, fileMode: 0o777, dirMode: 0o755, want: "leaderrun-aws is owned by uid 65534"},
+		{name: "writable by everyone", fileMode: 0o777, dirMode: 0o755, want: "leaderrun-aws is writable by others (mode 0777)"},
+		{name: "writable by its group", fileMode: 0o775, dirMode: 0o755, want: "leaderrun-aws is writable by others (mode 0775)"},
 		{name: "in another user's directory", fileMode: 0o755, dirOwner: other, dirMode: 0o755, want: "bin is owned by uid 65534"},
 		{name: "in a directory everyone may write", fileMode: 0o755, dirMode: 0o777, want: "bin is writable by others (mode 0777) and not sticky"},
 	} {
@@ -280,7 +280,7 @@ func TestForeignOwnedCompanion(t *testing.T) {
 			self := filepath.Join(dir, "leaderrun")
 			install(t, bin, self)
 			mark := filepath.Join(filepath.Dir(dir), "ran")
-			companion := filepath.Join(dir, "leaderrun-dynamodb")
+			companion := filepath.Join(dir, "leaderrun-aws")
 			if err := os.WriteFile(companion, []byte("#!/bin/sh\necho ran >"+mark+"\n"), 0o700); err != nil {
 				t.Fatal(err)
 			}

@@ -519,11 +519,11 @@ func parentOf(t *testing.T, pid int) int {
 
 // TestWatchdogInit: the watchdog takes the process over before the stores'
 // clients, protobuf's descriptors or log/slog are initialised, in
-// leaderrun and in leaderrun-dynamodb: what they allocate would be paid
+// leaderrun and in leaderrun-aws: what they allocate would be paid
 // once per leading instance (signals/watchdog/doc.go).
 func TestWatchdogInit(t *testing.T) {
 	bin := testenv.Leaderrun(t)
-	for _, path := range []string{bin, filepath.Join(filepath.Dir(bin), "leaderrun-dynamodb")} {
+	for _, path := range []string{bin, filepath.Join(filepath.Dir(bin), "leaderrun-aws")} {
 		// fd 3 is no socket: the watchdog refuses to run (exit 64), after
 		// the packages before it were initialised.
 		cmd := exec.Command(path, "_leaderrun_watchdog")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the cloud SDKs cost every leaderrun, whatever its store: the two
 # release binaries of this tree, leaderrun (the Azure SDK linked in, the
-# AWS SDK left out) and leaderrun-dynamodb (both: leaderrun hands a
+# AWS SDK left out) and leaderrun-aws (both: leaderrun hands a
 # DynamoDB run over to it), beside leaderrun built without the Azure Blob
 # backend too (no SDK), each run as a leader on the local backend with an
 # idle command. Prints, per build: binary size, package init
@@ -32,7 +32,7 @@ release() { CGO_ENABLED=0 go build -trimpath -tags urfave_cli_no_docs -ldflags='
 echo "building three variants of $(git rev-parse --short HEAD) ..." >&2
 (
 	cd "$tree"
-	release -o "$work/" . ./cmd/leaderrun-dynamodb
+	release -o "$work/" . ./cmd/leaderrun-aws
 	rm -f cmd/azureblob.go cmd/azureblob_test.go
 	sed -i 's/ azureStore,//' cmd/flags.go
 	release -o "$work/leaderrun-without-sdks" .
@@ -42,7 +42,7 @@ anon() { awk '/^Anonymous:/{print $2}' "/proc/$1/smaps_rollup"; }
 state="$work/state"
 mkdir -m 700 "$state"
 declare -A lr dog
-names=(leaderrun-dynamodb leaderrun leaderrun-without-sdks)
+names=(leaderrun-aws leaderrun leaderrun-without-sdks)
 for r in $(seq "$rounds"); do
 	for n in "${names[@]}"; do
 		"$work/$n" --backend local --state-dir "$state" --lock "cost-$n-$r" --quiet -- sleep 600 &

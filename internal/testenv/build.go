@@ -24,7 +24,7 @@ var build struct {
 }
 
 // Leaderrun builds the leaderrun binary once per test process and returns
-// its path; leaderrun-dynamodb, which leaderrun hands a DynamoDB run over
+// its path; leaderrun-aws, which leaderrun hands a DynamoDB run over
 // to, is built beside it, as a release installs it. Tests run it as users
 // do: as a separate process, with real signals. It is built as releases are built (ReleaseFlags), without the
 // race detector, so that the latencies and memory the tests and the
@@ -51,7 +51,7 @@ func BuildLeaderrun() (string, error) {
 		build.path = filepath.Join(dir, "leaderrun")
 		_, file, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(file), "..", "..")
-		cmd := exec.Command("go", append(append([]string{"build"}, ReleaseFlags...), "-o", dir+"/", ".", "./cmd/leaderrun-dynamodb")...)
+		cmd := exec.Command("go", append(append([]string{"build"}, ReleaseFlags...), "-o", dir+"/", ".", "./cmd/leaderrun-aws")...)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {

@@ -4,7 +4,7 @@
 // so that the leaderrun binary, which leaves the SDK out (its package init
 // would cost every leading instance on a host 3.1 MiB, leaderrun and
 // watchdog, whatever the store), checks DynamoDB flags before it hands the run over to
-// leaderrun-dynamodb, the binary that has the backend (docs/backends/dynamodb.md).
+// leaderrun-aws, the binary that has the backend (docs/backends/dynamodb.md).
 package spec
 
 import (
