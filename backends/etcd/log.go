@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"slices"
 
 	"go.uber.org/zap"
@@ -13,13 +14,9 @@ import (
 )
 
 // zapLogger is a logger for the etcd client that passes its warnings and
-// errors to log, one line each, with the client's fields as attributes;
-// what is below warn (its debug and info chatter) is dropped. Without it,
-// the client would build a logger of its own that writes to stderr in
-// zap's format.
-//
-// gRPC's own logger is left as it is: by default it writes only errors,
-// to stderr, and gRPC logs errors only on its own bugs.
+// errors to log, one line each, with the client's fields as attributes.
+// Without it, the client would write to stderr in zap's format. gRPC's
+// own logger is left as it is (docs/backends/etcd.md).
 func zapLogger(log *slog.Logger) *zap.Logger {
 	return zap.New(&slogCore{h: log.Handler().WithAttrs([]slog.Attr{slog.String("component", "etcd-client")})})
 }
@@ -57,8 +54,7 @@ func (c *slogCore) Sync() error { return nil }
 
 // ownDeadline reports whether the entry is about a request that ended
 // because its context did (the client warns of every such attempt):
-// leaderrun set that deadline, and reports the failure once, where it
-// handles it.
+// leaderrun reports that failure once, where it handles it.
 func ownDeadline(fields []zapcore.Field) bool {
 	for _, f := range fields {
 		if err, ok := f.Interface.(error); ok && f.Type == zapcore.ErrorType {
@@ -81,18 +77,13 @@ func slogLevel(l zapcore.Level) slog.Level {
 	return slog.LevelWarn
 }
 
-// attrs turns zap's fields into slog attributes, in the order of their
-// keys (zap encodes them into a map).
+// attrs turns zap's fields into slog attributes, sorted by key.
 func attrs(fields []zapcore.Field) []slog.Attr {
 	enc := zapcore.NewMapObjectEncoder()
 	for _, f := range fields {
 		f.AddTo(enc)
 	}
-	keys := make([]string, 0, len(enc.Fields))
-	for k := range enc.Fields {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+	keys := slices.Sorted(maps.Keys(enc.Fields))
 	as := make([]slog.Attr, len(keys))
 	for i, k := range keys {
 		as[i] = slog.Any(k, enc.Fields[k])
