@@ -66,7 +66,7 @@ func Campaign(ctx context.Context, s Store, lock string, c Candidate) (*Lease, e
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
-	e := &elector{store: s, lock: lock, c: c, log: c.Log}
+	e := &elector{store: s, lock: lock, c: c}
 	wctx := ctx
 	if c.Wait > 0 {
 		var cancel context.CancelFunc
@@ -82,7 +82,6 @@ type elector struct {
 	store Store
 	lock  string
 	c     Candidate
-	log   *slog.Logger
 	slots []Lock // the locks of the pool, slot 0 (the lock itself) first
 	// answered is set once the store answered a request: a wait that
 	// ends without a grant is then "held", not "unreachable". answers
@@ -203,13 +202,13 @@ func (e *elector) campaign(ctx context.Context, i int, try, quick bool) (*Lease,
 			// is logged, and backed off, from the start.
 			answers, backoff = n, e.backoff()
 			if logged != "" {
-				e.log.Info("store answered again", "slot", i)
+				e.c.Log.Info("store answered again", "slot", i)
 				logged = ""
 			}
 		}
 		if err == nil {
 			won = true
-			return &Lease{g: g, lock: lk, slots: e.slots[:e.c.Holders], slot: i, log: e.log}, nil
+			return &Lease{g: g, lock: lk, slots: e.slots[:e.c.Holders], slot: i, log: e.c.Log}, nil
 		}
 		if retryable(err) {
 			// Kept for the message of a wait that ends without an
@@ -225,7 +224,7 @@ func (e *elector) campaign(ctx context.Context, i int, try, quick bool) (*Lease,
 		pause := backoff.Step()
 		if msg := err.Error(); msg != logged {
 			logged = msg
-			e.log.Warn("store failed; retrying", "slot", i, "error", err, "in", pause.Round(time.Millisecond))
+			e.c.Log.Warn("store failed; retrying", "slot", i, "error", err, "in", pause.Round(time.Millisecond))
 		}
 		t := time.NewTimer(pause)
 		select {

@@ -1,6 +1,9 @@
 package backends
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // Loss is the liveness of one lease as a store tracks it: it records,
 // once, why the lease was lost and closes a channel when it happens, and
@@ -10,7 +13,7 @@ type Loss struct {
 	ch       chan struct{}
 	mu       sync.Mutex
 	err      error
-	released bool
+	released atomic.Bool
 }
 
 // NewLoss returns a Loss that has not happened.
@@ -39,10 +42,4 @@ func (l *Loss) Set(err error) {
 
 // BeginRelease reports whether this is the first call: Grant.Release does
 // its work only then, and returns nil at once on every later call.
-func (l *Loss) BeginRelease() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	first := !l.released
-	l.released = true
-	return first
-}
+func (l *Loss) BeginRelease() bool { return !l.released.Swap(true) }

@@ -43,7 +43,7 @@ func (e *elector) acquire(ctx context.Context) (*Lease, error) {
 	if e.c.Try {
 		return nil, fmt.Errorf("all %d slots are held: %w", n, ErrLocked)
 	}
-	e.log.Info("every slot is held; waiting for the first to free", "holders", n)
+	e.c.Log.Info("every slot is held; waiting for the first to free", "holders", n)
 	l, err := e.race(ctx)
 	if err != nil {
 		return nil, err
@@ -194,8 +194,8 @@ func (e *elector) releaseUnused(ctx context.Context, l *Lease) {
 	rctx, cancel := cleanupContext(ctx, e.c.Timings)
 	defer cancel()
 	if err := l.Release(rctx, nil); err != nil {
-		e.log.Warn("release of an unused slot failed; its lease will expire in the store", "slot", l.slot, "token", l.Token(), "error", err)
+		e.c.Log.Warn("release of an unused slot failed; its lease will expire in the store", "slot", l.slot, "token", l.Token(), "error", err)
 		return
 	}
-	e.log.Info("released an unused slot", "slot", l.slot, "token", l.Token())
+	e.c.Log.Info("released an unused slot", "slot", l.slot, "token", l.Token())
 }
