@@ -18,30 +18,6 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// DefaultDialTimeout is Config.DialTimeout's default: etcdctl's
-// --dial-timeout.
-const DefaultDialTimeout = 2 * time.Second
-
-// etcdctl's --command-timeout, bounding a request before leadership once a
-// connection is ready, and its --keepalive-time and --keepalive-timeout,
-// so that a black-holed member is left for another (gRPC raises a time
-// below 10 s to 10 s).
-const (
-	requestTimeout   = 5 * time.Second
-	keepAliveTime    = 2 * time.Second
-	keepAliveTimeout = 6 * time.Second
-)
-
-// recvLimit bounds every answer: above the largest leaderrun reads (two
-// keys, a count, watch events, the 64 KiB history), and low enough that
-// one decodes into 11 MiB at worst (docs/backends/etcd.md, "Bounded
-// against a hostile server"). maxHeaderList bounds an answer's headers
-// and trailers (etcd's are a few hundred bytes; gRPC's default is 16 MiB).
-const (
-	recvLimit     = 128 << 10
-	maxHeaderList = 64 << 10
-)
-
 // Config describes one etcd cluster.
 type Config struct {
 	// Endpoints are the client URLs of the cluster's members, as etcdctl
@@ -65,6 +41,28 @@ type Config struct {
 	// nothing is logged.
 	Log *slog.Logger
 }
+
+// etcdctl's --dial-timeout, Config.DialTimeout's default; its
+// --command-timeout, bounding a request before leadership once a
+// connection is ready; and its --keepalive-time and --keepalive-timeout,
+// so that a black-holed member is left for another (gRPC raises a time
+// below 10 s to 10 s).
+const (
+	DefaultDialTimeout = 2 * time.Second
+	requestTimeout     = 5 * time.Second
+	keepAliveTime      = 2 * time.Second
+	keepAliveTimeout   = 6 * time.Second
+)
+
+// recvLimit bounds every answer: above the largest leaderrun reads (two
+// keys, a count, watch events, the 64 KiB history), and low enough that
+// one decodes into 11 MiB at worst (docs/backends/etcd.md, "Bounded
+// against a hostile server"). maxHeaderList bounds an answer's headers
+// and trailers (etcd's are a few hundred bytes; gRPC's default is 16 MiB).
+const (
+	recvLimit     = 128 << 10
+	maxHeaderList = 64 << 10
+)
 
 // clientConfig is the etcd client's configuration for cfg, as etcdctl
 // builds it, with the receive limits above. Credentials go only to the
@@ -146,10 +144,6 @@ func LoadTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 type lastError struct{ atomic.Pointer[error] }
 
 type lastErrorKey struct{}
-
-func withLastError(ctx context.Context, l *lastError) context.Context {
-	return context.WithValue(ctx, lastErrorKey{}, l)
-}
 
 // recordLastError is a gRPC interceptor around every attempt of a request.
 func recordLastError(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {

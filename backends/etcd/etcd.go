@@ -167,7 +167,7 @@ func reach[T any](ctx context.Context, s *Store, op string, f func(context.Conte
 	rctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	var last lastError
-	v, err := f(withLastError(rctx, &last))
+	v, err := f(context.WithValue(rctx, lastErrorKey{}, &last))
 	switch {
 	case err == nil:
 		return v, nil

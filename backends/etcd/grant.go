@@ -194,9 +194,7 @@ func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
 	return d, nil
 }
 
-func (l *lock) WriteDoc(ctx context.Context, d backends.Doc) error {
-	return l.writeDoc(ctx, d)
-}
+func (l *lock) WriteDoc(ctx context.Context, d backends.Doc) error { return l.writeDoc(ctx, d) }
 
 // writeDoc puts d in a transaction conditional on the document's mod
 // revision and on fence; a fence that fails is a lost lease.

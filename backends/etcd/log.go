@@ -22,9 +22,7 @@ func zapLogger(log *slog.Logger) *zap.Logger {
 }
 
 // slogCore is a zapcore.Core that writes to a slog.Handler.
-type slogCore struct {
-	h slog.Handler
-}
+type slogCore struct{ h slog.Handler }
 
 func (c *slogCore) Enabled(l zapcore.Level) bool {
 	return l >= zapcore.WarnLevel && c.h.Enabled(context.Background(), slogLevel(l))
@@ -58,11 +56,8 @@ func (c *slogCore) Sync() error { return nil }
 func ownDeadline(fields []zapcore.Field) bool {
 	for _, f := range fields {
 		if err, ok := f.Interface.(error); ok && f.Type == zapcore.ErrorType {
-			switch status.Code(err) {
-			case codes.DeadlineExceeded, codes.Canceled:
-				return true
-			}
-			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			if c := status.Code(err); c == codes.DeadlineExceeded || c == codes.Canceled ||
+				errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 				return true
 			}
 		}
