@@ -49,9 +49,9 @@ func (st *Store) open(ctx context.Context, timeout time.Duration) (*session, tim
 }
 
 // probeTimeout is the session timeout asked to learn the ensemble's
-// minimum session timeout, to which a server raises it. A smaller minimum
-// goes unseen, which only widens the margin (leaseTTL); a smaller probe
-// would make the library's deadlines before the answer too short.
+// minimum, to which a server raises it. A smaller minimum goes unseen,
+// which only widens the margin; a smaller probe would make the library's
+// deadlines before the answer too short.
 const probeTimeout = 100 * time.Millisecond
 
 // leaseTTL is how long after the send time of an acknowledged renewal the

@@ -26,10 +26,29 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// DefaultConnectTimeout is the default of Config.ConnectTimeout.
-const DefaultConnectTimeout = 5 * time.Second
+// Config describes one ZooKeeper ensemble.
+type Config struct {
+	// Servers are the ensemble's client addresses, host:port (port 2181
+	// if left out). Required. A chroot suffix is refused: use Prefix.
+	Servers []string
+	// Digest authenticates with ZooKeeper's digest scheme, and gives the
+	// znodes the store creates all permissions for this identity and READ
+	// for everyone (docs/backends/zookeeper.md, "ACLs"). Zero: no
+	// authentication, znodes open to every client.
+	Digest Digest
+	// Prefix starts the path of every lock's znode: /<Prefix><lock>.
+	Prefix string
+	// ConnectTimeout bounds the wait for a session, and every request
+	// made before a candidate is queued. Zero: 5 s.
+	ConnectTimeout time.Duration
+	// Log receives session events and, at debug level, the client
+	// library's own lines. Nil: nothing is logged.
+	Log *slog.Logger
+}
 
 const (
+	// DefaultConnectTimeout is the default of Config.ConnectTimeout.
+	DefaultConnectTimeout = 5 * time.Second
 	// readerTimeout is the reading session's timeout: it owns no znode.
 	readerTimeout = 10 * time.Second
 	// readerIdle is how long the reading session stays open unused: a
@@ -47,27 +66,6 @@ const (
 	// a buffer of whatever length the server announces.
 	maxConnectAnswer = 1 << 10
 )
-
-// Config describes one ZooKeeper ensemble.
-type Config struct {
-	// Servers are the ensemble's client addresses, host:port (port 2181
-	// if left out). Required. A chroot suffix is refused: use Prefix.
-	Servers []string
-	// Digest authenticates with ZooKeeper's digest scheme, and gives the
-	// znodes the store creates all permissions for this identity and
-	// READ for everyone (ZooKeeper accepts any digest credentials and
-	// checks them against each znode's ACL, so a wrong password shows as
-	// a refusal). Zero: no authentication, znodes open to every client.
-	Digest Digest
-	// Prefix starts the path of every lock's znode: /<Prefix><lock>.
-	Prefix string
-	// ConnectTimeout bounds the wait for a session, and every request
-	// made before a candidate is queued. Zero: 5 s.
-	ConnectTimeout time.Duration
-	// Log receives session events and, at debug level, the client
-	// library's own lines. Nil: nothing is logged.
-	Log *slog.Logger
-}
 
 // Digest is a credential of ZooKeeper's digest scheme. It never shows its
 // password when printed.
@@ -266,8 +264,8 @@ func (s *Store) failed(ctx, rctx context.Context, op string, err error) error {
 }
 
 // unavailable wraps err as the store unavailable, and a refusal as final
-// too: missing permissions (which is also how a wrong digest password
-// shows), failed authentication, or the lock's sequence counter wrapped.
+// too: missing permissions (also how a wrong digest password shows),
+// failed authentication, or the lock's sequence counter wrapped.
 func (s *Store) unavailable(op string, err error) error {
 	switch {
 	case errors.Is(err, backends.ErrUnavailable):
