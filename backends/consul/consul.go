@@ -21,22 +21,6 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// Limits Consul puts on sessions: the TTL (session_ttl_min's default, and
-// the fixed maximum) and the lock-delay.
-const (
-	MinTTL       = 10 * time.Second
-	MaxTTL       = 24 * time.Hour
-	MaxLockDelay = 60 * time.Second
-	// DefaultLockDelay, as Config.LockDelay, is the kill grace plus a
-	// second (at most MaxLockDelay): a holder whose session someone else
-	// ended hears of it within a round trip, and stops its command.
-	DefaultLockDelay time.Duration = -1
-	// requestTimeout bounds every request (a blocking query: and its
-	// wait), so that a stalled connection cannot hang a campaign; maxWait
-	// caps a blocking query (Consul caps it at 10 minutes).
-	requestTimeout, maxWait = 10 * time.Second, 5 * time.Minute
-)
-
 // Config describes one Consul datacenter.
 type Config struct {
 	// API says how to reach the agent; it is copied, its HttpClient not
@@ -53,6 +37,22 @@ type Config struct {
 	// DefaultLockDelay.
 	LockDelay time.Duration
 }
+
+// Limits Consul puts on sessions: the TTL (session_ttl_min's default, and
+// the fixed maximum) and the lock-delay.
+const (
+	MinTTL       = 10 * time.Second
+	MaxTTL       = 24 * time.Hour
+	MaxLockDelay = 60 * time.Second
+	// DefaultLockDelay, as Config.LockDelay, is the kill grace plus a
+	// second (at most MaxLockDelay): a holder whose session someone else
+	// ended hears of it within a round trip, and stops its command.
+	DefaultLockDelay time.Duration = -1
+	// requestTimeout bounds every request (a blocking query: and its
+	// wait), so that a stalled connection cannot hang a campaign; maxWait
+	// caps a blocking query (Consul caps it at 10 minutes).
+	requestTimeout, maxWait = 10 * time.Second, 5 * time.Minute
+)
 
 // Store is one Consul datacenter, reached through one agent.
 type Store struct {
