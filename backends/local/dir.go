@@ -62,11 +62,10 @@ func openDir(path string) (*dir, error) {
 	}
 	f := os.NewFile(uintptr(fd), abs)
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		f.Close()
-		return nil, err
+	if err = unix.Fstat(fd, &st); err == nil {
+		err = checkStateDir(top.path, &st, euid)
 	}
-	if err := checkStateDir(top.path, &st, euid); err != nil {
+	if err != nil {
 		f.Close()
 		return nil, err
 	}
@@ -299,11 +298,10 @@ func (d *dir) open(name string, flags int) (*os.File, error) {
 	}
 	f := os.NewFile(uintptr(fd), d.join(name))
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		f.Close()
-		return nil, err
+	if err = unix.Fstat(fd, &st); err == nil {
+		err = d.checkFile(name, &st)
 	}
-	if err := d.checkFile(name, &st); err != nil {
+	if err != nil {
 		f.Close()
 		return nil, err
 	}
