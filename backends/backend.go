@@ -1,40 +1,24 @@
-// Package backends is leaderrun's one election loop, and the narrow
-// interfaces that a coordination store implements under it.
-//
-// The split follows client-go's leaderelection and etcd's concurrency
-// package: a store keeps state and nothing else, and the loop that decides
-// when to try, wait, retry, give up and take over exists once, here
-// (Campaign). A store is opened once (Store) and hands out locks by name
-// (Store.Lock); a lock holds no connection of its own, so the slots of a
-// pool (--holders) are simply more locks, named by SlotLock.
-//
-// A store's lock is one of two kinds:
-//
-//   - RecordLock: a compare-and-set record, as client-go's resourcelock
-//     (Kubernetes, DynamoDB, Azure Blob, PostgreSQL, Redis, the local
-//     store). The store reads the record, takes it over conditionally,
-//     renews and frees it; the driver decides when a record may be taken:
-//     when it is free, when the store's own clock says its lease ran out,
-//     or, for stores that have no clock, when it has not changed for its
-//     lease duration on this candidate's monotonic clock (client-go's
-//     observed-record rule, implemented once in record.go).
-//   - QueueLock: a queue that the store orders, as etcd's Election (etcd,
-//     ZooKeeper, Consul): a candidate joins the queue in a session the
-//     store keeps alive while it waits, and leads once it is first.
-//
-// Every lock also keeps two small documents beside its lease, read and
-// replaced whole by conditional writes: the lock's history and its
-// completion markers (journal.go formats both, once, for every store).
+// Package backends is leaderrun's one election loop (Campaign) and the
+// narrow interfaces a coordination store implements under it, split as in
+// client-go's leaderelection and etcd's concurrency package: a store keeps
+// state, and the loop that decides when to try, wait, retry, give up and
+// take over exists once, here. A store is opened once (Store) and hands
+// out locks by name; a lock holds no connection of its own, so the slots
+// of a pool (--holders) are more locks, named by SlotLock. A lock is a
+// RecordLock (a compare-and-set record, as client-go's resourcelock) or a
+// QueueLock (a queue the store orders, as etcd's Election), and keeps its
+// history and completion markers beside its lease (journal.go).
+// docs/adding-a-store.md walks a new store through them.
 //
 // One rule for who renews: from the moment a campaign returns a lease, the
 // runner's renewals are the only renewals of it. A store may keep a
-// session alive on its own while a candidate waits in line (a waiter has
-// no deadline yet), but stops doing so before it hands out the grant, so
-// that a lease the runner has stopped renewing (its deadline passed, the
-// child is being stopped) is never kept alive behind its back. ZooKeeper is
-// the one exception the store imposes: its client heartbeats the session
-// by protocol, so there a renewal proves that the session and the leader's
-// znode are still ours instead of extending anything (docs/safety.md).
+// session alive while a candidate waits in line (a waiter has no deadline
+// yet), but stops before it hands out the grant, so that a lease the
+// runner has stopped renewing is never kept alive behind its back.
+// ZooKeeper is the one exception the store imposes: its client heartbeats
+// the session by protocol, so there a renewal proves that the session and
+// the leader's znode are still ours instead of extending anything
+// (docs/safety.md).
 package backends
 
 import (
@@ -43,74 +27,56 @@ import (
 	"time"
 )
 
-// Shared errors. Stores wrap them with detail (endpoint, key, cause) so
-// that callers can test with errors.Is and still print a useful message.
-// A store's failure that may pass must wrap ErrUnavailable, or the
-// campaign driver takes it for final and ends the campaign.
+// Shared errors. Stores wrap them with detail (endpoint, key, cause). A
+// store's failure that may pass must wrap ErrUnavailable, or the driver
+// takes it for final and ends the campaign.
 var (
 	// ErrLocked means the lock is held by another candidate and the
 	// candidate asked not to wait (--try), or its --wait ran out.
 	ErrLocked = errors.New("backends: lock held by another candidate")
-
 	// ErrUnavailable means the store could not be reached, or refused
 	// the request, before leadership was won.
 	ErrUnavailable = errors.New("backends: store unavailable")
-
 	// ErrRefused marks what asking again cannot fix: the store refused
 	// the request (credentials, permissions), or answered as no store of
 	// its kind does (too large, malformed, a redirect). It always comes
 	// with ErrUnavailable, and ends a campaign in every mode.
 	ErrRefused = errors.New("backends: refused")
-
 	// ErrLeaseLost means the store reports that this candidate's lease is
 	// gone: revoked, expired, its key deleted or taken by another.
 	ErrLeaseLost = errors.New("backends: lease lost")
-
 	// ErrConflict means a conditional write found the record or document
 	// changed since it was read: read it again and decide again.
 	ErrConflict = errors.New("backends: changed since it was read")
-
 	// ErrEnded means a waiting candidacy ended before it won (its
-	// session expired while the store was out of reach, or was
-	// destroyed): the driver campaigns again with a new one.
+	// session expired or was destroyed): the driver joins again.
 	ErrEnded = errors.New("backends: candidacy ended while waiting")
-
-	// ErrCorruptState means state kept by the store itself (the local
+	// ErrCorruptState means state the store keeps itself (the local
 	// store's token counter) is corrupt or unreadable: going on could
-	// hand out a token that was granted before, so it stops and says
-	// which file.
+	// hand out a token granted before, so it stops and names the file.
 	ErrCorruptState = errors.New("backends: stored state is corrupt or unreadable")
-
 	// ErrUnsafeState means the place the store keeps its state in (the
 	// local store's directory) could be tampered with by another user.
 	ErrUnsafeState = errors.New("backends: state directory is not safe")
 )
 
-// Store is an open connection to one coordination store. It hands out
-// the locks it keeps by name; Close it after every lease was released.
+// Store is an open connection to one coordination store. Close it after
+// every lease was released.
 type Store interface {
-	// Name is the backend's name as the command line spells it: "etcd",
-	// "consul", "postgres", "kubernetes", "zookeeper", "redis",
-	// "dynamodb", "azureblob", "local".
+	// Name is the backend's name as the command line spells it ("etcd").
 	Name() string
-
-	// Lock returns the lock named name: a name ValidateLockName accepts,
-	// or a slot's name from SlotLock. It does no I/O and cannot fail; the
-	// lock uses the store's connections. It is a RecordLock or a
-	// QueueLock.
+	// Lock returns the lock named name (one ValidateLockName accepts, or
+	// a slot's from SlotLock): a RecordLock or a QueueLock that uses the
+	// store's connections. It does no I/O and cannot fail.
 	Lock(name string) Lock
-
-	// Close releases the store's connections.
 	Close() error
 }
 
-// TimingsChecker is implemented by stores that cannot keep every timing:
-// one that bounds the lease duration it accepts (Consul: 10 s to 24 h;
-// Azure Blob: 15 to 60 s), or whose granted lease depends on the retry
-// period (Kubernetes: whole seconds that client-go electors must see
-// change). runner.New asks before it campaigns, so that timings the store
-// would refuse or shorten are a configuration error, not a surprise after
-// the grant. The message names the flags.
+// TimingsChecker is implemented by stores that cannot keep every timing
+// (Consul takes lease durations of 10 s to 24 h; Azure Blob, 15 to 60 s;
+// Kubernetes whole seconds that client-go electors see change). runner.New
+// asks before it campaigns, so that such timings are a configuration
+// error, not a surprise after the grant. The message names the flags.
 type TimingsChecker interface {
 	CheckTimings(t Timings) error
 }
@@ -121,26 +87,22 @@ type Lock interface {
 	// Key is where the lock lives in the store (a key, a row, an
 	// object, a file), for messages and status.
 	Key() string
-
-	// ReadDoc reads the lock's document name (DocHistory, DocMarkers).
-	// A document that does not exist reads as a Doc with nil Data and
-	// nil Version. A store bounds what it reads to MaxDoc.
+	// ReadDoc reads the lock's document name (DocHistory, DocMarkers),
+	// bounded to MaxDoc. One that does not exist reads as a Doc with nil
+	// Data and nil Version.
 	ReadDoc(ctx context.Context, name string) (Doc, error)
-
 	// WriteDoc replaces document d.Name with d.Data if it is still at
-	// d.Version (nil: only if it does not exist), and returns
-	// ErrConflict if it is not. It needs no lease: a leader that lost its
-	// lease still records its term.
+	// d.Version (nil: only if it does not exist), else returns
+	// ErrConflict. It needs no lease: a leader that lost its lease still
+	// records its term.
 	WriteDoc(ctx context.Context, d Doc) error
 }
 
-// Doc is one of the small documents a lock keeps: its content and the
-// version a conditional write of it is conditioned on.
+// Doc is one of a lock's documents, and the version a conditional write
+// of it is conditioned on.
 type Doc struct {
-	// Name is DocHistory or DocMarkers.
-	Name string
-	// Data is the document, at most MaxDoc bytes; nil if none exists.
-	Data []byte
+	Name string // DocHistory or DocMarkers
+	Data []byte // at most MaxDoc bytes; nil if none exists
 	// Version is the store's own version of what was read (a revision,
 	// an index, an ETag), opaque to the driver; nil if none exists.
 	Version any
@@ -155,25 +117,21 @@ const (
 // MaxDoc bounds a document, read or written, in every store.
 const MaxDoc = 128 << 10
 
-// Claim is what a candidate asks of a store: who it is, how long its
-// lease lives, and what identifies its grant.
+// Claim is what a candidate asks of a store.
 type Claim struct {
-	// Identity is stored with the lock so that status can show who
-	// holds it. Never empty.
+	// Identity is stored with the lock for status. Never empty.
 	Identity string
 	// Owner is a random value, new for every candidacy, written with
 	// the grant where the store's record has room for it: it tells this
 	// candidacy's grant from any other, even one of the same identity
 	// (a grant whose answer was lost is recognised by it).
 	Owner string
-	// Holders is the size of the pool the candidate campaigns in, as
-	// recorded in the holder's record: 0 for a lock of one holder,
-	// whose record is then exactly what leaderrun wrote before pools
-	// existed.
+	// Holders is the pool size recorded in the holder's record: 0 for a
+	// lock of one holder, whose record is then exactly what leaderrun
+	// wrote before pools existed.
 	Holders int
-	// Timings are the lease's timings; a store takes LeaseDuration as
-	// the TTL to ask for, and RetryPeriod and AttemptTimeout as the pace
-	// and bound of its requests.
+	// Timings: a store asks for LeaseDuration as the TTL, and paces and
+	// bounds its requests by RetryPeriod and AttemptTimeout.
 	Timings Timings
 }
 
@@ -183,35 +141,27 @@ type Grant interface {
 	// Token is the fencing token: strictly greater than the token of
 	// every earlier grant of the same lock in the same store.
 	Token() uint64
-
 	// TTL is the lease lifetime the store granted, which may differ from
 	// what was asked (etcd rounds to whole seconds and raises small
 	// values): how long after its last renewal the store may let another
 	// candidate take over.
 	TTL() time.Duration
-
 	// Acquired is the send time of the latest request the store
 	// acknowledged while the lease was alive, at or before the grant.
 	Acquired() time.Time
-
 	// Renew asks the store to extend the lease once and returns nil only
 	// if it acknowledged. An error wrapping ErrLeaseLost means the lease
 	// is gone for good; others may pass.
 	Renew(ctx context.Context) error
-
 	// Lost is closed when the store reports the lease gone (revoked,
-	// expired, key deleted or taken): the fast path of S3.
+	// expired, key deleted or taken): the fast path of S3. Err says why;
+	// nil before.
 	Lost() <-chan struct{}
-
-	// Err says why Lost was closed; nil before.
 	Err() error
-
-	// WriteDoc is Lock.WriteDoc fenced by this grant: in one conditional
-	// write (a transaction, or a write conditional on the lease's own
-	// record) that succeeds only while the grant holds the lock. If it
+	// WriteDoc is Lock.WriteDoc fenced by this grant, in one conditional
+	// write that succeeds only while the grant holds the lock. If it
 	// does not, nothing is written and the error wraps ErrLeaseLost.
 	WriteDoc(ctx context.Context, d Doc) error
-
 	// Release gives the lock up. It is safe to call after Lost closed
 	// and more than once.
 	Release(ctx context.Context) error
@@ -220,11 +170,9 @@ type Grant interface {
 // QueueLock is a lock whose store orders its candidates in a queue.
 type QueueLock interface {
 	Lock
-
 	// Status reports who holds the lock, without campaigning; the
 	// driver fills in Lock, Backend and Key.
 	Status(ctx context.Context) (Status, error)
-
 	// Join enters c in the lock's queue, in a session of its own that
 	// the store keeps alive while the candidate waits. With try it may
 	// answer ErrLocked at once, leaving no trace, if another candidate
@@ -240,7 +188,6 @@ type Ticket interface {
 	// while it waited; the driver leaves and joins again. Cancelling ctx
 	// returns its error; the driver then leaves.
 	Lead(ctx context.Context) (Grant, error)
-
 	// Leave withdraws the candidacy: its entry, its session, and a grant
 	// it may hold without having learnt so. It does nothing once Lead
 	// returned a grant (the grant is released instead).
@@ -250,46 +197,37 @@ type Ticket interface {
 // RecordLock is a lock kept as one compare-and-set record.
 type RecordLock interface {
 	Lock
-
 	// Get reads the lock's record: Version "" if there is none.
 	Get(ctx context.Context) (Record, error)
-
 	// Take grants the lock to c, conditional on the stored record still
 	// being prev (by its Version; "": only if there is none), or, for a
 	// store whose own clock times its leases, on the record being free or
 	// run out by that clock when the write is made. It draws a new token,
-	// and returns the record it wrote. ErrConflict: the
-	// record changed since prev was read. ErrLocked: the store keeps the
-	// free lock for a waiter ahead of c in its queue (c waits to be
-	// woken). Any other error may or may not have written it (a lost
-	// answer); the driver then looks for c.Owner when it withdraws.
+	// and returns the record it wrote. ErrConflict: the record changed
+	// since prev was read. ErrLocked: the store keeps the free lock for a
+	// waiter ahead of c in its queue (c waits to be woken). Any other
+	// error may or may not have written it (a lost answer); the driver
+	// then looks for c.Owner when it withdraws.
 	Take(ctx context.Context, prev Record, c Claim) (Record, error)
-
 	// Keep renews held, the record this candidate holds, and returns it
-	// as renewed: held with what the renewal changed (its Version, its
-	// Renewed time), its Handle kept. An error wrapping ErrLeaseLost if
-	// the record is no longer held's (by owner or version, as the store
-	// can tell).
+	// with what the renewal changed (its Version, its Renewed time), its
+	// Handle kept. An error wrapping ErrLeaseLost if the record is no
+	// longer held's (by owner or version, as the store can tell).
 	Keep(ctx context.Context, held Record) (Record, error)
-
 	// Free gives held up; nil if it is no longer held's. The record may
 	// stay, freed, as proof of the last token granted. held may be a
 	// record Get returned (a grant whose answer was lost, found again),
 	// with no Handle.
 	Free(ctx context.Context, held Record) error
-
-	// WriteDocHeld is WriteDoc fenced by held: it succeeds only while
-	// held still holds the lock; if it does not, nothing is written and
-	// the error wraps ErrLeaseLost.
+	// WriteDocHeld is WriteDoc fenced by held, as Grant.WriteDoc.
 	WriteDocHeld(ctx context.Context, d Doc, held Record) error
-
 	// Follow starts following the record for the candidacy c while it
 	// waits (held nil) or, once it holds the lock, for the holder of
-	// held, to learn of a loss at once. It returns a nil Follower (and
-	// nil error) if the store cannot tell of changes: the driver then
-	// looks again every retry period while waiting, and relies on
-	// renewals while holding. An error wrapping ErrRefused (a watch that
-	// permissions forbid) ends the campaign.
+	// held, to learn of a loss at once. A nil Follower (and nil error):
+	// the store cannot tell of changes, and the driver looks again every
+	// retry period while waiting, and relies on renewals while holding.
+	// An error wrapping ErrRefused (a watch that permissions forbid)
+	// ends the campaign.
 	Follow(ctx context.Context, c Claim, held *Record) (Follower, error)
 }
 
@@ -310,13 +248,11 @@ type Follower interface {
 	// waiter became first in the store's queue of waiters. Several
 	// changes may arrive as one. It is never closed.
 	Changed() <-chan struct{}
-
 	// Behind reports whether another waiter is ahead of this one in the
 	// store's queue of waiters: the one ahead times the holder and takes
-	// the lock, and this one waits to be woken (stores without a queue:
-	// always false).
+	// the lock, and this one waits to be woken (always false for stores
+	// without a queue).
 	Behind() bool
-
 	// Close stops following, and leaves the queue of waiters. It
 	// returns promptly, whatever the store does: what it must still
 	// send, it sends on a bounded context.
@@ -330,11 +266,9 @@ type Record struct {
 	// Owner is the holder's Claim.Owner, "" if the store's record has no
 	// room for it or the holder is not a leaderrun (a client-go elector
 	// on a Kubernetes Lease).
-	Owner string
-	// Token is the fencing token of the holder's grant; 0 if none.
-	Token uint64
-	// Holders is the pool size recorded at the grant (Claim.Holders).
-	Holders int
+	Owner   string
+	Token   uint64 // of the holder's grant; 0 if none
+	Holders int    // the pool size recorded at the grant (Claim.Holders)
 	// TTL is the lease duration the holder's grant asked for, as the
 	// store keeps it. Zero: the lease never expires by time (the local
 	// store, where the kernel drops a dead holder's lock).
@@ -350,16 +284,12 @@ type Record struct {
 	// say for how long. Stores that have no clock set NoClock, and the
 	// driver times the record on its own monotonic clock from when it saw
 	// it change.
-	Left time.Duration
-	// Waiting is the number of candidates waiting, -1 if unknown.
-	Waiting int
-	// Node is the store node or host the holder is attached to, if the
-	// store knows it.
-	Node string
-	// Version identifies this state of the record and changes with
-	// every write of it that the driver must notice (a grant, a
-	// renewal of a store without a clock, a release); "" means there is
-	// no record.
+	Left    time.Duration
+	Waiting int    // the number of candidates waiting, -1 if unknown
+	Node    string // the store node or host the holder is attached to, if known
+	// Version identifies this state of the record and changes with every
+	// write of it that the driver must notice (a grant, a renewal of a
+	// store without a clock, a release); "" means there is no record.
 	Version string
 	// Handle is the store's own state of a grant (a lease ID, an open
 	// file): Take sets it, and Keep, Free and WriteDocHeld get it back.
@@ -378,9 +308,6 @@ const (
 	LeftUnknown time.Duration = -2
 )
 
-// Term, Marker and Status are what the driver reads and writes for the
-// commands: see journal.go and status.go.
-
 // HistoryLimit is about how many terms a lock's history keeps.
 const HistoryLimit = 100
 
@@ -391,34 +318,26 @@ type Marker struct {
 	// (--once-key).
 	Key string `json:"key"`
 	// Identity and Token are those of the leader that completed the run.
-	Identity string `json:"identity"`
-	Token    uint64 `json:"token"`
-	// At is when the command exited (wall clock of the completing host).
-	At time.Time `json:"at"`
-	// Expires is when the marker may be forgotten.
-	Expires time.Time `json:"expires"`
+	Identity string    `json:"identity"`
+	Token    uint64    `json:"token"`
+	At       time.Time `json:"at"`      // when the command exited, by the completing host's clock
+	Expires  time.Time `json:"expires"` // when the marker may be forgotten
 }
 
-// How a term ended (Term.End).
+// How a term ended (Term.End): the command exited by itself (ExitCode);
+// died of a signal leaderrun did not send (Signal); was stopped because
+// leaderrun was asked to (Signal: what it received); was stopped because
+// the lease was lost (Reason: why); was skipped, its once-key's run having
+// completed; could not be started; or reported no progress for
+// --progress-timeout and was stopped (Reason: how long).
 const (
-	// EndExited: the command exited by itself; ExitCode is its status.
-	EndExited = "exited"
-	// EndSignaled: the command died of a signal it was not sent by
-	// leaderrun; Signal names it.
-	EndSignaled = "signaled"
-	// EndStopped: leaderrun stopped the command because it was asked to
-	// (SIGTERM, SIGINT); Signal names what it received.
-	EndStopped = "stopped"
-	// EndLost: the lease was lost while the command ran, and leaderrun
-	// stopped it; Reason says why.
-	EndLost = "lost"
-	// EndSkipped: the run for OnceKey had already completed; nothing ran.
-	EndSkipped = "skipped"
-	// EndNotStarted: the command could not be started.
+	EndExited     = "exited"
+	EndSignaled   = "signaled"
+	EndStopped    = "stopped"
+	EndLost       = "lost"
+	EndSkipped    = "skipped"
 	EndNotStarted = "not-started"
-	// EndStalled: the command reported no progress for
-	// --progress-timeout, and leaderrun stopped it; Reason says how long.
-	EndStalled = "stalled"
+	EndStalled    = "stalled"
 )
 
 // Term is one leader's tenure of the lock, as recorded when it released it.
@@ -426,13 +345,9 @@ type Term struct {
 	Identity string    `json:"identity"`
 	Token    uint64    `json:"token"`
 	Acquired time.Time `json:"acquired"`
-	// Started is when the command started; zero if it never did.
-	Started time.Time `json:"started,omitzero"`
-	// Ended is when the lock was given up.
-	Ended time.Time `json:"ended"`
-	// End is how the term ended: EndExited, EndSignaled, EndStopped,
-	// EndLost, EndSkipped, EndNotStarted or EndStalled.
-	End string `json:"end"`
+	Started  time.Time `json:"started,omitzero"` // zero if the command never started
+	Ended    time.Time `json:"ended"`            // when the lock was given up
+	End      string    `json:"end"`              // one of the End constants
 	// ExitCode is the command's exit status (128+N for signal N); -1 if it
 	// did not run.
 	ExitCode int `json:"exit_code"`
@@ -441,38 +356,28 @@ type Term struct {
 	Signal string `json:"signal,omitempty"`
 	// Reason says why the lease was lost (EndLost), why the command
 	// could not start, or how long it went without progress (EndStalled).
-	Reason string `json:"reason,omitempty"`
-	// OnceKey is the once-key of the run, if --once-per or --once-key was set.
-	OnceKey string `json:"once_key,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	OnceKey string `json:"once_key,omitempty"` // --once-per's or --once-key's
 }
 
 // Status is a snapshot of who holds a lock.
 type Status struct {
-	// Lock is the lock name.
-	Lock string `json:"lock"`
-	// Backend is the store's name.
+	Lock    string `json:"lock"`
 	Backend string `json:"backend"`
-	// Key is where the lock lives in the store (a key, or a file path).
-	Key string `json:"key"`
-	// Held is false when nobody holds the lock; the fields below are then zero.
-	Held bool `json:"held"`
+	Key     string `json:"key"`  // where the lock lives in the store
+	Held    bool   `json:"held"` // false when nobody holds it; the fields below are then zero
 	// Identity is the holder's identity as it campaigned.
 	Identity string `json:"identity,omitempty"`
-	// Token is the holder's fencing token.
-	Token uint64 `json:"token,omitempty"`
+	Token    uint64 `json:"token,omitempty"`
 	// TTL is the lease lifetime granted to the holder, zero if unknown or
 	// not applicable.
 	TTL time.Duration `json:"ttl_ns,omitempty"`
 	// Remaining is how long the holder's lease has left before the store
 	// may expire it, or -1 when the store does not tell.
 	Remaining time.Duration `json:"remaining_ns,omitempty"`
-	// Waiting is the number of other candidates waiting, or -1 when the
-	// store does not tell.
-	Waiting int `json:"waiting"`
-	// Node is the store node or host the holder is attached to, if known.
-	Node string `json:"node,omitempty"`
-	// Holders is the pool size the holder campaigned with, as recorded at
-	// its grant; 0 when none is recorded (a lock of one holder), which
-	// means 1.
+	Waiting   int           `json:"waiting"`        // other candidates waiting, -1 if unknown
+	Node      string        `json:"node,omitempty"` // the store node or host the holder is attached to
+	// Holders is the pool size the holder recorded at its grant; 0 (none
+	// recorded, a lock of one holder) means 1.
 	Holders int `json:"holders,omitempty"`
 }

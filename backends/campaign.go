@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,26 +17,21 @@ import (
 type Candidate struct {
 	// Identity is stored with the lock for status and history. Required.
 	Identity string
-
 	// Timings are the lease's timings, validated (Timings.Validate).
 	Timings Timings
-
 	// Try gives up at once, with an error wrapping ErrLocked, if the
 	// lock (every slot of the pool) is held; an unreachable store is
 	// then ErrUnavailable at once. Zero value: wait.
 	Try bool
-
 	// Wait gives up after this long: with an error wrapping ErrLocked
 	// if the store answered and the lock stayed held, ErrUnavailable if
 	// the store never answered. Until then an unreachable or failing
 	// store is retried with backoff. Zero: wait for ever.
 	Wait time.Duration
-
 	// Holders is the size of the pool (--holders N): up to N holders at
 	// once, each in a slot of its own (SlotLock), 1 to MaxHolders. Every
 	// candidate of a lock must use the same N. Zero: 1.
 	Holders int
-
 	// Log receives the campaign's events. Nil: slog.Default().
 	Log *slog.Logger
 }
@@ -49,21 +43,15 @@ type Candidate struct {
 const MaxHolders = 100
 
 // ErrHoldersDiffer means that a slot of the lock is held by a candidate
-// of another pool size (--holders): every candidate of a lock must use
-// the same one.
+// of another pool size (--holders).
 var ErrHoldersDiffer = errors.New("backends: candidates of the lock use different --holders")
 
 // Campaign waits until the candidate holds lock in s, or one slot of its
 // pool, and returns the lease; this is the only acquire loop there is.
-//
-// It reads the store's record or joins its queue; while another candidate
-// holds the lock it waits, woken by the store or by its own timers, and
-// retries a store that fails or cannot be reached with backoff and
-// jitter, logging each failure once per change of error. A refusal
-// (credentials, permissions, an answer no store gives) ends it in every
-// mode. With c.Try it gives up at once; with c.Wait when the wait ends
-// (see Candidate). A pool's candidate takes the lowest free slot, or else
-// whichever frees first.
+// While the lock is held it waits, woken by the store or by its own
+// timers; a store that fails or cannot be reached it retries with backoff
+// and jitter, logging each failure once per change of error; a refusal
+// ends it in every mode. It gives up as c.Try and c.Wait say.
 //
 // Cancelling ctx withdraws the candidacy (its queue entry and session,
 // and a grant whose answer was lost), on a context of its own bounded by
@@ -78,7 +66,7 @@ func Campaign(ctx context.Context, s Store, lock string, c Candidate) (*Lease, e
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
-	e := &elector{store: s, lock: lock, c: c, log: c.Log}
+	e := &elector{store: s, lock: lock, c: c}
 	wctx := ctx
 	if c.Wait > 0 {
 		var cancel context.CancelFunc
@@ -94,22 +82,16 @@ type elector struct {
 	store Store
 	lock  string
 	c     Candidate
-	log   *slog.Logger
-	// slots are the locks of the pool, slot 0 (the lock itself) first.
-	slots []Lock
-
+	slots []Lock // the locks of the pool, slot 0 (the lock itself) first
 	// answered is set once the store answered a request: a wait that
 	// ends without a grant is then "held", not "unreachable". answers
 	// counts them.
 	answered atomic.Bool
 	answers  atomic.Int64
-	mu       sync.Mutex
-	lastErr  error // the last failure, for the message when the wait ends
+	lastErr  atomic.Pointer[error] // the last failure, for the message when the wait ends
 }
 
-// explain turns what a campaign ended with into what the caller reads:
-// ctx's own error, a wait that ran out (held, or a store that never
-// answered), a --try that found the lock held, or the store's error.
+// explain turns what a campaign ended with into what the caller reads.
 func (e *elector) explain(ctx, wctx context.Context, err error) error {
 	switch {
 	case err == nil:
@@ -122,11 +104,9 @@ func (e *elector) explain(ctx, wctx context.Context, err error) error {
 		}
 		return &HeldError{Reason: fmt.Sprintf("lock %q still held by another candidate after --wait %v", e.lock, e.c.Wait)}
 	case wctx.Err() != nil:
-		e.mu.Lock()
-		last := e.lastErr
-		e.mu.Unlock()
-		if last == nil {
-			last = err
+		last := err
+		if p := e.lastErr.Load(); p != nil {
+			last = *p
 		}
 		return fmt.Errorf("no answer from %s within --wait %v: %w", e.store.Name(), e.c.Wait, last)
 	case errors.Is(err, ErrLocked):
@@ -161,15 +141,14 @@ func (e *HeldError) Unwrap() error {
 // store needs it (record.go, queue.go). step runs until the candidate
 // holds the lock, the lock is held and the candidacy tries (ErrLocked),
 // ctx ends, or a request fails; after a failure the driver calls step
-// again, and the candidacy goes on from what it knows.
+// again, and the candidacy goes on from what it knows. withdraw removes
+// every trace of the candidacy; it is called once, unless step returned
+// a grant, on a bounded context.
 type candidacy interface {
 	step(ctx context.Context) (Grant, error)
-	// withdraw removes every trace of the candidacy; it is called once,
-	// unless step returned a grant, on a bounded context.
 	withdraw(ctx context.Context)
 }
 
-// newCandidacy begins a candidacy for lk, of the kind its store is.
 func (e *elector) newCandidacy(lk Lock, try, quick bool) (candidacy, error) {
 	claim := Claim{Identity: e.c.Identity, Owner: newOwner(), Timings: e.c.Timings}
 	if e.c.Holders > 1 {
@@ -208,7 +187,7 @@ func (e *elector) campaign(ctx context.Context, i int, try, quick bool) (*Lease,
 	won := false
 	defer func() {
 		if !won {
-			wctx, cancel := e.cleanupContext(ctx)
+			wctx, cancel := cleanupContext(ctx, e.c.Timings)
 			defer cancel()
 			cand.withdraw(wctx)
 		}
@@ -223,20 +202,18 @@ func (e *elector) campaign(ctx context.Context, i int, try, quick bool) (*Lease,
 			// is logged, and backed off, from the start.
 			answers, backoff = n, e.backoff()
 			if logged != "" {
-				e.log.Info("store answered again", "slot", i)
+				e.c.Log.Info("store answered again", "slot", i)
 				logged = ""
 			}
 		}
 		if err == nil {
 			won = true
-			return &Lease{g: g, lock: lk, slots: e.slots[:e.c.Holders], slot: i, log: e.log}, nil
+			return &Lease{g: g, lock: lk, slots: e.slots[:e.c.Holders], slot: i, log: e.c.Log}, nil
 		}
 		if retryable(err) {
 			// Kept for the message of a wait that ends without an
 			// answer, even when the wait's end cut this attempt short.
-			e.mu.Lock()
-			e.lastErr = err
-			e.mu.Unlock()
+			e.lastErr.Store(&err)
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -247,7 +224,7 @@ func (e *elector) campaign(ctx context.Context, i int, try, quick bool) (*Lease,
 		pause := backoff.Step()
 		if msg := err.Error(); msg != logged {
 			logged = msg
-			e.log.Warn("store failed; retrying", "slot", i, "error", err, "in", pause.Round(time.Millisecond))
+			e.c.Log.Warn("store failed; retrying", "slot", i, "error", err, "in", pause.Round(time.Millisecond))
 		}
 		t := time.NewTimer(pause)
 		select {
@@ -280,6 +257,6 @@ func (e *elector) backoff() *wait.Backoff {
 
 // cleanupContext bounds a withdrawal or a release that must run even
 // though ctx has ended.
-func (e *elector) cleanupContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), max(e.c.Timings.AttemptTimeout(), time.Second))
+func cleanupContext(ctx context.Context, t Timings) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), max(t.AttemptTimeout(), time.Second))
 }

@@ -17,8 +17,8 @@ import (
 // also on the lease, see Lease.Complete), and both are bounded, so that a
 // store's object, item or annotation never grows past what it takes.
 const (
-	// MaxHistoryDoc bounds the history document, the larger of the two
-	// that leaderrun writes: the oldest terms go first.
+	// MaxHistoryDoc bounds the history document, the larger of the two:
+	// the oldest terms go first.
 	MaxHistoryDoc = 64 << 10
 	// maxMarkers and maxMarkerBytes bound the markers document: the
 	// expired go first, then the oldest.
@@ -49,41 +49,40 @@ func updateDoc(ctx context.Context, lk Lock, name string, change func([]byte) ([
 	return fmt.Errorf("%s of %s: %w", name, lk.Key(), err)
 }
 
-// DecodeTerms reads a history document. One that cannot be read (written
-// by hand, or cut short) starts over rather than stops every release.
-func DecodeTerms(data []byte) []Term {
-	var terms []Term
-	if len(data) > MaxDoc || json.Unmarshal(data, &terms) != nil {
+// decode reads a document. One that cannot be read (written by hand, or
+// cut short) holds nothing: it starts over rather than stops every
+// release.
+func decode[T any](data []byte) []T {
+	var ts []T
+	if len(data) > MaxDoc || json.Unmarshal(data, &ts) != nil {
 		return nil
 	}
-	return terms
+	return ts
 }
 
-// appendTerm adds t to lk's history, keeping the newest HistoryLimit
-// terms within MaxHistoryDoc.
+// DecodeTerms reads a history document.
+func DecodeTerms(data []byte) []Term { return decode[Term](data) }
+
+// encodeNewest encodes the last keep of items in at most limit bytes, the
+// first going first (the newest always stays).
+func encodeNewest[T any](items []T, keep, limit int) ([]byte, error) {
+	items = items[max(len(items)-keep, 0):]
+	for {
+		out, err := json.Marshal(items)
+		if err != nil || len(out) <= limit || len(items) == 1 {
+			return out, err
+		}
+		items = items[1:]
+	}
+}
+
+// appendTerm adds t to lk's history.
 func appendTerm(ctx context.Context, lk Lock, t Term) error {
 	return updateDoc(ctx, lk, DocHistory, func(data []byte) ([]byte, error) {
 		terms := append(DecodeTerms(data), t)
 		slices.SortStableFunc(terms, func(a, b Term) int { return cmp.Compare(a.Token, b.Token) })
-		terms = terms[max(len(terms)-HistoryLimit, 0):]
-		for {
-			out, err := json.Marshal(terms)
-			if err != nil || len(out) <= MaxHistoryDoc || len(terms) == 1 {
-				return out, err
-			}
-			terms = terms[1:]
-		}
+		return encodeNewest(terms, HistoryLimit, MaxHistoryDoc)
 	}, lk.WriteDoc)
-}
-
-// readHistory returns lk's terms, newest first, at most limit (<= 0:
-// HistoryLimit).
-func readHistory(ctx context.Context, lk Lock, limit int) ([]Term, error) {
-	d, err := lk.ReadDoc(ctx, DocHistory)
-	if err != nil {
-		return nil, err
-	}
-	return NewestFirst(DecodeTerms(d.Data), limit), nil
 }
 
 // NewestFirst sorts terms by token, newest first, drops duplicates of one
@@ -98,31 +97,13 @@ func NewestFirst(terms []Term, limit int) []Term {
 	return terms[:min(len(terms), limit)]
 }
 
-// decodeMarkers reads a markers document; one that cannot be read holds
-// none.
-func decodeMarkers(data []byte) []Marker {
-	var ms []Marker
-	if len(data) > MaxDoc || json.Unmarshal(data, &ms) != nil {
-		return nil
-	}
-	return ms
-}
-
-// withMarker is ms with m added (in place of a marker of the same key)
-// and the markers expired at now dropped, within maxMarkers and
-// maxMarkerBytes: the oldest go first.
-func withMarker(ms []Marker, m Marker, now time.Time) ([]byte, error) {
-	ms = slices.DeleteFunc(ms, func(o Marker) bool { return o.Key == m.Key || !o.Expires.After(now) })
+// withMarker is the markers document data with m added (in place of a
+// marker of the same key), and the markers expired at now dropped.
+func withMarker(data []byte, m Marker, now time.Time) ([]byte, error) {
+	ms := slices.DeleteFunc(decode[Marker](data), func(o Marker) bool { return o.Key == m.Key || !o.Expires.After(now) })
 	ms = append(ms, m)
 	slices.SortStableFunc(ms, func(a, b Marker) int { return a.At.Compare(b.At) })
-	ms = ms[max(len(ms)-maxMarkers, 0):]
-	for {
-		out, err := json.Marshal(ms)
-		if err != nil || len(out) <= maxMarkerBytes || len(ms) == 1 {
-			return out, err
-		}
-		ms = ms[1:]
-	}
+	return encodeNewest(ms, maxMarkers, maxMarkerBytes)
 }
 
 // completedIn returns the marker of key in lk, nil if there is none or it
@@ -132,7 +113,7 @@ func completedIn(ctx context.Context, lk Lock, key string, now time.Time) (*Mark
 	if err != nil {
 		return nil, err
 	}
-	for _, m := range decodeMarkers(d.Data) {
+	for _, m := range decode[Marker](d.Data) {
 		if m.Key == key && m.Expires.After(now) {
 			return &m, nil
 		}

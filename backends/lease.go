@@ -19,36 +19,21 @@ type Lease struct {
 	slot  int
 	log   *slog.Logger
 
-	released atomic.Bool // Release was called
+	released atomic.Bool
 }
 
-// Token is the fencing token of the grant: strictly greater than the
-// token of every earlier grant of the same lock (slot) in the same store.
-func (l *Lease) Token() uint64 { return l.g.Token() }
-
-// TTL is the lease lifetime the store granted: how long after its last
-// renewal the store may let another candidate take over. Zero: the store
-// never expires it by time (the local store).
-func (l *Lease) TTL() time.Duration { return l.g.TTL() }
-
-// Acquired is the send time of the latest request that the store
-// acknowledged while the lease was alive, at or before the grant. The
-// runner counts its first renewal deadline from it.
-func (l *Lease) Acquired() time.Time { return l.g.Acquired() }
-
-// Renew asks the store to extend the lease once; nil only if it
-// acknowledged. The caller records the send time before calling. An error
-// wrapping ErrLeaseLost means the lease is gone for good.
+// Token, TTL, Acquired, Renew, Lost and Err are the grant's (Grant). A
+// TTL of zero is never expired by time (the local store). The runner
+// counts its first renewal deadline from Acquired, and records a
+// renewal's send time before it calls Renew.
+func (l *Lease) Token() uint64                   { return l.g.Token() }
+func (l *Lease) TTL() time.Duration              { return l.g.TTL() }
+func (l *Lease) Acquired() time.Time             { return l.g.Acquired() }
 func (l *Lease) Renew(ctx context.Context) error { return l.g.Renew(ctx) }
+func (l *Lease) Lost() <-chan struct{}           { return l.g.Lost() }
+func (l *Lease) Err() error                      { return l.g.Err() }
 
-// Lost is closed when the store reports the lease gone.
-func (l *Lease) Lost() <-chan struct{} { return l.g.Lost() }
-
-// Err says why Lost was closed; nil while the lease is believed held.
-func (l *Lease) Err() error { return l.g.Err() }
-
-// Slot is the slot of the pool the lease holds: 0 for a lock of one
-// holder.
+// Slot is the slot of the pool the lease holds (0 for one holder).
 func (l *Lease) Slot() int { return l.slot }
 
 // Grant is the store's own grant, for a store's tests: a QueueLock's
@@ -71,11 +56,10 @@ func (l *Lease) LockFile() *os.File {
 	return nil
 }
 
-// Completed returns the completion marker of the once-key key that
-// counts for this lease, or nil: the marker of its own slot with
+// Completed returns the unexpired completion marker of the once-key key
+// that counts for this lease, or nil: the marker of its own slot with
 // ownSlot (or in a lock of one holder), else the first found in any slot
-// of the pool, since by default the period is the pool's. A marker that
-// expired counts as none.
+// of the pool, since by default the period is the pool's.
 func (l *Lease) Completed(ctx context.Context, key string, ownSlot bool) (*Marker, error) {
 	now := time.Now()
 	if ownSlot || len(l.slots) < 2 {
@@ -100,7 +84,7 @@ func (l *Lease) Completed(ctx context.Context, key string, ownSlot bool) (*Marke
 func (l *Lease) Complete(ctx context.Context, m Marker) error {
 	now := time.Now()
 	return updateDoc(ctx, l.lock, DocMarkers, func(data []byte) ([]byte, error) {
-		return withMarker(decodeMarkers(data), m, now)
+		return withMarker(data, m, now)
 	}, l.g.WriteDoc)
 }
 
@@ -109,8 +93,7 @@ func (l *Lease) Complete(ctx context.Context, m Marker) error {
 // so that the next leader waits for nothing else; the caller must have
 // stopped everything that the lease protects (S8). The history is written
 // even when the lease was lost, and a failure to write it is logged, not
-// returned: the lock is free either way. It is safe to call more than
-// once; only the first call records term.
+// returned: the lock is free either way. Only the first call records term.
 func (l *Lease) Release(ctx context.Context, term *Term) error {
 	err := l.g.Release(ctx)
 	if l.released.Swap(true) || term == nil {

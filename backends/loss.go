@@ -1,16 +1,19 @@
 package backends
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
-// Loss is the liveness of one lease as a backend tracks it: it records,
-// once, why the lease was lost and closes a channel when it happens, and it
-// lets exactly one Release do the work. Backends embed one to implement
-// Lease.Lost and Lease.Err. Its zero value is not usable; use NewLoss.
+// Loss is the liveness of one lease as a store tracks it: it records,
+// once, why the lease was lost and closes a channel when it happens, and
+// it lets exactly one Release do the work. Stores embed one to implement
+// Grant.Lost and Grant.Err. Use NewLoss.
 type Loss struct {
 	ch       chan struct{}
 	mu       sync.Mutex
 	err      error
-	released bool
+	released atomic.Bool
 }
 
 // NewLoss returns a Loss that has not happened.
@@ -26,8 +29,8 @@ func (l *Loss) Err() error {
 	return l.err
 }
 
-// Set records err as the reason and closes Lost; later calls do nothing.
-// err should wrap ErrLeaseLost.
+// Set records err, which should wrap ErrLeaseLost, as the reason and
+// closes Lost; later calls do nothing.
 func (l *Loss) Set(err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -37,13 +40,6 @@ func (l *Loss) Set(err error) {
 	}
 }
 
-// BeginRelease reports whether this is the first call: Lease.Release does
-// its work only then, and returns nil at once on every later call (the
-// contract of Lease.Release). It is safe for concurrent use.
-func (l *Loss) BeginRelease() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	first := !l.released
-	l.released = true
-	return first
-}
+// BeginRelease reports whether this is the first call: Grant.Release does
+// its work only then, and returns nil at once on every later call.
+func (l *Loss) BeginRelease() bool { return !l.released.Swap(true) }

@@ -10,13 +10,11 @@ import (
 // accepts.
 const MaxLockName = 128
 
-// slotSuffix separates a lock's name from the number of one of its slots
-// (see SlotLock).
+// slotSuffix separates a lock's name from the number of one of its slots.
 const slotSuffix = ".slot"
 
-// MaxSlotLockName is the length of the longest name SlotLock returns: a
-// lock name of MaxLockName and the suffix of the largest slot. Stores that
-// bound the names they are given leave room for it.
+// MaxSlotLockName is the length of the longest name SlotLock returns.
+// Stores that bound the names they are given leave room for it.
 const MaxSlotLockName = MaxLockName + len(slotSuffix) + 19 // the digits of the largest int
 
 // ValidateLockName returns an error unless name is 1 to 128 characters from
@@ -33,24 +31,12 @@ func ValidateLockName(name string) error {
 	if !ok {
 		return fmt.Errorf("invalid lock name %q: want 1-128 characters from [A-Za-z0-9._-]", name)
 	}
-	if isSlotName(name) {
-		return fmt.Errorf("invalid lock name %q: names that end in %s and digits are reserved for the slots of --holders", name, slotSuffix)
-	}
-	return nil
-}
-
-// isSlotName reports whether name ends in ".slot" and at least one digit.
-func isSlotName(name string) bool {
-	i := strings.LastIndex(name, slotSuffix)
-	if i < 0 || i+len(slotSuffix) == len(name) {
-		return false
-	}
-	for _, c := range name[i+len(slotSuffix):] {
-		if c < '0' || c > '9' {
-			return false
+	if i := strings.LastIndex(name, slotSuffix); i >= 0 {
+		if d := name[i+len(slotSuffix):]; d != "" && strings.Trim(d, "0123456789") == "" {
+			return fmt.Errorf("invalid lock name %q: names that end in %s and digits are reserved for the slots of --holders", name, slotSuffix)
 		}
 	}
-	return true
+	return nil
 }
 
 // SlotLock is the name of slot i of lock: with --holders N, each of the
@@ -58,8 +44,8 @@ func isSlotName(name string) bool {
 // sequence of tokens. Slot 0 is lock itself, so that a pool of one holder
 // is exactly the lock it always was; slot i >= 1 is lock + ".slot" + i,
 // a name that ValidateLockName refuses, so that no user's lock is ever
-// another lock's slot. i must not be negative: SlotLock panics then, as
-// an index out of range does.
+// another lock's slot. SlotLock panics if i is negative, as an index out
+// of range does.
 func SlotLock(lock string, i int) string {
 	if i < 0 {
 		panic(fmt.Sprintf("backends: slot %d of lock %q: slots are numbered from 0", i, lock))
@@ -82,17 +68,14 @@ func ParseHolders(s string) int {
 	return n
 }
 
-// holdersLine starts the second line of a queue candidate's value in a
-// pool of more than one holder (IdentityValue).
+// holdersLine starts the second line of IdentityValue in a pool.
 const holdersLine = "holders="
 
 // IdentityValue is the value a queue store keeps for a candidate of c:
 // its identity, which is what the store's own tools show (etcdctl elect's
 // proposal, a LeaderLatch participant id), and in a pool of more than one
-// holder a second line, "holders=N". A lock of one holder keeps exactly
-// the identity, as leaderrun always wrote. An identity holds no line
-// break (the command line refuses control characters), so the two never
-// mix.
+// holder a second line, "holders=N". An identity holds no line break (the
+// command line refuses control characters), so the two never mix.
 func IdentityValue(c Claim) string {
 	if c.Holders > 1 {
 		return c.Identity + "\n" + holdersLine + strconv.Itoa(c.Holders)

@@ -67,5 +67,5 @@ func (w Wake) Poke() {
 	}
 }
 
-// Changed is the channel the Follower hands out.
+// Changed is Follower.Changed.
 func (w Wake) Changed() <-chan struct{} { return w }

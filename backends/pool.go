@@ -8,22 +8,15 @@ import (
 	"time"
 )
 
+// statusTimeout bounds one read of a slot's status for the agreement of a
+// pool, at least.
+const statusTimeout = 5 * time.Second
+
 // acquire wins one slot: the lock itself for one holder; for a pool, the
-// lowest free slot, else (unless --try) whichever slot frees first.
-//
-// Every holder of a lock must have campaigned with the same pool size. A
-// pool's candidate reads the status of every slot of its pool, and of the
-// slot just past it (where a larger pool may hold), before it campaigns
-// and again after its grant; a holder that recorded another size is
-// ErrHoldersDiffer, and the grant is released unused. Of two candidates of
-// different pools that start together, each reads the other's slot after
-// its own grant, so at least one of them sees the other. A candidate of
-// one holder reads slot 1, the slot every pool of two or more fills
-// first, while it campaigns, so that one facing a pool fails at once
-// rather than after its wait; it makes no read after its grant, which
-// would delay its command. A status that cannot be read decides nothing:
-// the check finds misconfigurations, the store's own rules keep the lock
-// (docs/safety.md, "Pools").
+// lowest free slot, else (unless --try) whichever slot frees first. Around
+// it, the check that every holder of a lock campaigned with the same pool
+// size (agree): before the campaign and after the grant for a pool, beside
+// the campaign for one holder; docs/safety.md, "Pools", argues its reach.
 func (e *elector) acquire(ctx context.Context) (*Lease, error) {
 	n := e.c.Holders
 	e.slots = make([]Lock, n+1) // the pool's, and the one just past it
@@ -50,7 +43,7 @@ func (e *elector) acquire(ctx context.Context) (*Lease, error) {
 	if e.c.Try {
 		return nil, fmt.Errorf("all %d slots are held: %w", n, ErrLocked)
 	}
-	e.log.Info("every slot is held; waiting for the first to free", "holders", n)
+	e.c.Log.Info("every slot is held; waiting for the first to free", "holders", n)
 	l, err := e.race(ctx)
 	if err != nil {
 		return nil, err
@@ -58,9 +51,11 @@ func (e *elector) acquire(ctx context.Context) (*Lease, error) {
 	return e.agreed(ctx, l)
 }
 
-// single campaigns for a lock of one holder, while slot 1 is read beside
-// the campaign; a pool there ends the campaign. Once the lock is won, the
-// read is waited for a short while at most (checkBound), then given up.
+// single campaigns for a lock of one holder, while slot 1, the slot every
+// pool fills first, is read beside the campaign, so that a candidate
+// facing a pool fails at once rather than after its wait. Once the lock is
+// won, the read is waited for checkBound at most, then given up: it would
+// delay the command.
 func (e *elector) single(ctx context.Context) (*Lease, error) {
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -75,21 +70,12 @@ func (e *elector) single(ctx context.Context) (*Lease, error) {
 		checked <- err
 	}()
 	l, err := e.campaign(cctx, 0, e.c.Try, false)
-	var pre error
 	if l == nil {
 		stopRead()
-		pre = <-checked
 	} else {
-		t := time.NewTimer(e.checkBound())
-		select {
-		case pre = <-checked:
-		case <-t.C:
-			stopRead()
-			pre = <-checked
-		}
-		t.Stop()
+		defer time.AfterFunc(e.checkBound(), stopRead).Stop()
 	}
-	switch {
+	switch pre := <-checked; {
 	case errors.Is(pre, ErrHoldersDiffer):
 		if l != nil {
 			e.releaseUnused(ctx, l)
@@ -121,11 +107,13 @@ func (e *elector) agreed(ctx context.Context, l *Lease) (*Lease, error) {
 	return l, nil
 }
 
-// agree reads the status of the slots to check (for a pool, all of its
-// own and the one past them; for one holder, slot 1), but skip, all at
-// once, and returns ErrHoldersDiffer naming both pool sizes if one is held
-// by a holder that recorded another size (nothing recorded counts as 1).
-// A status that cannot be read is no disagreement.
+// agree reads, all at once, the status of the slots to check (for a pool,
+// all of its own and the one past them, where a larger pool may hold, but
+// skip; for one holder, slot 1), and returns ErrHoldersDiffer naming both
+// pool sizes if one is held by a holder that recorded another size
+// (nothing recorded counts as 1). A status that cannot be read decides
+// nothing: the check finds misconfigurations, the store's own rules keep
+// the lock.
 func (e *elector) agree(ctx context.Context, skip int) error {
 	n := len(e.slots)
 	sts := make([]Status, n)
@@ -143,9 +131,8 @@ func (e *elector) agree(ctx context.Context, skip int) error {
 	}
 	wg.Wait()
 	for j := range n {
-		// A holder always records an identity: a held slot that names
-		// none is one whose record is not written yet (the local store
-		// takes the flock first, then writes the record).
+		// A held slot that names no holder is one whose record is not
+		// written yet (the local store takes the flock first).
 		st := sts[j]
 		if got := max(st.Holders, 1); errs[j] == nil && st.Held && st.Identity != "" && got != e.c.Holders &&
 			(j < e.c.Holders || got > j) {
@@ -158,8 +145,8 @@ func (e *elector) agree(ctx context.Context, skip int) error {
 
 // race campaigns in every slot at once and keeps the first grant. The
 // other campaigns are cancelled, which withdraws them; a grant that came
-// in meanwhile is released unused: no child ever ran under it, so it
-// leaves no term in the history. race returns once every campaign has.
+// in meanwhile is released unused, with no term. race returns once every
+// campaign has.
 func (e *elector) race(ctx context.Context) (*Lease, error) {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -202,14 +189,13 @@ func (e *elector) race(ctx context.Context) (*Lease, error) {
 	return nil, ctx.Err()
 }
 
-// releaseUnused gives back a grant under which nothing ran, with no term:
-// the candidate holds (or will hold) another slot, or none.
+// releaseUnused gives back a grant under which nothing ran, with no term.
 func (e *elector) releaseUnused(ctx context.Context, l *Lease) {
-	rctx, cancel := e.cleanupContext(ctx)
+	rctx, cancel := cleanupContext(ctx, e.c.Timings)
 	defer cancel()
 	if err := l.Release(rctx, nil); err != nil {
-		e.log.Warn("release of an unused slot failed; its lease will expire in the store", "slot", l.slot, "token", l.Token(), "error", err)
+		e.c.Log.Warn("release of an unused slot failed; its lease will expire in the store", "slot", l.slot, "token", l.Token(), "error", err)
 		return
 	}
-	e.log.Info("released an unused slot", "slot", l.slot, "token", l.Token())
+	e.c.Log.Info("released an unused slot", "slot", l.slot, "token", l.Token())
 }

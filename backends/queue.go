@@ -3,7 +3,6 @@ package backends
 import (
 	"context"
 	"errors"
-	"time"
 )
 
 // queueCandidacy is one candidate's campaign for a QueueLock: a place in
@@ -15,25 +14,23 @@ type queueCandidacy struct {
 	claim    Claim
 	try      bool
 	answered func()
-
-	ticket Ticket
+	ticket   Ticket
 }
 
 func (q *queueCandidacy) step(ctx context.Context) (Grant, error) {
 	if q.ticket == nil {
 		t, err := q.lock.Join(ctx, q.claim, q.try)
+		if err == nil || errors.Is(err, ErrLocked) {
+			q.answered()
+		}
 		if err != nil {
-			if errors.Is(err, ErrLocked) {
-				q.answered()
-			}
 			return nil, err
 		}
-		q.answered()
 		q.ticket = t
 	}
 	g, err := q.ticket.Lead(ctx)
 	if errors.Is(err, ErrEnded) && ctx.Err() == nil {
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(q.claim.Timings.AttemptTimeout(), time.Second))
+		lctx, cancel := cleanupContext(ctx, q.claim.Timings)
 		_ = q.ticket.Leave(lctx)
 		cancel()
 		q.ticket = nil

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,22 +19,18 @@ const wakeSlack = 5 * time.Millisecond
 // won, or a store whose read and write disagree.
 const maxConflicts = 3
 
-// recordCandidacy is one candidate's campaign for a RecordLock: client-go's
-// elector, for every store that keeps its lock as one record.
-//
-// The candidate takes the record when it is free, when the store's own
-// clock says the holder's lease ran out, or, for a store without a clock,
-// when the record has not changed for the holder's lease duration on this
+// recordCandidacy is one candidate's campaign for a RecordLock:
+// client-go's elector, for every store that keeps its lock as one record.
+// It takes the record when it is free, when the store's own clock says
+// the holder's lease ran out, or, for a store without a clock, when the
+// record has not changed for the holder's lease duration on this
 // candidate's monotonic clock, counted from when it saw the record change
-// (client-go's observedRecord and observedTime). The timestamps in the
-// record decide nothing but how long a --try waits: hosts' clocks differ.
+// (client-go's observedTime; docs/safety.md, "The follower's clock").
 type recordCandidacy struct {
-	lock  RecordLock
-	claim Claim
-	try   bool
-	// quick: a try that does not watch a record that looks expired (a
-	// pool's first look at each slot, before it waits for them all).
-	quick    bool
+	lock     RecordLock
+	claim    Claim
+	try      bool
+	quick    bool // see elector.campaign
 	answered func()
 
 	cur        Record    // the record as last read
@@ -51,15 +47,12 @@ type recordCandidacy struct {
 	// (its holder may be dead, or its clock behind); "" if none.
 	watching string
 
-	// uncertain: a Take whose answer was lost, sent at takeSent, may
-	// have granted the lock; withdraw looks for claim.Owner.
+	// uncertain: a Take whose answer was lost may have granted the
+	// lock; withdraw looks for claim.Owner.
 	uncertain bool
-	takeSent  time.Time
 }
 
-// step runs until the candidate holds the record, a --try finds it held,
-// ctx ends or a request fails; after a failure, the next step reads the
-// record again.
+// step: after a failure, the next step reads the record again.
 func (c *recordCandidacy) step(ctx context.Context) (g Grant, err error) {
 	defer func() {
 		if err != nil {
@@ -116,8 +109,8 @@ func (c *recordCandidacy) step(ctx context.Context) (g Grant, err error) {
 	}
 }
 
-// observe records a read of the record. Its clock restarts only when
-// the record changed.
+// observe records a read of the record; its clock restarts only when the
+// record changed.
 func (c *recordCandidacy) observe(rec Record) {
 	if !c.seen || rec.Version != c.cur.Version {
 		c.observedAt = time.Now()
@@ -125,7 +118,6 @@ func (c *recordCandidacy) observe(rec Record) {
 	c.cur, c.seen, c.fresh = rec, true, true
 }
 
-// ours reports whether rec is the grant of this candidacy.
 func (c *recordCandidacy) ours(rec Record) bool {
 	return rec.Exists() && rec.Owner != "" && rec.Owner == c.claim.Owner && rec.Left != 0
 }
@@ -134,7 +126,6 @@ func (c *recordCandidacy) ours(rec Record) bool {
 // store's queue: it takes even a free lock only once woken as the first.
 func (c *recordCandidacy) behind() bool { return c.follow != nil && c.follow.Behind() }
 
-// takeable reports whether the record may be taken now.
 func (c *recordCandidacy) takeable(now time.Time) bool {
 	r := c.cur
 	switch {
@@ -165,9 +156,8 @@ func (c *recordCandidacy) tryWatches(now time.Time) bool {
 
 // wait blocks until the record may have changed, its lease may have run
 // out, or, for a store that cannot tell of changes, a retry period has
-// passed. The first wait only starts following the record, and returns at
-// once so that a change before the follower began is read (unless the
-// store has no follower).
+// passed. The first wait only starts following, and returns at once so
+// that a change before the follower began is read.
 func (c *recordCandidacy) wait(ctx context.Context) error {
 	if !c.followed {
 		f, err := c.lock.Follow(ctx, c.claim, nil)
@@ -235,16 +225,16 @@ func (c *recordCandidacy) take(ctx context.Context) (Grant, error) {
 	rec, err := c.lock.Take(wctx, c.cur, c.claim)
 	if err != nil {
 		if !errors.Is(err, ErrConflict) && !errors.Is(err, ErrRefused) && !errors.Is(err, ErrLocked) {
-			c.uncertain, c.takeSent = true, sent
+			c.uncertain = true
 		}
 		return nil, err
 	}
 	return c.won(ctx, rec, sent)
 }
 
-// won holds rec, granted by a request sent at sent: it stops following
-// as a waiter and starts following as the holder, before the lease is
-// handed out (a store that refuses the holder's watch refuses the grant).
+// won holds rec, granted by a request sent at sent: it starts following
+// as the holder before the lease is handed out (a store that refuses the
+// holder's watch refuses the grant).
 func (c *recordCandidacy) won(ctx context.Context, rec Record, sent time.Time) (Grant, error) {
 	c.uncertain = false
 	c.stopFollowing()
@@ -269,8 +259,7 @@ func (c *recordCandidacy) stopFollowing() {
 	}
 }
 
-// withdraw stops following and frees a grant whose answer was lost, if it
-// went through.
+// withdraw frees a grant whose answer was lost, if it went through.
 func (c *recordCandidacy) withdraw(ctx context.Context) {
 	c.stopFollowing()
 	if !c.uncertain {
@@ -281,44 +270,37 @@ func (c *recordCandidacy) withdraw(ctx context.Context) {
 	}
 }
 
-// recordGrant is a held record: the Grant of a RecordLock. Renewals
-// rewrite the record; the store's follower, if it has one, tells of
-// changes, and a change that is not ours is a loss (S3).
+// recordGrant is the Grant of a RecordLock. Renewals rewrite the record;
+// the store's follower, if it has one, tells of changes, and a change
+// that is not ours is a loss (S3).
 type recordGrant struct {
 	lock     RecordLock
 	claim    Claim
 	acquired time.Time
 	*Loss
 
-	mu   sync.Mutex
-	held Record
-
+	held atomic.Pointer[Record]
 	stop context.CancelFunc
 	done chan struct{}
 }
 
-// holdRecord starts holding rec, granted by a request sent at sent.
 func holdRecord(ctx context.Context, lk RecordLock, claim Claim, rec Record, sent time.Time) (*recordGrant, error) {
-	g := &recordGrant{lock: lk, claim: claim, acquired: sent, Loss: NewLoss(), held: rec, done: make(chan struct{})}
 	f, err := lk.Follow(ctx, claim, &rec)
 	if err != nil {
 		return nil, err
 	}
 	wctx, cancel := context.WithCancel(context.Background())
-	g.stop = cancel
+	g := &recordGrant{lock: lk, claim: claim, acquired: sent, Loss: NewLoss(), stop: cancel, done: make(chan struct{})}
+	g.held.Store(&rec)
 	if f == nil {
 		close(g.done)
-		return g, nil
+	} else {
+		go g.watch(wctx, f)
 	}
-	go g.watch(wctx, f)
 	return g, nil
 }
 
-func (g *recordGrant) current() Record {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.held
-}
+func (g *recordGrant) current() Record { return *g.held.Load() }
 
 // watch reads the record whenever the follower says it may have changed,
 // and sets the loss if it is no longer ours. A read that fails is tried
@@ -351,25 +333,17 @@ func (g *recordGrant) watch(ctx context.Context, f Follower) {
 }
 
 // look asks the store whether the grant still holds the lock: its own
-// check if it has one, else a read of the record. An error wrapping
-// ErrLeaseLost says it does not; other errors decide nothing (renewals
-// do).
+// check (HeldChecker) if it has one, else a read of the record. Errors
+// other than ErrLeaseLost decide nothing (renewals do).
 func (g *recordGrant) look(ctx context.Context) error {
 	if c, ok := g.lock.(HeldChecker); ok {
 		return c.Check(ctx, g.current())
 	}
 	rec, err := g.lock.Get(ctx)
-	if err != nil {
-		return err
-	}
-	return g.check(rec)
-}
-
-// check returns why rec, the record as read, says the grant is lost; nil
-// while it is still ours.
-func (g *recordGrant) check(rec Record) error {
 	held := g.current()
 	switch {
+	case err != nil:
+		return err
 	case !rec.Exists():
 		return fmt.Errorf("%s was deleted: %w", g.lock.Key(), ErrLeaseLost)
 	case rec.Holder == "":
@@ -389,7 +363,6 @@ func (g *recordGrant) Acquired() time.Time { return g.acquired }
 // Handle is the store's own state of the grant (Record.Handle).
 func (g *recordGrant) Handle() any { return g.current().Handle }
 
-// Renew rewrites the record with a fresh renewal.
 func (g *recordGrant) Renew(ctx context.Context) error {
 	if err := g.Err(); err != nil {
 		return err
@@ -401,13 +374,10 @@ func (g *recordGrant) Renew(ctx context.Context) error {
 		}
 		return err
 	}
-	g.mu.Lock()
-	g.held = rec
-	g.mu.Unlock()
+	g.held.Store(&rec)
 	return nil
 }
 
-// WriteDoc writes d, fenced by the record.
 func (g *recordGrant) WriteDoc(ctx context.Context, d Doc) error {
 	err := g.lock.WriteDocHeld(ctx, d, g.current())
 	if errors.Is(err, ErrLeaseLost) {
@@ -416,7 +386,6 @@ func (g *recordGrant) WriteDoc(ctx context.Context, d Doc) error {
 	return err
 }
 
-// Release stops watching and frees the record, once.
 func (g *recordGrant) Release(ctx context.Context) error {
 	if !g.BeginRelease() {
 		return nil

@@ -7,11 +7,9 @@ import (
 
 // Redact drops the user information (user:password@) from an address
 // given as a URL, a host:port, or a comma-separated list of them, so that
-// messages that name a store's address never carry a password. The user
-// information is found before the list is split, by the rule of
-// SplitUserinfo: a password may hold ",", "/", "?" or "@" (base64
-// passwords often hold "/"), encoded or not, and none of it shows. Where
-// the rule is in doubt it hides more than the user information, never
+// messages never carry a password. It is found before the list is split,
+// by SplitUserinfo's rule: a password may hold ",", "/", "?" or "@",
+// encoded or not, and none of it shows. In doubt, it hides more, never
 // less.
 func Redact(addr string) string {
 	var out strings.Builder
@@ -22,14 +20,13 @@ func Redact(addr string) string {
 			out.WriteString(afterLastAt(rest))
 			return out.String()
 		}
-		// The scheme begins after the last comma before "://"; what
-		// comes before it are addresses without a scheme.
+		// The scheme begins after the last comma before "://"; before
+		// it are addresses without a scheme.
 		start := strings.LastIndexByte(rest[:i], ',') + 1
 		out.WriteString(afterLastAt(rest[:start]))
 		scheme, body := rest[start:i], rest[i+len("://"):]
 		// This URL ends before the scheme of the next one, if a comma
-		// comes before that; else it runs to the end (a URL in its
-		// query, say).
+		// comes before that; else at the end (a URL in its query, say).
 		end := len(body)
 		if j := strings.Index(body, "://"); j >= 0 {
 			if k := strings.LastIndexByte(body[:j], ','); k >= 0 {
@@ -45,16 +42,15 @@ func Redact(addr string) string {
 // SplitUserinfo splits the user information off one URL
 // (scheme://user:password@host...) before anything parses it, and returns
 // the URL without it, and the user and the password, percent-decoded
-// where they are validly encoded and as written where they are not. ok
-// reports whether the URL had user information; hasPassword whether it
-// had a password (a ":" in it).
+// where they are validly encoded. ok reports whether the URL had user
+// information; hasPassword whether it had a ":".
 //
-// Parsers take the user information to end at the first "/" after
-// "://", so a password that holds an unencoded "/" (base64) would leave
-// its tail in the host or the path, to be quoted in their error messages.
-// Here it ends at the last "@" of the URL, since a host holds none; for
-// unix:// and unixs:// URLs, whose socket path may hold one, at the first
-// "@/". A URL whose authority is empty (scheme:///path) has none.
+// Parsers end the user information at the first "/" after "://", so a
+// password with an unencoded "/" (base64) would leave its tail in the
+// host or path, to be quoted in their error messages. Here it ends at the
+// last "@" of the URL, since a host holds none; for unix:// and unixs://
+// URLs, whose socket path may hold one, at the first "@/". A URL whose
+// authority is empty (scheme:///path) has none.
 func SplitUserinfo(raw string) (stripped, user, password string, hasPassword, ok bool) {
 	scheme, body, found := strings.Cut(raw, "://")
 	if !found {
@@ -68,8 +64,7 @@ func SplitUserinfo(raw string) (stripped, user, password string, hasPassword, ok
 	return scheme + "://" + after, unescape(user), unescape(password), hasPassword, true
 }
 
-// cutUserinfo splits the part of a URL after "scheme://" at the end of
-// its user information, by SplitUserinfo's rule.
+// cutUserinfo splits what follows "scheme://" by SplitUserinfo's rule.
 func cutUserinfo(scheme, body string) (info, after string, ok bool) {
 	if body == "" || body[0] == '/' {
 		return "", body, false
@@ -84,8 +79,7 @@ func cutUserinfo(scheme, body string) (info, after string, ok bool) {
 	return body[:at], body[at+1:], true
 }
 
-// afterLastAt drops everything up to the last "@" of addresses without a
-// scheme (user:password@host:port).
+// afterLastAt drops all up to the last "@" of addresses without a scheme.
 func afterLastAt(s string) string {
 	if i := strings.LastIndexByte(s, '@'); i >= 0 {
 		return s[i+1:]

@@ -6,10 +6,6 @@ import (
 	"time"
 )
 
-// statusTimeout bounds one read of a slot's status for the agreement of a
-// pool, at least.
-const statusTimeout = 5 * time.Second
-
 // ReadStatus reports who holds lock in s, without campaigning.
 func ReadStatus(ctx context.Context, s Store, lock string) (Status, error) {
 	lk := s.Lock(lock)
@@ -29,10 +25,19 @@ func ReadStatus(ctx context.Context, s Store, lock string) (Status, error) {
 // most limit of them (limit <= 0: all the store keeps, at most
 // HistoryLimit). A lock never held has an empty history.
 func ReadHistory(ctx context.Context, s Store, lock string, limit int) ([]Term, error) {
-	return readHistory(ctx, s.Lock(lock), limit)
+	d, err := s.Lock(lock).ReadDoc(ctx, DocHistory)
+	if err != nil {
+		return nil, err
+	}
+	return NewestFirst(DecodeTerms(d.Data), limit), nil
 }
 
-// lockStatus is the status of lk, as its kind of store tells it.
+// ReadMarker returns the completion marker of the once-key key in lock,
+// nil if there is none or it expired. It needs no lease.
+func ReadMarker(ctx context.Context, s Store, lock, key string) (*Marker, error) {
+	return completedIn(ctx, s.Lock(lock), key, time.Now())
+}
+
 func lockStatus(ctx context.Context, lk Lock) (Status, error) {
 	switch lk := lk.(type) {
 	case QueueLock:
@@ -70,10 +75,4 @@ func recordStatus(rec Record, now time.Time) Status {
 	}
 	st.Held, st.Identity, st.Token, st.TTL, st.Node, st.Holders = true, rec.Holder, rec.Token, rec.TTL, rec.Node, rec.Holders
 	return st
-}
-
-// ReadMarker returns the completion marker of the once-key key in lock,
-// nil if there is none or it expired. It needs no lease.
-func ReadMarker(ctx context.Context, s Store, lock, key string) (*Marker, error) {
-	return completedIn(ctx, s.Lock(lock), key, time.Now())
 }

@@ -5,10 +5,9 @@ import (
 	"time"
 )
 
-// Timings are how a lease is timed. They are one value, built from the
-// command line, validated once (Validate, which runner.New calls) and
-// handed to the runner, to the driver and, in every Claim, to the store.
-// A store defines no timing defaults of its own.
+// Timings are how a lease is timed: one value, built from the command
+// line, validated once (runner.New calls Validate) and handed to the
+// runner, the driver and, in every Claim, the store.
 type Timings struct {
 	// LeaseDuration is the TTL asked of the store: how long after the
 	// last acknowledged renewal another candidate may take over. Longer
@@ -17,21 +16,18 @@ type Timings struct {
 	// KillGrace, so that the child is dead before the store lets the
 	// lease go. Command line default: 15 s.
 	LeaseDuration time.Duration
-
 	// RenewDeadline is how long the runner tolerates no acknowledged
 	// renewal, counted from the send time of the last one, before it
 	// stops the child. Too short stops healthy jobs on a brief store
 	// hiccup; too long leaves too little of the lease for the kill
 	// grace. Command line default: 10 s.
 	RenewDeadline time.Duration
-
 	// RetryPeriod is the interval between renewals and between retries
 	// of a failed one, and the pace at which a waiter looks at a store
 	// that cannot tell it of changes. It must be well under RenewDeadline
 	// (RenewDeadline > 1.2 × RetryPeriod) so that several attempts fit.
 	// Command line default: 2 s.
 	RetryPeriod time.Duration
-
 	// KillGrace is the time from the kill signal to SIGKILL of the
 	// child's whole tree; it counts against LeaseDuration. Command line
 	// default: 3 s.
@@ -47,12 +43,7 @@ const (
 )
 
 // DefaultTimings are the command line's defaults.
-var DefaultTimings = Timings{
-	LeaseDuration: DefaultLeaseDuration,
-	RenewDeadline: DefaultRenewDeadline,
-	RetryPeriod:   DefaultRetryPeriod,
-	KillGrace:     DefaultKillGrace,
-}
+var DefaultTimings = Timings{DefaultLeaseDuration, DefaultRenewDeadline, DefaultRetryPeriod, DefaultKillGrace}
 
 // MaxDuration bounds every timing: a day is longer than any store's
 // lease needs to be, and with every term bounded the sums below cannot
@@ -94,13 +85,12 @@ func (t Timings) AttemptTimeout() time.Duration {
 	return max(t.RetryPeriod, t.RenewDeadline/3)
 }
 
-// CheckGranted checks the TTL a store granted for the lease duration
-// asked, which may differ from it (etcd rounds to whole seconds;
-// ZooKeeper's leaves out how much earlier than its session timeout an
-// ensemble may expire a session). Zero means the lease never expires by
-// itself. The message says which lease duration would do, on the
-// assumption that the store grants what is asked less the same amount, as
-// it does unless it caps the TTL.
+// CheckGranted checks the TTL a store granted, which may differ from the
+// lease duration asked (etcd rounds to whole seconds; ZooKeeper's leaves
+// out how much earlier than its session timeout an ensemble may expire a
+// session); zero never expires by itself. The message says which lease
+// duration would do, assuming the store grants what is asked less the
+// same amount, as it does unless it caps the TTL.
 func (t Timings) CheckGranted(ttl time.Duration) error {
 	if ttl > 0 && ttl <= t.RenewDeadline+t.KillGrace {
 		return fmt.Errorf("the store granted a lease of %v for --lease-duration %v, not more than --renew-deadline (%v) + --kill-grace (%v): "+

@@ -55,10 +55,10 @@ type candidate struct {
 	watchDone chan struct{}
 }
 
-// Join implements backends.QueueLock: it registers the candidate's check
-// and creates its lock session (even if ctx ends meanwhile, so that a
-// withdrawal can remove them), and tries to acquire the key; if it is
-// held, it queues (unless try), kept alive meanwhile by keepAlive.
+// Join registers the candidate's check and creates its lock session (even
+// if ctx ends meanwhile, so that a withdrawal can remove them), and tries
+// to acquire the key; if it is held, it queues (unless try), kept alive
+// meanwhile by keepAlive.
 func (l *lock) Join(ctx context.Context, c backends.Claim, try bool) (backends.Ticket, error) {
 	t := &candidate{l: l, claim: c, delay: l.s.LockDelay(c.Timings), check: checkPrefix + rand.Text(), alive: context.Background(),
 		lastAck: time.Now(), Loss: backends.NewLoss()}
@@ -101,8 +101,8 @@ func (l *lock) Join(ctx context.Context, c backends.Claim, try bool) (backends.T
 	return t, nil
 }
 
-// Lead implements backends.Ticket. The keep-alive stops before it returns
-// the grant: from then on the runner's renewals are the only ones.
+// Lead stops the keep-alive before it returns the grant: from then on the
+// runner's renewals are the only ones.
 func (t *candidate) Lead(ctx context.Context) (backends.Grant, error) {
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -161,8 +161,8 @@ func (t *candidate) attempt(ctx context.Context) error {
 	return nil
 }
 
-// Leave implements backends.Ticket: it stops the keep-alive and withdraws
-// the candidacy, or releases a grant that Lead never handed out.
+// Leave withdraws the candidacy, or releases a grant that Lead never
+// handed out.
 func (t *candidate) Leave(ctx context.Context) error {
 	switch {
 	case t.handed:
@@ -206,8 +206,7 @@ func (t *candidate) close(ctx context.Context) error {
 	return nil
 }
 
-// The candidate is its own grant once Lead returned it: the methods below
-// implement backends.Grant.
+// The candidate is its own grant once Lead returned it.
 func (t *candidate) Token() uint64       { return t.rec.Token }
 func (t *candidate) TTL() time.Duration  { return t.claim.Timings.LeaseDuration }
 func (t *candidate) Acquired() time.Time { return t.acquired }
@@ -275,8 +274,6 @@ func (t *candidate) Release(ctx context.Context) error {
 	return t.close(ctx)
 }
 
-// WriteDoc writes d in a transaction that checks that the lock key is
-// still held by this session.
 func (t *candidate) WriteDoc(ctx context.Context, d backends.Doc) error {
 	return t.l.writeDoc(ctx, d, t.session)
 }

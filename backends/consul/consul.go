@@ -1,17 +1,10 @@
-// Package consul is the Consul store, a backends.QueueLock. A candidate
+// Package consul is the Consul store, a backends.QueueLock: a candidate
 // acquires the key <prefix><lock> with a session whose TTL is the lease
-// duration; one that finds it held joins a queue of keys under
-// <prefix><lock>:queue/, ordered by CreateIndex. The first in line watches
-// the lock key, every other waiter the entry ahead of its own (as etcd's
-// election does), so that a change of leader wakes two waiters, not all.
-//
-// Sessions are bound to a TTL check of the candidate's own on the agent,
-// not to serfHealth: the check turns critical a lease after its holder's
-// last renewal, and Consul ends the session at once (docs/safety.md,
-// "Consul: a session bound to a TTL check of its own"). The token is the
-// key's ModifyIndex right after the acquisition, a Raft index: unlike
-// LockIndex, it grows even across a deletion of the key. The documents
-// are the keys <prefix><lock>:history and :markers.
+// duration, bound to a TTL check of its own (docs/safety.md, "Consul: a
+// session bound to a TTL check of its own"); one that finds it held joins
+// a queue under <prefix><lock>:queue/. The token is the key's ModifyIndex
+// right after the acquisition. docs/backends/consul.md describes the keys,
+// the queue and the token.
 package consul
 
 import (
@@ -26,22 +19,6 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/leaderrun/leaderrun/backends"
-)
-
-// Limits Consul puts on sessions: the TTL (session_ttl_min's default, and
-// the fixed maximum) and the lock-delay.
-const (
-	MinTTL       = 10 * time.Second
-	MaxTTL       = 24 * time.Hour
-	MaxLockDelay = 60 * time.Second
-	// DefaultLockDelay, as Config.LockDelay, is the kill grace plus a
-	// second (at most MaxLockDelay): a holder whose session someone else
-	// ended hears of it within a round trip, and stops its command.
-	DefaultLockDelay time.Duration = -1
-	// requestTimeout bounds every request (a blocking query: and its
-	// wait), so that a stalled connection cannot hang a campaign; maxWait
-	// caps a blocking query (Consul caps it at 10 minutes).
-	requestTimeout, maxWait = 10 * time.Second, 5 * time.Minute
 )
 
 // Config describes one Consul datacenter.
@@ -60,6 +37,22 @@ type Config struct {
 	// DefaultLockDelay.
 	LockDelay time.Duration
 }
+
+// Limits Consul puts on sessions: the TTL (session_ttl_min's default, and
+// the fixed maximum) and the lock-delay.
+const (
+	MinTTL       = 10 * time.Second
+	MaxTTL       = 24 * time.Hour
+	MaxLockDelay = 60 * time.Second
+	// DefaultLockDelay, as Config.LockDelay, is the kill grace plus a
+	// second (at most MaxLockDelay): a holder whose session someone else
+	// ended hears of it within a round trip, and stops its command.
+	DefaultLockDelay time.Duration = -1
+	// requestTimeout bounds every request (a blocking query: and its
+	// wait), so that a stalled connection cannot hang a campaign; maxWait
+	// caps a blocking query (Consul caps it at 10 minutes).
+	requestTimeout, maxWait = 10 * time.Second, 5 * time.Minute
+)
 
 // Store is one Consul datacenter, reached through one agent.
 type Store struct {
@@ -94,12 +87,11 @@ func Open(cfg Config) (*Store, error) {
 	return &Store{client: client, http: hc, addr: apiCfg.Address, prefix: cfg.Prefix, lockDelay: cfg.LockDelay}, nil
 }
 
-// Name, Lock and Close implement backends.Store.
 func (s *Store) Name() string                   { return "consul" }
 func (s *Store) Lock(name string) backends.Lock { return &lock{s: s, key: s.prefix + name} }
 func (s *Store) Close() error                   { s.http.CloseIdleConnections(); return nil }
 
-// CheckTimings implements backends.TimingsChecker: the lease is the TTL.
+// CheckTimings: the lease is the session's TTL.
 func (s *Store) CheckTimings(t backends.Timings) error {
 	if d := t.LeaseDuration; d < MinTTL || d > MaxTTL {
 		return fmt.Errorf("--lease-duration %v: a Consul session TTL must be within %v and %v", d, MinTTL, MaxTTL)
@@ -128,8 +120,8 @@ func (l *lock) queuePrefix() string { return l.key + ":queue/" }
 var errSessionGone = fmt.Errorf("consul: session invalidated: %w", backends.ErrEnded)
 
 // failed wraps an error of op on key, naming the address (never the
-// token): ErrUnavailable, and ErrRefused too unless asking again may help
-// (a network error, a server error, rate limiting may pass).
+// token): ErrUnavailable, and ErrRefused too unless it may pass (a network
+// error, a server error, rate limiting).
 func (s *Store) failed(op, key string, err error) error {
 	var se api.StatusError
 	if errors.As(err, &se) && se.Code < 500 && se.Code != http.StatusTooManyRequests ||
@@ -172,8 +164,8 @@ func (s *Store) get(ctx context.Context, key string, index uint64, wait time.Dur
 }
 
 // nextIndex is the index for the next blocking query after one that
-// returned got: an index that went backwards (a snapshot restore, a new
-// dev agent) starts over from 0, which does not block; 0 becomes 1.
+// returned got: one that went backwards (a snapshot restore) starts over
+// from 0, which does not block; 0 becomes 1.
 func nextIndex(prev, got uint64) uint64 {
 	if got < prev {
 		return 0
@@ -181,7 +173,6 @@ func nextIndex(prev, got uint64) uint64 {
 	return max(got, 1)
 }
 
-// sleep pauses for d, or until ctx ends, whose error it then returns.
 func sleep(ctx context.Context, d time.Duration) error {
 	select {
 	case <-ctx.Done():
@@ -199,7 +190,7 @@ const recordFlags uint64 = 0x6c72756e_00000002 // "lrun", format 2
 // record is the lock key's value while leaderrun holds it, in JSON for
 // `consul kv get`. Token is 0 until the release writes it (the key's
 // ModifyIndex is the token). The lock-delay tells the first in line how
-// long an invalidated key stays refused; Holders is the pool's size.
+// long an invalidated key stays refused.
 type record struct {
 	Identity  string `json:"identity"`
 	Token     uint64 `json:"token,omitempty"`
@@ -229,9 +220,8 @@ func holderOf(pair *api.KVPair) (st backends.Status, lockDelay time.Duration) {
 	return st, lockDelay
 }
 
-// Status implements backends.QueueLock: Waiting counts the live entries
-// of the queue, Remaining is -1 (Consul does not tell). It needs key:read
-// on the prefix; without session:read, it shows no node.
+// Status: Waiting counts the live entries of the queue; Consul does not
+// tell the time left. Without session:read, it shows no node.
 func (l *lock) Status(ctx context.Context) (backends.Status, error) {
 	st := backends.Status{Remaining: -1, Waiting: -1}
 	pair, _, err := l.s.get(ctx, l.key, 0, 0)
@@ -258,7 +248,7 @@ func (l *lock) Status(ctx context.Context) (backends.Status, error) {
 
 func (l *lock) docKey(name string) string { return l.key + ":" + name }
 
-// ReadDoc implements backends.Lock: consistent, versioned by ModifyIndex.
+// ReadDoc reads consistently, versioned by ModifyIndex.
 func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
 	d, key := backends.Doc{Name: name}, l.docKey(name)
 	pair, _, err := l.s.client.KV().Get(key, (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
@@ -274,7 +264,6 @@ func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
 	return d, nil
 }
 
-// WriteDoc implements backends.Lock.
 func (l *lock) WriteDoc(ctx context.Context, d backends.Doc) error { return l.writeDoc(ctx, d, "") }
 
 // writeDoc writes d if it is still at d.Version (nil: absent) and, with a

@@ -19,10 +19,9 @@ import (
 const checkName, checkPrefix = "leaderrun", "leaderrun:"
 
 // parkedTTL is the check's TTL of a waiter further back in the queue (or
-// the lease duration, if longer): it holds no lock session and passes its
-// check every 5 minutes, as its blocking query ends, so that a change of
-// leader makes only the two waiters at the front send anything. The
-// price: one that dies without a word keeps its place up to parkedTTL.
+// the lease duration, if longer), so that a change of leader makes only
+// the two at the front send anything (docs/backends/consul.md, "Waiting:
+// a queue", gives the price).
 const parkedTTL = 10 * time.Minute
 
 // queue lists the entries of the lock's queue of waiters, oldest first.
@@ -186,13 +185,11 @@ func (t *candidate) registerCheck(ctx context.Context, ttl time.Duration) error 
 	return nil
 }
 
-// createSession creates the candidate's lock session (forLock), bound to
-// its check alone, or its queue session: no TTL (a parked waiter need not
-// renew it), bound to serfHealth too (a host cut off from the servers
-// loses its place), its entry deleted with it. The body is sent as is:
-// api.Session.Create drops a zero LockDelay (Consul reads 15 s), and
-// Consul adds serfHealth to a session without NodeChecks. A refusal of a
-// check the agent has not put in the catalog yet is retried.
+// createSession creates the candidate's lock session (forLock) or its
+// queue session, as docs/backends/consul.md describes them. The body is
+// sent as is: api.Session.Create drops a zero LockDelay (Consul reads
+// 15 s), and Consul adds serfHealth to a session without NodeChecks. A
+// refusal of a check the agent has not put in the catalog yet is retried.
 func (t *candidate) createSession(ctx context.Context, forLock bool) (string, error) {
 	body := map[string]any{"Name": "leaderrun " + t.l.key + ":queue", "LockDelay": "0s",
 		"Behavior": api.SessionBehaviorDelete, "NodeChecks": []string{"serfHealth", t.check}}

@@ -14,19 +14,16 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// Bounds on what leaderrun reads from the agent, so that a broken or
-// hostile server gets an error and never our memory.
+// Bounds on what leaderrun reads from the agent. maxAnswer caps every
+// answer's body: the largest leaderrun reads is a lock's queue (200 bytes
+// per waiter: 10,000 fit) or a document (170 KiB in base64); decoding
+// costs up to 3 times that, well within the 64 MiB a leaderrun may use.
+// maxHeader caps an answer's header; Consul's are a few hundred bytes.
 const (
-	// maxAnswer caps every answer's body. The largest leaderrun reads is
-	// a lock's queue (200 bytes per waiter: 10,000 fit) or a document
-	// (backends.MaxDoc, 170 KiB in base64); decoding costs up to 3 times
-	// that, well within the 64 MiB that a leaderrun may use.
 	maxAnswer = 2 << 20
-	// maxHeader caps an answer's header; Consul's are a few hundred bytes.
 	maxHeader = 64 << 10
 )
 
-// errTooLarge is an answer longer than maxAnswer.
 var errTooLarge = fmt.Errorf("consul: answer longer than the %d MiB leaderrun reads", maxAnswer>>20)
 
 // errRedirect: none is followed, since the request carries the ACL token,
@@ -35,11 +32,9 @@ var errRedirect = errors.New("consul: the agent answered with a redirect, which 
 
 // CheckAddress refuses an agent address with user information
 // (http://user:password@host), which Consul's client would repeat in every
-// error; its own error names the address redacted. Open checks it too.
+// error. It is found by backends.Redact's rule, not by a parser's, which a
+// password holding "/" would mislead.
 func CheckAddress(addr string) error {
-	// Found by backends.Redact's rule, not by a parser's: a password
-	// holding "/" ends the host part for a parser, which would then find
-	// no user information.
 	if r := backends.Redact(addr); r != addr {
 		return fmt.Errorf("address %s: user information in the address is not supported; give the ACL token with --consul-token-file or CONSUL_HTTP_TOKEN, HTTP basic authentication with CONSUL_HTTP_AUTH", r)
 	}
@@ -76,7 +71,6 @@ func newClient(cfg *api.Config) (*api.Client, *http.Client, error) {
 // requestTimeout at most, a blocking query its wait more.
 type boundedTransport struct{ base http.RoundTripper }
 
-// RoundTrip implements http.RoundTripper.
 func (t *boundedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	timeout := requestTimeout
 	if wait, err := time.ParseDuration(req.URL.Query().Get("wait")); err == nil {

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -18,83 +18,56 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// DefaultDialTimeout is Config.DialTimeout's default: etcdctl's
-// --dial-timeout.
-const DefaultDialTimeout = 2 * time.Second
-
-const (
-	// requestTimeout bounds a request made before leadership once a
-	// connection is ready: etcdctl's --command-timeout.
-	requestTimeout = 5 * time.Second
-
-	// keepAliveTime and keepAliveTimeout are etcdctl's --keepalive-time
-	// and --keepalive-timeout: a connection silent for keepAliveTime is
-	// pinged, and dropped if the ping is not answered within
-	// keepAliveTimeout, so that a black-holed member is left for another.
-	// gRPC raises a time below 10 s to 10 s.
-	keepAliveTime    = 2 * time.Second
-	keepAliveTimeout = 6 * time.Second
-)
-
-// What leaderrun reads from etcd is small: at most two candidates' keys
-// (their values are identities, at most 256 bytes), a count, watch events
-// on one key, and a lock's two documents (at most 64 KiB of history, 16 KiB
-// of markers: backends/journal.go). recvLimit bounds every answer above
-// that, and well below what
-// could hurt: the smallest protobuf elements decode into many times their
-// size (an empty KeyValue is 2 bytes on the wire and about 170 bytes in
-// memory, measured by TestReceiveLimitBoundsMemory), so an answer of
-// recvLimit bytes decodes into about 11 MiB at worst. With the runtime's
-// own (about 16 MiB) and the collector's slack (a heap may grow to twice
-// what is live), leaderrun stays well under 64 MiB whatever a server
-// sends (e2e TestEtcdHostileStore; 256 KiB came to 60 MiB). A larger
-// answer fails its request with "received message larger than max".
-const (
-	recvLimit = 128 << 10
-
-	// maxHeaderList bounds the headers and trailers of one answer
-	// (etcd's are a few hundred bytes; gRPC's default is 16 MiB).
-	maxHeaderList = 64 << 10
-)
-
-// Config describes one etcd cluster. The zero value of each field is
-// noted.
+// Config describes one etcd cluster.
 type Config struct {
 	// Endpoints are the client URLs of the cluster's members, as etcdctl
 	// takes them: http://host:port, https://host:port, host:port (TLS if
 	// TLS is set), unix://path or unixs://path (TLS). They must agree on
 	// TLS (see CheckEndpoints). Required.
 	Endpoints []string
-
 	// TLS secures the connection; see LoadTLS. Nil: plain TCP, except
 	// for https:// and unixs:// endpoints, which get TLS with the
 	// system's roots.
 	TLS *tls.Config
-
 	// Username and Password authenticate against etcd's auth. Empty: none.
 	Username, Password string
-
 	// DialTimeout bounds authentication, and every request made before
-	// leadership while no connection is ready: without it, the client
-	// would wait for a connection for as long as the campaign may wait.
-	// Zero: DefaultDialTimeout.
+	// leadership while no connection is ready. Zero: DefaultDialTimeout.
 	DialTimeout time.Duration
-
 	// Prefix begins the key of every lock: the election of lock L is
 	// <Prefix>L.
 	Prefix string
-
 	// Log receives the etcd client's own warnings and errors. Nil:
 	// nothing is logged.
 	Log *slog.Logger
 }
 
+// etcdctl's --dial-timeout, Config.DialTimeout's default; its
+// --command-timeout, bounding a request before leadership once a
+// connection is ready; and its --keepalive-time and --keepalive-timeout,
+// so that a black-holed member is left for another (gRPC raises a time
+// below 10 s to 10 s).
+const (
+	DefaultDialTimeout = 2 * time.Second
+	requestTimeout     = 5 * time.Second
+	keepAliveTime      = 2 * time.Second
+	keepAliveTimeout   = 6 * time.Second
+)
+
+// recvLimit bounds every answer: above the largest leaderrun reads (two
+// keys, a count, watch events, the 64 KiB history), and low enough that
+// one decodes into 11 MiB at worst (docs/backends/etcd.md, "Bounded
+// against a hostile server"). maxHeaderList bounds an answer's headers
+// and trailers (etcd's are a few hundred bytes; gRPC's default is 16 MiB).
+const (
+	recvLimit     = 128 << 10
+	maxHeaderList = 64 << 10
+)
+
 // clientConfig is the etcd client's configuration for cfg, as etcdctl
-// builds it, with the receive limits above.
-//
-// Credentials (the password, the auth token, the client certificate) go
-// only to the endpoints given: gRPC follows no redirects, and the client
-// does not sync its endpoints from the member list (AutoSyncInterval 0).
+// builds it, with the receive limits above. Credentials go only to the
+// endpoints given: gRPC follows no redirects, and the client does not
+// sync its endpoints from the member list (AutoSyncInterval 0).
 func clientConfig(cfg Config, log *slog.Logger) (clientv3.Config, error) {
 	if err := CheckEndpoints(cfg.Endpoints, cfg.TLS != nil); err != nil {
 		return clientv3.Config{}, fmt.Errorf("etcd: %w", err)
@@ -128,25 +101,19 @@ func clientConfig(cfg Config, log *slog.Logger) (clientv3.Config, error) {
 	}, nil
 }
 
-// CheckEndpoints checks that endpoints agree on TLS, with tlsOn telling
-// whether TLS files were given. etcd's client speaks to every endpoint as
-// its scheme asks for the first one (https:// and unixs:// with TLS,
-// http:// without, host:port and unix:// with TLS if tlsOn), so a list
-// that mixes them would send to some members in a way they did not ask
-// for: an unixs:// endpoint after an http:// one in clear text.
+// CheckEndpoints checks that endpoints agree on TLS (tlsOn: TLS files
+// were given). etcd's client speaks to every endpoint as the first one's
+// scheme asks for, so a list that mixes them would speak to some members
+// in a way they did not ask for: an unixs:// endpoint after an http://
+// one in clear text.
 func CheckEndpoints(endpoints []string, tlsOn bool) error {
 	secure := func(ep string) bool {
-		scheme, _, ok := strings.Cut(ep, "://")
-		switch {
-		case !ok && strings.HasPrefix(ep, "unixs:"):
-			return true
+		switch scheme, _, ok := strings.Cut(ep, "://"); {
 		case !ok:
-			return tlsOn
-		}
-		switch scheme {
-		case "https", "unixs":
+			return strings.HasPrefix(ep, "unixs:") || tlsOn
+		case scheme == "https", scheme == "unixs":
 			return true
-		case "http":
+		case scheme == "http":
 			return false
 		}
 		return tlsOn
@@ -174,24 +141,15 @@ func LoadTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 // lastError keeps the last error of a request's attempts, as gRPC gave it:
 // the client turns a deadline into the bare context error, which would
 // hide why no connection was ready (refused, a TLS failure, no answer).
-type lastError struct {
-	mu  sync.Mutex
-	err error
-}
+type lastError struct{ atomic.Pointer[error] }
 
 type lastErrorKey struct{}
-
-func withLastError(ctx context.Context, l *lastError) context.Context {
-	return context.WithValue(ctx, lastErrorKey{}, l)
-}
 
 // recordLastError is a gRPC interceptor around every attempt of a request.
 func recordLastError(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	if l, ok := ctx.Value(lastErrorKey{}).(*lastError); ok && err != nil {
-		l.mu.Lock()
-		l.err = err
-		l.mu.Unlock()
+		l.Store(&err)
 	}
 	return err
 }
@@ -199,12 +157,11 @@ func recordLastError(ctx context.Context, method string, req, reply any, cc *grp
 // detail is the last error for a message, or "" if it says no more than
 // that time ran out.
 func (l *lastError) detail() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.err == nil {
+	err := l.Load()
+	if err == nil {
 		return ""
 	}
-	desc := rpctypes.ErrorDesc(l.err)
+	desc := rpctypes.ErrorDesc(*err)
 	if desc == context.DeadlineExceeded.Error() || desc == context.Canceled.Error() {
 		return ""
 	}

@@ -16,13 +16,8 @@ import (
 )
 
 // grant is won leadership: the candidacy whose key leads the election.
-//
-// Nothing renews it but Renew, the runner's: the session was orphaned when
-// it won. A goroutine watches the key for its loss: etcd deletes it when
-// the lease is revoked or expires, or someone deletes or overwrites it, and
-// the watch reports that within a round trip. A lease that etcd no longer
-// knows is also reported by the next Renew. A store that cannot be asked
-// is the runner's business: its renew deadline expires first.
+// Nothing renews it but Renew, the runner's (the session was orphaned
+// when it won); a goroutine watches the key for its loss.
 type grant struct {
 	t     *ticket
 	key   string
@@ -54,9 +49,8 @@ func (g *grant) lostf(f string, a ...any) error {
 	return fmt.Errorf("etcd: "+f+": %w", append(a, backends.ErrLeaseLost)...)
 }
 
-// Renew implements backends.Grant with one keep-alive request. A lease
-// that is already known to be lost is not renewed: its key may be gone
-// while the lease itself lives on.
+// Renew sends one keep-alive request. A lease known to be lost is not
+// renewed: its key may be gone while the lease itself lives on.
 func (g *grant) Renew(ctx context.Context) error {
 	if err := g.Err(); err != nil {
 		return err
@@ -65,15 +59,14 @@ func (g *grant) Renew(ctx context.Context) error {
 	switch {
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
 		g.Set(g.lostf("lease %x of %s expired or was revoked", int64(g.ID()), g.key))
-		return g.Err()
 	case err != nil:
 		return fmt.Errorf("etcd %s: renew lease %x of %s: %w", g.store().endpoints, int64(g.ID()), g.key, err)
 	}
 	return g.Err()
 }
 
-// Release implements backends.Grant: revoking the lease deletes the key in
-// the same step, so the next candidate wakes after a single round trip.
+// Release revokes the lease, which deletes the key in the same step, so
+// the next candidate wakes after a single round trip.
 func (g *grant) Release(ctx context.Context) error {
 	if !g.BeginRelease() {
 		return nil
@@ -98,19 +91,17 @@ func (g *grant) Release(ctx context.Context) error {
 }
 
 // watchKey closes Lost when the key is deleted, or overwritten without our
-// lease. A watch that ends without either (its history was compacted, the
-// member lost its leader, etcd cancelled it) is replaced after a look at
-// the key; the client itself resumes a watch whose connection broke.
+// lease. A watch that ends without either (compacted, its member lost its
+// leader, cancelled) is replaced after a look at the key; the client
+// itself resumes a watch whose connection broke.
 func (g *grant) watchKey(ctx context.Context, from int64) {
 	cli := g.store().cli
 	retry := wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Jitter: 0.5, Steps: 64, Cap: time.Second}
 	pause := func() bool {
-		t := time.NewTimer(retry.Step())
-		defer t.Stop()
 		select {
 		case <-ctx.Done():
 			return false
-		case <-t.C:
+		case <-time.After(retry.Step()):
 			return true
 		}
 	}
@@ -163,24 +154,22 @@ func (g *grant) watchOnce(ctx context.Context, from *int64) (lost, heard bool) {
 	return false, heard
 }
 
-// lostBy says why ev loses the lease: it deletes the key or detaches it
-// from our lease; nil otherwise.
+// lostBy says why ev loses the lease; nil if it does not.
 func (g *grant) lostBy(ev *clientv3.Event) error {
 	switch {
 	case ev.Type == mvccpb.DELETE:
 		return g.lostf("key %s was deleted at revision %d (lease %x revoked or expired, or the key removed)",
 			g.key, ev.Kv.GetModRevision(), int64(g.ID()))
 	case ev.Kv.GetLease() != int64(g.ID()):
-		// Overwritten without our lease: the key no longer ends with
-		// it, so it no longer proves anything about us.
+		// The key no longer ends with our lease, so proves nothing.
 		return g.lostf("key %s was overwritten at revision %d and detached from lease %x",
 			g.key, ev.Kv.GetModRevision(), int64(g.ID()))
 	}
 	return nil
 }
 
-// WriteDoc implements backends.Grant: the document is written only if the
-// leader's key still has the create revision that is this grant's token.
+// WriteDoc writes d only if the leader's key still has the create
+// revision that is this grant's token.
 func (g *grant) WriteDoc(ctx context.Context, d backends.Doc) error {
 	err := g.t.l.writeDoc(ctx, d, clientv3.Compare(clientv3.CreateRevision(g.key), "=", int64(g.token)))
 	if errors.Is(err, backends.ErrLeaseLost) {
@@ -192,13 +181,11 @@ func (g *grant) WriteDoc(ctx context.Context, d backends.Doc) error {
 // docKey is where document name of the lock lives.
 func (l *lock) docKey(name string) string { return l.pfx + ":" + name }
 
-// ReadDoc implements backends.Lock; the version is the key's mod revision.
+// ReadDoc: the version is the key's mod revision.
 func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
 	d := backends.Doc{Name: name}
-	var resp *clientv3.GetResponse
-	err := l.s.reach(ctx, "read "+l.docKey(name), func(ctx context.Context) (err error) {
-		resp, err = l.s.cli.Get(ctx, l.docKey(name))
-		return err
+	resp, err := reach(ctx, l.s, "read "+l.docKey(name), func(ctx context.Context) (*clientv3.GetResponse, error) {
+		return l.s.cli.Get(ctx, l.docKey(name))
 	})
 	if err != nil || len(resp.Kvs) == 0 {
 		return d, err
@@ -207,10 +194,7 @@ func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
 	return d, nil
 }
 
-// WriteDoc implements backends.Lock.
-func (l *lock) WriteDoc(ctx context.Context, d backends.Doc) error {
-	return l.writeDoc(ctx, d)
-}
+func (l *lock) WriteDoc(ctx context.Context, d backends.Doc) error { return l.writeDoc(ctx, d) }
 
 // writeDoc puts d in a transaction conditional on the document's mod
 // revision and on fence; a fence that fails is a lost lease.
@@ -218,11 +202,9 @@ func (l *lock) writeDoc(ctx context.Context, d backends.Doc, fence ...clientv3.C
 	key := l.docKey(d.Name)
 	rev, _ := d.Version.(int64)
 	cmp := clientv3.Compare(clientv3.ModRevision(key), "=", rev)
-	var resp *clientv3.TxnResponse
-	err := l.s.reach(ctx, "write "+key, func(ctx context.Context) (err error) {
-		resp, err = l.s.cli.Txn(ctx).If(append(fence, cmp)...).Then(clientv3.OpPut(key, string(d.Data))).
+	resp, err := reach(ctx, l.s, "write "+key, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+		return l.s.cli.Txn(ctx).If(append(fence, cmp)...).Then(clientv3.OpPut(key, string(d.Data))).
 			Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).Commit()
-		return err
 	})
 	switch {
 	case err != nil:

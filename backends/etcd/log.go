@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"slices"
 
 	"go.uber.org/zap"
@@ -13,21 +14,15 @@ import (
 )
 
 // zapLogger is a logger for the etcd client that passes its warnings and
-// errors to log, one line each, with the client's fields as attributes;
-// what is below warn (its debug and info chatter) is dropped. Without it,
-// the client would build a logger of its own that writes to stderr in
-// zap's format.
-//
-// gRPC's own logger is left as it is: by default it writes only errors,
-// to stderr, and gRPC logs errors only on its own bugs.
+// errors to log, one line each, with the client's fields as attributes.
+// Without it, the client would write to stderr in zap's format. gRPC's
+// own logger is left as it is (docs/backends/etcd.md).
 func zapLogger(log *slog.Logger) *zap.Logger {
 	return zap.New(&slogCore{h: log.Handler().WithAttrs([]slog.Attr{slog.String("component", "etcd-client")})})
 }
 
 // slogCore is a zapcore.Core that writes to a slog.Handler.
-type slogCore struct {
-	h slog.Handler
-}
+type slogCore struct{ h slog.Handler }
 
 func (c *slogCore) Enabled(l zapcore.Level) bool {
 	return l >= zapcore.WarnLevel && c.h.Enabled(context.Background(), slogLevel(l))
@@ -57,16 +52,12 @@ func (c *slogCore) Sync() error { return nil }
 
 // ownDeadline reports whether the entry is about a request that ended
 // because its context did (the client warns of every such attempt):
-// leaderrun set that deadline, and reports the failure once, where it
-// handles it.
+// leaderrun reports that failure once, where it handles it.
 func ownDeadline(fields []zapcore.Field) bool {
 	for _, f := range fields {
 		if err, ok := f.Interface.(error); ok && f.Type == zapcore.ErrorType {
-			switch status.Code(err) {
-			case codes.DeadlineExceeded, codes.Canceled:
-				return true
-			}
-			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			if c := status.Code(err); c == codes.DeadlineExceeded || c == codes.Canceled ||
+				errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 				return true
 			}
 		}
@@ -81,18 +72,13 @@ func slogLevel(l zapcore.Level) slog.Level {
 	return slog.LevelWarn
 }
 
-// attrs turns zap's fields into slog attributes, in the order of their
-// keys (zap encodes them into a map).
+// attrs turns zap's fields into slog attributes, sorted by key.
 func attrs(fields []zapcore.Field) []slog.Attr {
 	enc := zapcore.NewMapObjectEncoder()
 	for _, f := range fields {
 		f.AddTo(enc)
 	}
-	keys := make([]string, 0, len(enc.Fields))
-	for k := range enc.Fields {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+	keys := slices.Sorted(maps.Keys(enc.Fields))
 	as := make([]slog.Attr, len(keys))
 	for i, k := range keys {
 		as[i] = slog.Any(k, enc.Fields[k])

@@ -14,18 +14,13 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// dir is the state directory, treated as hostile until proven otherwise: a
-// directory that others may write to (a shared /tmp) lets them plant
-// symlinks or pre-create files under the names leaderrun uses, and make it
-// (often running as root) overwrite, truncate or disclose other files, or
-// reset the token counter. So the directory must be owned by this user or
-// root and writable by its owner alone, and every directory above it
-// owned by this user or root and writable by nobody else unless it is
-// sticky (like /tmp); every file is opened relative to the directory's
-// descriptor with O_NOFOLLOW, and used only if it is a regular file owned
-// by this user or root, with no other hard link, and writable by its owner
-// alone. Whatever fails these checks is refused with
-// backends.ErrUnsafeState, naming the path and the reason.
+// dir is the state directory, treated as hostile until proven otherwise:
+// others who may write to it could plant symlinks or files under the
+// names leaderrun uses, and make it (often as root) overwrite, truncate or
+// disclose other files, or reset the token counter. The directory and
+// those above it are checked by openDir, every file by open; whatever
+// fails is refused with backends.ErrUnsafeState, naming the path and the
+// reason (docs/backends/local.md gives every rule and why).
 type dir struct {
 	path string
 	f    *os.File // O_DIRECTORY
@@ -41,11 +36,8 @@ type dir struct {
 // descriptor the walk holds, before anything is looked up or created in
 // it, and a symbolic link is followed only if this user or root owns it,
 // by walking its target the same way. So what is checked is what is
-// opened: the directories a link leads through are held to the same rule
-// as those written out, and a directory another user can change (to swap
-// the state directory between two runs) is refused, whichever way the
-// path reaches it. The state directory itself must be this user's alone
-// (checkStateDir).
+// opened, whichever way the path reaches it. The state directory itself
+// must be this user's alone (checkStateDir).
 func openDir(path string) (*dir, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -70,11 +62,10 @@ func openDir(path string) (*dir, error) {
 	}
 	f := os.NewFile(uintptr(fd), abs)
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		f.Close()
-		return nil, err
+	if err = unix.Fstat(fd, &st); err == nil {
+		err = checkStateDir(top.path, &st, euid)
 	}
-	if err := checkStateDir(top.path, &st, euid); err != nil {
+	if err != nil {
 		f.Close()
 		return nil, err
 	}
@@ -231,10 +222,9 @@ func readlinkat(dirfd int, name string) (string, error) {
 	return string(buf[:n]), nil
 }
 
-// checkStateDir checks the state directory itself: as any directory above
-// it, and writable by its owner alone, even if it is sticky: in a
-// directory like /tmp another user could create the files leaderrun uses
-// before it does, and fill it.
+// checkStateDir checks the state directory as any above it, and writable
+// by its owner alone even if sticky: in a directory like /tmp another
+// user could create the files leaderrun uses before it does.
 func checkStateDir(p string, st *unix.Stat_t, euid int) error {
 	if err := checkDir(p, st, euid); err != nil {
 		return err
@@ -308,11 +298,10 @@ func (d *dir) open(name string, flags int) (*os.File, error) {
 	}
 	f := os.NewFile(uintptr(fd), d.join(name))
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		f.Close()
-		return nil, err
+	if err = unix.Fstat(fd, &st); err == nil {
+		err = d.checkFile(name, &st)
 	}
-	if err := d.checkFile(name, &st); err != nil {
+	if err != nil {
 		f.Close()
 		return nil, err
 	}
@@ -340,9 +329,8 @@ func (d *dir) readFile(name string, max int) ([]byte, error) {
 }
 
 // writeFile replaces name with data so that after a crash either the old
-// or the new content is there, never a torn write: a new temporary file
-// (O_EXCL: never one someone planted), fsync, rename over name, fsync of
-// the directory.
+// or the new content is there: a new temporary file (O_EXCL: never one
+// someone planted), fsync, rename over name, fsync of the directory.
 func (d *dir) writeFile(name string, data []byte) error {
 	tmp := name + ".tmp"
 	f, err := d.open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL)
@@ -364,15 +352,14 @@ func (d *dir) writeFile(name string, data []byte) error {
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
-	if err := f.Close(); err != nil {
+	if err != nil {
 		return err
 	}
 	if err := unix.Renameat(d.fd(), tmp, d.fd(), name); err != nil {
@@ -398,7 +385,7 @@ func (d *dir) sameFile(f *os.File, name string) (bool, error) {
 }
 
 // lockState holds an exclusive flock on the directory itself for updates of
-// a state file, for microseconds; unlock with the returned function.
+// a state file; unlock with the returned function.
 func (d *dir) lockState() (func(), error) {
 	if err := flockFd(d.fd(), unix.LOCK_EX); err != nil {
 		return nil, err

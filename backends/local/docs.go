@@ -11,15 +11,11 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// A lock's documents (backends.DocHistory, backends.DocMarkers) are the
-// files <lock>.history and <lock>.markers, each rewritten whole (write,
-// fsync, rename) under an exclusive flock on the state directory, which
-// every instance using the directory takes for such updates only, for
-// microseconds. A document's version is the digest of its content.
-
+// docName is the file of a document: <lock>.history, <lock>.markers. Each
+// is rewritten whole (writeFile) under the state directory's flock, and
+// versioned by the digest of its content.
 func (l *lock) docName(name string) string { return l.name + "." + name }
 
-// ReadDoc implements backends.Lock.
 func (l *lock) ReadDoc(_ context.Context, name string) (backends.Doc, error) {
 	d, err := l.s.dir()
 	if err != nil {
@@ -41,14 +37,12 @@ func (l *lock) readDoc(d *dir, name string) (backends.Doc, error) {
 	return doc, nil
 }
 
-// WriteDoc implements backends.Lock.
 func (l *lock) WriteDoc(_ context.Context, doc backends.Doc) error {
 	return l.writeDoc(doc, nil)
 }
 
-// WriteDocHeld implements backends.RecordLock: the document is written
-// under the state directory's flock only if the lock file h holds is still
-// the one at the lock's path.
+// WriteDocHeld writes only if the lock file h holds is still the one at
+// the lock's path.
 func (l *lock) WriteDocHeld(_ context.Context, doc backends.Doc, h backends.Record) error {
 	return l.writeDoc(doc, func(d *dir) error { return l.check(d, h) })
 }

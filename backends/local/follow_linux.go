@@ -7,10 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -18,13 +16,9 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-var errEOF = io.EOF
-
-// Follow implements backends.RecordLock with an inotify watch of the lock
-// file: waiters wake when a holder closes it (release or death), and a
-// holder learns at once that its file was unlinked, renamed or replaced.
-// A waiter also holds a shared flock on <lock>.queue, which counts it for
-// status; the kernel drops it if the waiter dies.
+// Follow watches the lock file with inotify. A waiter also holds a shared
+// flock on <lock>.queue, which counts it for status; the kernel drops it
+// if the waiter dies.
 func (l *lock) Follow(_ context.Context, _ backends.Claim, h *backends.Record) (backends.Follower, error) {
 	d, err := l.s.dir()
 	if err != nil {
@@ -34,11 +28,11 @@ func (l *lock) Follow(_ context.Context, _ backends.Claim, h *backends.Record) (
 	if err != nil {
 		return nil, unavailable(l.s.path, "watch lock file", err)
 	}
-	f := &follower{w: w, ch: make(chan struct{}, 1), done: make(chan struct{})}
+	f := &follower{Wake: backends.NewWake(), w: w, done: make(chan struct{})}
 	if h == nil {
 		q, err := d.open(l.queueName(), unix.O_RDONLY|unix.O_CREAT)
 		if err == nil {
-			if err = flock(q, syscall.LOCK_SH); err != nil {
+			if err = flockFd(int(q.Fd()), unix.LOCK_SH); err != nil {
 				q.Close()
 			}
 		}
@@ -56,15 +50,14 @@ func (l *lock) Follow(_ context.Context, _ backends.Claim, h *backends.Record) (
 
 // follower is an inotify watch of a lock file.
 type follower struct {
+	backends.Wake
 	w      *watcher
 	queue  *os.File // a waiter's shared flock on the queue file
-	ch     chan struct{}
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
-func (f *follower) Changed() <-chan struct{} { return f.ch }
-func (f *follower) Behind() bool             { return false }
+func (f *follower) Behind() bool { return false }
 
 func (f *follower) Close() {
 	f.cancel()
@@ -75,35 +68,23 @@ func (f *follower) Close() {
 	}
 }
 
-func (f *follower) poke() {
-	select {
-	case f.ch <- struct{}{}:
-	default:
-	}
-}
-
-// run pokes on every event. The kernel reports the close of a file before
-// it drops the flock that goes with it, so a waiter woken by a holder that
-// died without unlocking (killed before it handed its lock file to its
-// command's watchdog) may look a moment too early, and would then wait for
-// an event that never comes: a waiter is poked again a few times within
-// some 20 ms of each event.
+// run pokes on every event, and a waiter again a few times within some
+// 20 ms of each: the kernel reports a close before it drops the flock that
+// goes with it (docs/backends/local.md).
 func (f *follower) run(ctx context.Context, waiter bool) {
 	defer close(f.done)
 	for {
 		if err := f.w.wait(ctx); err != nil {
 			return
 		}
-		f.poke()
+		f.Poke()
 		for delay := time.Millisecond; waiter && delay <= 16*time.Millisecond; delay *= 4 {
-			t := time.NewTimer(delay)
 			select {
 			case <-ctx.Done():
-				t.Stop()
 				return
-			case <-t.C:
+			case <-time.After(delay):
 			}
-			f.poke()
+			f.Poke()
 		}
 	}
 }
@@ -150,8 +131,8 @@ func (w *watcher) wait(ctx context.Context) error {
 func (w *watcher) close() { w.f.Close() }
 
 // isHeld asks the kernel, through /proc/locks, whether any process holds a
-// flock on f's inode. Unlike a probing flock it cannot disturb a candidate
-// that is trying the lock at the same moment.
+// flock on f's inode: a probing flock could disturb a candidate that is
+// trying the lock at the same moment.
 func isHeld(f *os.File, _ int) (bool, error) {
 	n, err := flockCount(f)
 	return n > 0, err
@@ -205,11 +186,8 @@ func flockCount(f *os.File) (int, error) {
 }
 
 // lockDevice is the device /proc/locks names f's inode by: its
-// superblock's, as /proc/self/mountinfo gives it for f's mount. That is
-// stat's device on most filesystems, but not on btrfs, where stat gives
-// the subvolume's (00:29 where /proc/locks says 00:28); so the mount is
-// found by its id (statx) and its device read from mountinfo, and stat's
-// is the fallback.
+// superblock's, read from /proc/self/mountinfo for f's mount, which is not
+// stat's on btrfs (docs/backends/local.md); stat's is the fallback.
 func lockDevice(f *os.File, st *unix.Stat_t) (major, minor uint32) {
 	major, minor = unix.Major(st.Dev), unix.Minor(st.Dev)
 	var sx unix.Statx_t

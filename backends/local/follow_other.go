@@ -4,18 +4,14 @@ package local
 
 import (
 	"context"
-	"io"
 	"os"
 	"syscall"
 
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-var errEOF = io.EOF
-
-// Follow implements backends.RecordLock: without inotify, waiters look
-// again every retry period and holders rely on their renewals. The local
-// store is for development off Linux; production hosts run Linux.
+// Follow: without inotify, waiters look again every retry period and
+// holders rely on their renewals.
 func (l *lock) Follow(context.Context, backends.Claim, *backends.Record) (backends.Follower, error) {
 	return nil, nil
 }

@@ -1,25 +1,10 @@
 // Package local is the store for one host and no server: flock(2) on
-// <dir>/<lock>.lock, with the fencing token kept in <dir>/<lock>.token.
-//
-// It is a backends.RecordLock whose clock is the kernel's: the flock is the
-// lease, and the kernel drops it when the last descriptor of its open file
-// goes away, so a holder that dies for any reason (SIGKILL included) frees
-// the lock at once; the lease never expires otherwise (TTL 0). The lock
-// file also holds the holder's record (identity, token, pid, owner and, in a
-// pool of N > 1 holders, N), which stays after release as proof of the last
-// token granted. The token is a counter incremented and made durable
-// (write, fsync, rename, fsync of the directory) while the lock is held, so
-// it survives crashes and reboots.
-//
-// The state directory is treated as hostile until proven otherwise (see
-// dir): a directory others can write to must not let them make leaderrun
-// write, truncate or read other files, or reset the counter. The counter
-// never wraps (it refuses to go past its top), and a missing counter file
-// next to a lock file or a history that records an earlier grant is refused
-// rather than restarted at 1.
-//
-// The local store is for development and for several instances on one
-// machine. It coordinates nothing across hosts.
+// <dir>/<lock>.lock, with the fencing token kept in <dir>/<lock>.token. It
+// is a backends.RecordLock whose clock is the kernel's: the flock is the
+// lease, dropped when its holder dies, and never expires otherwise (TTL
+// 0). The state directory is treated as hostile until proven otherwise
+// (dir). docs/backends/local.md describes the files, argues the token and
+// the lease, and gives every check of the state directory.
 package local
 
 import (
@@ -27,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -52,13 +38,9 @@ type Store struct {
 // on disk until a lock is first used.
 func Open(path string) *Store { return &Store{path: path} }
 
-// Name implements backends.Store.
-func (s *Store) Name() string { return "local" }
-
-// Lock implements backends.Store.
+func (s *Store) Name() string                   { return "local" }
 func (s *Store) Lock(name string) backends.Lock { return &lock{s: s, name: name} }
 
-// Close implements backends.Store.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -104,22 +86,18 @@ func (l *lock) lockName() string  { return l.name + ".lock" }
 func (l *lock) tokenName() string { return l.name + ".token" }
 func (l *lock) queueName() string { return l.name + ".queue" }
 
-// Key implements backends.Lock: the lock file's path.
+// Key is the lock file's path.
 func (l *lock) Key() string { return filepath.Join(l.s.path, l.lockName()) }
 
 // held is the Handle of a grant: the locked lock file.
 type held struct{ f *os.File }
 
-// LockFile is the locked lock file. The runner hands it to the command's
-// watchdog, which holds it until the command's whole tree is gone: a flock
-// belongs to the open file, and the kernel drops it only with the file's
-// last descriptor, so no candidate can take the lock while any of the tree
-// runs, even after leaderrun died (docs/safety.md, S10).
+// LockFile is the locked lock file, which the command's watchdog holds
+// until the command's whole tree is gone (S10).
 func (h *held) LockFile() *os.File { return h.f }
 
-// Get implements backends.RecordLock: the holder record in the lock file,
-// and whether any process holds its flock (Left is LeftUnknown while one
-// does, 0 once the kernel dropped it).
+// Get reads the holder record in the lock file, and whether any process
+// holds its flock (Left is LeftUnknown while one does, 0 once not).
 func (l *lock) Get(context.Context) (backends.Record, error) {
 	d, err := l.s.dir()
 	if err != nil {
@@ -149,12 +127,11 @@ func (l *lock) Get(context.Context) (backends.Record, error) {
 }
 
 // readRecord reads the holder record of the lock file f into rec, and
-// returns the holder's pid; the Version names the file and the grant, so
-// that a new file or a new grant reads as a change.
+// returns the holder's pid; the Version names the file and the grant.
 func readRecord(f *os.File, rec *backends.Record) (int, error) {
 	buf := make([]byte, 4096)
 	n, err := f.ReadAt(buf, 0)
-	if err != nil && n == 0 && !errors.Is(err, errEOF) {
+	if err != nil && n == 0 && !errors.Is(err, io.EOF) {
 		return 0, err
 	}
 	info := map[string]string{}
@@ -178,10 +155,8 @@ func readRecord(f *os.File, rec *backends.Record) (int, error) {
 	return pid, nil
 }
 
-// Take implements backends.RecordLock. The flock is the condition: the
-// lock is taken only if no process holds it, whatever prev says, and only
-// on the file that is at the lock's path (one replaced meanwhile is a
-// conflict, read again).
+// Take is conditional on the flock alone, whatever prev says, and only on
+// the file that is at the lock's path.
 func (l *lock) Take(_ context.Context, _ backends.Record, c backends.Claim) (backends.Record, error) {
 	d, err := l.s.dir()
 	if err != nil {
@@ -191,7 +166,7 @@ func (l *lock) Take(_ context.Context, _ backends.Record, c backends.Claim) (bac
 	if err != nil {
 		return backends.Record{}, unavailable(l.s.path, "open lock file", err)
 	}
-	err = flock(f, syscall.LOCK_EX|syscall.LOCK_NB)
+	err = flockFd(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 	if err == nil {
 		if same, serr := d.sameFile(f, l.lockName()); serr != nil || !same {
 			err = syscall.EWOULDBLOCK // our lock is on an orphan file
@@ -242,10 +217,8 @@ const maxTokenFile = 32
 
 // nextToken reads, increments and durably stores the counter, with the
 // lock held (f is the locked lock file). It never hands out a token that
-// was granted before: a counter that cannot be parsed is an error, never a
-// reset to zero; the counter refuses to wrap at the top of its range; and a
-// missing counter with proof of an earlier grant (the lock file's holder
-// record, the history) is an error, not a restart at 1.
+// was granted before: it refuses a counter it cannot parse, one at the top
+// of its range, and one missing beside proof of an earlier grant.
 func (l *lock) nextToken(d *dir, f *os.File) (uint64, error) {
 	path := filepath.Join(l.s.path, l.tokenName())
 	var cur uint64
@@ -294,10 +267,10 @@ func (l *lock) lastGranted(d *dir, f *os.File) (uint64, string) {
 	return 0, ""
 }
 
-// Keep implements backends.RecordLock: a flock never expires, so a
-// renewal only checks that the file it locks is still the one at the
-// lock's path. If it was removed or replaced, a newcomer can lock the new
-// file while we hold the old one: the one way to lose a flock.
+// Keep: a flock never expires, so a renewal only checks that the file it
+// locks is still the one at the lock's path. If it was removed or
+// replaced, a newcomer can lock the new file while we hold the old one:
+// the one way to lose a flock.
 func (l *lock) Keep(_ context.Context, h backends.Record) (backends.Record, error) {
 	d, err := l.s.dir()
 	if err != nil {
@@ -321,19 +294,17 @@ func (l *lock) check(d *dir, h backends.Record) error {
 	return nil
 }
 
-// Free implements backends.RecordLock: it unlocks the file and closes it,
-// which wakes waiters. Unlocked explicitly, not by the close: the watchdog
-// may still hold a descriptor of the same open file (see LockFile), and a
-// waiter that the close wakes must find the lock free. The holder record
-// stays: it is the proof of the last token should the token file go
-// missing.
+// Free unlocks the file and closes it, which wakes waiters. Unlocked
+// explicitly, not by the close: the watchdog may still hold a descriptor
+// of the same open file, and a waiter that the close wakes must find the
+// lock free. The holder record stays, as proof of the last token.
 func (l *lock) Free(_ context.Context, h backends.Record) error {
 	hd, ok := h.Handle.(*held)
 	if !ok {
 		return nil // not locked by this process: nothing to give up
 	}
 	f := hd.f
-	uerr := flock(f, syscall.LOCK_UN)
+	uerr := flockFd(int(f.Fd()), unix.LOCK_UN)
 	if err := f.Close(); err != nil {
 		return err
 	}
@@ -341,13 +312,4 @@ func (l *lock) Free(_ context.Context, h backends.Record) error {
 		return fmt.Errorf("local: unlock %s: %w", l.Key(), uerr)
 	}
 	return nil
-}
-
-func flock(f *os.File, how int) error {
-	for {
-		err := syscall.Flock(int(f.Fd()), how)
-		if !errors.Is(err, syscall.EINTR) {
-			return err
-		}
-	}
 }

@@ -13,10 +13,8 @@ import (
 )
 
 // candidacy is one bid for the lock, a session and the znode it creates:
-// the backends.Ticket and, once its znode leads, the backends.Grant. A
-// grant's one goroutine watches for its loss, the znode deleted by anyone
-// or the session expired, each reported within a round trip of the
-// ensemble telling it (S3).
+// the backends.Ticket and, once its znode leads, the backends.Grant, whose
+// goroutine watches for its loss (S3).
 type candidacy struct {
 	l        *lock
 	s        *session
@@ -38,7 +36,7 @@ type candidacy struct {
 var _ backends.Grant = (*candidacy)(nil)
 
 // open opens a candidacy's session, learning meanwhile, the first time,
-// the ensemble's minimum session timeout (see leaseTTL).
+// the ensemble's minimum session timeout (leaseTTL).
 func (st *Store) open(ctx context.Context, timeout time.Duration) (*session, time.Duration, error) {
 	probed := make(chan error, 1)
 	go func() { probed <- st.probe(ctx) }()
@@ -51,21 +49,16 @@ func (st *Store) open(ctx context.Context, timeout time.Duration) (*session, tim
 }
 
 // probeTimeout is the session timeout asked to learn the ensemble's
-// minimum session timeout, to which a server raises it. A smaller minimum
-// goes unseen, which only widens the margin (leaseTTL); a smaller probe
-// would make the library's deadlines before the answer too short.
+// minimum, to which a server raises it. A smaller minimum goes unseen,
+// which only widens the margin; a smaller probe would make the library's
+// deadlines before the answer too short.
 const probeTimeout = 100 * time.Millisecond
 
 // leaseTTL is how long after the send time of an acknowledged renewal the
 // runner may count on a session of negotiated timeout T, renewed every
-// retry (zero: unknown), on an ensemble whose minimum session timeout is
-// minTimeout: T − min(retry, T/3) − minTimeout/4. An ensemble's leader
-// times a session from the contacts its followers report, every half tick
-// (a quarter of the default minimum), and a follower cut off from it just
-// after a renewal never reports it; the last contact it did report came up
-// to the retry period, or the library's ping interval T/3, before
-// (docs/safety.md, "ZooKeeper: an ensemble may expire a session early").
-// The result is at least 1 ns: a zero TTL means one that never expires.
+// retry (zero: unknown): T − min(retry, T/3) − minTimeout/4, since an
+// ensemble may expire a session that early (docs/backends/zookeeper.md,
+// "The timing margin"). At least 1 ns: a zero TTL never expires.
 func leaseTTL(timeout, retry, minTimeout time.Duration) time.Duration {
 	contact := timeout / 3
 	if retry > 0 && retry < contact {
@@ -88,11 +81,10 @@ func (st *Store) probe(ctx context.Context) error {
 	return err
 }
 
-// Lead implements backends.Ticket: it waits, watching the candidate just
-// ahead of ours, until ours is first, and queues again if someone deleted
-// our znode. After a failed request (ErrUnavailable) the driver calls it
-// again: our znode lives as long as the session. With try it answers
-// within the connect timeout.
+// Lead waits, watching the candidate just ahead of ours, until ours is
+// first, and queues again if someone deleted our znode. After a failure
+// the driver calls it again: our znode lives as long as the session. With
+// try it answers within the connect timeout.
 func (cd *candidacy) Lead(ctx context.Context) (backends.Grant, error) {
 	rctx := ctx
 	if cd.try {
@@ -128,9 +120,9 @@ func (cd *candidacy) Lead(ctx context.Context) (backends.Grant, error) {
 	}
 }
 
-// Leave implements backends.Ticket: ending the session deletes our znode
-// (the library waits a second for the ensemble's answer; one out of reach
-// expires the session after its timeout).
+// Leave ends the session, which deletes our znode (the library waits a
+// second for the ensemble's answer; one out of reach expires the session
+// after its timeout).
 func (cd *candidacy) Leave(context.Context) error {
 	if !cd.won {
 		cd.s.close()
@@ -204,18 +196,14 @@ func (cd *candidacy) look(ctx context.Context) (sent time.Time, rank int, ahead 
 }
 
 // wait waits until the candidate ahead of ours changes, our session
-// expires, or ctx ends. A data watch, as Curator's: an exists watch on a
-// znode already gone would wait for a creation that never comes.
+// expires, or ctx ends.
 func (cd *candidacy) wait(ctx context.Context, ahead string) error {
-	ch, err := call(ctx, cd.s, func(z *zk.Conn) (<-chan zk.Event, error) {
-		_, _, ch, err := z.GetW(cd.l.dir + "/" + ahead)
-		return ch, err
-	})
+	w, err := getW(ctx, cd.s, cd.l.dir+"/"+ahead)
 	if err != nil {
 		return ignoreNoNode(err)
 	}
 	select {
-	case <-ch:
+	case <-w.ch:
 		cd.l.s.wakes.Add(1)
 		return nil
 	case <-cd.s.expired:
@@ -235,10 +223,7 @@ func ignoreNoNode(err error) error {
 // win turns the first place in the queue, seen after a sync sent at sent,
 // into a grant. It reports false if the znode is gone.
 func (cd *candidacy) win(ctx context.Context, sent time.Time) (bool, error) {
-	w, err := call(ctx, cd.s, func(z *zk.Conn) (watched, error) {
-		_, stat, ch, err := z.GetW(cd.Path())
-		return watched{stat, ch}, err
-	})
+	w, err := getW(ctx, cd.s, cd.Path())
 	switch {
 	case err != nil:
 		return false, ignoreNoNode(err)
@@ -260,17 +245,23 @@ type watched struct {
 	ch   <-chan zk.Event
 }
 
+// getW reads path and sets a data watch on it: an exists watch on a znode
+// already gone would wait for a creation that never comes (Curator's).
+func getW(ctx context.Context, s *session, path string) (watched, error) {
+	return call(ctx, s, func(z *zk.Conn) (watched, error) {
+		_, stat, ch, err := z.GetW(path)
+		return watched{stat, ch}, err
+	})
+}
+
 func (cd *candidacy) Token() uint64       { return cd.token }
 func (cd *candidacy) Acquired() time.Time { return cd.acquired }
 
-// TTL implements backends.Grant: the session timeout less the margin by
-// which an ensemble may expire the session early (leaseTTL).
+// TTL is the session timeout less the margin of leaseTTL.
 func (cd *candidacy) TTL() time.Duration { return cd.ttl }
 
-// Path is our znode.
 func (cd *candidacy) Path() string { return cd.l.dir + "/" + cd.name }
 
-// lose closes Lost, saying why.
 func (cd *candidacy) lose(format string, args ...any) {
 	cd.Set(fmt.Errorf("zookeeper: "+format+": %w", append(args, backends.ErrLeaseLost)...))
 }
@@ -303,10 +294,7 @@ func (cd *candidacy) watch(ctx context.Context, ch <-chan zk.Event) {
 		}
 		// The znode's data changed: a watch fires once, set it again. If
 		// that fails, renewals still see a loss.
-		w, err := call(ctx, cd.s, func(z *zk.Conn) (watched, error) {
-			_, stat, ch, err := z.GetW(cd.Path())
-			return watched{stat, ch}, err
-		})
+		w, err := getW(ctx, cd.s, cd.Path())
 		if errors.Is(err, zk.ErrNoNode) {
 			cd.lose("znode %s was deleted", cd.Path())
 			return
@@ -315,10 +303,9 @@ func (cd *candidacy) watch(ctx context.Context, ch <-chan zk.Event) {
 	}
 }
 
-// Renew implements backends.Grant: a sync, which passes through the
-// ensemble leader, then a read of our znode, answered once the sync is
-// done: proof that the znode existed in the ensemble's committed state
-// after the send time.
+// Renew: a sync, which passes through the ensemble leader, then a read of
+// our znode, answered once the sync is done: proof that the znode existed
+// in the ensemble's committed state after the send time.
 func (cd *candidacy) Renew(ctx context.Context) error {
 	if err := cd.Err(); err != nil {
 		return err
@@ -347,8 +334,8 @@ func (cd *candidacy) Renew(ctx context.Context) error {
 	return cd.Err()
 }
 
-// WriteDoc implements backends.Grant: the document's write and a check
-// that our znode exists, and so our leadership, in one transaction.
+// WriteDoc writes the document and checks that our znode exists, and so
+// our leadership, in one transaction.
 func (cd *candidacy) WriteDoc(ctx context.Context, d backends.Doc) error {
 	if err := cd.Err(); err != nil {
 		return err
@@ -371,8 +358,8 @@ func (cd *candidacy) WriteDoc(ctx context.Context, d backends.Doc) error {
 	return cd.Err()
 }
 
-// Release implements backends.Grant: it deletes our znode, unless the
-// lease was lost, and ends the session, and with it any other of ours.
+// Release deletes our znode, unless the lease was lost, and ends the
+// session, and with it any other of ours.
 func (cd *candidacy) Release(ctx context.Context) error {
 	if !cd.BeginRelease() {
 		return nil

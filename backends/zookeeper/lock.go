@@ -19,10 +19,9 @@ import (
 )
 
 // errSequenceWrapped: ZooKeeper numbers a sequential znode with its
-// parent's cversion, a signed 32-bit count of changes to its children, so
-// after about 10^9 candidacies it names candidates with negative numbers,
-// which would sort first. Deleting the lock's znode starts it again
-// (czxids, the tokens, go on growing).
+// parent's cversion, a signed 32-bit count, so after about 10^9
+// candidacies new candidates would sort first (docs/backends/zookeeper.md,
+// "Caveats").
 var errSequenceWrapped = errors.New("zookeeper: the lock's sequence counter wrapped (2^31 changes to its children): delete the lock's znode while nobody holds it")
 
 // lock is one lock's znode.
@@ -34,7 +33,7 @@ type lock struct {
 
 var _ backends.QueueLock = (*lock)(nil)
 
-// Key implements backends.Lock: the lock's znode.
+// Key is the lock's znode.
 func (l *lock) Key() string { return l.dir }
 
 // candidate is a child of the lock's znode named as Curator names a
@@ -76,8 +75,7 @@ type znode struct {
 	stat *zk.Stat
 }
 
-// Status implements backends.QueueLock. ZooKeeper does not tell how long
-// a session has left.
+// Status: ZooKeeper does not tell how long a session has left.
 func (l *lock) Status(ctx context.Context) (backends.Status, error) {
 	st := backends.Status{Remaining: -1}
 	type leader struct {
@@ -110,11 +108,10 @@ func (l *lock) Status(ctx context.Context) (backends.Status, error) {
 	return st, nil
 }
 
-// Join implements backends.QueueLock: a session whose timeout is the
-// lease duration, and the candidate's znode in it, within the connect
-// timeout. With try it lists the candidates first, and leaves no trace if
-// there is one. On failure it ends the session, and with it a znode whose
-// create lost its answer.
+// Join opens a session whose timeout is the lease duration, and creates
+// the candidate's znode in it. With try it lists the candidates first,
+// and leaves no trace if there is one. On failure it ends the session,
+// and with it a znode whose create lost its answer.
 func (l *lock) Join(ctx context.Context, c backends.Claim, try bool) (backends.Ticket, error) {
 	s, minTimeout, err := l.s.open(ctx, c.Timings.LeaseDuration)
 	if err != nil {
@@ -154,14 +151,9 @@ func (l *lock) Join(ctx context.Context, c backends.Claim, try bool) (backends.T
 	return cd, nil
 }
 
-// A lock's documents (backends.DocHistory, DocMarkers) are the data of the
-// persistent znodes history and markers in the lock's znode, whose data
-// version is the document's version: a write sets the data at the version
-// read, or creates the znode if none was, so that of two writers the
-// second fails (backends.ErrConflict) and reads again.
-
-// ReadDoc implements backends.Lock. The library bounds an answer to a
-// packet; a document longer than backends.MaxDoc is refused.
+// ReadDoc reads the data of the znode of the document's name in the
+// lock's, whose data version is the document's. The library bounds an
+// answer to a packet; a document longer than backends.MaxDoc is refused.
 func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
 	path := l.dir + "/" + name
 	z, err := read(ctx, l.s, "read "+path, func(z *zk.Conn) (znode, error) {
@@ -179,7 +171,7 @@ func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
 	return backends.Doc{Name: name}, err
 }
 
-// WriteDoc implements backends.Lock, creating the lock's znode if need be.
+// WriteDoc creates the lock's znode if need be.
 func (l *lock) WriteDoc(ctx context.Context, d backends.Doc) error {
 	path, op, err := l.docOp(d)
 	if err != nil {
@@ -212,8 +204,8 @@ func (l *lock) docOp(d backends.Doc) (string, any, error) {
 	return path, nil, fmt.Errorf("zookeeper: %s: version %v was not read from ZooKeeper", path, d.Version)
 }
 
-// docError is the error of a document's write: one created, changed or
-// deleted since it was read is backends.ErrConflict.
+// docError: a document created, changed or deleted since it was read is
+// backends.ErrConflict.
 func docError(s *Store, path string, err error) error {
 	switch {
 	case err == nil:

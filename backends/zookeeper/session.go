@@ -15,11 +15,9 @@ import (
 )
 
 // session is one connection of the client library and the ZooKeeper
-// session it carries. The library reconnects by itself, keeping the
-// session if it does so within the timeout, and after an expiry even
-// opens a new session on the same connection: a session here is the first
-// one only, and expired is closed once that one is gone. Events arrive
-// through the library's callback, which must not block.
+// session it carries. The library reconnects by itself, and after an
+// expiry even opens a new session on the same connection: a session here
+// is the first one only, and expired is closed once that one is gone.
 type session struct {
 	conn *zk.Conn
 
@@ -43,9 +41,9 @@ type session struct {
 }
 
 // connect opens a session that asks for timeout, and waits at most the
-// connect timeout for it. The servers share the time to answer the connect
-// request (share), as with the Java client, so that one that accepts
-// connections and never answers cannot hold the client.
+// connect timeout for it. The servers share the time to answer the
+// connect request (share), as with the Java client, so that one that
+// never answers cannot hold the client.
 func (st *Store) connect(ctx context.Context, timeout, share time.Duration) (*session, error) {
 	s := &session{connected: make(chan struct{}), expired: make(chan struct{}),
 		handshake: max(share/time.Duration(len(st.servers)), 100*time.Millisecond)}
@@ -93,9 +91,9 @@ func (s *session) ID() int64 { return s.id.Load() }
 // Timeout is the session timeout the ensemble granted.
 func (s *session) Timeout() time.Duration { return time.Duration(s.timeout.Load()) }
 
-// event is the library's callback. A leader's connection that drops is
-// only logged: the session survives a reconnection within its timeout, and
-// until then the runner's renew deadline runs.
+// event is the library's callback, which must not block. A leader's
+// connection that drops is only logged: the session survives a
+// reconnection within its timeout, and until then the renew deadline runs.
 func (s *session) event(ev zk.Event) {
 	log := s.leader.Load()
 	switch {
@@ -117,7 +115,6 @@ func (s *session) event(ev zk.Event) {
 	}
 }
 
-// isExpired reports whether the session is gone.
 func (s *session) isExpired() bool {
 	select {
 	case <-s.expired:
@@ -143,10 +140,9 @@ func (s *session) failedDial(e string) { s.dialErr.Store(&e) }
 // sniffer reads the fixed part of the connect response, the first thing a
 // server sends: length (4 bytes), protocol version (4), timeout in ms (4),
 // session id (8), which the library keeps to itself. Until then reads have
-// the handshake's deadline (the library would wait ten times two thirds of
-// the session timeout, then for the rest without any), and an answer
-// announced longer than maxConnectAnswer is refused before the library
-// allocates a buffer for it.
+// the handshake's deadline (the library's would be far longer), and an
+// answer announced longer than maxConnectAnswer is refused before the
+// library allocates a buffer for it.
 type sniffer struct {
 	net.Conn
 	s        *session
@@ -204,8 +200,8 @@ func (l libraryLog) Printf(format string, args ...any) {
 // call runs req, a request of the library, which takes no context, and
 // returns its answer; or ctx's error if ctx ends first, or
 // zk.ErrSessionExpired once the session expired. The request then goes on
-// until the library answers it (at the latest when the connection drops or
-// is closed); close waits for it.
+// until the library answers it (at the latest when the connection closes);
+// end waits for it.
 func call[T any](ctx context.Context, s *session, req func(*zk.Conn) (T, error)) (T, error) {
 	var zero T
 	if err := ctx.Err(); err != nil {

@@ -1,24 +1,12 @@
 // Package zookeeper is the ZooKeeper store: a backends.QueueLock on the
 // election recipe of the ZooKeeper documentation, as Apache Curator's
-// LeaderLatch packages it (docs/backends/zookeeper.md).
-//
-// A lock is the persistent znode /<prefix><lock>. Each candidate creates
-// an ephemeral sequential child, _c_<uuid>-latch-<seq>, holding its
-// identity; the lowest sequence leads, and each waiter watches only the
-// candidate just ahead of it, so that a change wakes one waiter. The
-// token is the czxid of the leader's znode: zxids only grow, and a
-// candidate leads only once every one created before it is gone. The
-// lock's documents are the data of its children history and markers.
-//
-// In ZooKeeper the session is the lease: its timeout is the lease
-// duration, and ending it deletes its ephemeral znodes. So each candidacy
-// has a session of its own: one shared by several locks or slots would
-// end all their leases at once, and a znode that could not be deleted
-// would block its lock for as long as a sibling kept the session. What
-// needs no lease (status, documents) reads through one more session,
-// open while it is used. The library pings a session by protocol, so a
-// renewal extends nothing: it proves that the leader's znode, and so its
-// session, still existed after its send time (docs/safety.md).
+// LeaderLatch packages it. The token is the czxid of the leader's znode.
+// In ZooKeeper the session is the lease, so each candidacy has a session
+// of its own; what needs no lease (status, documents) reads through one
+// more. The library pings a session by protocol, so a renewal extends
+// nothing: it proves that the leader's znode, and so its session, still
+// existed after its send time (docs/safety.md). docs/backends/zookeeper.md
+// describes the znodes, argues the token, and gives the bounds.
 package zookeeper
 
 import (
@@ -38,41 +26,15 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// DefaultConnectTimeout is the default of Config.ConnectTimeout.
-const DefaultConnectTimeout = 5 * time.Second
-
-const (
-	// readerTimeout is the session timeout of the store's reading
-	// session: it owns no znode, so it hardly matters.
-	readerTimeout = 10 * time.Second
-	// readerIdle is how long the reading session stays open unused: a
-	// leader reads when it wins and when it releases, and needs no
-	// connection but its own session's in between.
-	readerIdle = 2 * time.Second
-	// maxPacket bounds what the client receives in one packet, as the
-	// server does by default (jute.maxbuffer).
-	maxPacket = 1 << 20
-	// maxRequest is the library's send buffer per connection, which bounds
-	// one request: a document with its path and headers. The library's
-	// default, 1.5 MiB, costs about a MiB per connection for nothing.
-	maxRequest = backends.MaxDoc + 4<<10
-	// maxConnectAnswer bounds the server's answer to the connect request
-	// (41 bytes in every protocol version), which the library reads into
-	// a buffer of whatever length the server announces.
-	maxConnectAnswer = 1 << 10
-)
-
-// Config describes one ZooKeeper ensemble. The zero value of each field is
-// noted.
+// Config describes one ZooKeeper ensemble.
 type Config struct {
 	// Servers are the ensemble's client addresses, host:port (port 2181
 	// if left out). Required. A chroot suffix is refused: use Prefix.
 	Servers []string
 	// Digest authenticates with ZooKeeper's digest scheme, and gives the
-	// znodes the store creates all permissions for this identity and
-	// READ for everyone (ZooKeeper accepts any digest credentials and
-	// checks them against each znode's ACL, so a wrong password shows as
-	// a refusal). Zero: no authentication, znodes open to every client.
+	// znodes the store creates all permissions for this identity and READ
+	// for everyone (docs/backends/zookeeper.md, "ACLs"). Zero: no
+	// authentication, znodes open to every client.
 	Digest Digest
 	// Prefix starts the path of every lock's znode: /<Prefix><lock>.
 	Prefix string
@@ -84,11 +46,31 @@ type Config struct {
 	Log *slog.Logger
 }
 
+const (
+	// DefaultConnectTimeout is the default of Config.ConnectTimeout.
+	DefaultConnectTimeout = 5 * time.Second
+	// readerTimeout is the reading session's timeout: it owns no znode.
+	readerTimeout = 10 * time.Second
+	// readerIdle is how long the reading session stays open unused: a
+	// leader reads when it wins and when it releases.
+	readerIdle = 2 * time.Second
+	// maxPacket bounds what the client receives in one packet, as the
+	// server does by default (jute.maxbuffer).
+	maxPacket = 1 << 20
+	// maxRequest is the library's send buffer per connection, which bounds
+	// one request: a document with its path and headers (its default,
+	// 1.5 MiB, costs about a MiB per connection for nothing).
+	maxRequest = backends.MaxDoc + 4<<10
+	// maxConnectAnswer bounds the server's answer to the connect request
+	// (41 bytes in every protocol version), which the library reads into
+	// a buffer of whatever length the server announces.
+	maxConnectAnswer = 1 << 10
+)
+
 // Digest is a credential of ZooKeeper's digest scheme. It never shows its
 // password when printed.
 type Digest struct{ User, Password string }
 
-// String shows the user only.
 func (d Digest) String() string {
 	if d.User == "" {
 		return "none"
@@ -96,10 +78,9 @@ func (d Digest) String() string {
 	return d.User + ":<redacted>"
 }
 
-// GoString shows the user only.
 func (d Digest) GoString() string { return "zookeeper.Digest{" + d.String() + "}" }
 
-// Store is one ZooKeeper ensemble, handing out its locks by name.
+// Store is one ZooKeeper ensemble.
 type Store struct {
 	servers        []string
 	list           string // the servers, for messages
@@ -161,8 +142,8 @@ func Open(cfg Config) (*Store, error) {
 		log: cfg.Log.With("backend", "zookeeper")}, nil
 }
 
-// validatePath accepts what ZooKeeper accepts as a znode path, leaving out
-// the system tree.
+// validatePath accepts what ZooKeeper accepts as a znode path, but its
+// own tree.
 func validatePath(p string) error {
 	segs := strings.Split(p[1:], "/")
 	for _, s := range segs {
@@ -181,15 +162,12 @@ func validatePath(p string) error {
 	return nil
 }
 
-// Name implements backends.Store.
 func (s *Store) Name() string { return "zookeeper" }
 
-// Lock implements backends.Store: the lock's znode is /<prefix><name>.
 func (s *Store) Lock(name string) backends.Lock {
 	return &lock{s: s, dir: s.base + name, log: s.log.With("lock", name)}
 }
 
-// Close implements backends.Store, once every lease was released.
 func (s *Store) Close() error {
 	s.rmu.Lock()
 	r := s.reader
@@ -207,7 +185,7 @@ func (s *Store) Close() error {
 
 // read runs req on the reading session, connected if need be, bounded by
 // the connect timeout. ErrNoNode comes back as it is, any other failure
-// wrapping backends.ErrUnavailable (or as ctx's error).
+// as failed makes it.
 func read[T any](ctx context.Context, s *Store, op string, req func(*zk.Conn) (T, error)) (T, error) {
 	var zero T
 	s.rmu.Lock()
@@ -270,8 +248,8 @@ func (s *Store) closeLater(r *session) { s.bg.Go(r.close) }
 
 // failed is the error of a request made on rctx, ctx bounded by the
 // connect timeout: ctx's own if it was cancelled, else one that wraps
-// backends.ErrUnavailable and names the servers (and ctx's error if its
-// deadline passed: status --timeout).
+// backends.ErrUnavailable (and ctx's error if its deadline passed:
+// status --timeout).
 func (s *Store) failed(ctx, rctx context.Context, op string, err error) error {
 	switch {
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
@@ -286,8 +264,8 @@ func (s *Store) failed(ctx, rctx context.Context, op string, err error) error {
 }
 
 // unavailable wraps err as the store unavailable, and a refusal as final
-// too: missing permissions (which is also how a wrong digest password
-// shows), failed authentication, or the lock's sequence counter wrapped.
+// too: missing permissions (also how a wrong digest password shows),
+// failed authentication, or the lock's sequence counter wrapped.
 func (s *Store) unavailable(op string, err error) error {
 	switch {
 	case errors.Is(err, backends.ErrUnavailable):
