@@ -126,7 +126,7 @@ func (s *Store) Name() string { return "azureblob" }
 
 // Close implements backends.Store: it closes idle connections.
 func (s *Store) Close() error {
-	s.transport.closeIdle()
+	s.transport.CloseIdleConnections()
 	return nil
 }
 

@@ -157,25 +157,19 @@ func redactURL(raw string) string {
 // transport is the SDK's HTTP transport: it follows no redirect (the
 // service sends none, and following it would send the signed request
 // elsewhere), and caps every answer's headers and body.
-type transport struct{ c *http.Client }
+type transport struct{ http.Client }
 
 func newTransport() *transport {
-	t := &http.Transport{
-		Proxy:                  http.ProxyFromEnvironment,
-		DialContext:            (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		TLSHandshakeTimeout:    dialTimeout,
-		MaxResponseHeaderBytes: maxHeaders,
-		MaxIdleConnsPerHost:    4,
-		IdleConnTimeout:        90 * time.Second,
-	}
-	return &transport{c: &http.Client{
-		Transport:     t,
+	return &transport{http.Client{
+		Transport: &http.Transport{Proxy: http.ProxyFromEnvironment,
+			DialContext:         (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+			TLSHandshakeTimeout: dialTimeout, MaxResponseHeaderBytes: maxHeaders, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}}
 }
 
 func (t *transport) Do(req *http.Request) (*http.Response, error) {
-	resp, err := t.c.Do(req)
+	resp, err := t.Client.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -186,8 +180,6 @@ func (t *transport) Do(req *http.Request) (*http.Response, error) {
 	resp.Body = &capped{r: resp.Body, left: maxAnswer, host: req.URL.Host}
 	return resp, nil
 }
-
-func (t *transport) closeIdle() { t.c.CloseIdleConnections() }
 
 // errOversize marks an answer larger than any the service sends: final.
 var errOversize = errors.New("answer too large")
