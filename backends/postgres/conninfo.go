@@ -94,16 +94,12 @@ func libpqDefaults(s string) (map[string]string, error) {
 	if !ok {
 		service = os.Getenv("PGSERVICE")
 	}
-	var svc map[string]string
-	if service != "" {
-		var file string
-		var err error
-		if svc, file, err = findService(service, keys["servicefile"]); err != nil {
-			return nil, err
-		}
-		if file != "" {
-			extra["servicefile"] = file
-		}
+	svc, system, err := findService(service, keys["servicefile"])
+	if err != nil {
+		return nil, err
+	}
+	if system != "" {
+		extra["servicefile"] = system
 	}
 	hosts, named := keys["host"]
 	if !named {
@@ -112,22 +108,22 @@ func libpqDefaults(s string) (map[string]string, error) {
 	if !named {
 		hosts = os.Getenv("PGHOST") // pgx ignores it when empty
 	}
-	list := strings.Split(hosts, ",")
-	if slices.Contains(list, "") {
-		for i, h := range list {
-			if h == "" {
-				list[i] = defaultSocketDir
-			}
+	if list := strings.Split(hosts, ","); slices.Contains(list, "") {
+		for i := range list {
+			list[i] = cmp.Or(list[i], defaultSocketDir)
 		}
 		extra["host"] = strings.Join(list, ",")
 	}
 	return extra, nil
 }
 
-// findService returns the settings of service from the user's service
-// file (as pgx finds it), else from the system's, whose path it then
-// returns too, for pgx to read.
+// findService returns the settings of service (none if "") from the
+// user's service file (as pgx finds it), else from the system's, whose
+// path it then returns too, for pgx to read.
 func findService(service, servicefile string) (settings map[string]string, system string, err error) {
+	if service == "" {
+		return nil, "", nil
+	}
 	user := cmp.Or(servicefile, os.Getenv("PGSERVICEFILE"))
 	if home, herr := os.UserHomeDir(); user == "" && herr == nil {
 		user = filepath.Join(home, ".pg_service.conf")
@@ -369,7 +365,7 @@ func takeRuntimeParams(cfg *pgconn.Config) (maxSet bool, err error) {
 func tlsVersions(cfg *pgconn.Config) error {
 	versions := map[string]uint16{"TLSv1": tls.VersionTLS10, "TLSv1.1": tls.VersionTLS11,
 		"TLSv1.2": tls.VersionTLS12, "TLSv1.3": tls.VersionTLS13}
-	var bounds [2]uint16
+	bounds := [2]uint16{tls.VersionTLS12, 0}
 	for i, kv := range [][2]string{{"ssl_min_protocol_version", "PGSSLMINPROTOCOLVERSION"},
 		{"ssl_max_protocol_version", "PGSSLMAXPROTOCOLVERSION"}} {
 		k := kv[0]
@@ -385,16 +381,9 @@ func tlsVersions(cfg *pgconn.Config) error {
 			return fmt.Errorf("%s %q: want TLSv1, TLSv1.1, TLSv1.2 or TLSv1.3", k, v)
 		}
 	}
-	if bounds[0] == 0 {
-		bounds[0] = tls.VersionTLS12
-	}
-	configs := []*tls.Config{cfg.TLSConfig}
-	for _, f := range cfg.Fallbacks {
-		configs = append(configs, f.TLSConfig)
-	}
-	for _, tc := range configs {
-		if tc != nil {
-			tc.MinVersion, tc.MaxVersion = bounds[0], bounds[1]
+	for _, f := range append([]*pgconn.FallbackConfig{{TLSConfig: cfg.TLSConfig}}, cfg.Fallbacks...) {
+		if f.TLSConfig != nil {
+			f.TLSConfig.MinVersion, f.TLSConfig.MaxVersion = bounds[0], bounds[1]
 		}
 	}
 	return nil
