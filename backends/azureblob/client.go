@@ -1,12 +1,14 @@
 package azureblob
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 
@@ -17,53 +19,38 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// Bounds of what the backend sends and accepts.
+// Bounds of what the store sends and accepts.
 const (
-	// maxAnswer caps the body of any answer, read by the SDK or by us:
-	// the largest thing the backend stores is a blob of maxBlob bytes,
-	// and an error answer is an XML document of a few hundred bytes.
+	// maxAnswer caps any answer's body: the largest blob the store
+	// writes is maxBlob bytes, an error answer a few hundred.
 	maxAnswer = 1 << 20
 	// maxHeaders caps an answer's headers: a blob's metadata is at most
 	// 8 KiB by the service's rules.
 	maxHeaders = 64 << 10
-	// tryTimeout bounds one try of a request inside the SDK's retry
-	// policy, so that a stalled connection is given up and the request
-	// sent again on another; a caller's context may end it sooner.
+	// tryTimeout bounds one try inside the SDK's retry policy, so that a
+	// request stalled on a connection is sent again on another.
 	tryTimeout = 4 * time.Second
-	// maxRetries is how often the SDK sends a request again after a
-	// network error or a 408, 429, 500, 502, 503 or 504, 100 ms then
-	// 300 ms later (with jitter): a renewal's retries fit in the runner's
-	// attempt timeout, and an answer that was lost on a reset connection
-	// is asked again at once.
+	// maxRetries: a network error or a 408, 429 or 5xx is sent again
+	// 100 ms then 300 ms later, so that a renewal's retries fit in the
+	// runner's attempt timeout.
 	maxRetries  = 2
 	dialTimeout = 5 * time.Second
 )
 
-// Credentials are how the backend authenticates, as the Azure CLI and
-// SDKs read them from the environment. The first that is set is used:
-// ConnectionString, then Key, then SAS.
+// Credentials are how the store authenticates, as the Azure CLI reads
+// them from the environment (docs/backends/azureblob.md). The first that
+// is set is used: ConnectionString, then Key, then SAS.
 type Credentials struct {
-	// ConnectionString is a storage account's connection string
-	// (AZURE_STORAGE_CONNECTION_STRING): AccountName and AccountKey, or
-	// a SharedAccessSignature, and optionally BlobEndpoint or
-	// EndpointSuffix and DefaultEndpointsProtocol.
-	ConnectionString string
-	// Account is the storage account's name (AZURE_STORAGE_ACCOUNT),
-	// for Key, and for the default account URL.
-	Account string
-	// Key is the account's access key (AZURE_STORAGE_KEY), base64.
-	Key string
-	// SAS is a shared access signature (AZURE_STORAGE_SAS_TOKEN): the
-	// query string of a signed URL, with or without its leading "?". It
-	// must allow read and write (sp=rw) on the container's blobs.
-	SAS string
+	ConnectionString string // AZURE_STORAGE_CONNECTION_STRING
+	Account          string // AZURE_STORAGE_ACCOUNT: for Key, and the default account URL
+	Key              string // AZURE_STORAGE_KEY, base64
+	SAS              string // AZURE_STORAGE_SAS_TOKEN, with or without its "?"; sp=rw on the blobs
 }
 
-// newContainerClient builds the SDK's client of the container: the
-// credentials the configuration names, over an HTTP client whose every
-// answer is bounded and that follows no redirect.
 func newContainerClient(cfg *Config, tr *transport) (*container.Client, string, error) {
-	opts := &container.ClientOptions{ClientOptions: clientOptions(tr)}
+	opts := &container.ClientOptions{ClientOptions: azcore.ClientOptions{Transport: tr,
+		Retry:     policy.RetryOptions{MaxRetries: maxRetries, TryTimeout: tryTimeout, RetryDelay: 100 * time.Millisecond, MaxRetryDelay: 500 * time.Millisecond},
+		Telemetry: policy.TelemetryOptions{ApplicationID: "leaderrun"}}}
 	cred := cfg.Credentials
 	if cred.ConnectionString != "" {
 		if cfg.AccountURL != "" {
@@ -87,10 +74,7 @@ func newContainerClient(cfg *Config, tr *transport) (*container.Client, string, 
 	u := base.JoinPath(cfg.Container)
 	switch {
 	case cred.Key != "":
-		account := cred.Account
-		if account == "" {
-			account = accountOf(base)
-		}
+		account := cmp.Or(cred.Account, accountOf(base))
 		key, err := container.NewSharedKeyCredential(account, cred.Key)
 		if err != nil {
 			// Its message says the key is not base64; it does not show it.
@@ -116,14 +100,13 @@ func ValidateAccountURL(u string) error {
 	return err
 }
 
-// accountURL is the blob endpoint: given (an emulator, a sovereign cloud,
-// a private endpoint), or the public cloud's for account.
+// accountURL is the blob endpoint given, or the public cloud's.
 func accountURL(given, account string) (*url.URL, error) {
 	if given == "" {
 		if account == "" {
 			return nil, errors.New("azureblob: no storage account: set AZURE_STORAGE_ACCOUNT, the account URL, or AZURE_STORAGE_CONNECTION_STRING")
 		}
-		if !validAccount(account) {
+		if !regexp.MustCompile(`^[a-z0-9]{3,24}$`).MatchString(account) {
 			return nil, fmt.Errorf("azureblob: storage account %q (AZURE_STORAGE_ACCOUNT): want 3-24 lowercase letters and digits", account)
 		}
 		given = "https://" + account + ".blob.core.windows.net"
@@ -139,23 +122,9 @@ func accountURL(given, account string) (*url.URL, error) {
 	return u, nil
 }
 
-// validAccount is Azure's rule for storage account names.
-func validAccount(s string) bool {
-	if len(s) < 3 || len(s) > 24 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
-			return false
-		}
-	}
-	return true
-}
-
 // accountOf is the account an endpoint serves: the first label of its
-// host (ACCOUNT.blob.core.windows.net), or the first segment of its path
-// for an emulator or a proxy addressed by IP or as localhost
-// (http://127.0.0.1:10000/ACCOUNT).
+// host, or the first segment of its path for an emulator or a proxy
+// addressed by IP or as localhost (http://127.0.0.1:10000/ACCOUNT).
 func accountOf(u *url.URL) string {
 	host := u.Hostname()
 	if net.ParseIP(host) != nil || host == "localhost" {
@@ -166,8 +135,7 @@ func accountOf(u *url.URL) string {
 	return first
 }
 
-// endpointOf is a container URL for messages: scheme, host and path,
-// never a query (which may be a SAS).
+// endpointOf is a URL for messages: never a query (a SAS).
 func endpointOf(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -186,45 +154,22 @@ func redactURL(raw string) string {
 	return u.String()
 }
 
-// clientOptions are the SDK options of every client: a bounded transport,
-// bounded retries, and a User-Agent that names leaderrun.
-func clientOptions(tr *transport) azcore.ClientOptions {
-	return azcore.ClientOptions{
-		Transport: tr,
-		Retry: policy.RetryOptions{
-			MaxRetries:    maxRetries,
-			TryTimeout:    tryTimeout,
-			RetryDelay:    100 * time.Millisecond,
-			MaxRetryDelay: 500 * time.Millisecond,
-		},
-		Telemetry: policy.TelemetryOptions{ApplicationID: "leaderrun"},
-	}
-}
-
-// transport is the SDK's HTTP transport: a client of its own that follows
-// no redirect (the service never sends one, and following it would send
-// the request, signed, elsewhere), with timeouts, and a cap on every
-// answer's headers and body.
-type transport struct{ c *http.Client }
+// transport is the SDK's HTTP transport: it follows no redirect (the
+// service sends none, and following it would send the signed request
+// elsewhere), and caps every answer's headers and body.
+type transport struct{ http.Client }
 
 func newTransport() *transport {
-	t := &http.Transport{
-		Proxy:                  http.ProxyFromEnvironment,
-		DialContext:            (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		TLSHandshakeTimeout:    dialTimeout,
-		MaxResponseHeaderBytes: maxHeaders,
-		MaxIdleConnsPerHost:    4,
-		IdleConnTimeout:        90 * time.Second,
-	}
-	return &transport{c: &http.Client{
-		Transport:     t,
+	return &transport{http.Client{
+		Transport: &http.Transport{Proxy: http.ProxyFromEnvironment,
+			DialContext:         (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+			TLSHandshakeTimeout: dialTimeout, MaxResponseHeaderBytes: maxHeaders, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}}
 }
 
-// Do implements policy.Transporter.
 func (t *transport) Do(req *http.Request) (*http.Response, error) {
-	resp, err := t.c.Do(req)
+	resp, err := t.Client.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -236,13 +181,10 @@ func (t *transport) Do(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-func (t *transport) closeIdle() { t.c.CloseIdleConnections() }
-
 // errOversize marks an answer larger than any the service sends: final.
 var errOversize = errors.New("answer too large")
 
-// capped fails a read past its limit: a server that sends more than it
-// declared, or declares nothing and streams on, gets an error.
+// capped fails a read past its limit, declared or not.
 type capped struct {
 	r    io.ReadCloser
 	left int64

@@ -1,6 +1,7 @@
 package azureblob
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,37 +12,26 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/bloberror"
 )
 
-// answer is the service's refusal of one request, as one line: its HTTP
-// status and the service's error code. The SDK's own message spans a
-// dozen lines and carries the whole answer's body; this one carries
-// neither the body nor the request's query, which may be a SAS. The
-// SDK's error stays reachable with errors.As.
-type answer struct {
-	status int
-	code   string
-	err    *azcore.ResponseError
+// answer is the service's refusal of one request in one line, its HTTP
+// status and error code, rather than the SDK's dozen lines, which carry
+// the body and the request's query (a SAS).
+type answer struct{ *azcore.ResponseError }
+
+func (a answer) Error() string {
+	return fmt.Sprintf("%d %s", a.StatusCode, cmp.Or(a.ErrorCode, http.StatusText(a.StatusCode)))
 }
 
-func (a *answer) Error() string {
-	if a.code == "" {
-		return fmt.Sprintf("%d %s", a.status, http.StatusText(a.status))
-	}
-	return fmt.Sprintf("%d %s", a.status, a.code)
-}
-
-func (a *answer) Unwrap() error { return a.err }
+func (a answer) Unwrap() error { return a.ResponseError }
 
 // clean turns an error of the SDK into one fit for a log line: a refusal
-// becomes an answer; a transport error loses the URL's query (a SAS is a
-// query, and net/url's error prints it whole), keeping its cause for
-// errors.Is. Other errors pass unchanged.
+// becomes an answer; a transport error loses the URL's query, a SAS.
 func clean(err error) error {
 	if err == nil {
 		return nil
 	}
 	var re *azcore.ResponseError
 	if errors.As(err, &re) {
-		return &answer{status: re.StatusCode, code: re.ErrorCode, err: re}
+		return answer{re}
 	}
 	var ue *url.Error
 	if errors.As(err, &ue) {
@@ -50,30 +40,22 @@ func clean(err error) error {
 	return err
 }
 
-// status is the HTTP status of the service's answer in err, 0 if err is
-// no answer (a network error, a timeout).
-func status(err error) int {
-	var re *azcore.ResponseError
-	if errors.As(err, &re) {
-		return re.StatusCode
-	}
-	return 0
-}
-
-// has reports whether err is an answer with one of codes.
 func has(err error, codes ...bloberror.Code) bool { return bloberror.HasCode(err, codes...) }
 
-// refused reports whether err is the service refusing us for good:
-// credentials or permissions (401, 403), a request it cannot serve (400,
-// 405, 411, 413, 416, and a 404 or 409 the caller did not expect), or an
-// answer no service sends (a redirect, too large),
-// as opposed to a failure that may pass: the network, a timeout, the
+// refused reports whether err is the service refusing us for good
+// (credentials, permissions, a request it cannot serve, or one that the
+// caller did not expect), or an answer no service sends (a redirect, too
+// large), rather than a failure that may pass: no answer, a timeout, the
 // service throttling (429) or failing (5xx, 408).
 func refused(err error) bool {
 	if errors.Is(err, errOversize) {
 		return true
 	}
-	switch s := status(err); {
+	var re *azcore.ResponseError
+	if !errors.As(err, &re) {
+		return false
+	}
+	switch s := re.StatusCode; {
 	case s == 0, s == http.StatusRequestTimeout, s == http.StatusTooManyRequests, s >= 500:
 		return false
 	}

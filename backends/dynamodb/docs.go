@@ -11,14 +11,8 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// A lock's documents are the items <prefix><lock>#history (attribute
-// terms) and <prefix><lock>#markers (attribute markers), each with an
-// rvn of its own that every write replaces, conditional on the one read.
-// A marker's write is a transaction with a check that the lock item is
-// still the grant's. Earlier releases wrote the same items, with the
-// same JSON, so an upgrade keeps the history and the markers.
-
-// docItem is where document name lives, and its attribute.
+// docItem is the item that holds document name, and its attribute: the
+// items and JSON of earlier releases, so that an upgrade keeps them.
 func (l *lock) docItem(name string) (string, string) {
 	if name == backends.DocMarkers {
 		return l.key + suffixMarkers, attrMarkers
@@ -26,8 +20,7 @@ func (l *lock) docItem(name string) (string, string) {
 	return l.key + suffixHistory, attrTerms
 }
 
-// ReadDoc implements backends.Lock. A table that does not exist holds no
-// document.
+// ReadDoc implements backends.Lock. A missing table holds no document.
 func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -49,32 +42,17 @@ func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
 	return d, nil
 }
 
-// rewrite is the update of document d's item with a new rvn, conditional
-// on the rvn d was read with (none: the item has none).
+// rewrite is the update of d's item with a new rvn, conditional on the
+// rvn d was read with (none: the item has none).
 func (l *lock) rewrite(d backends.Doc) *types.Update {
 	item, attr := l.docItem(d.Name)
 	vals := map[string]types.AttributeValue{":v": str(string(d.Data)), ":new": str(newRVN())}
-	cond := "attribute_not_exists(#r)"
-	if old, _ := d.Version.(string); old != "" {
-		cond, vals[":old"] = "#r = :old", str(old)
-	}
-	return &types.Update{
-		TableName: aws.String(l.s.table), Key: key(item),
-		UpdateExpression:          aws.String("SET #v = :v, #r = :new"),
-		ConditionExpression:       aws.String(cond),
-		ExpressionAttributeNames:  map[string]string{"#v": attr, "#r": attrRVN},
-		ExpressionAttributeValues: vals,
-	}
+	old, _ := d.Version.(string)
+	return l.s.update(item, "SET #v = :v, #r = :new", unchanged("#r", str(old), old != "", vals), map[string]string{"#v": attr, "#r": attrRVN}, vals)
 }
 
-// WriteDoc implements backends.Lock.
 func (l *lock) WriteDoc(ctx context.Context, d backends.Doc) error {
-	u := l.rewrite(d)
-	_, err := l.s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName: u.TableName, Key: u.Key, UpdateExpression: u.UpdateExpression, ConditionExpression: u.ConditionExpression,
-		ExpressionAttributeNames: u.ExpressionAttributeNames, ExpressionAttributeValues: u.ExpressionAttributeValues,
-	})
-	switch {
+	switch err := l.s.updateItem(ctx, l.rewrite(d)); {
 	case isConditionFailed(err):
 		return fmt.Errorf("dynamodb: %s: %w", l.Key(), backends.ErrConflict)
 	case err != nil:
@@ -83,8 +61,8 @@ func (l *lock) WriteDoc(ctx context.Context, d backends.Doc) error {
 	return nil
 }
 
-// WriteDocHeld implements backends.RecordLock: a transaction of the
-// document's rewrite and a check that the lock item is held's grant.
+// WriteDocHeld implements backends.RecordLock: the rewrite in one
+// transaction with a check that the lock item is held's grant.
 func (l *lock) WriteDocHeld(ctx context.Context, d backends.Doc, held backends.Record) error {
 	vals := map[string]types.AttributeValue{}
 	check := &types.ConditionCheck{

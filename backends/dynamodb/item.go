@@ -12,7 +12,7 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// Attributes of the items (see the package doc). Every expression names
+// Attributes of the items (docs/backends/dynamodb.md). Expressions name
 // them through placeholders: "name" and others are reserved words.
 const (
 	attrName     = "name"     // the partition key
@@ -28,18 +28,16 @@ const (
 	attrTerms    = "terms"    // history item: the terms, JSON, oldest first
 )
 
-// Suffixes of the items kept beside the lock item <prefix><lock>. A lock
-// name has no '#' (backends.ValidateLockName) and the prefix may not have
-// one either (spec.ValidatePrefix), so they never name another lock's item.
+// Suffixes of the items beside the lock item: neither a lock name nor a
+// prefix has a '#', so they never name another lock's item.
 const (
 	suffixCounter = "#token"
 	suffixMarkers = "#markers"
 	suffixHistory = "#history"
 )
 
-// recordOf reads a lock item (nil: none). An item without an rvn (none,
-// or one written by hand) reads as no record, taken only by a grant
-// conditional on having none.
+// recordOf reads a lock item (nil: none). One without an rvn (written by
+// hand) reads as no record, taken only by a grant conditional on none.
 func recordOf(item map[string]types.AttributeValue) (backends.Record, error) {
 	rec := backends.Record{Left: backends.NoClock, Waiting: -1}
 	if item == nil {
@@ -60,24 +58,19 @@ func recordOf(item map[string]types.AttributeValue) (backends.Record, error) {
 	return rec, nil
 }
 
-// Keys of the pool attribute's map.
+// Keys of the pool attribute's map: the pool's size, and the token of the
+// grant that recorded it.
 const (
 	poolHolders = "holders"
 	poolToken   = "token"
 )
 
-// poolAttr is the pool attribute of a grant of token in a pool of holders:
-// the pool's size, with the token of the grant that recorded it.
 func poolAttr(holders int, token uint64) types.AttributeValue {
-	return &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
-		poolHolders: num(int64(holders)),
-		poolToken:   unum(token),
-	}}
+	return &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{poolHolders: num(int64(holders)), poolToken: unum(token)}}
 }
 
-// poolOf is the pool size that item records for the grant of token; 0 if
-// it records none, or one of another grant (an older leaderrun's grant
-// leaves the attribute as it finds it), or one that does not read.
+// poolOf is the pool size item records for the grant of token; 0 if none,
+// or one of another grant (an older leaderrun's leaves the attribute).
 func poolOf(item map[string]types.AttributeValue, token uint64) int {
 	m, ok := item[attrPool].(*types.AttributeValueMemberM)
 	if !ok {
@@ -87,14 +80,12 @@ func poolOf(item map[string]types.AttributeValue, token uint64) int {
 	if err != nil || t != token {
 		return 0
 	}
-	n, ok := m.Value[poolHolders].(*types.AttributeValueMemberN)
-	if !ok {
-		return 0
+	if n, ok := m.Value[poolHolders].(*types.AttributeValueMemberN); ok {
+		return backends.ParseHolders(n.Value)
 	}
-	return backends.ParseHolders(n.Value)
+	return 0
 }
 
-// stringAttr is the string attribute attr of item, "" if it has none.
 func stringAttr(item map[string]types.AttributeValue, attr string) string {
 	if v, ok := item[attr].(*types.AttributeValueMemberS); ok {
 		return v.Value
@@ -102,8 +93,7 @@ func stringAttr(item map[string]types.AttributeValue, attr string) string {
 	return ""
 }
 
-// numberAttr is the number attribute attr of item, 0 if it has none; an
-// error if it is not a whole number that fits a uint64.
+// numberAttr is the number attribute attr of item, 0 if it has none.
 func numberAttr(item map[string]types.AttributeValue, attr string) (uint64, error) {
 	v, ok := item[attr]
 	if !ok {
@@ -130,27 +120,21 @@ func unum(n uint64) types.AttributeValue {
 	return &types.AttributeValueMemberN{Value: strconv.FormatUint(n, 10)}
 }
 
-// key is the primary key of the item named name.
 func key(name string) map[string]types.AttributeValue {
 	return map[string]types.AttributeValue{attrName: str(name)}
 }
 
-// newRVN is a record version number: 128 random bits, so that no two
-// writes, by any host, ever write the same one.
+// newRVN is 128 random bits: no two writes, by any host, write the same.
 func newRVN() string {
 	var b [16]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
 
-// formatTime is how the items spell a wall-clock time.
 func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
 // parseTime reads formatTime's form; the zero time if it is not that.
 func parseTime(s string) time.Time {
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		return time.Time{}
-	}
+	t, _ := time.Parse(time.RFC3339Nano, s)
 	return t
 }

@@ -14,13 +14,11 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// maxLossPoll bounds the interval at which a holder reads its item: a
-// loss is then seen within half a second and a read, inside the second
-// that S3 (docs/safety.md) allows, whatever the retry period. Two strongly
-// consistent reads a second per leader is the price.
+// maxLossPoll bounds the interval at which a holder reads its item, so
+// that a loss is seen within half a second and a read, inside S3's second
+// (docs/safety.md), whatever the retry period.
 const maxLossPoll = 500 * time.Millisecond
 
-// lock is one lock's items.
 type lock struct {
 	s   *Store
 	key string // the lock item's name
@@ -31,8 +29,8 @@ var _ backends.RecordLock = (*lock)(nil)
 // Key implements backends.Lock: table/<prefix><lock>.
 func (l *lock) Key() string { return l.s.table + "/" + l.key }
 
-// failed wraps an error of a request: it names the table, the Region and
-// the item, never a credential; a refusal is final.
+// failed wraps an error of op: it names the table, the Region and the
+// item, never a credential; a refusal is final.
 func (l *lock) failed(op string, err error) error {
 	if isRefusal(err) || errors.Is(err, errTxRefused) || errors.Is(err, errAnswerTooLarge) {
 		return fmt.Errorf("dynamodb table %s in %s: %s item %s: %w: %w: %w", l.s.table, l.s.where, op, l.key,
@@ -41,8 +39,7 @@ func (l *lock) failed(op string, err error) error {
 	return fmt.Errorf("dynamodb table %s in %s: %s item %s: %w: %w", l.s.table, l.s.where, op, l.key, backends.ErrUnavailable, err)
 }
 
-// Get implements backends.RecordLock with a strongly consistent read. A
-// table that does not exist holds no lock.
+// Get implements backends.RecordLock. A missing table holds no lock.
 func (l *lock) Get(ctx context.Context) (backends.Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
@@ -61,9 +58,8 @@ func (l *lock) Get(ctx context.Context) (backends.Record, error) {
 }
 
 // Take implements backends.RecordLock with one TransactWriteItems: the
-// lock item, conditional on the rvn read (or on none), and the counter,
-// conditional on the value read (or on none), both given the new token.
-// The table is created if it is missing.
+// lock item, conditional on the rvn read, and the counter, conditional on
+// the value read, both given the new token. A missing table is created.
 func (l *lock) Take(ctx context.Context, prev backends.Record, c backends.Claim) (backends.Record, error) {
 	l.s.learn(c.Timings)
 	counterItem, err := l.s.getItem(ctx, l.key+suffixCounter)
@@ -87,7 +83,7 @@ func (l *lock) Take(ctx context.Context, prev backends.Record, c backends.Claim)
 		Version: newRVN()}
 	_, err = l.s.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{
 		{Update: l.granting(prev.Version, rec, leaseMS)},
-		{Update: counterUpdate(l.s.table, l.key+suffixCounter, rec.Token, hasCounter, counter)},
+		{Update: l.s.counterUpdate(l.key+suffixCounter, rec.Token, hasCounter, counter)},
 	}})
 	if err != nil {
 		return backends.Record{}, l.txFailed("grant", err)
@@ -99,46 +95,39 @@ func (l *lock) Take(ctx context.Context, prev backends.Record, c backends.Claim)
 // rvn is still old ("": it has none).
 func (l *lock) granting(old string, rec backends.Record, leaseMS int64) *types.Update {
 	now := str(formatTime(rec.Acquired))
-	u := &types.Update{
-		TableName: aws.String(l.s.table),
-		Key:       key(l.key),
-		ExpressionAttributeNames: map[string]string{"#h": attrHolder, "#o": attrOwner, "#r": attrRVN, "#t": attrToken,
-			"#l": attrLease, "#a": attrAcquired, "#rn": attrRenewed, "#p": attrPool},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":h": str(rec.Holder), ":o": str(rec.Owner),
-			":r": str(rec.Version), ":t": unum(rec.Token), ":l": num(leaseMS), ":now": now},
-	}
+	names := map[string]string{"#h": attrHolder, "#o": attrOwner, "#r": attrRVN, "#t": attrToken,
+		"#l": attrLease, "#a": attrAcquired, "#rn": attrRenewed, "#p": attrPool}
+	vals := map[string]types.AttributeValue{":h": str(rec.Holder), ":o": str(rec.Owner),
+		":r": str(rec.Version), ":t": unum(rec.Token), ":l": num(leaseMS), ":now": now}
 	set := "SET #h = :h, #o = :o, #r = :r, #t = :t, #l = :l, #a = :now, #rn = :now"
 	if rec.Holders > 1 {
-		u.UpdateExpression = aws.String(set + ", #p = :p")
-		u.ExpressionAttributeValues[":p"] = poolAttr(rec.Holders, rec.Token)
+		set += ", #p = :p"
+		vals[":p"] = poolAttr(rec.Holders, rec.Token)
 	} else {
-		u.UpdateExpression = aws.String(set + " REMOVE #p")
+		set += " REMOVE #p"
 	}
-	u.ConditionExpression = aws.String("attribute_not_exists(#r)")
-	if old != "" {
-		u.ExpressionAttributeValues[":old"] = str(old)
-		u.ConditionExpression = aws.String("#r = :old")
-	}
-	return u
+	return l.s.update(l.key, set, unchanged("#r", str(old), old != "", vals), names, vals)
 }
 
 // counterUpdate sets the counter item name to token, if it still holds
-// counter (or nothing, if has is false).
-func counterUpdate(table, name string, token uint64, has bool, counter uint64) *types.Update {
-	cond, vals := "attribute_not_exists(#t)", map[string]types.AttributeValue{":t": unum(token)}
-	if has {
-		cond = "#t = :c"
-		vals[":c"] = unum(counter)
-	}
-	return &types.Update{TableName: aws.String(table), Key: key(name), UpdateExpression: aws.String("SET #t = :t"),
-		ConditionExpression: aws.String(cond), ExpressionAttributeNames: map[string]string{"#t": attrToken},
-		ExpressionAttributeValues: vals}
+// counter (nothing, if !has).
+func (s *Store) counterUpdate(name string, token uint64, has bool, counter uint64) *types.Update {
+	vals := map[string]types.AttributeValue{":t": unum(token)}
+	return s.update(name, "SET #t = :t", unchanged("#t", unum(counter), has, vals), map[string]string{"#t": attrToken}, vals)
 }
 
-// txFailed sorts out a transaction that failed: cancelled for a failed
-// condition or a conflict with another write, it is a conflict (read
-// again); cancelled for anything else (a validation error), final;
-// otherwise the answer was lost, and it may have gone through.
+// unchanged is the condition that #name still holds old (!has: none).
+func unchanged(name string, old types.AttributeValue, has bool, vals map[string]types.AttributeValue) string {
+	if !has {
+		return "attribute_not_exists(" + name + ")"
+	}
+	vals[":old"] = old
+	return name + " = :old"
+}
+
+// txFailed sorts out a failed transaction: cancelled for a failed
+// condition or a conflicting write, it is a conflict (read again); for
+// anything else, final; not cancelled, it may have gone through.
 func (l *lock) txFailed(op string, err error) error {
 	codes, cancelled := cancelCodes(err)
 	if !cancelled {
@@ -152,8 +141,7 @@ func (l *lock) txFailed(op string, err error) error {
 	return fmt.Errorf("dynamodb: %s %s: cancellation reasons %v: %w", op, l.Key(), codes, backends.ErrConflict)
 }
 
-// cancelCodes are the codes of a cancelled transaction's parts, in order;
-// cancelled is false if err is not a cancellation.
+// cancelCodes are the codes of a cancelled transaction's parts, in order.
 func cancelCodes(err error) (codes []string, cancelled bool) {
 	var tce *types.TransactionCanceledException
 	if !errors.As(err, &tce) {
@@ -165,20 +153,19 @@ func cancelCodes(err error) (codes []string, cancelled bool) {
 	return codes, true
 }
 
-// errTxRefused says that DynamoDB cancelled a transaction for a reason
-// that trying again would not change.
+// errTxRefused: a transaction cancelled for a reason that trying again
+// would not change.
 var errTxRefused = errors.New("dynamodb: transaction refused")
 
-// ours is the condition that the lock item is still held's grant: its
-// owner and token. A grant of another candidacy, of this release or an
-// earlier one, writes another token.
+// ours is the condition that the lock item is still held's grant: any
+// other grant, of any release, writes another token.
 func ours(held backends.Record, vals map[string]types.AttributeValue) string {
 	vals[":ho"], vals[":ht"] = str(held.Owner), unum(held.Token)
 	return "#o = :ho AND #t = :ht"
 }
 
-// lostErr says what the lock item, as a refused write returned it (or
-// nothing), shows of the loss.
+// lostErr says what the lock item, as a refused write returned it,
+// shows of the loss.
 func (l *lock) lostErr(old map[string]types.AttributeValue) error {
 	rec, _ := recordOf(old)
 	switch {
@@ -190,23 +177,16 @@ func (l *lock) lostErr(old map[string]types.AttributeValue) error {
 	return fmt.Errorf("dynamodb: lock item %s was taken by %q (token %d): %w", l.key, rec.Holder, rec.Token, backends.ErrLeaseLost)
 }
 
-// Keep implements backends.RecordLock with one UpdateItem that writes a
-// new rvn and renewal time, conditional on the grant's owner and token.
-// A refusal is a loss.
+// Keep implements backends.RecordLock: a new rvn, conditional on the
+// grant's owner and token. A refusal is a loss.
 func (l *lock) Keep(ctx context.Context, held backends.Record) (backends.Record, error) {
 	held.Version, held.Renewed = newRVN(), time.Now()
 	vals := map[string]types.AttributeValue{":r": str(held.Version), ":now": str(formatTime(held.Renewed))}
-	_, err := l.s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:                           aws.String(l.s.table),
-		Key:                                 key(l.key),
-		UpdateExpression:                    aws.String("SET #r = :r, #rn = :now"),
-		ConditionExpression:                 aws.String(ours(held, vals)),
-		ExpressionAttributeNames:            map[string]string{"#r": attrRVN, "#rn": attrRenewed, "#o": attrOwner, "#t": attrToken},
-		ExpressionAttributeValues:           vals,
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
-	})
+	u := l.s.update(l.key, "SET #r = :r, #rn = :now", ours(held, vals),
+		map[string]string{"#r": attrRVN, "#rn": attrRenewed, "#o": attrOwner, "#t": attrToken}, vals)
+	u.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
 	var ccf *types.ConditionalCheckFailedException
-	switch {
+	switch err := l.s.updateItem(ctx, u); {
 	case errors.As(err, &ccf):
 		return held, l.lostErr(ccf.Item)
 	case err != nil:
@@ -216,18 +196,11 @@ func (l *lock) Keep(ctx context.Context, held backends.Record) (backends.Record,
 }
 
 // Free implements backends.RecordLock: no holder, a new rvn; the token
-// stays. A lock no longer held's is left alone.
+// stays.
 func (l *lock) Free(ctx context.Context, held backends.Record) error {
 	vals := map[string]types.AttributeValue{":h": str(""), ":r": str(newRVN()), ":now": str(formatTime(time.Now())), ":l": num(0)}
-	_, err := l.s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:           aws.String(l.s.table),
-		Key:                 key(l.key),
-		UpdateExpression:    aws.String("SET #h = :h, #r = :r, #rn = :now, #l = :l"),
-		ConditionExpression: aws.String(ours(held, vals)),
-		ExpressionAttributeNames: map[string]string{"#h": attrHolder, "#r": attrRVN, "#rn": attrRenewed, "#l": attrLease,
-			"#o": attrOwner, "#t": attrToken},
-		ExpressionAttributeValues: vals,
-	})
+	err := l.s.updateItem(ctx, l.s.update(l.key, "SET #h = :h, #r = :r, #rn = :now, #l = :l", ours(held, vals),
+		map[string]string{"#h": attrHolder, "#r": attrRVN, "#rn": attrRenewed, "#l": attrLease, "#o": attrOwner, "#t": attrToken}, vals))
 	if err != nil && !isConditionFailed(err) {
 		return fmt.Errorf("dynamodb table %s in %s: release item %s: %w", l.s.table, l.s.where, l.key, err)
 	}
@@ -235,9 +208,7 @@ func (l *lock) Free(ctx context.Context, held backends.Record) error {
 }
 
 // Follow implements backends.RecordLock. DynamoDB tells nobody of a
-// change: waiters get no follower (the driver reads every retry period),
-// and a holder's follower asks for a read every retry period, at least
-// every maxLossPoll.
+// change: waiters get no follower, and a holder polls.
 func (l *lock) Follow(_ context.Context, c backends.Claim, held *backends.Record) (backends.Follower, error) {
 	if held == nil {
 		return nil, nil

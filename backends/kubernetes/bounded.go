@@ -12,20 +12,16 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 )
 
-// maxAnswer bounds what is read of one answer, and of one event of a
-// watch: a Lease is at most a few hundred KiB (the apiserver caps its
-// annotations at 256 KiB). A hostile server gets an error at this size,
-// never leaderrun's memory: decoding holds a few copies, far below 64 MiB.
+// maxAnswer bounds one answer, and one event of a watch: a Lease is at
+// most a few hundred KiB (the apiserver caps its annotations at 256 KiB),
+// and decoding holds a few copies, far below 64 MiB.
 const maxAnswer = 4 << 20
 
-// errTooLarge: an answer or a watch event is larger than maxAnswer.
 var errTooLarge = fmt.Errorf("%w: an answer or watch event larger than %d MiB", errProtocol, maxAnswer>>20)
 
 // bound is the rest.Config transport wrapper that bounds every answer's
 // body to maxAnswer bytes. A watch's body is one answer of many events:
-// its frame reader (boundedFramer) restarts the count at every event, so
-// that the bound is per event, whitespace between events included
-// (encoding/json's Decoder keeps it in its buffer).
+// its frame reader (boundedFramer) restarts the count at every event.
 func bound(rt http.RoundTripper) http.RoundTripper {
 	return roundTripper(func(req *http.Request) (*http.Response, error) {
 		resp, err := rt.RoundTrip(req)
@@ -41,7 +37,7 @@ type roundTripper func(*http.Request) (*http.Response, error)
 func (f roundTripper) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
 
 // boundedBody fails a read past maxAnswer bytes since it was opened or
-// since the last event ended.
+// since the last event ended, whitespace between events included.
 type boundedBody struct {
 	rc   io.ReadCloser
 	read atomic.Int64 // since the start, or the end of the last event
@@ -68,8 +64,7 @@ func (b *boundedBody) Close() error { return b.rc.Close() }
 // on (what encoding/json read ahead of the next is at most its buffer).
 func (b *boundedBody) eventDone() { b.read.Store(0) }
 
-// boundedFramer is the JSON framer of watch streams, counting each event
-// against maxAnswer.
+// boundedFramer is the JSON framer of watch streams, counting each event.
 type boundedFramer struct{ runtime.Framer }
 
 func (f boundedFramer) NewFrameReader(r io.ReadCloser) io.ReadCloser {
@@ -98,9 +93,9 @@ func (r *frameReader) Read(p []byte) (int, error) {
 }
 
 // leaseSerializer is the serializer of the REST client: JSON only, with
-// boundedFramer for watches. Its scheme knows Leases and meta/v1 and
-// nothing else: client-go's kubernetes/scheme registers every API group
-// at start-up, which every run of leaderrun would pay, whatever its store.
+// boundedFramer for watches. Its scheme knows Leases and meta/v1 only:
+// client-go's kubernetes/scheme registers every API group at start-up,
+// which every run of leaderrun would pay, whatever its store.
 func leaseSerializer() runtime.NegotiatedSerializer {
 	scheme := runtime.NewScheme()
 	if err := coordinationv1.AddToScheme(scheme); err != nil {
@@ -117,7 +112,6 @@ func leaseSerializer() runtime.NegotiatedSerializer {
 	return jsonOnly{NegotiatedSerializer: codecs.WithoutConversion(), info: info}
 }
 
-// jsonOnly offers only its JSON serializer.
 type jsonOnly struct {
 	runtime.NegotiatedSerializer
 	info runtime.SerializerInfo

@@ -18,21 +18,16 @@ import (
 	"k8s.io/client-go/util/homedir"
 
 	// The auth providers client-go still ships (oidc; gcp and azure say
-	// which exec plugin replaced them); their init costs nothing measurable.
+	// which exec plugin replaced them).
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
 )
 
 // APIConfig says how to reach one apiserver and who to be there: what
 // kubectl makes of a kubeconfig context, or of a pod's service account.
 type APIConfig struct {
-	// REST is client-go's configuration (server, TLS, credentials,
-	// impersonation, proxy); Open adds leaderrun's bounds to a copy.
-	REST *rest.Config
-	// Namespace is the one the configuration implies: the service
-	// account's (POD_NAMESPACE first), the context's; "" if none.
-	Namespace string
-	// Source says where the configuration came from, for messages.
-	Source string
+	REST      *rest.Config // client-go's; Open adds leaderrun's bounds to a copy
+	Namespace string       // the one the configuration implies; "" if none
+	Source    string       // where the configuration came from, for messages
 }
 
 // LoadOptions say where LoadAPIConfig looks.
@@ -41,12 +36,10 @@ type LoadOptions struct {
 	Context    string // empty: current-context
 }
 
-// serviceAccountDir is where Kubernetes mounts a pod's service account
-// token, its cluster's CA (rest.InClusterConfig reads both) and namespace.
+// serviceAccountDir is where Kubernetes mounts a pod's service account.
 const serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 
-// ErrNoConfig means that nothing tells how to reach a cluster: no
-// kubeconfig file, and not in a pod.
+// ErrNoConfig: no kubeconfig file, and not in a pod.
 var ErrNoConfig = errors.New("kubernetes: no configuration: set --kubeconfig or KUBECONFIG, or run in a pod (KUBERNETES_SERVICE_HOST)")
 
 // LoadAPIConfig finds the apiserver and credentials as kubectl does, with
@@ -74,7 +67,7 @@ func LoadAPIConfig(opts LoadOptions) (*APIConfig, error) {
 	}
 	where := strings.Join(rules.GetLoadingPrecedence(), string(filepath.ListSeparator))
 	// clientcmd takes a context that names nothing defined for no
-	// configuration at all; say which name is missing.
+	// configuration at all: say which name is missing.
 	name := cmp.Or(opts.Context, raw.CurrentContext)
 	kctx, ok := raw.Contexts[name]
 	switch {
@@ -89,18 +82,18 @@ func LoadAPIConfig(opts LoadOptions) (*APIConfig, error) {
 	}
 	cc := clientcmd.NewNonInteractiveClientConfig(*raw, name, &clientcmd.ConfigOverrides{}, rules)
 	cfg, err := cc.ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes: context %q of kubeconfig %s: %w", name, where, err)
+	ns := ""
+	if err == nil {
+		ns, _, err = cc.Namespace()
 	}
-	ns, _, err := cc.Namespace()
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: context %q of kubeconfig %s: %w", name, where, err)
 	}
 	return &APIConfig{REST: cfg, Namespace: ns, Source: fmt.Sprintf("context %q of kubeconfig %s", name, where)}, nil
 }
 
-// inCluster is a pod's own service account, as client-go reads it; the
-// namespace is POD_NAMESPACE if set, else the service account's.
+// inCluster is a pod's own service account; the namespace is
+// POD_NAMESPACE if set, else the service account's.
 func inCluster() (*APIConfig, error) {
 	cfg, err := rest.InClusterConfig()
 	if err != nil {
@@ -111,11 +104,17 @@ func inCluster() (*APIConfig, error) {
 	return &APIConfig{REST: cfg, Namespace: ns, Source: "the pod's service account (" + serviceAccountDir + ")"}, nil
 }
 
-// open builds client-go's REST client for the Leases of namespace ns from
-// api: JSON only, every answer and watch event bounded (see bounded.go),
-// redirects refused, no client-side throttling (leaderrun paces its own
-// requests).
-func open(api *APIConfig, ns string) (*Store, error) {
+// Open opens the Leases of namespace ns (empty: api.Namespace, else
+// "default") on the apiserver of api (LoadAPIConfig), with client-go's
+// REST client: JSON only, every answer and watch event bounded
+// (bounded.go), redirects refused, no client-side throttling (leaderrun
+// paces its own requests). It reads the files api names, but sends
+// nothing to the apiserver.
+func Open(api *APIConfig, ns string) (*Store, error) {
+	ns = cmp.Or(ns, api.Namespace, "default")
+	if err := ValidateNamespace(ns); err != nil {
+		return nil, err
+	}
 	if api.REST == nil {
 		return nil, fmt.Errorf("kubernetes: %s: no REST configuration", api.Source)
 	}
@@ -123,9 +122,7 @@ func open(api *APIConfig, ns string) (*Store, error) {
 	cfg.GroupVersion = new(coordinationv1.SchemeGroupVersion)
 	cfg.APIPath = "/apis"
 	cfg.NegotiatedSerializer = leaseSerializer()
-	cfg.ContentType = "application/json"
-	cfg.AcceptContentTypes = "application/json"
-	cfg.UserAgent = "leaderrun"
+	cfg.ContentType, cfg.AcceptContentTypes, cfg.UserAgent = "application/json", "application/json", "leaderrun"
 	cfg.QPS = -1
 	cfg.Timeout = 0 // a watch is long; every other request has a deadline of its own
 	if cfg.Dial == nil {
@@ -155,16 +152,11 @@ func open(api *APIConfig, ns string) (*Store, error) {
 	return &Store{rest: rc, host: base.Scheme + "://" + base.Host + strings.TrimSuffix(base.Path, "/"), namespace: ns}, nil
 }
 
-// errRedirect: the apiserver (or something in front of it) answered with
-// a redirect. client-go adds the credentials in its transport, so a
-// followed redirect would carry the bearer token, the exec plugin's token
-// or the client certificate to wherever it points: none is followed.
-var errRedirect = fmt.Errorf("%w: a redirect, not followed (credentials are never sent on)", errProtocol)
-
-// refuseRedirect names where a redirect pointed, without user
-// information or query.
+// refuseRedirect refuses every redirect: client-go adds the credentials
+// in its transport, so a followed redirect would carry them to wherever it
+// points. It names where, without user information or query.
 func refuseRedirect(req *http.Request, _ []*http.Request) error {
 	u := *req.URL
 	u.User, u.RawQuery, u.Fragment = nil, "", ""
-	return fmt.Errorf("%w: to %s", errRedirect, u.String())
+	return fmt.Errorf("%w: a redirect, not followed (credentials are never sent on): to %s", errProtocol, u.String())
 }

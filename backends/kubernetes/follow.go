@@ -17,10 +17,10 @@ import (
 )
 
 // Follow implements backends.RecordLock with one watch of the Lease, from
-// the state last known (the grant, or the last read), whose newest state
-// Get then takes. It waits for the watch's first answer, so that a watch
-// RBAC forbids is refused before a grant is handed out. Every watcher of
-// an object gets every event of it, so every change wakes every waiter.
+// the state last known, whose newest state Get then takes. It waits for
+// the watch's first answer, so that a watch RBAC forbids is refused before
+// a grant is handed out. Every change wakes every waiter
+// (docs/backends/kubernetes.md says why).
 func (l *lock) Follow(ctx context.Context, _ backends.Claim, held *backends.Record) (backends.Follower, error) {
 	l.mu.Lock()
 	if held != nil {
@@ -32,7 +32,7 @@ func (l *lock) Follow(ctx context.Context, _ backends.Claim, held *backends.Reco
 	}
 	l.mu.Unlock()
 	wctx, cancel := context.WithCancel(context.Background())
-	w := &watcher{l: l, changed: make(chan struct{}, 1), opened: make(chan error, 1), cancel: cancel, done: make(chan struct{})}
+	w := &watcher{Wake: backends.NewWake(), l: l, opened: make(chan error, 1), cancel: cancel, done: make(chan struct{})}
 	go w.run(wctx, rv)
 	select {
 	case err := <-w.opened:
@@ -48,12 +48,11 @@ func (l *lock) Follow(ctx context.Context, _ backends.Claim, held *backends.Reco
 	return w, nil
 }
 
-// refused reports whether a watch request was refused for good.
 func refused(err error) bool { return err != nil && !transient(err) && !isExpired(err) }
 
 // see takes in a state of the Lease that the watch saw (nil: deleted),
 // or what broke the watch for good (Get returns it: a waiter gives up, a
-// holder's renewals are its proof), and says Changed if it is news.
+// holder's renewals are its proof), and pokes if it is news.
 func (l *lock) see(w *watcher, o *coordinationv1.Lease, broken error) {
 	l.mu.Lock()
 	news := broken != nil || o == nil || l.cur == nil || newer(o, l.cur)
@@ -64,12 +63,12 @@ func (l *lock) see(w *watcher, o *coordinationv1.Lease, broken error) {
 	}
 	l.mu.Unlock()
 	if news {
-		w.poke()
+		w.Poke()
 	}
 }
 
-// newer reports whether o is a later state of the Lease than old. States
-// whose versions cannot be compared count as newer.
+// newer reports whether o is a later state of the Lease than old, or
+// cannot be compared.
 func newer(o, old *coordinationv1.Lease) bool {
 	a, errA := revision(o)
 	b, errB := revision(old)
@@ -79,20 +78,16 @@ func newer(o, old *coordinationv1.Lease) bool {
 // watcher follows one Lease with client-go watches, each from the last
 // version seen, or from a new read if that is too old (410 Gone).
 type watcher struct {
-	l       *lock
-	changed chan struct{}
-	opened  chan error // the outcome of the first watch request
-	cancel  context.CancelFunc
-	done    chan struct{}
+	backends.Wake
+	l      *lock
+	opened chan error // the outcome of the first watch request
+	cancel context.CancelFunc
+	done   chan struct{}
 }
-
-// Changed implements backends.Follower.
-func (w *watcher) Changed() <-chan struct{} { return w.changed }
 
 // Behind implements backends.Follower: an apiserver keeps no queue.
 func (w *watcher) Behind() bool { return false }
 
-// Close implements backends.Follower.
 func (w *watcher) Close() {
 	w.cancel()
 	<-w.done
@@ -100,13 +95,6 @@ func (w *watcher) Close() {
 	defer w.l.mu.Unlock()
 	if w.l.w == w {
 		w.l.w = nil
-	}
-}
-
-func (w *watcher) poke() {
-	select {
-	case w.changed <- struct{}{}:
-	default:
 	}
 }
 
@@ -151,7 +139,7 @@ func (w *watcher) run(ctx context.Context, rv string) {
 }
 
 // follow reads the events of one watch until it ends (the apiserver's
-// timeout, or a broken connection, which client-go does not tell apart),
+// timeout, or a broken connection: client-go does not tell them apart),
 // and returns the version to go on from.
 func (w *watcher) follow(ctx context.Context, wi watch.Interface, rv string) (string, error) {
 	defer wi.Stop()
@@ -207,7 +195,7 @@ func (w *watcher) resync(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if w.poke(); o == nil {
+	if w.Poke(); o == nil {
 		return "", nil
 	}
 	return o.ResourceVersion, nil

@@ -1,35 +1,15 @@
 // Package kubernetes is the Kubernetes store: a lock is a
 // coordination.k8s.io/v1 Lease named after it, holding client-go's
 // leader-election record, so that `kubectl get lease` shows the holder and
-// client-go electors on the same Lease and leaderrun exclude each other
-// (docs/backends/kubernetes.md says how, and why it is safe).
-//
-// A lock is a backends.RecordLock without a clock: the driver times the
-// record on the follower's own clock, as client-go's elector does. The
-// record's Version is the resourceVersion, and every write is an update
-// conditional on the one read: of two candidates that saw the same state,
-// one wins, the other gets 409 Conflict.
-//
-// The fencing token of a grant is one more than the resourceVersion its
-// update was conditional on, or than the token recorded in leaderrun/token
-// if that is larger. resourceVersions are etcd revisions of the Lease's
-// key, which only grow, a deletion and a new creation included, and each
-// grant is conditional on the last write before it: so a candidate that
-// finds no Lease creates a free one, and takes it like any other.
-//
-// A grant is this candidacy's only if the record names its identity and
-// leaderrun/token the same holder, count of transitions and owner: an
-// identity is no proof of ownership. History and completion markers are
-// the annotations leaderrun/history and leaderrun/markers: they need no
-// permission but the Lease's own (get, create, update, watch).
-//
-// The client is client-go's, with a scheme that knows Leases only. Every
-// answer and watch event is bounded, and redirects are refused, so that
-// no credential follows one (bounded.go, config.go).
+// client-go electors on the same Lease and leaderrun exclude each other.
+// A backends.RecordLock without a clock (the driver times the record, as
+// client-go's elector does), written by updates conditional on the
+// resourceVersion read. docs/backends/kubernetes.md says how, why the
+// token (leaderrun/token) never goes backwards, and how every answer is
+// bounded.
 package kubernetes
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,22 +30,10 @@ import (
 )
 
 // Store is the Leases of one namespace, reached through one REST client.
-// Its locks are safe for concurrent use.
 type Store struct {
 	rest      *rest.RESTClient
 	host      string // the server as messages name it, without credentials
 	namespace string
-}
-
-// Open opens the Leases of namespace ns (empty: api.Namespace, else
-// "default") on the apiserver of api (LoadAPIConfig). It reads the files
-// api names, but sends nothing to the apiserver.
-func Open(api *APIConfig, ns string) (*Store, error) {
-	ns = cmp.Or(ns, api.Namespace, "default")
-	if err := ValidateNamespace(ns); err != nil {
-		return nil, err
-	}
-	return open(api, ns)
 }
 
 // Name implements backends.Store.
@@ -81,14 +49,14 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// requestTimeout bounds every request but a watch, so that a connection
-// that stalls without closing cannot hang a campaign.
-const requestTimeout = 10 * time.Second
-
-// watchTimeoutSeconds asks the apiserver to end each watch after 5
-// minutes (not 30 to 60): a watch that broke silently is replaced by then,
-// which bounds how long a follower may miss a release.
-const watchTimeoutSeconds = "300"
+const (
+	// requestTimeout bounds every request but a watch.
+	requestTimeout = 10 * time.Second
+	// watchTimeoutSeconds ends each watch after 5 minutes (not 30 to 60):
+	// a watch that broke silently is replaced by then, which bounds how
+	// long a follower may miss a release.
+	watchTimeoutSeconds = "300"
+)
 
 // leases is a request of verb on the Leases of the namespace, which
 // client-go does not retry: the driver and the runner decide.
@@ -96,18 +64,15 @@ func (s *Store) leases(verb string) *rest.Request {
 	return s.rest.Verb(verb).Namespace(s.namespace).Resource("leases").MaxRetries(0)
 }
 
-// get reads the Lease name: a NotFound error if there is none.
 func (s *Store) get(ctx context.Context, name string) (*coordinationv1.Lease, error) {
 	return s.do(ctx, s.leases(http.MethodGet).Name(name))
 }
 
-// create creates l: an AlreadyExists error if it exists.
 func (s *Store) create(ctx context.Context, l *coordinationv1.Lease) (*coordinationv1.Lease, error) {
 	return s.do(ctx, s.leases(http.MethodPost).Body(l))
 }
 
-// update replaces the Lease with l if it is still at l's resourceVersion:
-// a Conflict error if it is not, NotFound if it is gone.
+// update replaces the Lease with l if it is still at l's resourceVersion.
 func (s *Store) update(ctx context.Context, l *coordinationv1.Lease) (*coordinationv1.Lease, error) {
 	return s.do(ctx, s.leases(http.MethodPut).Name(l.Name).Body(l))
 }
@@ -120,8 +85,7 @@ func (s *Store) do(ctx context.Context, req *rest.Request) (*coordinationv1.Leas
 }
 
 // watch watches the Lease name, selected by name (which RBAC authorizes
-// as a watch of that name), from version rv ("" from its current state,
-// which the apiserver sends first as ADDED).
+// as a watch of that name), from version rv ("": from its current state).
 func (s *Store) watch(ctx context.Context, name, rv string) (watch.Interface, error) {
 	req := s.leases(http.MethodGet).Param("watch", "true").Param("fieldSelector", "metadata.name="+name).
 		Param("allowWatchBookmarks", "true").Param("timeoutSeconds", watchTimeoutSeconds)
@@ -141,8 +105,7 @@ func ValidateLockName(name string) error {
 	return nil
 }
 
-// ValidateNamespace returns an error unless ns can name a namespace: a
-// lowercase RFC 1123 label.
+// ValidateNamespace returns an error unless ns can name a namespace.
 func ValidateNamespace(ns string) error {
 	if len(validation.IsDNS1123Label(ns)) > 0 {
 		return fmt.Errorf("kubernetes: namespace %q is not a valid namespace name: want a lowercase RFC 1123 label, "+
@@ -151,8 +114,7 @@ func ValidateNamespace(ns string) error {
 	return nil
 }
 
-// leaseSeconds is d in whole seconds, rounded up: the Lease may only last
-// longer than asked, never shorter.
+// leaseSeconds is d in whole seconds, rounded up, never shorter.
 func leaseSeconds(d time.Duration) int32 {
 	s := (d + time.Second - 1) / time.Second
 	return int32(min(max(s, 1), 1<<31-1))
@@ -161,8 +123,8 @@ func leaseSeconds(d time.Duration) int32 {
 // guaranteedTTL is how long after its last renewal's send time a holder
 // that writes leaseDurationSeconds = seconds and renews every retry keeps
 // every elector out: a second less if retry is under a second, as a
-// client-go elector, which compares whole seconds, may miss a renewal.
-// Never zero, which would mean a lease that never expires.
+// client-go elector, which compares whole seconds, may miss a renewal
+// (docs/backends/kubernetes.md). Never zero: a lease that never expires.
 func guaranteedTTL(seconds int32, retry time.Duration) time.Duration {
 	ttl := time.Duration(seconds) * time.Second
 	if retry < time.Second {
@@ -172,9 +134,7 @@ func guaranteedTTL(seconds int32, retry time.Duration) time.Duration {
 }
 
 // CheckTimings refuses, before anything is taken, timings that the runner
-// would refuse once the Lease is granted: with renewals under a second
-// apart a client-go elector may take over a second early (guaranteedTTL),
-// which must still leave more than --renew-deadline + --kill-grace.
+// would refuse once the Lease is granted.
 func (s *Store) CheckTimings(t backends.Timings) error {
 	if ttl := guaranteedTTL(leaseSeconds(t.LeaseDuration), t.RetryPeriod); ttl <= t.RenewDeadline+t.KillGrace {
 		return fmt.Errorf("--lease-duration %v with --retry-period %v: renewals under a second apart may go unseen by a client-go elector "+
@@ -190,9 +150,9 @@ var (
 	_ backends.RecordLock = (*lock)(nil)
 )
 
-// revision is the resourceVersion as a number: the fencing token relies
-// on the API's rule that the resource versions of one resource are
-// decimal integers that compare in the order of the writes.
+// revision is the resourceVersion as a number: the token relies on the
+// resource versions of one object being decimal integers that compare in
+// the order of the writes (etcd revisions).
 func revision(o *coordinationv1.Lease) (uint64, error) {
 	rv, err := strconv.ParseUint(o.ResourceVersion, 10, 64)
 	if err != nil || rv == 0 {
@@ -202,8 +162,7 @@ func revision(o *coordinationv1.Lease) (uint64, error) {
 	return rv, nil
 }
 
-// errProtocol: what no apiserver sends (too large, not decodable, a
-// redirect, a version that is not a number), which asking again cannot mend.
+// errProtocol: what no apiserver sends, which asking again cannot mend.
 var errProtocol = errors.New("kubernetes: an answer no apiserver gives")
 
 func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
@@ -211,10 +170,9 @@ func isConflict(err error) bool { return apierrors.IsConflict(err) || apierrors.
 func isExpired(err error) bool  { return apierrors.IsResourceExpired(err) || apierrors.IsGone(err) }
 
 // transient reports whether a failed request may succeed if sent again:
-// no answer at all, a server error, or throttling. Every other answer is a
-// refusal (401 after client-go refreshed what it could, 403 naming the
-// verb RBAC denied, a Lease the server will not take, a namespace that
-// does not exist), and so is errProtocol.
+// no answer at all, a server error, or throttling. Every other answer is
+// a refusal (401 after client-go refreshed what it could, 403, a Lease the
+// server will not take), and so is errProtocol.
 func transient(err error) bool {
 	var st apierrors.APIStatus
 	if !errors.As(err, &st) {
@@ -224,8 +182,6 @@ func transient(err error) bool {
 	return code >= 500 || code == http.StatusTooManyRequests
 }
 
-// connectionClosed reports whether err is a connection closed under a
-// request, before any answer came.
 func connectionClosed(err error) bool {
 	return errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)

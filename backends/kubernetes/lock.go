@@ -27,21 +27,18 @@ type lock struct {
 	broken error                 // the watch's for good (see)
 }
 
-// Key implements backends.Lock: namespace/leases/name.
 func (l *lock) Key() string { return l.s.namespace + "/leases/" + l.name }
 
 // The annotations of a Lease that leaderrun writes (client-go's electors
-// keep them): the grant of the last token, and annotationDoc + a
-// document's name.
+// keep them): the last token's grant, and annotationDoc + a document.
 const (
 	annotationToken = "leaderrun/token"
 	annotationDoc   = "leaderrun/"
 )
 
-// grant is the annotationToken: the token, the grant it was issued to, the
-// holder's pool size (--holders) if more than 1 and its Claim.Owner. It is
-// the holder's only while holder and count of transitions match: a
-// client-go elector changes both, and so disowns it.
+// grant is the annotationToken. It is the holder's only while holder and
+// count of transitions match: a client-go elector changes both, and so
+// disowns it.
 type grant struct {
 	Token       uint64 `json:"token,string"`
 	Holder      string `json:"holder"`
@@ -50,15 +47,12 @@ type grant struct {
 	Owner       string `json:"owner,omitempty"`
 }
 
-// lastGrant is the grant recorded in o (it may be a past one); zero if
-// none can be read.
 func lastGrant(o *coordinationv1.Lease) (g grant) {
 	_ = json.Unmarshal([]byte(o.Annotations[annotationToken]), &g)
 	return g
 }
 
-// recordOf is the record of the Lease o (nil: none). The owner, token and
-// pool size are the holder's only if leaderrun granted it: a client-go
+// recordOf is the record of the Lease o (nil: none). A client-go
 // elector's grant reads as Owner "" and Token 0.
 func recordOf(o *coordinationv1.Lease) backends.Record {
 	rec := backends.Record{Left: -1, Waiting: -1}
@@ -75,8 +69,7 @@ func recordOf(o *coordinationv1.Lease) backends.Record {
 	return rec
 }
 
-// setRecord writes a record into o's spec as client-go's LeaseLock does
-// (holderIdentity "" for a free Lease), leaving the other spec fields.
+// setRecord writes a record into o's spec as client-go's LeaseLock does.
 func setRecord(o *coordinationv1.Lease, holder string, seconds int32, at time.Time, transitions int32) {
 	s := &o.Spec
 	s.HolderIdentity, s.LeaseDurationSeconds, s.LeaseTransitions = new(holder), new(seconds), new(transitions)
@@ -89,7 +82,6 @@ func release(o *coordinationv1.Lease, now time.Time) {
 	setRecord(o, "", 1, now, deref(o.Spec.LeaseTransitions))
 }
 
-// freeLease is a free Lease to create.
 func freeLease(namespace, name string, now time.Time) *coordinationv1.Lease {
 	o := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}
 	release(o, now)
@@ -104,7 +96,7 @@ func deref[T any](p *T) (v T) {
 }
 
 // fail wraps an error of op: ErrUnavailable, and ErrRefused unless asking
-// again may help. It names the server, never a credential.
+// again may help. It names no credential.
 func (l *lock) fail(op string, err error) error {
 	if transient(err) {
 		return fmt.Errorf("kubernetes at %s: %s lease %s: %w: %w", l.s.host, op, l.Key(), backends.ErrUnavailable, err)
@@ -113,8 +105,7 @@ func (l *lock) fail(op string, err error) error {
 }
 
 // written is fail for a conditional write: ErrConflict if the Lease
-// changed or went away since it was read. The next Get reads the Lease:
-// the write found the state behind, or may have changed it.
+// changed or went away since it was read. The next Get reads the Lease.
 func (l *lock) written(op string, err error) error {
 	if err == nil {
 		return nil
@@ -129,9 +120,8 @@ func (l *lock) written(op string, err error) error {
 }
 
 // Get implements backends.RecordLock. While the lock is followed, it is
-// the newest state the watch delivered, at no request: the watch misses
-// no write, and a state that is behind costs one conditional write that
-// conflicts, after which the Lease is read again.
+// the newest state the watch delivered, at no request; a state behind
+// costs one conditional write that conflicts, and a read.
 func (l *lock) Get(ctx context.Context) (backends.Record, error) {
 	l.mu.Lock()
 	o, cached, broken := l.cur, l.w != nil && !l.stale, l.broken
@@ -146,7 +136,6 @@ func (l *lock) Get(ctx context.Context) (backends.Record, error) {
 	return recordOf(o), err
 }
 
-// read reads the Lease (nil: there is none).
 func (l *lock) read(ctx context.Context) (*coordinationv1.Lease, error) {
 	o, err := l.s.get(ctx, l.name)
 	switch {
@@ -161,8 +150,7 @@ func (l *lock) read(ctx context.Context) (*coordinationv1.Lease, error) {
 	return o, nil
 }
 
-// granted is the record of the grant o renewed every retry, with the TTL
-// it may count on.
+// granted is the record of the grant o, renewed every retry.
 func granted(o *coordinationv1.Lease, retry time.Duration) backends.Record {
 	rec := recordOf(o)
 	rec.TTL = guaranteedTTL(int32(rec.TTL/time.Second), retry)
@@ -171,7 +159,8 @@ func granted(o *coordinationv1.Lease, retry time.Duration) backends.Record {
 
 // Take implements backends.RecordLock: an update of the Lease as read that
 // names c's identity, counts a transition and records the grant. Where
-// there is no Lease, a free one is created first (see the token).
+// there is no Lease, a free one is created first, so that the token is
+// drawn from a resourceVersion like any other.
 func (l *lock) Take(ctx context.Context, prev backends.Record, c backends.Claim) (backends.Record, error) {
 	o, _ := prev.Handle.(*coordinationv1.Lease)
 	if o == nil {
@@ -205,9 +194,17 @@ func (l *lock) Keep(ctx context.Context, held backends.Record) (backends.Record,
 	if o, _ := held.Handle.(*coordinationv1.Lease); o != nil && held.TTL >= recordOf(o).TTL {
 		retry = time.Second
 	}
-	at, err := renewStamp(ctx, retry, held.Renewed)
-	if err != nil {
-		return held, err
+	// Renewals a second or more apart each land in a later whole second,
+	// which client-go electors can tell apart (docs/backends/kubernetes.md,
+	// "Whole seconds", says why the wait is safe: S2).
+	at := time.Now()
+	if wait := sameSecondWait(held.Renewed, at); retry >= time.Second && wait > 0 {
+		select {
+		case <-time.After(wait):
+			at = time.Now()
+		case <-ctx.Done():
+			return held, ctx.Err()
+		}
 	}
 	got, err := l.rewrite(ctx, held, func(o *coordinationv1.Lease) { o.Spec.RenewTime = new(metav1.NewMicroTime(at)) })
 	if err != nil {
@@ -216,9 +213,8 @@ func (l *lock) Keep(ctx context.Context, held backends.Record) (backends.Record,
 	return granted(got, retry), nil
 }
 
-// Free implements backends.RecordLock: the Lease released as client-go's
-// ReleaseOnCancel does, if it is still held's. The token annotation stays,
-// proof of the last token.
+// Free implements backends.RecordLock: the Lease released, if it is still
+// held's. The token annotation stays, proof of the last token.
 func (l *lock) Free(ctx context.Context, held backends.Record) error {
 	_, err := l.rewrite(ctx, held, func(o *coordinationv1.Lease) { release(o, time.Now()) })
 	if errors.Is(err, backends.ErrLeaseLost) {
@@ -228,12 +224,10 @@ func (l *lock) Free(ctx context.Context, held backends.Record) error {
 }
 
 // rewrite writes edit(the Lease held holds), and after a conflict edit of
-// the Lease read again, while it is still held's; once it is not, it
-// writes nothing and says why (ErrLeaseLost). An update whose connection
-// was closed under it is sent once more (client-go closes every connection
-// when an exec plugin's certificate rotates, the request that brought the
-// rotation about included): had the first been applied, the second
-// conflicts.
+// the Lease read again, while it is still held's (else ErrLeaseLost). An
+// update whose connection was closed under it (an exec plugin's
+// certificate rotated) is sent once more: had the first been applied, the
+// second conflicts.
 func (l *lock) rewrite(ctx context.Context, held backends.Record, edit func(*coordinationv1.Lease)) (*coordinationv1.Lease, error) {
 	o, _ := held.Handle.(*coordinationv1.Lease)
 	resent := false
@@ -263,8 +257,7 @@ func (l *lock) rewrite(ctx context.Context, held backends.Record, edit func(*coo
 	}
 }
 
-// lostTo says how o (nil: none) shows the Lease lost to held (an error
-// wrapping ErrLeaseLost), nil while it is held's.
+// lostTo says how o (nil: none) shows the Lease lost to held, if it is.
 func (l *lock) lostTo(o *coordinationv1.Lease, held backends.Record) error {
 	rec := recordOf(o)
 	switch {
@@ -276,29 +269,9 @@ func (l *lock) lostTo(o *coordinationv1.Lease, held backends.Record) error {
 	return nil
 }
 
-// renewStamp is the renewTime of the next renewal: now, unless renewals
-// are a second or more apart and now is still in the whole second of
-// prev, the last one, which a client-go elector could not tell from it.
-// It then waits for the next second: no longer than the moment since the
-// runner's send time (a wall clock stepped back may make it longer, never
-// a second), whose deadline only gets earlier than the store's view (S2).
-func renewStamp(ctx context.Context, retry time.Duration, prev time.Time) (time.Time, error) {
-	now := time.Now()
-	wait := sameSecondWait(prev, now)
-	if retry < time.Second || wait <= 0 {
-		return now, nil
-	}
-	select {
-	case <-time.After(wait):
-		return time.Now(), nil
-	case <-ctx.Done():
-		return time.Time{}, ctx.Err()
-	}
-}
-
 // sameSecondWait is how long from now until the whole second after prev's
-// (in the record's RFC 3339 form, which cuts the fraction off) begins, if
-// now is in prev's; otherwise 0.
+// begins, if now is in prev's (the record's RFC 3339 form cuts the
+// fraction off); otherwise 0.
 func sameSecondWait(prev, now time.Time) time.Duration {
 	if prev.IsZero() || now.Unix() != prev.Unix() {
 		return 0
@@ -307,7 +280,7 @@ func sameSecondWait(prev, now time.Time) time.Duration {
 }
 
 // ReadDoc implements backends.Lock: the annotation leaderrun/<name>, with
-// the Lease as read for version (nil: there is none).
+// the Lease as read for version.
 func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
 	d := backends.Doc{Name: name}
 	o, err := l.read(ctx)

@@ -13,16 +13,14 @@ import (
 )
 
 // Bounds on what the server may send, so that a broken or hostile server
-// gets an error and never leaderrun's memory (docs/safety.md): no answer
-// may push a leaderrun past a few MiB, however many connections it holds.
+// gets an error and never leaderrun's memory (docs/safety.md).
 const (
-	// maxMessage bounds one protocol message (pgproto3's body length):
-	// the largest that the statements legitimately receive is a document
-	// (backends.MaxDoc characters, at most 4 bytes each) or an error.
+	// maxMessage bounds one protocol message: the largest the statements
+	// legitimately receive is a document (backends.MaxDoc characters, at
+	// most 4 bytes each) or an error.
 	maxMessage = 1 << 20
 	// maxExchange bounds all that one exchange may read: a connection's
-	// start-up (authentication, parameters, target_session_attrs's
-	// check), a statement and its answer, or one wait for a notification.
+	// start-up, a statement and its answer, or one wait for a notification.
 	maxExchange = 4 << 20
 )
 
@@ -33,8 +31,8 @@ var (
 	errNoRows      = errors.New("postgres: no row")
 )
 
-// budgetConn is a connection to the server as pgconn reads it: the read
-// that goes past maxExchange fails. reset starts a new exchange.
+// budgetConn fails the read that goes past maxExchange; reset starts a
+// new exchange.
 type budgetConn struct {
 	net.Conn
 	left atomic.Int64
@@ -55,10 +53,9 @@ func (b *budgetConn) Read(p []byte) (int, error) {
 
 func (b *budgetConn) reset() { b.left.Store(maxExchange) }
 
-// connConfig sets the configuration of every connection of a store,
-// pooled or a follower's: the bounds above, and unnamed statements with
-// their parameters' types given, in one round trip each, which a pooler in
-// transaction mode needs (nothing is prepared, no description cached).
+// connConfig sets the configuration of every connection of a store: the
+// bounds above, and unnamed statements in one round trip each, which a
+// pooler in transaction mode needs (nothing prepared, nothing cached).
 func connConfig(pc *pgxpool.Config) {
 	cfg := pc.ConnConfig
 	cfg.MaxProtocolMessageBodyLen = maxMessage
@@ -78,16 +75,15 @@ func connConfig(pc *pgxpool.Config) {
 	pc.MinConns, pc.MinIdleConns = 0, 0
 }
 
-// exchange starts a new exchange on c (see budgetConn).
 func exchange(c *pgx.Conn) {
 	if b, ok := c.PgConn().Conn().(*budgetConn); ok {
 		b.reset()
 	}
 }
 
-// queryRow runs sql, which returns at most one row, and scans that row
-// into dest; no row is errNoRows. An answer of other columns, or a second
-// row, closes the connection at once rather than read the rest.
+// queryRow runs sql, which returns at most one row, into dest; no row is
+// errNoRows. An answer of other columns, or a second row, closes the
+// connection at once rather than read the rest.
 func queryRow(ctx context.Context, c *pgx.Conn, sql string, args []any, dest ...any) error {
 	exchange(c)
 	rows, _ := c.Query(ctx, sql, args...)
@@ -115,7 +111,6 @@ func queryRow(ctx context.Context, c *pgx.Conn, sql string, args []any, dest ...
 	return nil
 }
 
-// exec runs sql, which returns no row.
 func exec(ctx context.Context, c *pgx.Conn, sql string, args ...any) error {
 	switch err := queryRow(ctx, c, sql, args); {
 	case errors.Is(err, errNoRows):

@@ -1,10 +1,12 @@
 package postgres
 
 import (
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -16,36 +18,22 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Where libpq looks when the settings name no host or no system service
-// file, as Debian's libpq does: directories that only root and the
-// postgres user may write. pgx would fall back to /tmp, where any user of
-// the host can bind a socket and be sent a password (see parseConnString).
+// Where Debian's libpq looks when the settings name no host or no system
+// service file: directories that only root and the postgres user may
+// write. pgx would fall back to /tmp, where any user of the host can bind
+// a socket and be sent a password.
 const (
 	defaultSocketDir  = "/var/run/postgresql"
 	defaultSysconfDir = "/etc/postgresql-common"
 )
 
-// parseConnString parses a connection string as libpq reads it, with
-// pgx's parser: a postgres:// URL or keyword=value pairs, completed from
-// the PG* variables, a service file and the password file. Beyond pgx it
-// does what Debian's libpq does:
-//
-//   - where no host is named (not in the string, the service or PGHOST),
-//     or an entry of a host list is empty, the host is defaultSocketDir,
-//     never pgx's fall-back to /tmp;
-//   - a service not found in the user's service file (servicefile,
-//     PGSERVICEFILE, ~/.pg_service.conf) is looked for in pg_service.conf
-//     of PGSYSCONFDIR, else of defaultSysconfDir;
-//   - ssl_min_protocol_version and ssl_max_protocol_version (and their
-//     variables) bound the TLS version;
-//   - libpq's keywords that pgx does not implement are refused where they
-//     ask for a check that would not be made (sslcrl, requirepeer,
-//     hostaddr, ...) and ignored where they only tune what pgx does its
-//     own way (keepalives, ...), rather than sent to the server.
-//
-// The pool is bound by pool_max_conns, else maxPoolConns, and every
-// connection as connConfig says. Its errors never show the string, which
-// may hold a password.
+// parseConnString parses a connection string with pgx's parser, which
+// completes it from the PG* variables, a service file and the password
+// file as libpq does. Where pgx differs from Debian's libpq, it does what
+// libpq does (docs/backends/postgres.md, "The connection"): no host is
+// defaultSocketDir, never /tmp; a service may be in the system's service
+// file; the TLS versions are bounded; what pgx does not implement is
+// refused, not sent to the server. Its errors never show the string.
 func parseConnString(s string) (*pgxpool.Config, error) {
 	extra, err := libpqDefaults(s)
 	if err != nil {
@@ -77,8 +65,8 @@ func parseConnString(s string) (*pgxpool.Config, error) {
 	return pc, nil
 }
 
-// parseError is pgx's parse error without the connection string that
-// pgx's message quotes (with passwords masked on a best-effort basis).
+// parseError is pgx's parse error without the connection string it
+// quotes (with passwords masked on a best-effort basis).
 func parseError(err error) error {
 	var pe *pgconn.ParseConfigError
 	if !errors.As(err, &pe) {
@@ -90,9 +78,8 @@ func parseError(err error) error {
 }
 
 // libpqDefaults are the settings to add to s so that pgx connects where
-// libpq would (see parseConnString): the host list with its empty entries
-// filled, and the system service file. Nothing is added when pgx would do
-// the same on its own.
+// libpq would: the host list with its empty entries filled, and the
+// system service file; nothing where pgx would do the same on its own.
 func libpqDefaults(s string) (map[string]string, error) {
 	keys, ok := connKeys(s)
 	if !ok {
@@ -107,16 +94,12 @@ func libpqDefaults(s string) (map[string]string, error) {
 	if !ok {
 		service = os.Getenv("PGSERVICE")
 	}
-	var svc map[string]string
-	if service != "" {
-		var file string
-		var err error
-		if svc, file, err = findService(service, keys["servicefile"]); err != nil {
-			return nil, err
-		}
-		if file != "" {
-			extra["servicefile"] = file
-		}
+	svc, system, err := findService(service, keys["servicefile"])
+	if err != nil {
+		return nil, err
+	}
+	if system != "" {
+		extra["servicefile"] = system
 	}
 	hosts, named := keys["host"]
 	if !named {
@@ -125,35 +108,27 @@ func libpqDefaults(s string) (map[string]string, error) {
 	if !named {
 		hosts = os.Getenv("PGHOST") // pgx ignores it when empty
 	}
-	list := strings.Split(hosts, ",")
-	if slices.Contains(list, "") {
-		for i, h := range list {
-			if h == "" {
-				list[i] = defaultSocketDir
-			}
+	if list := strings.Split(hosts, ","); slices.Contains(list, "") {
+		for i := range list {
+			list[i] = cmp.Or(list[i], defaultSocketDir)
 		}
 		extra["host"] = strings.Join(list, ",")
 	}
 	return extra, nil
 }
 
-// findService returns the settings of service from the user's service
-// file (servicefile, else PGSERVICEFILE, else ~/.pg_service.conf), else
-// from the system's, whose path it then returns too, so that pgx reads
-// that one.
+// findService returns the settings of service (none if "") from the
+// user's service file (as pgx finds it), else from the system's, whose
+// path it then returns too, for pgx to read.
 func findService(service, servicefile string) (settings map[string]string, system string, err error) {
-	user := servicefile
-	if user == "" {
-		user = os.Getenv("PGSERVICEFILE")
+	if service == "" {
+		return nil, "", nil
 	}
+	user := cmp.Or(servicefile, os.Getenv("PGSERVICEFILE"))
 	if home, herr := os.UserHomeDir(); user == "" && herr == nil {
 		user = filepath.Join(home, ".pg_service.conf")
 	}
-	dir := os.Getenv("PGSYSCONFDIR")
-	if dir == "" {
-		dir = defaultSysconfDir
-	}
-	system = filepath.Join(dir, "pg_service.conf")
+	system = filepath.Join(cmp.Or(os.Getenv("PGSYSCONFDIR"), defaultSysconfDir), "pg_service.conf")
 	for _, file := range []string{user, system} {
 		if file == "" {
 			continue
@@ -175,14 +150,9 @@ func findService(service, servicefile string) (settings map[string]string, syste
 	return nil, "", fmt.Errorf("service %q is not defined in %s nor in %s", service, user, system)
 }
 
-// withSettings is s with extra appended, where they override what s says.
+// withSettings is s with extra appended, which override what s says.
 func withSettings(s string, extra map[string]string) string {
-	keys := make([]string, 0, len(extra))
-	for k := range extra {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(extra)) {
 		v := extra[k]
 		if !isURL(s) {
 			s += " " + k + "='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
@@ -203,8 +173,8 @@ func isURL(s string) bool {
 	return strings.HasPrefix(s, "postgres://") || strings.HasPrefix(s, "postgresql://")
 }
 
-// uriEscape percent-encodes every byte of v but the unreserved ones, for
-// a query parameter that pgx decodes as libpq does (a + stays a +).
+// uriEscape percent-encodes every byte of v but the unreserved ones (a +
+// too: pgx decodes a query as libpq does, where it stays a +).
 func uriEscape(v string) string {
 	var b strings.Builder
 	for i := 0; i < len(v); i++ {
@@ -218,23 +188,13 @@ func uriEscape(v string) string {
 	return b.String()
 }
 
-// connKeys returns the host, service and servicefile settings of s that
-// are present (possibly empty), read as pgx reads them; false if s is
-// malformed (pgx then says how).
+// connKeys returns the settings of s, read as pgx reads them (pgx has no
+// exported parser); false if s is malformed (pgx then says how).
 func connKeys(s string) (map[string]string, bool) {
-	var keys map[string]string
-	var ok bool
 	if isURL(s) {
-		keys, ok = urlKeys(s)
-	} else {
-		keys, ok = keywordKeys(s)
+		return urlKeys(s)
 	}
-	for k := range keys {
-		if k != "host" && k != "service" && k != "servicefile" {
-			delete(keys, k)
-		}
-	}
-	return keys, ok
+	return keywordKeys(s)
 }
 
 const spaces = " \t\n\r\v\f"
@@ -333,10 +293,8 @@ func urlKeys(s string) (map[string]string, bool) {
 }
 
 // libpqOnly are libpq's keywords that pgx does not implement (it would
-// send them to the server as run-time parameters, which the server
-// refuses): "" for those that are ignored, since they tune what pgx does
-// its own way, else why they are refused. Options of pgx's pool and typed
-// layer, which leaderrun does not use, are refused too.
+// send them to the server, which refuses them): "" for those ignored, as
+// they tune what pgx does its own way, else why they are refused.
 var libpqOnly = map[string]string{
 	"keepalives": "", "keepalives_idle": "", "keepalives_interval": "", "keepalives_count": "",
 	"tcp_user_timeout": "", "sslcompression": "", "gsslib": "", "gssdelegation": "",
@@ -359,9 +317,8 @@ var libpqOnlyEnv = map[string]string{"PGHOSTADDR": "hostaddr", "PGSSLCRL": "sslc
 
 // takeRuntimeParams takes out of cfg.RuntimeParams (where pgx puts every
 // keyword it does not know, to be sent at start-up) what is not a server
-// setting: pool_max_conns, which it reports, and libpq's keywords that pgx
-// does not implement (libpqOnly). It defaults application_name and
-// client_encoding.
+// setting: pool_max_conns, which it reports, and libpqOnly. It defaults
+// application_name and client_encoding.
 func takeRuntimeParams(cfg *pgconn.Config) (maxSet bool, err error) {
 	rp := cfg.RuntimeParams
 	_, maxSet = rp["pool_max_conns"]
@@ -387,14 +344,13 @@ func takeRuntimeParams(cfg *pgconn.Config) (maxSet bool, err error) {
 			return false, fmt.Errorf("%s is set, and %s is not supported: %s", name, k, libpqOnly[k])
 		}
 	}
-	if fallback, ok := rp["fallback_application_name"]; ok {
-		delete(rp, "fallback_application_name")
-		if _, ok := rp["application_name"]; !ok {
-			rp["application_name"] = fallback
-		}
-	}
+	fallback, hasFallback := rp["fallback_application_name"]
+	delete(rp, "fallback_application_name")
 	if _, ok := rp["application_name"]; !ok {
 		rp["application_name"] = "leaderrun"
+		if hasFallback {
+			rp["application_name"] = fallback
+		}
 	}
 	if enc, ok := rp["client_encoding"]; ok && !strings.EqualFold(strings.ReplaceAll(enc, "-", ""), "UTF8") {
 		return false, fmt.Errorf("client_encoding %q: only UTF8 is supported", enc)
@@ -404,12 +360,12 @@ func takeRuntimeParams(cfg *pgconn.Config) (maxSet bool, err error) {
 }
 
 // tlsVersions applies ssl_min_protocol_version (TLSv1.2 by default, as
-// libpq) and ssl_max_protocol_version, from the settings or their
-// variables, to every TLS configuration of cfg.
+// libpq) and ssl_max_protocol_version, or their variables, to every TLS
+// configuration of cfg.
 func tlsVersions(cfg *pgconn.Config) error {
 	versions := map[string]uint16{"TLSv1": tls.VersionTLS10, "TLSv1.1": tls.VersionTLS11,
 		"TLSv1.2": tls.VersionTLS12, "TLSv1.3": tls.VersionTLS13}
-	var bounds [2]uint16
+	bounds := [2]uint16{tls.VersionTLS12, 0}
 	for i, kv := range [][2]string{{"ssl_min_protocol_version", "PGSSLMINPROTOCOLVERSION"},
 		{"ssl_max_protocol_version", "PGSSLMAXPROTOCOLVERSION"}} {
 		k := kv[0]
@@ -425,16 +381,9 @@ func tlsVersions(cfg *pgconn.Config) error {
 			return fmt.Errorf("%s %q: want TLSv1, TLSv1.1, TLSv1.2 or TLSv1.3", k, v)
 		}
 	}
-	if bounds[0] == 0 {
-		bounds[0] = tls.VersionTLS12
-	}
-	configs := []*tls.Config{cfg.TLSConfig}
-	for _, f := range cfg.Fallbacks {
-		configs = append(configs, f.TLSConfig)
-	}
-	for _, tc := range configs {
-		if tc != nil {
-			tc.MinVersion, tc.MaxVersion = bounds[0], bounds[1]
+	for _, f := range append([]*pgconn.FallbackConfig{{TLSConfig: cfg.TLSConfig}}, cfg.Fallbacks...) {
+		if f.TLSConfig != nil {
+			f.TLSConfig.MinVersion, f.TLSConfig.MaxVersion = bounds[0], bounds[1]
 		}
 	}
 	return nil

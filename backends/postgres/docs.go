@@ -10,23 +10,17 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// A lock's documents (backends.DocHistory, backends.DocMarkers) are rows of
-// the markers table under the lock's row name, with the key docPrefix +
-// the document's name: the document in the identity column, its version
-// (1, 2, ...) in token, and expires 'infinity'. docPrefix is not in a
-// once-key's alphabet, so that no completion marker of an older release
-// (one row per marker in this table, which it reads by key and expires by
-// date) is ever a document, nor the other way round; and the roles that
-// use the table need no new object and no new privilege.
+// A lock's documents are rows of the markers table, keyed docPrefix + the
+// document's name: the document in identity, its version in token. '#' is
+// not in a once-key's alphabet, so no marker row of an older release is
+// ever a document (docs/backends/postgres.md, "Layout in the database").
 const docPrefix = "#"
 
 // writeDocSQL: $1 name, $2 key, $3 the document, $4 and $5 the holder and
 // token that fence the write (” and 0: none), $6 the version it replaces
 // (0: none); %[1]s the lease table, %[2]s the markers. It returns whether
 // the fence held and whether the document was written. The fence's share
-// lock makes a takeover (an UPDATE of the lease row) wait until the write
-// is committed; a takeover committed first leaves the fence nothing to
-// find, and nothing is written.
+// lock makes a takeover wait until the write is committed.
 const writeDocSQL = `WITH fence AS (
 	SELECT FROM %[1]s WHERE name = $1 AND holder = $4 AND token = $5 AND expires > now() FOR SHARE
 ), ok AS (
@@ -44,8 +38,7 @@ const writeDocSQL = `WITH fence AS (
 SELECT EXISTS (SELECT FROM ok), EXISTS (SELECT FROM ins) OR EXISTS (SELECT FROM up)`
 
 // ReadDoc implements backends.Lock. It reads at most backends.MaxDoc + 1
-// characters of the document: one longer than MaxDoc reads as one that
-// cannot be decoded.
+// characters: one longer than MaxDoc reads as one that cannot be decoded.
 func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
 	d := backends.Doc{Name: name}
 	var (
@@ -65,13 +58,11 @@ func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
 	return d, nil
 }
 
-// WriteDoc implements backends.Lock.
 func (l *lock) WriteDoc(ctx context.Context, d backends.Doc) error { return l.writeDoc(ctx, d, nil) }
 
 // WriteDocHeld implements backends.RecordLock. It is not retried on a
-// broken connection: a first attempt committed without an answer, and
-// then a loss, would make the retry report a loss for a document that was
-// written.
+// broken connection: a first attempt committed without an answer, then a
+// loss, would make the retry report a loss for a document written.
 func (l *lock) WriteDocHeld(ctx context.Context, d backends.Doc, held backends.Record) error {
 	return l.writeDoc(ctx, d, &held)
 }

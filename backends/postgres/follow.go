@@ -14,27 +14,15 @@ import (
 	"github.com/leaderrun/leaderrun/backends"
 )
 
-// A follower has a connection of its own, the one session the store
-// keeps, that LISTENs on the table's channel, where the triggers notify
-// every change of a row but its renewals. A notification is a hint, and the
-// row the truth: the driver reads it when Changed says so.
-//
+// A follower has a connection of its own that LISTENs on the table's
+// channel, where the triggers notify every change of a row but renewals.
 // Waiters first queue on a session advisory lock of their lock's own key
-// (lock.queue), which PostgreSQL grants one session at a time, in the order
-// they asked, and drops with the session. Only the first in line listens
-// and times the holder's expiry; the others wait in the server's lock
-// queue, sending nothing and woken by nothing (Behind). A release wakes the
-// first waiter, which takes the lock and closes its follower, and the next
-// in line, which becomes first and reads the row once. A waiter's session
-// bounds how long a first waiter that stopped keeps its place, and how long
-// one that went away stays in the queue (waiterSession).
-//
-// No follower keeps a session before the store's probe has seen that a
-// notification sent from a pooled connection arrives: through PgBouncer in
-// transaction mode none does, and a session advisory lock would stay with
-// the pooler's server connection. Until then, and where none does, waiters
-// look every retry period, and a holder learns of a loss at its next
-// renewal. docs/backends/postgres.md has the whole of it.
+// (lock.queue), which PostgreSQL grants one session at a time, in order:
+// only the first in line listens; the others wait in the server's lock
+// queue, woken by nothing (Behind). No follower keeps a session before
+// the store's probe has seen that notifications arrive (not through
+// PgBouncer in transaction mode). docs/backends/postgres.md, "Loss
+// detection, waiting, and poolers", has the whole of it.
 const (
 	modeNotify = "notify"
 	modePoll   = "poll"
@@ -47,12 +35,11 @@ const (
 	pingEvery = 15 * time.Second
 )
 
-// waiterSession are the settings of a waiter's session, each ignored where
-// the server does not know it (before PostgreSQL 14): a first waiter that
-// stopped without its connection closing (a paused process) loses its place
-// after idle_session_timeout (its pings keep a live one), and one that went
-// away while behind leaves the lock's queue within
-// client_connection_check_interval.
+// waiterSession are the settings of a waiter's session (ignored before
+// PostgreSQL 14): a first waiter that stopped without its connection
+// closing (a paused process) loses its place after idle_session_timeout
+// (its pings keep a live one), and one that went away while behind leaves
+// the lock's queue within client_connection_check_interval.
 var waiterSession = []string{"SET idle_session_timeout = '40s'", "SET client_connection_check_interval = '1s'"}
 
 var (
@@ -67,7 +54,7 @@ func (l *lock) Follow(ctx context.Context, c backends.Claim, held *backends.Reco
 		return nil, err
 	}
 	fctx, cancel := context.WithCancel(context.Background())
-	f := &follower{l: l, waiter: held == nil, period: c.Timings.RetryPeriod, ch: make(chan struct{}, 1),
+	f := &follower{Wake: backends.NewWake(), l: l, waiter: held == nil, period: c.Timings.RetryPeriod,
 		cancel: cancel, done: make(chan struct{})}
 	go f.run(fctx)
 	return f, nil
@@ -75,10 +62,10 @@ func (l *lock) Follow(ctx context.Context, c backends.Claim, held *backends.Reco
 
 // follower follows one lock's row, for a waiter or for its holder.
 type follower struct {
+	backends.Wake
 	l      *lock
 	waiter bool
 	period time.Duration // a waiter's pace while it cannot listen
-	ch     chan struct{}
 	behind atomic.Bool
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -86,16 +73,8 @@ type follower struct {
 	failing bool
 }
 
-func (f *follower) Changed() <-chan struct{} { return f.ch }
-func (f *follower) Behind() bool             { return f.behind.Load() }
-func (f *follower) Close()                   { f.cancel(); <-f.done }
-
-func (f *follower) poke() {
-	select {
-	case f.ch <- struct{}{}:
-	default:
-	}
-}
+func (f *follower) Behind() bool { return f.behind.Load() }
+func (f *follower) Close()       { f.cancel(); <-f.done }
 
 // run follows until Close: it waits for the probe, listens, and connects
 // again after a failure. While it does not listen, a waiter looks every
@@ -132,7 +111,7 @@ func (f *follower) run(ctx context.Context) {
 		case <-t.C:
 		}
 		if f.waiter {
-			f.poke()
+			f.Poke()
 		}
 	}
 }
@@ -160,7 +139,7 @@ func (f *follower) follow(ctx context.Context) error {
 		f.failing = false
 		s.log.Info("postgres: listening again", "row", f.l.key)
 	}
-	f.poke() // for what happened before LISTEN took effect
+	f.Poke() // for what happened before LISTEN took effect
 	for {
 		n, err := listenFor(ctx, c, pingEvery)
 		if err != nil {
@@ -168,12 +147,12 @@ func (f *follower) follow(ctx context.Context) error {
 		}
 		var p struct{ Op, Name string } // as the trigger function writes it
 		if n != nil && json.Unmarshal([]byte(n.Payload), &p) == nil && (p.Op == "truncate" || p.Name == f.l.key) {
-			f.poke()
+			f.Poke()
 		}
 	}
 }
 
-// queue waits until the waiter is first in line (see above).
+// queue waits until the waiter is first in line.
 func (f *follower) queue(ctx context.Context, c *pgx.Conn) error {
 	for _, set := range waiterSession {
 		_ = statement(ctx, c, set)
@@ -210,9 +189,8 @@ func listenFor(ctx context.Context, c *pgx.Conn, d time.Duration) (*pgconn.Notif
 	return n, err
 }
 
-// startProbe starts the probe, unless the store knows the mode, or a
-// probe runs. It runs on a goroutine of the store's, which Close stops,
-// so that a follower that closes does not cut it short.
+// startProbe starts the probe, unless the store knows the mode or a probe
+// runs, on a goroutine of the store's, which Close stops.
 func (s *Store) startProbe() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -233,10 +211,9 @@ func (s *Store) startProbe() {
 
 // probe LISTENs on a connection of its own, sends a notification from a
 // pooled connection, and reports whether it arrives within probeTimeout.
-// Its channel is its own: through a pooler, that LISTEN may stay with
-// some server connection, which should not be sent every change of the
-// table (PgBouncer 1.18 was seen to crash, "server_proto: server in bad
-// state", when one came in while it passed on a cancel request).
+// Its channel is its own: through a pooler, that LISTEN may stay with a
+// server connection, which should not be sent every change of the table
+// (docs/backends/postgres.md: PgBouncer 1.18 was seen to crash).
 func (s *Store) probe(ctx context.Context) (string, error) {
 	cctx, cancel := withTimeout(ctx)
 	c, err := pgx.ConnectConfig(cctx, s.listen)
@@ -267,7 +244,6 @@ func (s *Store) probe(ctx context.Context) (string, error) {
 	return "", err
 }
 
-// statement runs sql on c, bounded by requestTimeout.
 func statement(ctx context.Context, c *pgx.Conn, sql string) error {
 	ctx, cancel := withTimeout(ctx)
 	defer cancel()

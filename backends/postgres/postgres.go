@@ -1,26 +1,17 @@
 // Package postgres is the PostgreSQL store: a lock is a row of a table in
-// a database a team already runs, and the database's clock (now()) decides
-// when a lease expires, so the hosts' clocks never matter. A lock is a
-// backends.RecordLock (record.go): Get reads the row and the time its lease
-// has left by now(); Take is one conditional UPDATE that grants a free or
-// expired row and draws the token with nextval of a sequence, strictly
-// increasing even across rows deleted by hand; Keep is one conditional
-// UPDATE, and matching no row is a loss; Free frees the row, which stays as
-// proof of the last token. The lock's documents are rows of the markers
-// table (docs.go). Waiters queue on an advisory lock, and only the first in
-// line listens for what the table's triggers notify (follow.go).
-//
-// Every statement runs on a pooled connection as one unnamed statement,
-// with no explicit transaction and no session state, so that the store
-// works through PgBouncer in transaction mode; only a follower's own
-// connection keeps a session, once the store has seen that notifications
-// arrive. The connection is configured as psql's (conninfo.go), and what
-// the server sends is bounded (conn.go). docs/backends/postgres.md has the
-// layout, the statements, why the token never goes backwards, the
-// privileges and the measured figures.
+// a database a team already runs, a backends.RecordLock whose leases the
+// database's clock (now()) expires, and whose token is nextval of a
+// sequence. Every statement is one unnamed statement on a pooled
+// connection, with no explicit transaction and no session state, so that
+// the store works through PgBouncer in transaction mode. Waiters queue on
+// an advisory lock, and only the first in line listens for what the
+// table's triggers notify (follow.go). docs/backends/postgres.md has the
+// layout, the statements, why the token never goes backwards, the queue,
+// the privileges and the bounds.
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -49,8 +40,7 @@ const (
 )
 
 const (
-	// requestTimeout bounds a statement whose caller set no deadline, so
-	// that a connection that stalls without closing cannot hang it.
+	// requestTimeout bounds a statement whose caller set no deadline.
 	requestTimeout = 10 * time.Second
 	// maxPoolConns bounds the pool that runs the statements, unless
 	// pool_max_conns says otherwise: a renewal and a read of the row may
@@ -65,36 +55,29 @@ const (
 // Config describes a PostgreSQL database that keeps locks. The zero value
 // of each field is noted.
 type Config struct {
-	// URL is the connection string, as psql takes it: a URL
-	// (postgres://user@host:port/db?sslmode=require) or key=value pairs;
-	// what it leaves out comes from its service (service=, PGSERVICE), the
-	// libpq variables (PGHOST, PGUSER, PGPASSWORD, ...), and a missing
-	// password from PGPASSFILE or ~/.pgpass. Zero value: all from the
-	// environment. Prefer PGPASSWORD or .pgpass to a password in a URL on
-	// a command line, which every local user can read in ps.
+	// URL is the connection string, as psql takes it: a URL or key=value
+	// pairs; what it leaves out comes from its service, the libpq
+	// variables, and ~/.pgpass. Zero value: all from the environment.
+	// Prefer PGPASSWORD or ~/.pgpass to a password in a URL on a command
+	// line, which every local user can read in ps.
 	URL string
-
 	// Prefix is put before a lock's name to name its row.
 	Prefix string
-
-	// Table is the lease table, optionally schema-qualified
-	// ("schema.table"), at most 50 bytes per part; the markers, history,
+	// Table is the lease table, [schema.]name; the markers, history,
 	// sequence and trigger function are named after it. Zero value:
 	// DefaultTable, in the first schema of the search_path.
 	Table string
-
 	// ConnectTimeout bounds each connection attempt; the connection
 	// string's connect_timeout (or PGCONNECT_TIMEOUT) wins. Zero value:
 	// DefaultConnectTimeout.
 	ConnectTimeout time.Duration
-
 	// Log receives a line when the store creates its tables, and when it
 	// finds out whether notifications arrive. Nil: nothing is logged.
 	Log *slog.Logger
 }
 
 // Store is a PostgreSQL database that keeps locks, with one pool of
-// connections for them all. Its methods are safe for concurrent use.
+// connections for them all.
 type Store struct {
 	prefix   string
 	pool     *pgxpool.Pool
@@ -117,30 +100,22 @@ type Store struct {
 	stop    context.CancelFunc // of stopped
 }
 
-// Open returns the store that cfg describes. It parses the connection
-// configuration, but sends nothing to the server until a lock is used.
+// Open returns the store that cfg describes. It sends nothing.
 func Open(cfg Config) (*Store, error) {
-	if cfg.Table == "" {
-		cfg.Table = DefaultTable
-	}
-	ids, err := newIdents(cfg.Table)
+	ids, err := newIdents(cmp.Or(cfg.Table, DefaultTable))
 	if err != nil {
 		return nil, err
-	}
-	if cfg.ConnectTimeout <= 0 {
-		cfg.ConnectTimeout = DefaultConnectTimeout
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	pc, err := parseConnString(cfg.URL)
 	if err != nil {
-		// Its messages never show the string.
 		return nil, fmt.Errorf("postgres: connection string: %w", err)
 	}
 	cc := &pc.ConnConfig.Config
 	if cc.ConnectTimeout <= 0 {
-		cc.ConnectTimeout = cfg.ConnectTimeout
+		cc.ConnectTimeout = cmp.Or(max(cfg.ConnectTimeout, 0), DefaultConnectTimeout)
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	if err != nil {
@@ -155,7 +130,7 @@ func Open(cfg Config) (*Store, error) {
 }
 
 // endpoints is host:port (or the socket's path) of every server the
-// configuration may try, for messages. It carries no user information.
+// configuration may try, for messages.
 func endpoints(c *pgconn.Config) string {
 	var addrs []string
 	for _, h := range append([]*pgconn.FallbackConfig{{Host: c.Host, Port: c.Port}}, c.Fallbacks...) {
@@ -178,8 +153,8 @@ func (s *Store) Lock(name string) backends.Lock {
 	return &lock{s: s, key: key, queue: int64(h.Sum64())}
 }
 
-// Close implements backends.Store. Leases must be released, and
-// followers closed, first.
+// Close implements backends.Store, once leases are released and
+// followers closed.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	s.stop()
@@ -189,23 +164,18 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// lock is one lock's row, and its place in the table's notifications.
 type lock struct {
-	s   *Store
-	key string // the row's name
-	// queue is the key of the session advisory lock that its waiters
-	// queue on (follow.go).
-	queue int64
+	s     *Store
+	key   string // the row's name
+	queue int64  // the key of the advisory lock its waiters queue on
 }
 
-// Key implements backends.Lock: the row's name.
 func (l *lock) Key() string { return l.key }
 
 // do runs fn on a pooled connection, bounded by requestTimeout unless ctx
-// is. A connection that broke while idle (the server restarted; a pooler,
-// firewall or idle timeout closed it) fails the first statement sent on
-// it; with retry, that failure is retried once on a new connection. Only
-// statements that may run twice retry.
+// is. A connection that broke while idle (a restart, a pooler's or
+// firewall's idle timeout) fails the first statement sent on it; with
+// retry (a statement that may run twice), it is sent once more on another.
 func (s *Store) do(ctx context.Context, retry bool, fn func(context.Context, *pgx.Conn) error) error {
 	ctx, cancel := withTimeout(ctx)
 	defer cancel()
@@ -217,7 +187,6 @@ func (s *Store) do(ctx context.Context, retry bool, fn func(context.Context, *pg
 	}
 }
 
-// withTimeout bounds a statement that its caller did not bound.
 func withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {
 		return ctx, func() {}
@@ -243,9 +212,8 @@ func brokenConn(err error) bool {
 }
 
 // refused reports whether asking again cannot help: the server refused us
-// (credentials, privileges, a database or object that does not exist, a
-// statement it cannot run), or answered as no PostgreSQL does (past a
-// bound, malformed), or its certificate does not verify. Everything else
+// (credentials, privileges, an object that does not exist), answered as
+// no PostgreSQL does, or its certificate does not verify. Everything else
 // may pass: the network, a restart, too many connections, a serialisation
 // conflict, a read-only server during a failover.
 func refused(err error) bool {
@@ -266,7 +234,6 @@ func refused(err error) bool {
 	return pgErr.Code != "25006" // read_only_sql_transaction
 }
 
-// pgCode is the SQLSTATE of err, "" if the server did not answer with one.
 func pgCode(err error) string {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
@@ -275,9 +242,8 @@ func pgCode(err error) string {
 	return ""
 }
 
-// fail wraps err, met doing op on the row key: it names the server and
-// the row, never the password, and wraps backends.ErrUnavailable, and
-// backends.ErrRefused too if asking again cannot help.
+// fail wraps err, met doing op on the row key: unavailable, and refused
+// if asking again cannot help. It names no password.
 func (s *Store) fail(op, key string, err error) error {
 	kind := fmt.Errorf("%w: %w", backends.ErrUnavailable, err)
 	if refused(err) {
@@ -287,7 +253,7 @@ func (s *Store) fail(op, key string, err error) error {
 }
 
 // redact replaces the password in err's message, should a server message
-// ever carry it; errors.Is and errors.As still see through it.
+// ever carry it.
 func (s *Store) redact(err error) error {
 	if err == nil || s.password == "" || !strings.Contains(err.Error(), s.password) {
 		return err
@@ -303,7 +269,6 @@ type redacted struct {
 func (r *redacted) Error() string { return r.msg }
 func (r *redacted) Unwrap() error { return r.err }
 
-// quoteIdent is name as a quoted SQL identifier.
 func quoteIdent(name string) string {
 	return `"` + strings.ReplaceAll(strings.ReplaceAll(name, "\x00", ""), `"`, `""`) + `"`
 }

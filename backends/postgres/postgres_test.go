@@ -569,7 +569,7 @@ func testLossByHand(t *testing.T, e *env) {
 		{"give it to another holder", "UPDATE loss_leases SET holder = 'intruder' WHERE name = $1", `"intruder"`},
 		{"grant it anew", "UPDATE loss_leases SET holder = 'intruder', token = nextval('loss_leases_token_seq') WHERE name = $1",
 			`"intruder"`},
-		{"free it", "UPDATE loss_leases SET holder = '' WHERE name = $1", `taken by ""`},
+		{"free it", "UPDATE loss_leases SET holder = '' WHERE name = $1", `released by someone else`},
 		{"expire it", "UPDATE loss_leases SET expires = now() - interval '1 second' WHERE name = $1", "ran out"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -14,9 +14,8 @@ import (
 )
 
 // recordCols are the columns of a lease row that a Record is read from
-// (row): times as microseconds, since a number's text does not depend on
-// the session's DateStyle, and the time the lease has left by the
-// database's clock.
+// (row): times as microseconds (a number's text does not depend on the
+// DateStyle), and the time the lease has left by the database's clock.
 const recordCols = `holder, owner, token, (extract(epoch FROM ttl) * 1000000)::bigint,
 	coalesce((extract(epoch FROM acquired) * 1000000)::bigint, 0),
 	coalesce((extract(epoch FROM renewed) * 1000000)::bigint, 0),
@@ -24,9 +23,9 @@ const recordCols = `holder, owner, token, (extract(epoch FROM ttl) * 1000000)::b
 
 // takeSQL: $1 name, $2 holder, $3 owner, $4 ttl in µs; %[1]s the lease
 // table, %[2]s the sequence, %[3]s recordCols. It grants a row that is
-// free or expired, or that this very candidacy was granted already (a
-// retry whose first answer was lost), with a token drawn on the row it
-// grants (docs/backends/postgres.md: why it never goes backwards).
+// free or expired, or this candidacy's already (a retry whose answer was
+// lost), with a token drawn on the row it grants (docs/backends/postgres.md:
+// why it never goes backwards).
 const takeSQL = `UPDATE %[1]s SET holder = $2, owner = $3, token = nextval(%[2]s::regclass),
 	ttl = $4::bigint * interval '1 microsecond', acquired = now(), renewed = now(),
 	expires = now() + $4::bigint * interval '1 microsecond'
@@ -46,13 +45,10 @@ UNION ALL
 SELECT false, %[2]s FROM %[1]s WHERE name = $1 AND NOT EXISTS (SELECT FROM k)`
 
 // ownerHolders separates, in the owner column, the candidacy's Owner from
-// the size of its pool (--holders N, N > 1). It lives there rather than in
-// a column of its own because every grant, of every release, writes the
-// owner column whole (no record can carry a stale size), and a new column
-// would take the table owner's privilege to add.
+// its pool's size (docs/backends/postgres.md, "Holders and slots", says
+// why there).
 const ownerHolders = ";holders="
 
-// row is a lease row as recordCols read it.
 type row struct {
 	holder, owner                       string
 	token, ttl, acquired, renewed, left int64
@@ -74,8 +70,8 @@ func (r *row) record() backends.Record {
 }
 
 // Get implements backends.RecordLock. A row or a table that does not
-// exist yet is a free lock. Waiting is -1: only waiters that queue show
-// in the database, not those that poll.
+// exist yet is a free lock. Waiting is -1: waiters that poll leave no
+// trace.
 func (l *lock) Get(ctx context.Context) (backends.Record, error) {
 	var r row
 	err := l.s.do(ctx, true, func(ctx context.Context, c *pgx.Conn) error {
@@ -91,8 +87,8 @@ func (l *lock) Get(ctx context.Context) (backends.Record, error) {
 }
 
 // Take implements backends.RecordLock with one conditional UPDATE, which
-// the database's clock decides; a row that prev says does not exist is
-// first created free, without a token (docs/backends/postgres.md).
+// the database's clock decides; a missing row is first created free,
+// without a token (docs/backends/postgres.md says why).
 func (l *lock) Take(ctx context.Context, prev backends.Record, claim backends.Claim) (backends.Record, error) {
 	if err := l.s.ensure(ctx, l.key); err != nil {
 		return backends.Record{}, err
@@ -124,7 +120,7 @@ func (l *lock) Take(ctx context.Context, prev backends.Record, claim backends.Cl
 }
 
 // Keep implements backends.RecordLock with one conditional UPDATE; one
-// that matches no row is a loss, whose reason the same statement reads.
+// that matches no row is a loss, whose reason the statement reads.
 func (l *lock) Keep(ctx context.Context, held backends.Record) (backends.Record, error) {
 	var (
 		kept bool

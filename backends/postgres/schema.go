@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// idents are the names of the store's objects.
 type idents struct {
 	tableName string // as configured, for messages
 	schema    string // unquoted, "" for the search_path's first
@@ -50,7 +49,6 @@ func newIdents(table string) (idents, error) {
 		hist: quote(name + "_history"), seq: quote(name + "_token_seq"), fn: quote(name + "_notify")}, nil
 }
 
-// literal quotes s as an SQL string literal.
 func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // statements are the store's SQL, built once with its table's names.
@@ -96,12 +94,11 @@ const (
 
 // ddlSQL creates, under the advisory lock %[1]d, what is missing: the
 // sequence (%[6]s) and the lease table (%[3]s), the markers (%[4]s) and the
-// history (%[5]s) unless %[2]s says they are all there; then, unless
-// there are 3 triggers (%[7]s), the trigger function (%[8]s, %[9]s) that
-// notifies on the channel %[10]s, and the triggers %[11]s to %[13]s, which
-// only the table's owner may create: without them followers poll.
-// Renewals move expires later and notify nothing. The history table is no
-// longer written, and kept for the releases before the documents.
+// history (%[5]s, kept for older releases) unless %[2]s says they are all
+// there; then, unless there are 3 triggers (%[7]s), the trigger function
+// (%[8]s, %[9]s) that notifies on the channel %[10]s, and the triggers
+// %[11]s to %[13]s, which only the table's owner may create: without them
+// followers poll. Renewals move expires later and notify nothing.
 const ddlSQL = `DO $leaderrun$
 BEGIN
 	PERFORM pg_advisory_xact_lock(%[1]d);
@@ -165,8 +162,7 @@ END
 $leaderrun$`
 
 // ensure creates what is missing of the store's objects, once per Store
-// (again after a statement found the table gone); key is the row it is
-// for, for messages. Without the triggers the store polls.
+// (again after a statement found the table gone); key is for messages.
 func (s *Store) ensure(ctx context.Context, key string) error {
 	s.schemaMu.Lock()
 	defer s.schemaMu.Unlock()
@@ -216,11 +212,9 @@ func (s *Store) ensure(ctx context.Context, key string) error {
 	return nil
 }
 
-// errNoSchema: the search_path names no schema that exists.
 var errNoSchema = errors.New("no schema to create them in: the search_path names none that exists")
 
-// schemaGone makes the next use look for the tables again: a statement
-// found the lease table missing (dropped by hand).
+// schemaGone makes the next use look for the tables again.
 func (s *Store) schemaGone() {
 	s.schemaMu.Lock()
 	s.ready = false

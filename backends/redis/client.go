@@ -24,8 +24,7 @@ import (
 // dial_timeout says otherwise.
 const DefaultDialTimeout = 5 * time.Second
 
-// New returns the store of cfg. It sends nothing to the server until a
-// lock is first used.
+// New returns the store of cfg. It sends nothing to the server.
 func New(cfg Config) (*Store, error) {
 	if cfg.MinReplicas < 0 {
 		return nil, fmt.Errorf("redis: %d replicas to wait for: want 0 or more", cfg.MinReplicas)
@@ -95,11 +94,9 @@ func New(cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// parseURL parses cfg.URL with go-redis's ParseURL. With Sentinels the
-// URL names no host (the Sentinels name the primary), and may be empty.
-// The user information is split off first (backends.SplitUserinfo), so
-// that a password holding "/" or "," reaches the server whole, and no
-// parser ever sees it or quotes part of it in an error.
+// parseURL parses cfg.URL with go-redis's ParseURL, the user information
+// split off first, so that a password holding "/" or "," reaches the
+// server whole, and no parser ever quotes part of it in an error.
 func parseURL(cfg Config) (*redis.Options, error) {
 	sentinel, raw := cfg.SentinelMaster != "" || len(cfg.Sentinels) > 0, cfg.URL
 	if raw == "" && !sentinel {
@@ -135,13 +132,11 @@ func parseURL(cfg Config) (*redis.Options, error) {
 
 // tune sets what the store relies on, whatever the URL said.
 func tune(opt *redis.Options, dial func(context.Context, string, string) (net.Conn, error), pool int) {
-	// RESP2: what the guard follows. Nothing here needs RESP3.
-	opt.Protocol = 2
-	// The main pool: a renewal, a read of the holder's key and a release
-	// may overlap. Pub/sub connections are apart; pipelines run on these.
+	opt.Protocol = 2 // RESP2: what the guard follows
+	// A renewal, a read of the holder's key and a release may overlap;
+	// pipelines run on these connections, pub/sub on its own.
 	opt.PoolSize, opt.MaxIdleConns, opt.MinIdleConns, opt.PipelinePoolSize = pool, pool, 0, -1
-	// Replies are small (see guard.go): small buffers, per connection.
-	opt.ReadBufferSize, opt.WriteBufferSize = 4096, 4096
+	opt.ReadBufferSize, opt.WriteBufferSize = 4096, 4096 // replies are small (guard.go)
 	// CLIENT SETINFO costs a round trip per connection; the name goes
 	// with HELLO.
 	opt.DisableIdentity, opt.ClientName = true, "leaderrun"
@@ -155,9 +150,8 @@ func tune(opt *redis.Options, dial func(context.Context, string, string) (net.Co
 	opt.Dialer = dial
 }
 
-// guardedDialer dials TCP or a unix socket, does the TLS handshake if
-// tlsCfg is set (checking the name of the address dialled), and puts the
-// guard (guard.go) on the connection.
+// guardedDialer dials, does the TLS handshake if tlsCfg is set (checking
+// the name of the address dialled), and puts the guard on the connection.
 func guardedDialer(timeout time.Duration, tlsCfg *tls.Config) func(context.Context, string, string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		d := &net.Dialer{Timeout: timeout, KeepAlive: 15 * time.Second}
@@ -184,12 +178,10 @@ func guardedDialer(timeout time.Duration, tlsCfg *tls.Config) func(context.Conte
 }
 
 // refused reports whether err is the server refusing us for good
-// (credentials, ACL permissions, an unknown command, a key of the wrong
-// type, a certificate either side does not trust, something that does not
-// speak TLS) or answering as no Redis does (the guard's bounds), rather
-// than a failure that may pass: the network, a restart (LOADING), a
-// failover (READONLY, MASTERDOWN), too few replicas (NOREPLICAS), a busy
-// script (BUSY).
+// (credentials, ACL permissions, an unknown command, a certificate either
+// side does not trust, no TLS) or answering as no Redis does (the guard),
+// rather than a failure that may pass: the network, or one of the
+// transient replies below.
 func refused(err error) bool {
 	var rerr redis.Error
 	var verify *tls.CertificateVerificationError
@@ -223,11 +215,9 @@ func (libShim) Printf(_ context.Context, format string, v ...any) {
 	}
 }
 
-// startChecks asks the server, once per store and in the background (a
-// campaign does not wait for it), for what its users should know:
-// replicas while none is waited for (a failover can lose a grant), fewer
-// replicas than waited for (no child will start), and no append-only file
-// (a restart can repeat tokens).
+// startChecks asks the server, once per store and in the background, for
+// what its users should know: replicas not waited for, fewer replicas
+// than waited for, and no append-only file.
 func (s *Store) startChecks() {
 	s.checks.Do(func() {
 		s.wg.Go(func() {
@@ -259,8 +249,7 @@ func (s *Store) startChecks() {
 	})
 }
 
-// infoField is the value of name in an INFO section's text (never on its
-// first line, the section's title), "" if none.
+// infoField is the value of name in an INFO section's text, "" if none.
 func infoField(info, name string) string {
 	_, v, _ := strings.Cut(info, "\n"+name+":")
 	v, _, _ = strings.Cut(v, "\r")

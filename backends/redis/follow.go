@@ -23,37 +23,23 @@ const (
 	// pubsubPing is how long a pub/sub connection may stay silent before
 	// it is pinged, so that one that died silently is replaced.
 	pubsubPing = 30 * time.Second
-	// lossCheck is how often a holder's key is read while Redis is not
-	// known to announce its changes.
+	// lossCheck is how often a holder reads its key while Redis is not
+	// known to announce its changes (S3 allows a second).
 	lossCheck = 500 * time.Millisecond
 )
 
-// Follow implements backends.RecordLock.
-//
-// A waiter (held nil) joins the queue and listens on a channel of its
-// own, <key>:wake:<nonce>: a release wakes the first live waiter alone,
-// and only that one times the holder's lease (Behind). Each heartbeat (a
-// retry period) refreshes its liveness deadline, which is when a dead
-// waiter leaves the queue, and tells it whether it became first; until
-// its subscription is confirmed (never, through a proxy without pub/sub)
-// it also looks then. A confirmation has it look, too: a release before
-// it was not heard.
-//
-// A holder hears of every change of its key through client tracking,
-// which needs no server setting: a connection of its own tracks the keys
-// that start with the lock's key (BCAST PREFIX), redirected to itself,
-// and Redis announces each on __redis__:invalidate as soon as it is
-// written, deleted, expired or flushed. Until an announcement of the key
-// (each renewal makes one) proves that this works, and where it does not
-// (an ACL without CLIENT TRACKING, a proxy without pub/sub), the key is
-// read every lossCheck.
-//
+// Follow implements backends.RecordLock (docs/backends/redis.md, "Waiting,
+// without a herd" and "Loss"). A waiter (held nil) joins the queue and
+// listens on a channel of its own, <key>:wake:<nonce>, on which a release
+// wakes the first live waiter alone. A holder hears of every change of its
+// key through client tracking on a connection of its own, and reads its
+// key every lossCheck until an announcement proves that tracking works.
 // With Config.MinReplicas, a holder's grant is first renewed and WAITed
 // for (Keep): the driver follows every grant before it hands it out, and
 // frees one that fails here.
 func (l *lock) Follow(ctx context.Context, c backends.Claim, held *backends.Record) (backends.Follower, error) {
 	l.s.startChecks()
-	f := &follower{l: l, claim: c, ch: make(chan struct{}, 1), done: make(chan struct{}), since: time.Now()}
+	f := &follower{Wake: backends.NewWake(), l: l, claim: c, done: make(chan struct{}), since: time.Now()}
 	rctx, cancel := context.WithCancel(context.Background())
 	f.cancel = cancel
 	if held != nil {
@@ -80,9 +66,9 @@ func (l *lock) Follow(ctx context.Context, c backends.Claim, held *backends.Reco
 // follower is a waiter's place in the queue (client nil) or a holder's
 // tracking of its key. run owns listening, live, since and logOnce.
 type follower struct {
+	backends.Wake
 	l      *lock
 	claim  backends.Claim
-	ch     chan struct{}
 	behind atomic.Bool
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -94,22 +80,18 @@ type follower struct {
 	logOnce         sync.Once
 }
 
-func (f *follower) Changed() <-chan struct{} { return f.ch }
-func (f *follower) Behind() bool             { return f.behind.Load() }
+func (f *follower) Behind() bool { return f.behind.Load() }
 
 func (f *follower) poke() {
 	if f.client == nil {
 		f.l.s.woken.Add(1)
 	}
-	select {
-	case f.ch <- struct{}{}:
-	default:
-	}
+	f.Poke()
 }
 
 // Close implements backends.Follower. A waiter leaves the queue, waking
-// the next one if the lock is free; if that fails, the others drop it
-// when its liveness deadline passes.
+// the next one if the lock is free (if that fails, its liveness deadline
+// passes).
 func (f *follower) Close() {
 	f.cancel()
 	_ = f.ps.Close() // ends a receive in progress
@@ -183,8 +165,8 @@ func (f *follower) run(ctx context.Context, period time.Duration) {
 }
 
 // tick is a waiter's heartbeat, or a holder's look at its key while its
-// tracking is not proved: renewals come every retry period, and each is
-// announced, so a holder that heard none in two says that it polls.
+// tracking is not proved: each renewal is announced, so a holder that
+// heard none in two retry periods says that it polls.
 func (f *follower) tick(ctx context.Context) {
 	if f.client == nil {
 		qctx, cancel := context.WithTimeout(ctx, f.claim.Timings.AttemptTimeout())
@@ -203,7 +185,7 @@ func (f *follower) tick(ctx context.Context) {
 
 // queue joins the queue or refreshes the waiter's deadline there. It
 // wakes the driver when the waiter became first (to time the holder), is
-// first while the lock is free (its wake-up may have been lost), or has no
+// first while the lock is free (a wake-up may have been lost), or has no
 // confirmed subscription (it polls).
 func (f *follower) queue(ctx context.Context) error {
 	window := max(aliveRetries*f.claim.Timings.RetryPeriod.Milliseconds(), 1)
@@ -223,8 +205,7 @@ func (f *follower) queue(ctx context.Context) error {
 
 // onConnect turns tracking on for a holder's new connection. Its errors
 // are not the connection's: on a Sentinel's connection, before Redis 6.0,
-// or for an ACL without CLIENT TRACKING it fails, and no announcement
-// comes.
+// or for an ACL without CLIENT TRACKING, no announcement comes.
 func (f *follower) onConnect(ctx context.Context, cn *redis.Conn) error {
 	if id, err := cn.ClientID(ctx).Result(); err == nil {
 		_ = cn.Do(ctx, "CLIENT", "TRACKING", "ON", "REDIRECT", id, "BCAST", "PREFIX", f.l.key).Err()

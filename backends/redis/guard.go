@@ -7,38 +7,27 @@ import (
 	"syscall"
 )
 
-// Bounds on what the backend accepts from a server. go-redis allocates
+// Bounds on what the store accepts from a server. go-redis allocates
 // what a reply's header announces before it reads the body (a bulk
 // string's length, an array's element count), so a hostile or broken
 // server could make it allocate gigabytes with a few bytes. The guard
-// below refuses such a reply before go-redis sees it. The backend's
-// largest legitimate reply is the history (about 100 terms of well under
-// a kilobyte each) or an INFO section: far below these.
+// refuses such a reply before go-redis sees it. The largest legitimate
+// reply is a document (128 KiB) or an INFO section: far below these.
 const (
-	// maxBulk bounds one bulk string (a lock value, a marker, a term, a
-	// pub/sub payload, INFO's text).
-	maxBulk = 1 << 20
-	// maxReply bounds one whole reply, counting every bulk string at its
-	// announced length and every array element at what go-redis
-	// allocates for it.
-	maxReply = 8 << 20
-	// maxLine bounds a header or a simple string or error line.
-	maxLine = 64 << 10
-	// maxDepth bounds how deep arrays nest.
-	maxDepth = 8
-	// elemCost is what go-redis allocates for one array element (an
-	// interface value) before it reads it.
-	elemCost = 16
+	maxBulk  = 1 << 20  // one bulk string
+	maxReply = 8 << 20  // one reply: its strings at their announced length, elements at elemCost
+	maxLine  = 64 << 10 // a header, or a simple string or error line
+	maxDepth = 8        // how deep aggregates nest
+	elemCost = 16       // what go-redis allocates for an array element (an interface) before reading it
 )
 
 // errHostileReply is the guard's error: the connection is then closed.
 var errHostileReply = errors.New("redis: the server sent a reply beyond what leaderrun accepts")
 
 // guardedConn passes a connection's bytes through unchanged while it
-// follows the framing of what the server sends (RESP2, which the backend
-// speaks, and RESP3, which go-redis speaks to Sentinels), and fails the
-// read that would carry a reply over the bounds above, or anything that
-// is not RESP. It parses no value: go-redis does that.
+// follows the framing of what the server sends (RESP2, and RESP3, which
+// go-redis speaks to Sentinels), and fails the read that would carry a
+// reply over the bounds above, or anything that is not RESP.
 type guardedConn struct {
 	net.Conn
 	scan respScanner
@@ -47,8 +36,7 @@ type guardedConn struct {
 // guardedSysConn is a guardedConn over a plain socket: go-redis checks
 // an idle pooled connection's health through its file descriptor (a
 // peek, which the guard never sees), so that a connection the server
-// closed while idle is not used. Over TLS it does not (see its
-// conn_check.go), and neither does the guard.
+// closed while idle is not used.
 type guardedSysConn struct {
 	*guardedConn
 	sys syscall.Conn
@@ -56,7 +44,6 @@ type guardedSysConn struct {
 
 func (c *guardedSysConn) SyscallConn() (syscall.RawConn, error) { return c.sys.SyscallConn() }
 
-// guard wraps conn.
 func guard(conn net.Conn) net.Conn {
 	g := &guardedConn{Conn: conn}
 	if sc, ok := conn.(syscall.Conn); ok {
@@ -80,9 +67,9 @@ func (c *guardedConn) Read(p []byte) (int, error) {
 
 // respScanner follows the framing of a stream of RESP replies: it reads
 // each header line, skips the bodies of length-prefixed strings, and
-// counts the elements left in each enclosing aggregate. Its zero value
-// expects the start of a reply. Streamed strings and aggregates (RESP3's
-// "?" lengths), which Redis never sends, are refused.
+// counts the elements left in each enclosing aggregate. Streamed strings
+// and aggregates (RESP3's "?" lengths), which Redis never sends, are
+// refused.
 type respScanner struct {
 	line  []byte      // the header line read so far, without its type byte
 	typ   byte        // type byte of the line being read; 0 between lines
@@ -136,7 +123,6 @@ func (s *respScanner) feed(p []byte) error {
 	return nil
 }
 
-// header acts on one complete line of type s.typ.
 func (s *respScanner) header(body []byte) error {
 	typ := s.typ
 	s.typ = 0
@@ -193,9 +179,8 @@ func (s *respScanner) header(body []byte) error {
 
 // charge adds n items of size bytes each to what the current reply
 // announced. n comes from the wire (up to 18 digits), so it is checked
-// against what is left of the bound before it is multiplied: the product
-// of a huge count would wrap around to a negative cost, which no bound
-// ever trips.
+// before it is multiplied: the product of a huge count would wrap around
+// to a negative cost, which no bound ever trips.
 func (s *respScanner) charge(n, size int64) error {
 	if n > (maxReply-s.cost)/size {
 		return s.fail("a reply of more than %d bytes", maxReply)
@@ -229,8 +214,7 @@ func (s *respScanner) fail(format string, args ...any) error {
 }
 
 // parseLen reads a RESP length: -1, or a decimal of at most 18 digits
-// (no sign, no leading zeros beyond a lone 0). A streamed length ("?")
-// is not one.
+// (no sign, no leading zeros beyond a lone 0).
 func parseLen(b []byte) (int64, bool) {
 	if len(b) == 2 && b[0] == '-' && b[1] == '1' {
 		return -1, true

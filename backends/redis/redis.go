@@ -1,17 +1,11 @@
 // Package redis is the Redis store: the lock most cron fleets already keep
-// in Redis, made as safe as Redis allows. docs/backends/redis.md lists its
-// keys and says what holds and what does not.
-//
-// A lock is a backends.RecordLock on the server's clock: the key
-// <prefix><lock> holds the holder's JSON value with a PX expiry of its
-// lease, and <key>:token is the counter its tokens come from, never
-// expired or deleted. Every change is one Lua script (scripts.go), atomic
-// on the server: a grant is INCR and SET in one step, and renewal, release
-// and the fenced write act only while the key holds the holder's value,
-// byte for byte. Tokens strictly increase as long as the server never
-// forgets an acknowledged INCR (appendfsync always); a failover to an
-// asynchronous replica can, which Config.MinReplicas narrows without
-// closing. Redis Cluster is not supported: the scripts use several keys.
+// in Redis, made as safe as Redis allows. A lock is a backends.RecordLock
+// on the server's clock: the key <prefix><lock> holds the holder's value
+// with a PX expiry of its lease, <key>:token is the counter its tokens
+// come from, and every change is one Lua script (scripts.go).
+// docs/backends/redis.md lists the keys and says what holds and what does
+// not (an asynchronous replica can forget a grant; Redis Cluster is not
+// supported: the scripts use several keys).
 package redis
 
 import (
@@ -34,9 +28,8 @@ import (
 // Config describes one Redis. The zero value of each field is noted.
 type Config struct {
 	// URL is the server: redis://[user:password@]host:port[/db], rediss://
-	// or unix://[user:password@]/path, with go-redis's query parameters
-	// but those the store sets itself (protocol, pools, dialer). With
-	// Sentinels it names no host (rediss://user:pass@/0), or is empty.
+	// or unix://[user:password@]/path, with go-redis's query parameters.
+	// With Sentinels it names no host (rediss://user:pass@/0), or is empty.
 	URL string
 	// Password is used when the URL carries none: redis-cli's
 	// REDISCLI_AUTH. Zero: none.
@@ -46,14 +39,12 @@ type Config struct {
 	// Sentinel.
 	SentinelMaster, SentinelPassword string
 	Sentinels                        []string
-	// TLS is for rediss:// (the server's name is checked as the address
-	// gives it). Nil: TLS 1.2 or later with the system's roots.
+	// TLS is for rediss://. Nil: TLS 1.2 or later with the system's roots.
 	TLS *tls.Config
 	// Prefix starts every key. Zero: none.
 	Prefix string
 	// MinReplicas is how many replicas must acknowledge a grant before it
-	// is handed out, and each renewal before it counts (WAIT). Zero: none;
-	// if the server reports replicas, the store logs once what that risks.
+	// is handed out, and each renewal before it counts (WAIT). Zero: none.
 	MinReplicas int
 	// Log receives the store's lines, and go-redis's at debug level. Nil:
 	// nothing is logged.
@@ -91,8 +82,8 @@ func (s *Store) Close() error {
 }
 
 // Lock implements backends.Store. Lock names have no colon, so the
-// queue's keys ("<prefix>:...") start with no lock's key, and a holder,
-// which hears of every key under its own, does not hear of heartbeats.
+// queue's keys ("<prefix>:...") start with no lock's key: a holder hears
+// of every key under its own, and must not hear of heartbeats.
 func (s *Store) Lock(name string) backends.Lock {
 	return &lock{s: s, name: name, key: s.prefix + name, waiters: s.prefix + ":waiters:" + name, alive: s.prefix + ":alive:" + name}
 }
@@ -106,8 +97,6 @@ func (l *lock) Key() string              { return l.key }
 func (l *lock) docKey(doc string) string { return l.key + ":doc:" + doc }
 func (l *lock) wakePrefix() string       { return l.key + ":wake:" }
 
-// Get implements backends.RecordLock: the lock's value, what is left of
-// its lease by the server's clock, and the live waiters.
 func (l *lock) Get(ctx context.Context) (backends.Record, error) {
 	res, err := getScript().Run(ctx, l.s.c, []string{l.key, l.alive}).Slice()
 	if err == nil && len(res) != 3 {
@@ -127,8 +116,7 @@ func (l *lock) Get(ctx context.Context) (backends.Record, error) {
 }
 
 // parse reads a value of the lock with pttl ms left (-1: no expiry, a key
-// set by hand). Its Version is the value itself, which names the grant by
-// its nonce.
+// set by hand). Its Version is the value itself, which names the grant.
 func (l *lock) parse(raw string, pttl int64) backends.Record {
 	rec := backends.Record{Holder: "(not leaderrun's value)", Left: backends.NoClock, Node: l.s.addr, Version: raw}
 	var v struct {
@@ -150,8 +138,7 @@ func (l *lock) parse(raw string, pttl int64) backends.Record {
 }
 
 // Take implements backends.RecordLock: the lock is granted only if its key
-// does not exist, whatever prev says: the server's clock expires a lease,
-// so a lease that ran out is a key that is gone.
+// does not exist, whatever prev says (a lease that ran out is a key gone).
 func (l *lock) Take(ctx context.Context, _ backends.Record, c backends.Claim) (backends.Record, error) {
 	l.s.startChecks()
 	ms := max(c.Timings.LeaseDuration.Milliseconds(), 1)
@@ -168,9 +155,9 @@ func (l *lock) Take(ctx context.Context, _ backends.Record, c backends.Claim) (b
 
 // Keep implements backends.RecordLock. With Config.MinReplicas, a WAIT on
 // the same connection follows: it counts the replicas that acknowledged
-// the renewal, and with it every earlier write, the grant and its token
-// included. The WAIT takes at most a second, and half of what is left of
-// ctx, so that its answer comes in time.
+// the renewal and every earlier write, the grant's included. It takes at
+// most a second, and half of what is left of ctx, so that it answers in
+// time.
 func (l *lock) Keep(ctx context.Context, held backends.Record) (backends.Record, error) {
 	cn := l.s.c.Conn()
 	defer cn.Close()
@@ -198,8 +185,7 @@ func (l *lock) Keep(ctx context.Context, held backends.Record) (backends.Record,
 }
 
 // Free implements backends.RecordLock: the key is deleted if it still
-// holds held's value, and the first live waiter woken. If the server
-// cannot be reached, the lease expires by its clock.
+// holds held's value, and the first live waiter woken.
 func (l *lock) Free(ctx context.Context, held backends.Record) error {
 	return l.leave(ctx, held.Version, "")
 }
@@ -211,9 +197,9 @@ func (l *lock) leave(ctx context.Context, val, nonce string) error {
 	return nil
 }
 
-// ReadDoc implements backends.Lock. It reads at most one byte more than
-// backends.MaxDoc. The version is the content itself (the write script
-// compares it), and an empty string is no document.
+// ReadDoc implements backends.Lock, reading at most one byte more than
+// backends.MaxDoc. The version is the content itself, which the write
+// script compares; an empty string is no document.
 func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
 	d, key := backends.Doc{Name: name}, l.docKey(name)
 	s, err := l.s.c.GetRange(ctx, key, 0, backends.MaxDoc).Result()
@@ -228,7 +214,6 @@ func (l *lock) ReadDoc(ctx context.Context, name string) (backends.Doc, error) {
 	return d, nil
 }
 
-// WriteDoc implements backends.Lock.
 func (l *lock) WriteDoc(ctx context.Context, d backends.Doc) error {
 	return l.WriteDocHeld(ctx, d, backends.Record{})
 }
@@ -250,9 +235,8 @@ func (l *lock) WriteDocHeld(ctx context.Context, d backends.Doc, held backends.R
 	return nil
 }
 
-// fail wraps an error of op on key as the store being unavailable, and
-// refused when asking again cannot help; it names the server, never a
-// password.
+// fail wraps an error of op on key: unavailable, and refused when asking
+// again cannot help; it names no password.
 func (s *Store) fail(op, key string, err error) error {
 	if refused(err) {
 		err = fmt.Errorf("%w: %w", backends.ErrRefused, err)
@@ -273,8 +257,7 @@ func (s *Store) redactString(str string) string {
 	return str
 }
 
-// redacted is an error whose message lost its secrets; errors.Is and
-// errors.As still see through it.
+// redacted is an error whose message lost its secrets.
 type redacted struct {
 	err error
 	msg string

@@ -12,11 +12,10 @@ func script(src string) func() *redis.Script {
 	return sync.OnceValue(func() *redis.Script { return redis.NewScript(src) })
 }
 
-// The store's Lua scripts. Redis runs one at a time and replicates its
-// writes as one transaction, which makes a grant and its token one step.
-// Every key a script touches is in KEYS. Numbers go to redis.call as
-// strings: Lua writes a number with 14 significant digits, which would
-// round the queue's microsecond clock.
+// The store's Lua scripts (docs/backends/redis.md, "Scripts"). Every key
+// a script touches is in KEYS. Numbers go to redis.call as strings: Lua
+// writes a number with 14 significant digits, which would round the
+// queue's microsecond clock.
 //
 // luaLib: now() is the server's clock in ms; head() the first waiter
 // whose liveness deadline has not passed, dropping any whose has (a dead

@@ -1,10 +1,7 @@
 // Package spec is what the command line knows of a DynamoDB lock without
-// the AWS SDK: the defaults, the rules for table names and prefixes, and
-// the settings the backend is opened with. It imports nothing of the SDK,
-// so that the leaderrun binary, which leaves the SDK out (its package init
-// would cost every leading instance on a host 3.1 MiB, leaderrun and
-// watchdog, whatever the store), checks DynamoDB flags before it hands the run over to
-// leaderrun-aws, the binary that has the backend (docs/backends/dynamodb.md).
+// the AWS SDK, which the leaderrun binary leaves out: it checks DynamoDB
+// flags before it hands the run over to leaderrun-aws, the binary that
+// has the store (docs/backends/dynamodb.md says why).
 package spec
 
 import (
@@ -19,8 +16,7 @@ const DefaultTable = "leaderrun_locks"
 // maxPrefix keeps the item names within DynamoDB's 2048-byte keys.
 const maxPrefix = 1024
 
-// Settings describe one DynamoDB table. The zero value of each field is
-// noted.
+// Settings describe one DynamoDB table; each field notes its zero value.
 type Settings struct {
 	// Table is the table's name. Empty: DefaultTable.
 	Table string
