@@ -1,0 +1,254 @@
+// Package stop is the stop sequence of a command's tree as one decision
+// function (docs/safety.md, S9): from the deadline, the stop requests,
+// the time and the tree's members, Sequence.Next says what to do, and
+// does nothing itself. Three drivers act on it, each with what is its own:
+//
+//   - the watchdog (package signals/watchdog), the command's parent, on
+//     its own clock: every action, from the first kill signal on;
+//   - leaderrun's backstop (signals.Child), on leaderrun's clock held a
+//     moment behind the watchdog's: only the SIGKILL, for a watchdog that
+//     is frozen when it is due;
+//   - leaderrun's fallback, once the watchdog died (Orphaned): SIGKILL to
+//     what is left, at once.
+//
+// The watchdog drives it with Orphaned once leaderrun is gone.
+//
+// It imports nothing that the watchdog's early start may not (see
+// signals/watchdog's doc).
+package stop
+
+import (
+	"syscall"
+	"time"
+)
+
+// Instant is a point on the clock of whoever drives a Sequence, in
+// nanoseconds. Only differences matter.
+type Instant int64
+
+// Add is i + d.
+func (i Instant) Add(d time.Duration) Instant { return i + Instant(d) }
+
+// Member is a live process of the command's tree: its pid and its process
+// group. Zombies are not members.
+type Member struct{ Pid, Pgid int }
+
+// Reason says what started a sequence.
+type Reason uint8
+
+const (
+	// Asked: a stop request (leaderrun lost the lease, got a signal, or
+	// the command made no progress).
+	Asked Reason = iota + 1
+	// Deadline: the renew deadline passed with no newer one (S2, S10).
+	Deadline
+	// Leftovers: the command exited and left processes behind.
+	Leftovers
+	// Orphaned: nobody else guards the tree any more (leaderrun, or its
+	// watchdog, is gone): SIGKILL at once, no grace.
+	Orphaned
+)
+
+// Survival is how long after its SIGKILL the sequence waits for
+// processes that SIGKILL did not end (stuck in uninterruptible sleep)
+// before it gives up on them and says so.
+const Survival = 5 * time.Second
+
+// Input is what the driver knows at one instant.
+type Input struct {
+	Now Instant
+	// Deadline is when the tree must have had the kill signal, unless
+	// stopped earlier; zero: none. A newer one replaces it until the
+	// sequence starts; after, it is ignored.
+	Deadline Instant
+	// Stops are the stop requests received since the last call, with
+	// their signals, in order: the first starts the sequence, a later one
+	// with another signal is only forwarded to the group (S6).
+	Stops []syscall.Signal
+	// Orphaned: the other guard of the tree is gone.
+	Orphaned bool
+	// Exited: the command has been reaped.
+	Exited bool
+	// Members lists the tree's live processes. Next calls it at most
+	// once, and only once the sequence runs or the command has exited
+	// (reading a process table is not free).
+	Members func() []Member
+}
+
+// Kind is what an Action does.
+type Kind uint8
+
+const (
+	// Signal sends Signal to the command's group if Group, and to each
+	// of Pids (members that left the group), then SIGCONT to the same,
+	// so that a stopped process does not sit on it. The first Signal of
+	// a sequence carries its Reason and KillAt.
+	Signal Kind = iota + 1
+	// Kill sends SIGKILL to the whole tree: Pids are its members as last
+	// seen; a driver that can kill the tree at once (cgroup.kill) does.
+	// The first carries the sequence's Reason.
+	Kill
+	// GiveUp: Pids survived SIGKILL for Survival; the sequence ends
+	// without them.
+	GiveUp
+	// Done: the tree is gone (or given up on) and the command reaped.
+	Done
+)
+
+// Action is one thing to do, now.
+type Action struct {
+	Kind   Kind
+	Signal syscall.Signal
+	Group  bool
+	Pids   []int
+	Reason Reason  // the first Signal or Kill of a sequence
+	KillAt Instant // the first Signal
+}
+
+// Sequence is one command's stop sequence. Set Signal, Grace and Group
+// before the first call to Next; its zero state is "not started".
+type Sequence struct {
+	// Signal is the first signal of a sequence that the deadline or
+	// leftovers started (a request brings its own).
+	Signal syscall.Signal
+	// Grace is the time from the first signal to SIGKILL, for the whole
+	// tree at once (S9).
+	Grace time.Duration
+	// Group is the command's process group (its pid).
+	Group int
+
+	why                  Reason // zero until it starts
+	sig                  syscall.Signal
+	killAt               Instant
+	killed, gaveUp, done bool
+	signalled            map[int]bool // members outside the group that had sig
+}
+
+// Started reports whether the sequence runs, and why.
+func (s *Sequence) Started() (Reason, bool) { return s.why, s.why != 0 }
+
+// KillAt is the instant of the SIGKILL, zero until the sequence starts.
+func (s *Sequence) KillAt() Instant { return s.killAt }
+
+// Next decides what to do at in.Now, and when to be asked again at the
+// latest (zero: only when something changes: a message, the tree, the
+// command's exit).
+func (s *Sequence) Next(in Input) ([]Action, Instant) {
+	if s.done {
+		return nil, 0
+	}
+	tree := lookOnce(in.Members)
+	var acts []Action
+	for _, sig := range in.Stops {
+		switch {
+		case s.why == 0:
+			acts = s.start(acts, in.Now, sig, Asked, tree)
+		case sig != s.sig && !s.killed:
+			// The sequence runs already: its SIGKILL instant stands;
+			// another signal reaches the group as leaderrun forwards it.
+			acts = append(acts, Action{Kind: Signal, Signal: sig, Group: true})
+		}
+	}
+	if s.why == 0 {
+		switch {
+		case in.Orphaned:
+			s.why, s.sig, s.killAt = Orphaned, syscall.SIGKILL, in.Now
+		case in.Deadline != 0 && in.Now >= in.Deadline:
+			acts = s.start(acts, in.Now, s.Signal, Deadline, tree)
+		case in.Exited && len(tree()) == 0:
+			s.done = true
+			return append(acts, Action{Kind: Done}), 0
+		case in.Exited:
+			acts = s.start(acts, in.Now, s.Signal, Leftovers, tree)
+		default:
+			return acts, in.Deadline
+		}
+	}
+	if in.Orphaned && !s.killed && s.killAt > in.Now {
+		s.killAt = in.Now // nobody is left to wait for: no more grace
+	}
+	return s.follow(acts, in, tree())
+}
+
+// start begins the sequence with sig, SIGKILL a grace later (at once if
+// orphaned): the group gets sig, and so does every member outside it.
+func (s *Sequence) start(acts []Action, now Instant, sig syscall.Signal, why Reason, tree func() []Member) []Action {
+	s.why, s.sig, s.killAt = why, sig, now.Add(s.Grace)
+	a := Action{Kind: Signal, Signal: sig, Group: true, Reason: why, KillAt: s.killAt}
+	a.Pids = s.escapees(tree())
+	return append(acts, a)
+}
+
+// follow is the sequence once started: the SIGKILL at its instant, again
+// for whatever appears after it, giving up Survival later; until the
+// instant, the kill signal for members that left the group since.
+func (s *Sequence) follow(acts []Action, in Input, ms []Member) ([]Action, Instant) {
+	if len(ms) == 0 || s.gaveUp {
+		if in.Exited {
+			s.done = true
+			acts = append(acts, Action{Kind: Done})
+		}
+		return acts, 0 // the command's exit wakes the driver
+	}
+	switch {
+	case !s.killed && in.Now >= s.killAt:
+		s.killed = true
+		acts = append(acts, Action{Kind: Kill, Pids: pidsOf(ms), Reason: s.why})
+	case s.killed && in.Now >= s.killAt.Add(Survival):
+		s.gaveUp = true
+		acts = append(acts, Action{Kind: GiveUp, Pids: pidsOf(ms)})
+		if in.Exited {
+			s.done = true
+			acts = append(acts, Action{Kind: Done})
+		}
+		return acts, 0
+	case s.killed:
+		// A fork that raced with the SIGKILL goes the same way.
+		acts = append(acts, Action{Kind: Kill, Pids: pidsOf(ms)})
+	default:
+		if pids := s.escapees(ms); len(pids) > 0 {
+			acts = append(acts, Action{Kind: Signal, Signal: s.sig, Pids: pids})
+		}
+	}
+	if s.killed {
+		return acts, s.killAt.Add(Survival)
+	}
+	return acts, s.killAt
+}
+
+// escapees are the members outside the group that have not had the
+// sequence's signal yet, now marked as having had it.
+func (s *Sequence) escapees(ms []Member) []int {
+	var pids []int
+	for _, m := range ms {
+		if m.Pgid == s.Group || s.signalled[m.Pid] {
+			continue
+		}
+		if s.signalled == nil {
+			s.signalled = map[int]bool{}
+		}
+		s.signalled[m.Pid] = true
+		pids = append(pids, m.Pid)
+	}
+	return pids
+}
+
+// lookOnce wraps members so that the tree is read at most once.
+func lookOnce(members func() []Member) func() []Member {
+	var ms []Member
+	looked := false
+	return func() []Member {
+		if !looked && members != nil {
+			ms, looked = members(), true
+		}
+		return ms
+	}
+}
+
+func pidsOf(ms []Member) []int {
+	pids := make([]int, len(ms))
+	for i, m := range ms {
+		pids[i] = m.Pid
+	}
+	return pids
+}
