@@ -3,10 +3,12 @@ package signals
 import (
 	"errors"
 	"log/slog"
+	"os"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/leaderrun/leaderrun/signals/stop"
 	"github.com/leaderrun/leaderrun/signals/watchdog"
 )
 
@@ -17,33 +19,46 @@ import (
 // runs in the watchdog: the first kill signal, whether leaderrun asked for
 // it (Stop), the deadline passed in the watchdog (SetDeadline), or the
 // command exited and left processes behind, is sent there and fixes the
-// SIGKILL Instant for the whole tree, KillGrace later; a later request
+// SIGKILL instant for the whole tree, KillGrace later; a later request
 // changes neither. Done closes only once every process of the tree is
 // gone.
 type Child struct {
-	s   *Supervisor
-	pid int
-	log *slog.Logger
+	pid           int
+	guard, detail string
+	log           *slog.Logger
+	link          *link
 
 	// exited is closed once the command has been reaped; status is then
-	// set.
+	// set. done is closed once the whole tree is gone.
 	exited chan struct{}
 	status Status
+	done   chan struct{}
 
 	mu sync.Mutex
-	// killAt is the SIGKILL Instant of the stop sequence, zero until the
-	// watchdog says it started; asked is set once leaderrun asked for it;
-	// expired, if the watchdog started it because the deadline passed.
-	killAt         time.Time
-	asked, expired bool
-	deadline       time.Time // the last deadline sent
-	backstop       *time.Timer
-	sigkilled      bool // the watchdog sent SIGKILL to the tree
-	isDone         bool
+	// deadline is the last deadline sent; asked, whether leaderrun asked
+	// for the stop sequence.
+	deadline time.Time
+	asked    bool
+	// killAt is the sequence's SIGKILL instant once the watchdog said it
+	// runs; expired, if the deadline started it there.
+	killAt  time.Time
+	expired bool
+	back    backstop
+}
 
-	// done is closed once the tree is gone and the watchdog was told to
-	// stand down; the watchdog is reaped once Wait returns.
-	done chan struct{}
+// newChild is the command the watchdog reported started, followed from
+// then on through the watchdog's reports.
+func newChild(spec Spec, l *link, st *watchdog.Started, deadline time.Time) *Child {
+	// Tracked at once: should the watchdog die, the command is
+	// re-parented to us, and waited for here, not by the orphan reaper.
+	track(st.Pid)
+	c := &Child{pid: st.Pid, guard: st.Guard, detail: st.Detail, log: spec.Log, link: l,
+		exited: make(chan struct{}), done: make(chan struct{}), deadline: deadline}
+	c.back = backstop{seq: stop.Sequence{Signal: spec.KillSignal, Grace: spec.KillGrace + backstopDelay, Group: st.Pid},
+		epoch: time.Now(), tree: c.treeLeft, kill: c.killTree, log: spec.Log.With("pid", st.Pid)}
+	c.back.set(deadline, 0)
+	go c.follow()
+	return c
 }
 
 // Pid is the command's pid, which is also its process group id.
@@ -52,23 +67,43 @@ func (c *Child) Pid() int { return c.pid }
 // Guard says what keeps the command's tree together in this run (see
 // docs/safety.md): "cgroup" and its path, "subreaper" and why there is no
 // cgroup, or "process group".
-func (c *Child) Guard() string {
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	return c.s.guard + " (" + c.s.detail + ")"
-}
+func (c *Child) Guard() string { return c.guard + " (" + c.detail + ")" }
 
 // cgroupDir is the command's cgroup's path, "" without one.
 func (c *Child) cgroupDir() string {
-	c.s.mu.Lock()
-	defer c.s.mu.Unlock()
-	if c.s.guard != watchdog.GuardCgroup {
+	if c.guard != watchdog.GuardCgroup {
 		return ""
 	}
-	return c.s.detail
+	return c.detail
 }
 
-// exit records how the command ended.
+// follow handles the watchdog's reports until its socket closes; a
+// watchdog that goes before the tree did died, and its tree is ended here
+// (watchdogGone).
+func (c *Child) follow() {
+	for r := range c.link.reports {
+		switch {
+		case r.Stopping != nil:
+			c.mu.Lock()
+			c.killAt, c.expired = watchdog.TimeOf(r.Stopping.KillAt), r.Stopping.Reason == stop.Deadline
+			c.mu.Unlock()
+		case r.Killed:
+			c.back.stop()
+		case r.Exited != nil:
+			c.exit(Status{Code: r.Exited.Code, Signal: r.Exited.Signal})
+		case r.Gone:
+			c.exit(Status{Code: 70}) // only if the watchdog said nothing of it
+			c.finish()
+		}
+	}
+	select {
+	case <-c.done:
+	default:
+		c.watchdogGone()
+	}
+}
+
+// exit records how the command ended, once.
 func (c *Child) exit(st Status) {
 	select {
 	case <-c.exited:
@@ -78,28 +113,15 @@ func (c *Child) exit(st Status) {
 	}
 }
 
-// gone is the watchdog's word that the whole tree is gone: it is told to
-// stand down, and Done closes.
-func (c *Child) gone() {
-	c.mu.Lock()
-	if c.isDone {
-		c.mu.Unlock()
-		return
-	}
-	c.isDone = true
-	if c.backstop != nil {
-		c.backstop.Stop()
-	}
-	c.mu.Unlock()
-	c.exit(Status{Code: 70}) // only if the watchdog said nothing of it
-	c.s.standDown()
+// finish closes Done: nothing of the tree runs any more.
+func (c *Child) finish() {
+	c.back.stop()
 	untrack(c.pid)
 	close(c.done)
 }
 
-// Done is closed once the command and everything it started are gone (S8)
-// and the watchdog has been told to stand down; the watchdog may still be
-// exiting (see Wait).
+// Done is closed once the command and everything it started are gone
+// (S8); the watchdog may still be exiting (see Wait).
 func (c *Child) Done() <-chan struct{} { return c.done }
 
 // Status is how the command ended; call it after Done.
@@ -113,12 +135,13 @@ func (c *Child) Status() Status {
 // process or goroutine of this package outlives the caller.
 func (c *Child) Wait() Status {
 	<-c.done
-	<-c.s.reaped
+	<-c.link.reaped
 	return c.status
 }
 
 // Signal sends sig to the command's whole process group, as it is: the
-// signals leaderrun forwards (HUP, USR1, ...). To stop the command, use Stop.
+// signals leaderrun forwards (HUP, USR1, ...). To stop the command, use
+// Stop.
 func (c *Child) Signal(sig syscall.Signal) error {
 	select {
 	case <-c.done:
@@ -137,4 +160,70 @@ func (c *Child) Signal(sig syscall.Signal) error {
 		return nil
 	}
 	return err
+}
+
+// SetDeadline tells the watchdog the newest instant by which the command
+// must have had the kill signal (S2): if it passes with no newer one, the
+// watchdog starts the stop sequence itself, on its own clock, whatever
+// leaderrun is doing (S10).
+func (c *Child) SetDeadline(t time.Time) {
+	c.mu.Lock()
+	if c.asked || !t.After(c.deadline) {
+		c.mu.Unlock()
+		return
+	}
+	c.deadline = t
+	c.mu.Unlock()
+	c.back.set(t, 0)
+	_ = c.link.send(watchdog.Order{Deadline: max(watchdog.InstantOf(t), 1)}, nil, sendTimeout)
+}
+
+// Stop starts the stop sequence with sig: the watchdog sends sig to the
+// command's group and to every descendant that left it, and SIGKILL to
+// the whole tree KillGrace after that, unless its sequence began earlier
+// (its deadline passed first), whose SIGKILL instant then stands. A later
+// Stop sends its signal to the group as Signal does, and changes no
+// deadline. Done closes once the tree is gone.
+func (c *Child) Stop(sig syscall.Signal) {
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	c.mu.Lock()
+	again := c.asked
+	c.asked = true
+	c.mu.Unlock()
+	if again {
+		_ = c.Signal(sig)
+		return
+	}
+	c.back.set(time.Time{}, sig)
+	_ = c.link.send(watchdog.Order{Stop: sig}, nil, sendTimeout)
+	c.link.wake()
+}
+
+// Expired reports whether the watchdog started the stop sequence because
+// the deadline passed with no newer one from leaderrun.
+func (c *Child) Expired() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.expired
+}
+
+// KillAt is the SIGKILL instant of the stop sequence, zero until the
+// watchdog has said that it started it (a moment after Stop).
+func (c *Child) KillAt() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.killAt
+}
+
+// killTree is leaderrun's own SIGKILL of the tree: its group, and its
+// cgroup if it has one.
+func (c *Child) killTree() {
+	_ = syscall.Kill(-c.pid, syscall.SIGKILL)
+	if dir := c.cgroupDir(); dir != "" {
+		_ = os.WriteFile(dir+"/cgroup.kill", []byte("1"), 0)
+	}
 }

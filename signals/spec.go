@@ -21,7 +21,8 @@ type Spec struct {
 	KillGrace time.Duration
 	// Stdin, Stdout, Stderr default to leaderrun's own. The watchdog is
 	// started with them, and gives them to the command; it writes its
-	// own log lines to Stderr.
+	// own log lines to Stderr. A watchdog launched early (LaunchWatchdog)
+	// has leaderrun's own, and is adopted only if they are these.
 	Stdin          *os.File
 	Stdout, Stderr *os.File
 	// Log receives one line per signal sent; the watchdog writes its own

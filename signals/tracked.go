@@ -1,11 +1,6 @@
 package signals
 
-import (
-	"os"
-	"sync"
-
-	"github.com/leaderrun/leaderrun/signals/watchdog"
-)
+import "sync"
 
 // The processes this package waits for itself.
 
@@ -17,19 +12,6 @@ var tracked = struct {
 	sync.Mutex
 	pids map[int]bool
 }{pids: map[int]bool{}}
-
-// launchTracked launches a watchdog and tracks it before the orphan
-// reaper can see it exit.
-func launchTracked(self string, stdio [3]*os.File, env []string) (*watchdog.Launched, error) {
-	tracked.Lock()
-	defer tracked.Unlock()
-	w, err := watchdog.Launch(self, stdio, env)
-	if err != nil {
-		return nil, err
-	}
-	tracked.pids[w.Proc.Pid] = true
-	return w, nil
-}
 
 func track(pid int) {
 	tracked.Lock()

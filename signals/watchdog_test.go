@@ -16,13 +16,15 @@ import (
 
 	"github.com/leaderrun/leaderrun/internal/testenv"
 	"github.com/leaderrun/leaderrun/signals/watchdog"
+	// The test binary is its own watchdog, as leaderrun is.
+	_ "github.com/leaderrun/leaderrun/takeover"
 )
 
 // TestMain lets the test binary act as a stand-in for leaderrun in a
 // process of its own (leaderMain), which a test can freeze or kill, and as
 // a command that records the signals it gets (recorderMain); it is its own
-// watchdog through this package's init. Like leaderrun, the tests run as
-// a subreaper.
+// watchdog through package takeover's init. Like leaderrun, the tests run
+// as a subreaper.
 func TestMain(m *testing.M) {
 	if file := os.Getenv("SIGNALS_TEST_RECORD"); file != "" {
 		os.Exit(recorderMain(file))
@@ -81,7 +83,7 @@ func leaderMain(dir string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	info := fmt.Sprintf("child %d\nwatchdog %d\ndeadline %d\nguard %s\n", c.Pid(), sup.dog.Pid, deadline.UnixNano(), c.Guard())
+	info := fmt.Sprintf("child %d\nwatchdog %d\ndeadline %d\nguard %s\n", c.Pid(), sup.link.proc.Pid, deadline.UnixNano(), c.Guard())
 	writeAtomic(filepath.Join(dir, "started"), info)
 	var tick <-chan time.Time
 	if every, _ := time.ParseDuration(os.Getenv("SIGNALS_TEST_RENEW")); every > 0 {
@@ -318,7 +320,7 @@ func TestLeaderrunDeathKillsTree(t *testing.T) {
 func TestWatchdogDeathKillsTree(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "helper")
 	c, helper := startEscapee(t, escapeeScript(pidFile, "", `sleep 300 & wait`), time.Second, pidFile)
-	if err := syscall.Kill(c.s.dog.Pid, syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(c.link.proc.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	if st := waitChild(t, c); st.Signal != syscall.SIGKILL {
@@ -358,8 +360,8 @@ func TestGroupClearedBeforeDone(t *testing.T) {
 		t.Errorf("grandchild %d still alive after Done", grandchild)
 	}
 	c.Wait()
-	if !gone(c.s.dog.Pid) {
-		t.Errorf("watchdog %d still alive after Wait", c.s.dog.Pid)
+	if !gone(c.link.proc.Pid) {
+		t.Errorf("watchdog %d still alive after Wait", c.link.proc.Pid)
 	}
 }
 

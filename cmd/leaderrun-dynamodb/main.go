@@ -13,6 +13,9 @@ import (
 	"github.com/leaderrun/leaderrun/backends/dynamodb"
 	"github.com/leaderrun/leaderrun/backends/dynamodb/spec"
 	"github.com/leaderrun/leaderrun/cmd"
+	// leaderrun-dynamodb re-executed as its command's watchdog becomes it
+	// in this package's init, before the stores' clients initialise.
+	_ "github.com/leaderrun/leaderrun/takeover"
 )
 
 func main() {

@@ -4,6 +4,7 @@ package watchdog
 
 import (
 	"errors"
+	"github.com/leaderrun/leaderrun/signals/stop"
 
 	"golang.org/x/sys/unix"
 )
@@ -13,12 +14,12 @@ import (
 // the host spends suspended. A store keeps counting a lease while this
 // host sleeps; a deadline on this clock has passed when the host wakes
 // up, and the watchdog stops the command at once (docs/safety.md, S10).
-func Now() Instant {
+func Now() stop.Instant {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
 		panic("clock_gettime(CLOCK_BOOTTIME): " + err.Error()) // Linux 2.6.39 and later have it
 	}
-	return Instant(ts.Nano())
+	return stop.Instant(ts.Nano())
 }
 
 // alarm is a timerfd on CLOCK_BOOTTIME, for the watchdog's poll loop: it
@@ -39,7 +40,7 @@ func newAlarm() (*alarm, error) {
 
 // wait polls fds until one of them is ready or due passes (0: no time
 // limit). It returns early on a signal; the caller looks again.
-func (a *alarm) wait(fds []unix.PollFd, due Instant) error {
+func (a *alarm) wait(fds []unix.PollFd, due stop.Instant) error {
 	spec := unix.ItimerSpec{}
 	if due > 0 {
 		spec.Value = unix.NsecToTimespec(int64(max(due, 1)))

@@ -16,8 +16,8 @@ const (
 
 // prepareGuard: without cgroups or subreapers, the command's process group
 // is all there is (Linux is the supported platform).
-func prepareGuard() (string, string, *cgroupTree) {
-	return GuardGroup, "no cgroups or subreapers on this OS", nil
+func prepareGuard() guard {
+	return guard{kind: GuardGroup, detail: "no cgroups or subreapers on this OS"}
 }
 
 // cgroupTree does not exist here.
@@ -28,8 +28,8 @@ func (*cgroupTree) remove() error { return nil }
 // forkCommand forks and execs the command as the leader of a new process
 // group. There is no parent-death signal here: the watchdog's socket
 // closing is what tells it leaderrun died.
-func forkCommand(path string, argv, env []string, _ *cgroupTree) (pid, pidfd int, err error) {
-	pid, err = syscall.ForkExec(path, argv, &syscall.ProcAttr{Env: env, Files: []uintptr{0, 1, 2},
+func forkCommand(s *Start, _ *cgroupTree) (pid, pidfd int, err error) {
+	pid, err = syscall.ForkExec(s.Path, s.Args, &syscall.ProcAttr{Env: s.Env, Files: []uintptr{0, 1, 2},
 		Sys: &syscall.SysProcAttr{Setpgid: true}})
 	return pid, -1, err
 }

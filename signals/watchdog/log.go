@@ -31,17 +31,11 @@ type logger struct {
 	now   func() time.Time
 }
 
-func newLogger(format string, level int) *logger {
-	return &logger{json: format == "json", level: level, now: time.Now}
-}
-
-// logger is the watchdog's log: the format and level of leaderrun's, and
-// the lock, identity, backend, token and pid of the command once known.
-func (d *dog) logger() *logger {
-	if d.log == nil {
-		d.log = newLogger(d.format, d.level).with("watchdog", os.Getpid())
-	}
-	return d.log
+// newLogger is the watchdog's log, in slog's JSON format or its text
+// format, at level (an slog.Level): until the start tells it leaderrun's,
+// text at ERROR.
+func newLogger(json bool, level int) *logger {
+	return &logger{json: json, level: level, now: time.Now}
 }
 
 // with returns a logger whose lines carry kv (key, value, ...) too.
@@ -244,30 +238,6 @@ func levelName(level int) string {
 		return name
 	}
 	return name + fmt.Sprintf("%+d", level-base)
-}
-
-// parseLevel reads a level as slog's Level.String writes it, as leaderrun
-// passes its own; INFO if it cannot.
-func parseLevel(s string) int {
-	name, offset := s, 0
-	if i := strings.IndexAny(s, "+-"); i >= 0 {
-		n, err := strconv.Atoi(s[i:])
-		if err != nil {
-			return levelInfo
-		}
-		name, offset = s[:i], n
-	}
-	switch strings.ToUpper(name) {
-	case "DEBUG":
-		return levelDebug + offset
-	case "INFO":
-		return levelInfo + offset
-	case "WARN":
-		return levelWarn + offset
-	case "ERROR":
-		return levelError + offset
-	}
-	return levelInfo
 }
 
 // logAttrs are the log attributes that leaderrun's own lines carry,

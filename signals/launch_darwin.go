@@ -1,14 +1,14 @@
 //go:build darwin
 
-package watchdog
+package signals
 
 import (
 	"os"
 	"syscall"
 )
 
-// Executable is what leaderrun re-executes as the watchdog.
-func Executable() (string, error) { return os.Executable() }
+// executable is what leaderrun re-executes as the watchdog.
+func executable() (string, error) { return os.Executable() }
 
 func socketpair() ([2]int, error) {
 	syscall.ForkLock.RLock()

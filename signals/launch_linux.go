@@ -1,16 +1,16 @@
 //go:build linux
 
-package watchdog
+package signals
 
 import (
 	"os"
 	"syscall"
 )
 
-// Executable is what leaderrun re-executes as the watchdog:
+// executable is what leaderrun re-executes as the watchdog:
 // /proc/self/exe, the very file this process runs, even if an upgrade
 // replaced it on disk since, so that both share its pages.
-func Executable() (string, error) {
+func executable() (string, error) {
 	if _, err := os.Stat("/proc/self/exe"); err == nil {
 		return "/proc/self/exe", nil
 	}

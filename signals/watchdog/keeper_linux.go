@@ -1,0 +1,261 @@
+//go:build linux
+
+package watchdog
+
+import (
+	"os"
+	"strings"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The keeper (docs/safety.md, S11) ends the command's tree when leaderrun
+// and its watchdog die together, as `pkill -9 leaderrun` does to a stuck
+// host: the command dies of its parent-death signal, but nothing else
+// would end what it started, and the lock would be free while it runs.
+//
+// It is a copy of the watchdog, forked right after the command, without
+// exec: it costs no start and shares the watchdog's pages, and it runs
+// nothing but system calls (keeperMain is nosplit and allocates nothing:
+// the Go runtime's other threads are not in the copy, and every signal is
+// blocked). It waits for the watchdog to exit; the watchdog SIGKILLs it
+// first when its work is over, so a keeper that sees it gone knows it
+// died. While leaderrun lives, leaderrun then ends the tree (its
+// fallback), and the keeper waits for that; once leaderrun is gone too,
+// the keeper SIGKILLs the tree (cgroup.kill, or without a cgroup the
+// command's process group), waits until it is empty (5 s at most, as the
+// stop sequence's stop.Survival), removes the cgroup, unlocks the lock
+// leaderrun handed over, and exits. So on the local backend the lock is
+// free only once the tree is gone, however the two died.
+//
+// Its name, in ps and in /proc/PID/cmdline, is keeperName: without
+// "leaderrun", so that a kill by that name leaves it to finish the job.
+const keeperName = "lr-keeper"
+
+// keeper is the watchdog's keeper, once started: its pid, and the
+// arguments its copy of memory holds.
+type keeper struct {
+	pid int
+	k   keeperArgs
+}
+
+// keeperArgs is all keeperMain reads: numbers, and arrays filled before
+// the fork.
+type keeperArgs struct {
+	dog, leaderrun   int // pidfds; leaderrun -1: gone already
+	kill, events, at int // cgroup.kill, cgroup.events and the cgroup's parent directory; -1 without
+	pgid             int
+	keep             [12]int // descriptors to keep, lock files last
+	nkeep, locks     int
+	name             [64]byte // the cgroup's directory name, NUL-terminated
+	comm             [16]byte
+	argv             unsafe.Pointer // this process's argument strings, to overwrite
+	argvLen          int
+}
+
+func (k *keeper) is(pid int) bool { return k.pid != 0 && pid == k.pid }
+
+// start forks the keeper for the command pgid, in cg if not nil, holding
+// the descriptors leaderrun handed over. It logs why it cannot.
+func (k *keeper) start(cg *cgroupTree, pgid int, held []int, log *logger) {
+	a := &k.k
+	a.leaderrun, a.kill, a.events, a.at, a.pgid = -1, -1, -1, -1, pgid
+	var err error
+	if a.dog, err = unix.PidfdOpen(os.Getpid(), 0); err != nil {
+		log.Warn("no keeper for the command's tree: no pidfds (Linux 5.3)", "error", err)
+		return
+	}
+	defer unix.Close(a.dog)
+	// leaderrun is this process's parent while it lives; a parent that
+	// changed meanwhile is one that died.
+	if ppid := os.Getppid(); ppid > 1 {
+		if fd, err := unix.PidfdOpen(ppid, 0); err == nil {
+			defer unix.Close(fd)
+			if os.Getppid() == ppid {
+				a.leaderrun = fd
+			}
+		}
+	}
+	if cg != nil {
+		if i := strings.LastIndexByte(cg.dir, '/'); len(cg.dir)-i < len(a.name) {
+			a.kill, a.events, a.at = cg.killFD, cg.events, cg.parentFD
+			copy(a.name[:], cg.dir[i+1:])
+		}
+	}
+	for _, fd := range append([]int{a.dog, a.leaderrun, a.kill, a.events, a.at}, held...) {
+		if fd >= 0 && a.nkeep < len(a.keep) {
+			a.keep[a.nkeep] = fd
+			a.nkeep++
+		}
+	}
+	a.locks = min(len(held), a.nkeep)
+	copy(a.comm[:], keeperName)
+	if cmdline, err := os.ReadFile("/proc/self/cmdline"); err == nil && len(os.Args) > 0 && len(os.Args[0]) > 0 {
+		// os.Args are the strings cmdline shows, unless someone replaced
+		// them: then they are left alone.
+		if p := unsafe.StringData(os.Args[0]); string(unsafe.Slice(p, len(cmdline))) == string(cmdline) {
+			a.argv, a.argvLen = unsafe.Pointer(p), len(cmdline)
+		}
+	}
+	// With every signal blocked, so that none reaches the Go handlers in
+	// the copy (SIGKILL still does).
+	all, old := ^uint64(0), uint64(0)
+	raw(unix.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK, uintptr(unsafe.Pointer(&all)), uintptr(unsafe.Pointer(&old)), 8)
+	pid, _, errno := syscall.RawSyscall6(unix.SYS_CLONE, uintptr(syscall.SIGCHLD), 0, 0, 0, 0, 0)
+	if pid == 0 && errno == 0 {
+		keeperMain(k) // never returns
+	}
+	raw(unix.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK, uintptr(unsafe.Pointer(&old)), 0, 8)
+	if errno != 0 {
+		log.Warn("no keeper for the command's tree", "error", errno)
+		return
+	}
+	k.pid = int(pid)
+}
+
+// dismiss ends the keeper: the watchdog's work is over.
+func (k *keeper) dismiss() {
+	if k.pid != 0 {
+		_ = syscall.Kill(k.pid, syscall.SIGKILL)
+		var ws unix.WaitStatus
+		_, _ = unix.Wait4(k.pid, &ws, 0, nil)
+		k.pid = 0
+	}
+}
+
+// keeperMain is the keeper: see the top of this file.
+//
+//go:nosplit
+//go:norace
+func keeperMain(k *keeper) {
+	a := &k.k
+	raw(unix.SYS_PRCTL, unix.PR_SET_NAME, uintptr(unsafe.Pointer(&a.comm[0])), 0, 0)
+	for i := 0; i < a.argvLen; i++ {
+		c := byte(0)
+		if i < len(keeperName) {
+			c = keeperName[i]
+		}
+		*(*byte)(unsafe.Add(a.argv, i)) = c
+	}
+	// Every other descriptor goes: a copy of leaderrun's socket would
+	// hide the watchdog's death from leaderrun, and one of leaderrun's
+	// output would hold a pipe open. The watchdog has few, all low.
+	for fd := 0; fd < 1024; fd++ {
+		kept := false
+		for i := 0; i < a.nkeep; i++ {
+			kept = kept || a.keep[i] == fd
+		}
+		if !kept {
+			raw(unix.SYS_CLOSE, uintptr(fd), 0, 0, 0)
+		}
+	}
+	for !ready(a.dog, unix.POLLIN, -1) {
+	}
+	gone := a.leaderrun < 0
+	var killed int64
+	for !a.empty() {
+		gone = gone || ready(a.leaderrun, unix.POLLIN, 0)
+		if gone && killed == 0 {
+			killed = boottime()
+		}
+		if killed != 0 {
+			if boottime()-killed > 5e9 {
+				break
+			}
+			one := [1]byte{'1'}
+			if a.kill < 0 || rawErr(unix.SYS_PWRITE64, uintptr(a.kill), uintptr(unsafe.Pointer(&one[0])), 1) != 0 {
+				raw(unix.SYS_KILL, uintptr(-a.pgid), uintptr(syscall.SIGKILL), 0, 0)
+			}
+		}
+		// Until the tree may have changed, or leaderrun died.
+		if a.events >= 0 {
+			ready2(a.events, unix.POLLPRI, a.leaderrun, gone, 100)
+		} else {
+			ready2(-1, 0, a.leaderrun, gone, 10)
+		}
+	}
+	for try := 0; a.at >= 0 && try < 50; try++ {
+		// A group may take a moment to leave once empty.
+		_, _, e := syscall.RawSyscall6(unix.SYS_UNLINKAT, uintptr(a.at), uintptr(unsafe.Pointer(&a.name[0])), unix.AT_REMOVEDIR, 0, 0, 0)
+		if e != syscall.EBUSY {
+			break
+		}
+		ready(-1, 0, 1)
+	}
+	for i := a.nkeep - a.locks; gone && i < a.nkeep; i++ {
+		raw(unix.SYS_FLOCK, uintptr(a.keep[i]), unix.LOCK_UN, 0, 0)
+	}
+	raw(unix.SYS_EXIT_GROUP, 0, 0, 0, 0)
+}
+
+// empty reads cgroup.events (a cgroup that is gone is empty), or without
+// a cgroup, whether the command's process group has a member.
+//
+//go:nosplit
+//go:norace
+func (a *keeperArgs) empty() bool {
+	if a.events < 0 {
+		return rawErr(unix.SYS_KILL, uintptr(-a.pgid), 0, 0) == syscall.ESRCH
+	}
+	var buf [128]byte
+	n, _, e := syscall.RawSyscall6(unix.SYS_PREAD64, uintptr(a.events), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), 0, 0, 0)
+	for i := 0; e == 0 && i+10 < int(n) && i+10 < len(buf); i++ {
+		// "populated 0" or "populated 1", at the start of a line.
+		if (i == 0 || buf[i-1] == '\n') && buf[i] == 'p' && buf[i+8] == 'd' && buf[i+9] == ' ' {
+			return buf[i+10] == '0'
+		}
+	}
+	return e != 0
+}
+
+// ready polls fd for events, waiting up to ms milliseconds (negative: no
+// limit); fd -1 only waits.
+//
+//go:nosplit
+//go:norace
+func ready(fd int, events int16, ms int64) bool {
+	return ready2(fd, events, -1, true, ms)
+}
+
+// ready2 polls fd for events, and other for its end unless skip, waiting
+// up to ms milliseconds (negative: no limit); it reports whether fd was
+// ready.
+//
+//go:nosplit
+//go:norace
+func ready2(fd int, events int16, other int, skip bool, ms int64) bool {
+	pfds := [2]unix.PollFd{{Fd: int32(fd), Events: events}, {Fd: int32(other), Events: unix.POLLIN}}
+	if skip {
+		pfds[1].Fd = -1
+	}
+	ts := unix.Timespec{Sec: ms / 1000, Nsec: ms % 1000 * 1e6}
+	tsp := uintptr(unsafe.Pointer(&ts))
+	if ms < 0 {
+		tsp = 0
+	}
+	syscall.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&pfds[0])), 2, tsp, 0, 0, 0)
+	return fd >= 0 && pfds[0].Revents != 0
+}
+
+// boottime reads CLOCK_BOOTTIME, in nanoseconds.
+//
+//go:nosplit
+//go:norace
+func boottime() int64 {
+	var ts unix.Timespec
+	raw(unix.SYS_CLOCK_GETTIME, unix.CLOCK_BOOTTIME, uintptr(unsafe.Pointer(&ts)), 0, 0)
+	return ts.Sec*1e9 + ts.Nsec
+}
+
+//go:nosplit
+//go:norace
+func raw(trap, a1, a2, a3, a4 uintptr) { syscall.RawSyscall6(trap, a1, a2, a3, a4, 0, 0) }
+
+//go:nosplit
+//go:norace
+func rawErr(trap, a1, a2, a3 uintptr) syscall.Errno {
+	_, _, e := syscall.RawSyscall6(trap, a1, a2, a3, 0, 0, 0)
+	return e
+}
