@@ -17,12 +17,10 @@ import (
 const backstopDelay = 100 * time.Millisecond
 
 // backstop is leaderrun's own SIGKILL of the command's tree, for a
-// watchdog that is frozen when its stop sequence is due (docs/safety.md,
-// S9). It drives the same decision function (package stop), fed what
-// leaderrun sent the watchdog (the deadlines, the stop request), on
-// leaderrun's own clock and with a grace backstopDelay longer, and does
-// its SIGKILL alone: the first signal, and everything after, are the
-// watchdog's. It stands down once the watchdog says it sent its SIGKILL,
+// watchdog frozen when its stop sequence is due (docs/safety.md, S9): the
+// decision function (package stop) fed what leaderrun sent the watchdog,
+// on leaderrun's clock, with a grace backstopDelay longer; it does the
+// SIGKILL alone, and stands down once the watchdog says it sent its own,
 // or that the tree is gone.
 type backstop struct {
 	mu       sync.Mutex
@@ -42,8 +40,8 @@ type backstop struct {
 // at is t on the backstop's clock.
 func (b *backstop) at(t time.Time) stop.Instant { return stop.Instant(max(t.Sub(b.epoch), 1)) }
 
-// set feeds the sequence a newer deadline (t, if not zero) or a stop
-// request (sig, if not zero), and asks it what to do.
+// set feeds the sequence a newer deadline (t) or a stop request (sig),
+// either zero if none, and asks it what to do.
 func (b *backstop) set(t time.Time, sig syscall.Signal) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -56,8 +54,8 @@ func (b *backstop) set(t time.Time, sig syscall.Signal) {
 	b.step()
 }
 
-// step asks the sequence what to do now, does its first SIGKILL, and
-// sets the timer for when to ask again. b.mu is held.
+// step does what the sequence says now (its first SIGKILL) and sets the
+// timer for when to ask again. b.mu is held.
 func (b *backstop) step() {
 	if b.off {
 		return
@@ -85,8 +83,7 @@ func (b *backstop) step() {
 	b.timer.Reset(d)
 }
 
-// members is the tree as leaderrun can see it: one member while anything
-// of it is left.
+// members is the tree as leaderrun sees it: one member while any is left.
 func (b *backstop) members() []stop.Member {
 	if !b.tree() {
 		return nil
@@ -104,8 +101,7 @@ func (b *backstop) stop() {
 	}
 }
 
-// treeLeft reports whether the command's group has a member, or its
-// cgroup a process.
+// treeLeft reports whether the command's group or cgroup has a process.
 func (c *Child) treeLeft() bool {
 	if syscall.Kill(-c.pid, 0) == nil {
 		return true

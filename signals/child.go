@@ -13,41 +13,34 @@ import (
 )
 
 // Child is a running command, as leaderrun sees it: the leader of its own
-// process group (whose id is its pid), forked by its watchdog.
-//
-// Stopping it is one sequence on one clock (docs/safety.md, S9), and it
-// runs in the watchdog: the first kill signal, whether leaderrun asked for
-// it (Stop), the deadline passed in the watchdog (SetDeadline), or the
-// command exited and left processes behind, is sent there and fixes the
-// SIGKILL instant for the whole tree, KillGrace later; a later request
-// changes neither. Done closes only once every process of the tree is
-// gone.
+// process group (whose id is its pid), forked by its watchdog, which runs
+// its stop sequence (docs/safety.md, S9): the first kill signal, whoever
+// asked for it, fixes the SIGKILL instant for the whole tree, KillGrace
+// later. Done closes only once every process of the tree is gone.
 type Child struct {
 	pid           int
 	guard, detail string
 	log           *slog.Logger
 	link          *link
 
-	// exited is closed once the command has been reaped; status is then
-	// set. done is closed once the whole tree is gone.
+	// exited is closed once the command was reaped (status set); done,
+	// once the whole tree is gone.
 	exited chan struct{}
 	status Status
 	done   chan struct{}
 
-	mu sync.Mutex
-	// deadline is the last deadline sent; asked, whether leaderrun asked
-	// for the stop sequence.
-	deadline time.Time
-	asked    bool
+	mu       sync.Mutex
+	deadline time.Time // the last one sent
+	asked    bool      // Stop was called
 	// killAt is the sequence's SIGKILL instant once the watchdog said it
-	// runs; expired, if the deadline started it there.
+	// runs; expired, if its deadline started it.
 	killAt  time.Time
 	expired bool
 	back    backstop
 }
 
-// newChild is the command the watchdog reported started, followed from
-// then on through the watchdog's reports.
+// newChild is the command the watchdog reported started, followed through
+// its reports from then on.
 func newChild(spec Spec, l *link, st *watchdog.Started, deadline time.Time) *Child {
 	// Tracked at once: should the watchdog die, the command is
 	// re-parented to us, and waited for here, not by the orphan reaper.
@@ -77,9 +70,8 @@ func (c *Child) cgroupDir() string {
 	return c.detail
 }
 
-// follow handles the watchdog's reports until its socket closes; a
-// watchdog that goes before the tree did died, and its tree is ended here
-// (watchdogGone).
+// follow handles the watchdog's reports until its socket closes; one that
+// closes before the tree was gone is the watchdog's death (watchdogGone).
 func (c *Child) follow() {
 	for r := range c.link.reports {
 		switch {
@@ -163,9 +155,8 @@ func (c *Child) Signal(sig syscall.Signal) error {
 }
 
 // SetDeadline tells the watchdog the newest instant by which the command
-// must have had the kill signal (S2): if it passes with no newer one, the
-// watchdog starts the stop sequence itself, on its own clock, whatever
-// leaderrun is doing (S10).
+// must have had the kill signal (S2); if it passes with no newer one, the
+// watchdog starts the stop sequence on its own clock (S10).
 func (c *Child) SetDeadline(t time.Time) {
 	c.mu.Lock()
 	if c.asked || !t.After(c.deadline) {
@@ -180,10 +171,8 @@ func (c *Child) SetDeadline(t time.Time) {
 
 // Stop starts the stop sequence with sig: the watchdog sends sig to the
 // command's group and to every descendant that left it, and SIGKILL to
-// the whole tree KillGrace after that, unless its sequence began earlier
-// (its deadline passed first), whose SIGKILL instant then stands. A later
-// Stop sends its signal to the group as Signal does, and changes no
-// deadline. Done closes once the tree is gone.
+// the whole tree KillGrace later, unless its sequence began earlier (its
+// deadline passed), whose instant stands. A later Stop is a Signal.
 func (c *Child) Stop(sig syscall.Signal) {
 	select {
 	case <-c.done:
@@ -219,8 +208,7 @@ func (c *Child) KillAt() time.Time {
 	return c.killAt
 }
 
-// killTree is leaderrun's own SIGKILL of the tree: its group, and its
-// cgroup if it has one.
+// killTree is leaderrun's own SIGKILL of the tree (the backstop's).
 func (c *Child) killTree() {
 	_ = syscall.Kill(-c.pid, syscall.SIGKILL)
 	if dir := c.cgroupDir(); dir != "" {

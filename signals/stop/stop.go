@@ -1,20 +1,12 @@
 // Package stop is the stop sequence of a command's tree as one decision
 // function (docs/safety.md, S9): from the deadline, the stop requests,
 // the time and the tree's members, Sequence.Next says what to do, and
-// does nothing itself. Three drivers act on it, each with what is its own:
-//
-//   - the watchdog (package signals/watchdog), the command's parent, on
-//     its own clock: every action, from the first kill signal on;
-//   - leaderrun's backstop (signals.Child), on leaderrun's clock held a
-//     moment behind the watchdog's: only the SIGKILL, for a watchdog that
-//     is frozen when it is due;
-//   - leaderrun's fallback, once the watchdog died (Orphaned): SIGKILL to
-//     what is left, at once.
-//
-// The watchdog drives it with Orphaned once leaderrun is gone.
-//
-// It imports nothing that the watchdog's early start may not (see
-// signals/watchdog's doc).
+// does nothing itself. Its drivers keep only who may act and on what
+// clock: the watchdog does every action on its own clock (Orphaned once
+// leaderrun is gone); leaderrun's backstop, on leaderrun's clock with a
+// grace a moment longer, only the SIGKILL, for a frozen watchdog;
+// leaderrun's fallback, once the watchdog died, SIGKILL at once
+// (Orphaned). It imports nothing that the watchdog's early start may not.
 package stop
 
 import (
@@ -22,8 +14,7 @@ import (
 	"time"
 )
 
-// Instant is a point on the clock of whoever drives a Sequence, in
-// nanoseconds. Only differences matter.
+// Instant is a point on the driver's clock, in nanoseconds.
 type Instant int64
 
 // Add is i + d.
@@ -50,8 +41,7 @@ const (
 )
 
 // Survival is how long after its SIGKILL the sequence waits for
-// processes that SIGKILL did not end (stuck in uninterruptible sleep)
-// before it gives up on them and says so.
+// processes that SIGKILL did not end (uninterruptible sleep).
 const Survival = 5 * time.Second
 
 // Input is what the driver knows at one instant.
@@ -69,9 +59,8 @@ type Input struct {
 	Orphaned bool
 	// Exited: the command has been reaped.
 	Exited bool
-	// Members lists the tree's live processes. Next calls it at most
-	// once, and only once the sequence runs or the command has exited
-	// (reading a process table is not free).
+	// Members lists the tree's live processes; Next calls it at most
+	// once, and only once the sequence runs or the command has exited.
 	Members func() []Member
 }
 

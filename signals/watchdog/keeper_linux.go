@@ -12,37 +12,33 @@ import (
 )
 
 // The keeper (docs/safety.md, S11) ends the command's tree when leaderrun
-// and its watchdog die together, as `pkill -9 leaderrun` does to a stuck
-// host: the command dies of its parent-death signal, but nothing else
-// would end what it started, and the lock would be free while it runs.
+// and its watchdog die together (`pkill -9 leaderrun`): the command dies
+// of its parent-death signal, but nothing else would end what it started.
 //
-// It is a copy of the watchdog, forked right after the command, without
-// exec: it costs no start and shares the watchdog's pages, and it runs
-// nothing but system calls (keeperMain is nosplit and allocates nothing:
-// the Go runtime's other threads are not in the copy, and every signal is
-// blocked). It waits for the watchdog to exit; the watchdog SIGKILLs it
-// first when its work is over, so a keeper that sees it gone knows it
-// died. While leaderrun lives, leaderrun then ends the tree (its
-// fallback), and the keeper waits for that; once leaderrun is gone too,
-// the keeper SIGKILLs the tree (cgroup.kill, or without a cgroup the
-// command's process group), waits until it is empty (5 s at most, as the
-// stop sequence's stop.Survival), removes the cgroup, unlocks the lock
-// leaderrun handed over, and exits. So on the local backend the lock is
-// free only once the tree is gone, however the two died.
-//
-// Its name, in ps and in /proc/PID/cmdline, is keeperName: without
-// "leaderrun", so that a kill by that name leaves it to finish the job.
+// It is the watchdog forked without exec right after the command: no
+// start to pay, the watchdog's pages shared, and nothing run but system
+// calls (keeperMain is nosplit and allocates nothing: the copy has no Go
+// runtime threads, and every signal is blocked). It waits for the
+// watchdog to exit; the watchdog SIGKILLs it first when its work is over,
+// so a keeper that sees it gone knows it died. While leaderrun lives,
+// leaderrun's fallback ends the tree and the keeper waits for that; once
+// leaderrun is gone too, the keeper SIGKILLs the tree (cgroup.kill, or
+// without a cgroup the command's process group), waits until it is empty
+// (5 s at most, as stop.Survival), removes the cgroup, unlocks the lock
+// leaderrun handed over (so on the local backend the lock is free only
+// once the tree is gone), and exits. Its name (in ps, and in
+// /proc/PID/cmdline) leaves "leaderrun" out, so that a kill by that name
+// leaves it to do its job.
 const keeperName = "lr-keeper"
 
-// keeper is the watchdog's keeper, once started: its pid, and the
-// arguments its copy of memory holds.
+// keeper is the watchdog's keeper: its pid once started, and what its
+// copy of memory holds for it.
 type keeper struct {
 	pid int
 	k   keeperArgs
 }
 
-// keeperArgs is all keeperMain reads: numbers, and arrays filled before
-// the fork.
+// keeperArgs is all keeperMain reads: numbers and arrays.
 type keeperArgs struct {
 	dog, leaderrun   int // pidfds; leaderrun -1: gone already
 	kill, events, at int // cgroup.kill, cgroup.events and the cgroup's parent directory; -1 without
@@ -58,7 +54,7 @@ type keeperArgs struct {
 func (k *keeper) is(pid int) bool { return k.pid != 0 && pid == k.pid }
 
 // start forks the keeper for the command pgid, in cg if not nil, holding
-// the descriptors leaderrun handed over. It logs why it cannot.
+// the descriptors leaderrun handed over, or logs why it cannot.
 func (k *keeper) start(cg *cgroupTree, pgid int, held []int, log *logger) {
 	a := &k.k
 	a.leaderrun, a.kill, a.events, a.at, a.pgid = -1, -1, -1, -1, pgid
@@ -68,8 +64,7 @@ func (k *keeper) start(cg *cgroupTree, pgid int, held []int, log *logger) {
 		return
 	}
 	defer unix.Close(a.dog)
-	// leaderrun is this process's parent while it lives; a parent that
-	// changed meanwhile is one that died.
+	// leaderrun is the parent while it lives.
 	if ppid := os.Getppid(); ppid > 1 {
 		if fd, err := unix.PidfdOpen(ppid, 0); err == nil {
 			defer unix.Close(fd)
@@ -93,14 +88,10 @@ func (k *keeper) start(cg *cgroupTree, pgid int, held []int, log *logger) {
 	a.locks = min(len(held), a.nkeep)
 	copy(a.comm[:], keeperName)
 	if cmdline, err := os.ReadFile("/proc/self/cmdline"); err == nil && len(os.Args) > 0 && len(os.Args[0]) > 0 {
-		// os.Args are the strings cmdline shows, unless someone replaced
-		// them: then they are left alone.
 		if p := unsafe.StringData(os.Args[0]); string(unsafe.Slice(p, len(cmdline))) == string(cmdline) {
 			a.argv, a.argvLen = unsafe.Pointer(p), len(cmdline)
 		}
 	}
-	// With every signal blocked, so that none reaches the Go handlers in
-	// the copy (SIGKILL still does).
 	all, old := ^uint64(0), uint64(0)
 	raw(unix.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK, uintptr(unsafe.Pointer(&all)), uintptr(unsafe.Pointer(&old)), 8)
 	pid, _, errno := syscall.RawSyscall6(unix.SYS_CLONE, uintptr(syscall.SIGCHLD), 0, 0, 0, 0, 0)
@@ -140,8 +131,7 @@ func keeperMain(k *keeper) {
 		*(*byte)(unsafe.Add(a.argv, i)) = c
 	}
 	// Every other descriptor goes: a copy of leaderrun's socket would
-	// hide the watchdog's death from leaderrun, and one of leaderrun's
-	// output would hold a pipe open. The watchdog has few, all low.
+	// hide the watchdog's death from leaderrun. The watchdog's are few.
 	for fd := 0; fd < 1024; fd++ {
 		kept := false
 		for i := 0; i < a.nkeep; i++ {
@@ -190,8 +180,8 @@ func keeperMain(k *keeper) {
 	raw(unix.SYS_EXIT_GROUP, 0, 0, 0, 0)
 }
 
-// empty reads cgroup.events (a cgroup that is gone is empty), or without
-// a cgroup, whether the command's process group has a member.
+// empty reads cgroup.events (a cgroup that is gone is empty), or the
+// command's process group.
 //
 //go:nosplit
 //go:norace
@@ -210,18 +200,13 @@ func (a *keeperArgs) empty() bool {
 	return e != 0
 }
 
-// ready polls fd for events, waiting up to ms milliseconds (negative: no
-// limit); fd -1 only waits.
-//
 //go:nosplit
 //go:norace
-func ready(fd int, events int16, ms int64) bool {
-	return ready2(fd, events, -1, true, ms)
-}
+func ready(fd int, events int16, ms int64) bool { return ready2(fd, events, -1, true, ms) }
 
-// ready2 polls fd for events, and other for its end unless skip, waiting
-// up to ms milliseconds (negative: no limit); it reports whether fd was
-// ready.
+// ready2 polls fd for events, and the pidfd other unless skip, for ms
+// milliseconds at most (negative: no limit), and reports whether fd was
+// ready; fd -1 only waits.
 //
 //go:nosplit
 //go:norace
@@ -239,8 +224,6 @@ func ready2(fd int, events int16, other int, skip bool, ms int64) bool {
 	return fd >= 0 && pfds[0].Revents != 0
 }
 
-// boottime reads CLOCK_BOOTTIME, in nanoseconds.
-//
 //go:nosplit
 //go:norace
 func boottime() int64 {
