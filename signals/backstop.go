@@ -19,76 +19,63 @@ const backstopDelay = 100 * time.Millisecond
 // backstop is leaderrun's own SIGKILL of the command's tree, for a
 // watchdog frozen when its stop sequence is due (docs/safety.md, S9): the
 // decision function (package stop) fed what leaderrun sent the watchdog,
-// on leaderrun's clock, with a grace backstopDelay longer; it does the
+// on leaderrun's clock, with a grace backstopDelay longer. It does the
 // SIGKILL alone, and stands down once the watchdog says it sent its own,
 // or that the tree is gone.
 type backstop struct {
-	mu       sync.Mutex
-	seq      stop.Sequence
-	epoch    time.Time // the zero of its clock
-	deadline stop.Instant
-	stops    []syscall.Signal
-	timer    *time.Timer
-	off      bool
-	// tree reports whether anything of the tree is left; kill SIGKILLs
-	// it.
-	tree func() bool
-	kill func()
-	log  *slog.Logger
+	mu    sync.Mutex
+	seq   stop.Sequence
+	in    stop.Input // the deadline and stop requests sent, the tree as leaderrun sees it
+	epoch time.Time  // the zero of its clock
+	timer *time.Timer
+	off   bool
+	kill  func()
+	log   *slog.Logger
 }
 
 // at is t on the backstop's clock.
 func (b *backstop) at(t time.Time) stop.Instant { return stop.Instant(max(t.Sub(b.epoch), 1)) }
 
 // set feeds the sequence a newer deadline (t) or a stop request (sig),
-// either zero if none, and asks it what to do.
+// either zero if none, and does what it says.
 func (b *backstop) set(t time.Time, sig syscall.Signal) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !t.IsZero() {
-		b.deadline = b.at(t)
+		b.in.Deadline = b.at(t)
 	}
 	if sig != 0 {
-		b.stops = append(b.stops, sig)
+		b.in.Stops = append(b.in.Stops, sig)
 	}
 	b.step()
 }
 
-// step does what the sequence says now (its first SIGKILL) and sets the
-// timer for when to ask again. b.mu is held.
+// step does what the sequence says now (only its first SIGKILL), and sets
+// the timer for when to ask again. b.mu is held.
 func (b *backstop) step() {
 	if b.off {
 		return
 	}
-	acts, wake := b.seq.Next(stop.Input{Now: b.at(time.Now()), Deadline: b.deadline, Stops: b.stops, Members: b.members})
-	b.stops = nil
+	b.in.Now = b.at(time.Now())
+	acts, wake := b.seq.Next(b.in)
+	b.in.Stops = nil
 	for _, a := range acts {
 		if a.Kind == stop.Kill && a.Reason != 0 {
 			b.kill()
 			b.log.Warn("the watchdog did not end the command's tree at the end of --kill-grace; leaderrun sent SIGKILL")
 		}
 	}
-	if wake == 0 {
-		return
-	}
-	d := time.Duration(wake - b.at(time.Now()))
-	if b.timer == nil {
+	switch d := time.Duration(wake - b.in.Now); {
+	case wake == 0:
+	case b.timer == nil:
 		b.timer = time.AfterFunc(d, func() {
 			b.mu.Lock()
 			defer b.mu.Unlock()
 			b.step()
 		})
-		return
+	default:
+		b.timer.Reset(d)
 	}
-	b.timer.Reset(d)
-}
-
-// members is the tree as leaderrun sees it: one member while any is left.
-func (b *backstop) members() []stop.Member {
-	if !b.tree() {
-		return nil
-	}
-	return []stop.Member{{Pid: b.seq.Group, Pgid: b.seq.Group}}
 }
 
 // stop stands the backstop down.
@@ -101,14 +88,24 @@ func (b *backstop) stop() {
 	}
 }
 
-// treeLeft reports whether the command's group or cgroup has a process.
-func (c *Child) treeLeft() bool {
-	if syscall.Kill(-c.pid, 0) == nil {
-		return true
-	}
-	if dir := c.cgroupDir(); dir != "" {
+// members is the tree as leaderrun sees it, for the backstop: the group,
+// while it or the cgroup has a process.
+func (c *Child) members() []stop.Member {
+	left := syscall.Kill(-c.pid, 0) == nil
+	if dir := c.cgroupDir(); !left && dir != "" {
 		data, _ := os.ReadFile(dir + "/cgroup.events")
-		return bytes.Contains(data, []byte("populated 1"))
+		left = bytes.Contains(data, []byte("populated 1"))
 	}
-	return false
+	if !left {
+		return nil
+	}
+	return []stop.Member{{Pid: c.pid, Pgid: c.pid}}
+}
+
+// killTree is leaderrun's own SIGKILL of the tree (the backstop's).
+func (c *Child) killTree() {
+	_ = syscall.Kill(-c.pid, syscall.SIGKILL)
+	if dir := c.cgroupDir(); dir != "" {
+		_ = os.WriteFile(dir+"/cgroup.kill", []byte("1"), 0)
+	}
 }

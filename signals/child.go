@@ -3,7 +3,6 @@ package signals
 import (
 	"errors"
 	"log/slog"
-	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -48,7 +47,7 @@ func newChild(spec Spec, l *link, st *watchdog.Started, deadline time.Time) *Chi
 	c := &Child{pid: st.Pid, guard: st.Guard, detail: st.Detail, log: spec.Log, link: l,
 		exited: make(chan struct{}), done: make(chan struct{}), deadline: deadline}
 	c.back = backstop{seq: stop.Sequence{Signal: spec.KillSignal, Grace: spec.KillGrace + backstopDelay, Group: st.Pid},
-		epoch: time.Now(), tree: c.treeLeft, kill: c.killTree, log: spec.Log.With("pid", st.Pid)}
+		in: stop.Input{Members: c.members}, epoch: time.Now(), kill: c.killTree, log: spec.Log.With("pid", st.Pid)}
 	c.back.set(deadline, 0)
 	go c.follow()
 	return c
@@ -122,9 +121,9 @@ func (c *Child) Status() Status {
 	return c.status
 }
 
-// Wait blocks until Done and the watchdog has exited and been reaped, and
-// returns how the command ended. Call it before returning, so that no
-// process or goroutine of this package outlives the caller.
+// Wait blocks until Done and the watchdog was reaped, and returns how the
+// command ended: call it before returning, so that nothing of this
+// package outlives the caller.
 func (c *Child) Wait() Status {
 	<-c.done
 	<-c.link.reaped
@@ -140,13 +139,7 @@ func (c *Child) Signal(sig syscall.Signal) error {
 		return nil
 	default:
 	}
-	err := syscall.Kill(-c.pid, sig)
-	if sig != syscall.SIGKILL && sig != syscall.SIGCONT && err == nil {
-		// A stopped group (SIGSTOP, or SIGTTIN from reading a terminal it
-		// does not own) would sit on the signal until SIGKILL: wake it,
-		// as systemd does.
-		_ = syscall.Kill(-c.pid, syscall.SIGCONT)
-	}
+	err := watchdog.SignalGroup(c.pid, sig)
 	c.log.Info("signalled child", "pid", c.pid, "signal", Name(sig))
 	if errors.Is(err, syscall.ESRCH) {
 		return nil
@@ -192,26 +185,17 @@ func (c *Child) Stop(sig syscall.Signal) {
 	c.link.wake()
 }
 
-// Expired reports whether the watchdog started the stop sequence because
-// the deadline passed with no newer one from leaderrun.
+// Expired reports whether the watchdog's deadline started the sequence.
 func (c *Child) Expired() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.expired
 }
 
-// KillAt is the SIGKILL instant of the stop sequence, zero until the
-// watchdog has said that it started it (a moment after Stop).
+// KillAt is the sequence's SIGKILL instant, zero until the watchdog said
+// it started.
 func (c *Child) KillAt() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.killAt
-}
-
-// killTree is leaderrun's own SIGKILL of the tree (the backstop's).
-func (c *Child) killTree() {
-	_ = syscall.Kill(-c.pid, syscall.SIGKILL)
-	if dir := c.cgroupDir(); dir != "" {
-		_ = os.WriteFile(dir+"/cgroup.kill", []byte("1"), 0)
-	}
 }

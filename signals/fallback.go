@@ -8,14 +8,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// When the watchdog dies while its command runs (someone killed it),
-// leaderrun ends the command's tree itself.
-
 // watchdogGone runs when the watchdog's socket closed before it said the
-// tree was gone: it died. The command died of its parent-death signal,
-// and the rest of its tree was re-parented to leaderrun, a subreaper, or
-// stayed in its cgroup. Nothing would stop it if leaderrun died too, so
-// it all gets SIGKILL now: the stop sequence, orphaned (Leftovers.End).
+// tree was gone: it died (someone killed it). The command died of its
+// parent-death signal, the rest of its tree was re-parented to leaderrun,
+// a subreaper, or stayed in its cgroup; it all gets SIGKILL now: the stop
+// sequence, orphaned (Leftovers.End).
 func (c *Child) watchdogGone() {
 	c.back.stop()
 	c.log.Warn("the command's watchdog died; killing the command's tree", "pid", c.pid)

@@ -4,21 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 
 	"github.com/leaderrun/leaderrun/signals/watchdog"
 )
 
-// The watchdog's launch: early, by cmd, once it has decided that the
-// command line is a run (LaunchWatchdog), so that the watchdog starts
-// while leaderrun reads its flags and reaches the store; or by Prepare,
-// for any other caller.
-
-// launched is a watchdog that was started and not yet told anything: its
-// process (in a process group of its own), leaderrun's end of its socket
-// (close-on-exec, non-blocking: it goes through the runtime's poller),
-// and what it was started with.
+// launched is a watchdog started and not yet told anything: its process,
+// leaderrun's end of its socket (non-blocking, so that it goes through
+// the runtime's poller), and what it was started with.
 type launched struct {
 	proc  *os.Process
 	conn  *os.File
@@ -35,21 +30,28 @@ func launch(stdio [3]*os.File, env []string) (*launched, error) {
 	if !watchdog.Installed {
 		return nil, errNoTakeover
 	}
-	self, err := executable()
-	if err != nil {
-		return nil, fmt.Errorf("find this binary to run as the watchdog: %w", err)
+	// /proc/self/exe where there is one: the very file this process
+	// runs, even if an upgrade replaced it on disk since, so that both
+	// share its pages.
+	self := "/proc/self/exe"
+	if _, err := os.Stat(self); err != nil {
+		if self, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("find this binary to run as the watchdog: %w", err)
+		}
 	}
-	fds, err := socketpair()
+	syscall.ForkLock.RLock() // until the ends are close-on-exec
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err == nil {
+		syscall.CloseOnExec(fds[0])
+		syscall.CloseOnExec(fds[1])
+	}
+	syscall.ForkLock.RUnlock()
 	if err != nil {
 		return nil, fmt.Errorf("socketpair: %w", err)
 	}
 	// Non-blocking, so that our end goes through the poller: a shutdown
 	// or close then ends a read in progress.
-	if err := syscall.SetNonblock(fds[0], true); err != nil {
-		syscall.Close(fds[0])
-		syscall.Close(fds[1])
-		return nil, fmt.Errorf("socketpair: %w", err)
-	}
+	_ = syscall.SetNonblock(fds[0], true)
 	ours, theirs := os.NewFile(uintptr(fds[0]), "watchdog"), os.NewFile(uintptr(fds[1]), "leaderrun")
 	defer theirs.Close()
 	tracked.Lock()
@@ -70,16 +72,12 @@ func launch(stdio [3]*os.File, env []string) (*launched, error) {
 }
 
 // watchdogEnv is the watchdog's environment: its Go runtime kept small.
-// One P (GOMAXPROCS=1): it has one thing to do at a time. No memory
-// profiling (GODEBUG=memprofilerate=0): nobody reads the profile, and its
-// buckets are memory touched for nothing. GOGC is left at its default on
-// purpose: the watchdog allocates a few hundred bytes per renewal, so its
-// collector runs rarely, and a lower target would only make it run during
-// package initialisation, which frees little (the packages keep what they
-// allocate) and touches the collector's own structures: measured, 0.35
-// MiB more resident with the stores' clients linked, when it was tried.
-// GODEBUG is passed on, so that GODEBUG=inittrace=1 shows the watchdog's
-// start too, and GORACE for race-enabled test binaries.
+// One P (GOMAXPROCS=1): it does one thing at a time. No memory profiling
+// (GODEBUG=memprofilerate=0): its buckets are memory touched for nothing.
+// GOGC stays at its default: the watchdog allocates a few hundred bytes
+// per renewal, and a lower target would run the collector during package
+// initialisation, which frees little (0.35 MiB more resident, measured).
+// GODEBUG (inittrace) and GORACE (race-enabled tests) are passed on.
 func watchdogEnv() []string {
 	godebug := "memprofilerate=0"
 	if v := os.Getenv("GODEBUG"); v != "" {
@@ -110,11 +108,31 @@ func LaunchWatchdog() {
 
 // DismissEarly lets go of the watchdog LaunchWatchdog launched, if Prepare
 // has not adopted it, for a leaderrun about to become another program
-// (execve): its socket is closed, so that it exits, and nothing waits for
-// that; the program this process becomes reaps it as an orphan (see
-// BecomeSubreaper).
+// (execve): its socket closes, so it exits, and the program this process
+// becomes reaps it as an orphan (see BecomeSubreaper).
 func DismissEarly() {
 	if w := early.Swap(nil); w != nil {
 		w.conn.Close()
 	}
+}
+
+// tracked holds the pids of the processes this package waits for itself
+// or learns the end of from a watchdog (watchdogs, commands), so that the
+// orphan reaper (see BecomeSubreaper) leaves them alone, and a command
+// re-parented to leaderrun after its watchdog died is waited for here.
+var tracked = struct {
+	sync.Mutex
+	pids map[int]bool
+}{pids: map[int]bool{}}
+
+func track(pid int) {
+	tracked.Lock()
+	defer tracked.Unlock()
+	tracked.pids[pid] = true
+}
+
+func untrack(pid int) {
+	tracked.Lock()
+	defer tracked.Unlock()
+	delete(tracked.pids, pid)
 }

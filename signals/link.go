@@ -13,17 +13,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// link is leaderrun's end of its watchdog (the protocol is in
-// signals/watchdog/wire.go): the process, the socket, the orders sent on
-// it and the reports read from it. The Supervisor and the Child share it;
-// neither reaches into the other.
+// link is leaderrun's end of its watchdog (protocol: signals/watchdog/wire.go):
+// the process, and its socket. The Supervisor and the Child share it.
 type link struct {
 	proc *os.Process
 	conn *os.File
 	wmu  sync.Mutex // one order at a time
-	// reports are the watchdog's reports, in order; closed once its
-	// socket closed and it was reaped, so that a command it forked is by
-	// then re-parented to this process.
+	// reports are the watchdog's, in order; closed once its socket closed
+	// and it was reaped (a command it forked is then re-parented here).
 	reports chan watchdog.Report
 	reaped  chan struct{} // closed with reports
 }
@@ -36,7 +33,7 @@ func newLink(w *launched) *link {
 }
 
 // read hands on the watchdog's reports until its socket closes (or says
-// something that is not a report), then reaps it.
+// something else), then reaps it.
 func (l *link) read() {
 	r := bufio.NewReaderSize(l.conn, watchdog.MaxReport)
 	for {
@@ -56,10 +53,9 @@ func (l *link) read() {
 	close(l.reaped)
 }
 
-// sendTimeout bounds the write of an order: the watchdog reads all the
-// time, and one that has not read for this long (frozen) must not hold up
-// leaderrun's own loop. A deadline that is not delivered leaves the
-// watchdog an earlier one; a stop, leaderrun's backstop.
+// sendTimeout bounds the write of an order: a frozen watchdog must not
+// hold up leaderrun's loop. A deadline not delivered leaves it an earlier
+// one; a stop, leaderrun's backstop.
 const sendTimeout = time.Second
 
 // send writes one order to the watchdog, with a descriptor for it to hold
@@ -110,22 +106,17 @@ func (l *link) send(o watchdog.Order, hold *os.File, timeout time.Duration) erro
 // its group) would sit on what it was just sent.
 func (l *link) wake() { _ = l.proc.Signal(syscall.SIGCONT) }
 
-// closeWrite tells the watchdog that nothing more will come: before the
-// start, that it is not needed (it removes its cgroup and exits).
-func (l *link) closeWrite() {
+// dismissTimeout bounds the wait for a dismissed watchdog to go.
+const dismissTimeout = 2 * time.Second
+
+// dismiss tells the watchdog that nothing more will come (before the
+// start: that it is not needed; it removes its cgroup and exits), and
+// waits until it is reaped; one that does not go at once is killed.
+func (l *link) dismiss() {
 	if rc, err := l.conn.SyscallConn(); err == nil {
 		_ = rc.Control(func(fd uintptr) { _ = unix.Shutdown(int(fd), unix.SHUT_WR) })
 	}
 	l.wake()
-}
-
-// dismissTimeout bounds the wait for a dismissed watchdog to go.
-const dismissTimeout = 2 * time.Second
-
-// dismiss closes the watchdog's orders and waits until it is reaped; one
-// that does not go at once is killed.
-func (l *link) dismiss() {
-	l.closeWrite()
 	timeout := time.After(dismissTimeout)
 	for {
 		select {

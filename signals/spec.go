@@ -30,10 +30,3 @@ type Spec struct {
 	// handler, else text) at the same level. Zero: slog.Default().
 	Log *slog.Logger
 }
-
-func orDefault(f, def *os.File) *os.File {
-	if f != nil {
-		return f
-	}
-	return def
-}

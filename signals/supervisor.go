@@ -1,7 +1,9 @@
 package signals
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -44,7 +46,7 @@ func Prepare(spec Spec) (*Supervisor, error) {
 		return nil, errNoTakeover
 	}
 	s := &Supervisor{spec: spec, ready: make(chan struct{})}
-	stdio := [3]*os.File{orDefault(spec.Stdin, os.Stdin), orDefault(spec.Stdout, os.Stdout), orDefault(spec.Stderr, os.Stderr)}
+	stdio := [3]*os.File{cmp.Or(spec.Stdin, os.Stdin), cmp.Or(spec.Stdout, os.Stdout), cmp.Or(spec.Stderr, os.Stderr)}
 	env := watchdogEnv()
 	if w := early.Swap(nil); w != nil {
 		if w.stdio == stdio && slices.Equal(w.env, env) && alive(w.conn) {
@@ -55,8 +57,7 @@ func Prepare(spec Spec) (*Supervisor, error) {
 		}
 		newLink(w).dismiss()
 	}
-	// A fork and exec take a good half millisecond, and the watchdog's
-	// runtime a few more: let them overlap with the caller's campaign.
+	// Its start overlaps with the caller's campaign.
 	go func() {
 		defer close(s.ready)
 		w, err := launch(stdio, env)
@@ -96,13 +97,12 @@ func (s *Supervisor) Abort() {
 
 // Start has the watchdog fork and exec the command with env, as the
 // leader of a new process group, and returns once the command runs or has
-// failed to start: an exec failure is an error wrapping ErrNotFound or
-// ErrNotExecutable. deadline is when the command must have had the kill
-// signal unless SetDeadline moves it (zero: no deadline); hold, if not
-// nil, is a descriptor the watchdog keeps open until the command's whole
-// tree is gone (the local backend's lock file: its flock then outlives
-// leaderrun for as long as the tree does). The watchdog exits once the
-// tree is gone, or at once if Start fails.
+// failed to start (an exec failure wraps ErrNotFound or
+// ErrNotExecutable). deadline is when the command must have had the kill
+// signal unless SetDeadline moves it (zero: none); hold, if not nil, is a
+// descriptor the watchdog (and its keeper) keep open until the tree is
+// gone: the local backend's lock file, whose flock then outlives leaderrun
+// for as long as the tree does.
 func (s *Supervisor) Start(env []string, deadline time.Time, hold *os.File) (*Child, error) {
 	if <-s.ready; s.err != nil {
 		return nil, s.err
@@ -115,7 +115,7 @@ func (s *Supervisor) Start(env []string, deadline time.Time, hold *os.File) (*Ch
 	}
 	if err := s.link.send(watchdog.Order{Start: st}, hold, readyTimeout); err != nil {
 		s.link.dismiss()
-		if err == syscall.E2BIG {
+		if errors.Is(err, syscall.E2BIG) {
 			return nil, execError(s.spec.Path, err)
 		}
 		return nil, fmt.Errorf("start %s: tell the watchdog: %w", s.spec.Path, err)
@@ -132,15 +132,14 @@ func (s *Supervisor) Start(env []string, deadline time.Time, hold *os.File) (*Ch
 		s.link.dismiss()
 		return nil, execError(s.spec.Path, r.Failed)
 	}
-	// The watchdog died, or hangs, while forking: what it forked, if
-	// anything, dies of its parent-death signal; the rest is ours.
+	// The watchdog died, or hangs, while forking: what it forked dies of
+	// its parent-death signal.
 	_ = s.link.proc.Kill()
 	s.link.dismiss()
 	return nil, fmt.Errorf("start %s: the watchdog (pid %d) did not report the command's start", s.spec.Path, s.link.proc.Pid)
 }
 
-// levelOf is the lowest level at which log writes, for the watchdog's
-// own log.
+// levelOf is the lowest level at which log writes.
 func levelOf(log *slog.Logger) slog.Level {
 	for _, l := range []slog.Level{slog.LevelDebug, slog.LevelInfo, slog.LevelWarn, slog.LevelError} {
 		if log.Enabled(context.Background(), l) {

@@ -47,18 +47,15 @@ const Survival = 5 * time.Second
 // Input is what the driver knows at one instant.
 type Input struct {
 	Now Instant
-	// Deadline is when the tree must have had the kill signal, unless
-	// stopped earlier; zero: none. A newer one replaces it until the
-	// sequence starts; after, it is ignored.
+	// Deadline is when the tree must have had the kill signal (zero:
+	// none); ignored once the sequence runs.
 	Deadline Instant
-	// Stops are the stop requests received since the last call, with
-	// their signals, in order: the first starts the sequence, a later one
-	// with another signal is only forwarded to the group (S6).
-	Stops []syscall.Signal
-	// Orphaned: the other guard of the tree is gone.
-	Orphaned bool
-	// Exited: the command has been reaped.
-	Exited bool
+	// Stops are the stop requests since the last call, in order: the
+	// first starts the sequence, a later one with another signal is only
+	// forwarded to the group (S6).
+	Stops    []syscall.Signal
+	Orphaned bool // the other guard of the tree is gone
+	Exited   bool // the command has been reaped
 	// Members lists the tree's live processes; Next calls it at most
 	// once, and only once the sequence runs or the command has exited.
 	Members func() []Member
@@ -68,17 +65,14 @@ type Input struct {
 type Kind uint8
 
 const (
-	// Signal sends Signal to the command's group if Group, and to each
-	// of Pids (members that left the group), then SIGCONT to the same,
-	// so that a stopped process does not sit on it. The first Signal of
-	// a sequence carries its Reason and KillAt.
+	// Signal sends Signal (then SIGCONT) to the command's group if
+	// Group, and to each of Pids (members that left the group). The
+	// first of a sequence carries its Reason and KillAt.
 	Signal Kind = iota + 1
-	// Kill sends SIGKILL to the whole tree: Pids are its members as last
-	// seen; a driver that can kill the tree at once (cgroup.kill) does.
-	// The first carries the sequence's Reason.
+	// Kill sends SIGKILL to the whole tree (Pids: its members as last
+	// seen). The first carries the sequence's Reason.
 	Kill
-	// GiveUp: Pids survived SIGKILL for Survival; the sequence ends
-	// without them.
+	// GiveUp: Pids survived SIGKILL for Survival.
 	GiveUp
 	// Done: the tree is gone (or given up on) and the command reaped.
 	Done
@@ -94,17 +88,14 @@ type Action struct {
 	KillAt Instant // the first Signal
 }
 
-// Sequence is one command's stop sequence. Set Signal, Grace and Group
-// before the first call to Next; its zero state is "not started".
+// Sequence is one command's stop sequence. Set Signal (the first signal
+// when the deadline or leftovers start it; a request brings its own),
+// Grace (first signal to SIGKILL, for the whole tree: S9) and Group (the
+// command's process group) before the first Next.
 type Sequence struct {
-	// Signal is the first signal of a sequence that the deadline or
-	// leftovers started (a request brings its own).
 	Signal syscall.Signal
-	// Grace is the time from the first signal to SIGKILL, for the whole
-	// tree at once (S9).
-	Grace time.Duration
-	// Group is the command's process group (its pid).
-	Group int
+	Grace  time.Duration
+	Group  int
 
 	why                  Reason // zero until it starts
 	sig                  syscall.Signal
@@ -115,9 +106,6 @@ type Sequence struct {
 
 // Started reports whether the sequence runs, and why.
 func (s *Sequence) Started() (Reason, bool) { return s.why, s.why != 0 }
-
-// KillAt is the instant of the SIGKILL, zero until the sequence starts.
-func (s *Sequence) KillAt() Instant { return s.killAt }
 
 // Next decides what to do at in.Now, and when to be asked again at the
 // latest (zero: only when something changes: a message, the tree, the
@@ -168,9 +156,9 @@ func (s *Sequence) start(acts []Action, now Instant, sig syscall.Signal, why Rea
 	return append(acts, a)
 }
 
-// follow is the sequence once started: the SIGKILL at its instant, again
-// for whatever appears after it, giving up Survival later; until the
-// instant, the kill signal for members that left the group since.
+// follow is the sequence once started: until the instant, the signal for
+// members that left the group since; then SIGKILL, again for whatever
+// appears, giving up Survival later.
 func (s *Sequence) follow(acts []Action, in Input, ms []Member) ([]Action, Instant) {
 	if len(ms) == 0 || s.gaveUp {
 		if in.Exited {

@@ -163,8 +163,8 @@ func TestSequence(t *testing.T) {
 // is the first signal's plus the grace (S9), and Started says why.
 func TestKillAtFixedByFirstSignal(t *testing.T) {
 	s := Sequence{Signal: syscall.SIGTERM, Grace: time.Second, Group: cmd}
-	if _, ok := s.Started(); ok || s.KillAt() != 0 {
-		t.Fatalf("a new sequence has started (kill at %v)", s.KillAt())
+	if _, ok := s.Started(); ok || s.killAt != 0 {
+		t.Fatalf("a new sequence has started (kill at %v)", s.killAt)
 	}
 	tree := func() []Member { return group }
 	s.Next(Input{Now: at(5), Deadline: at(5), Members: tree})
@@ -174,8 +174,8 @@ func TestKillAtFixedByFirstSignal(t *testing.T) {
 		{Now: at(5.7), Exited: true, Members: tree},
 	} {
 		s.Next(later)
-		if s.KillAt() != at(6) {
-			t.Errorf("after %+v: kill at %v, want 6s", later, time.Duration(s.KillAt()))
+		if s.killAt != at(6) {
+			t.Errorf("after %+v: kill at %v, want 6s", later, time.Duration(s.killAt))
 		}
 	}
 	if why, ok := s.Started(); !ok || why != Deadline {

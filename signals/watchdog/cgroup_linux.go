@@ -3,8 +3,6 @@
 package watchdog
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -56,10 +54,9 @@ func ownCgroup() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	sc := bufio.NewScanner(bytes.NewReader(mounts))
-	for sc.Scan() {
+	for _, line := range strings.Split(string(mounts), "\n") {
 		// id parent major:minor root mountpoint options... - fstype source super
-		f := strings.Fields(sc.Text())
+		f := strings.Fields(line)
 		sep := slices.Index(f, "-")
 		if sep < 5 || sep+1 >= len(f) || f[sep+1] != "cgroup2" {
 			continue

@@ -4,16 +4,14 @@ package watchdog
 
 import (
 	"errors"
-	"github.com/leaderrun/leaderrun/signals/stop"
 
+	"github.com/leaderrun/leaderrun/signals/stop"
 	"golang.org/x/sys/unix"
 )
 
-// Now reads CLOCK_BOOTTIME: monotonic, the same for every process of
-// the host, and, unlike CLOCK_MONOTONIC (Go's clock), counting the time
-// the host spends suspended. A store keeps counting a lease while this
-// host sleeps; a deadline on this clock has passed when the host wakes
-// up, and the watchdog stops the command at once (docs/safety.md, S10).
+// Now reads CLOCK_BOOTTIME: monotonic, the same for every process of the
+// host, and, unlike CLOCK_MONOTONIC (Go's), counting the time the host is
+// suspended, as the store counts the lease (docs/safety.md, S10).
 func Now() stop.Instant {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {

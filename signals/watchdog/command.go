@@ -11,9 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The command, in the watchdog: what guards its tree, its start, its
-// exit, and what to wait for while it runs.
-
 // guard is what keeps the command's tree together, decided before the
 // start (docs/safety.md, "Which guarantee where").
 type guard struct {
@@ -23,8 +20,7 @@ type guard struct {
 	removed bool
 }
 
-// remove removes the command's cgroup, once its tree is gone (or was
-// never started), or says why it cannot.
+// remove removes the command's cgroup, or says why it cannot.
 func (g *guard) remove(log *logger) {
 	if g.cg == nil || g.removed {
 		return
@@ -52,10 +48,9 @@ func (c *command) members() []stop.Member {
 	return c.last
 }
 
-// pollFds appends to fds what says the command exited, and while the
-// stop sequence runs, that its tree may have shrunk; limit is how soon to
-// look again regardless (negative: no limit), for what no descriptor
-// watches.
+// pollFds appends what says the command exited and, while the stop
+// sequence runs, that its tree may have shrunk; limit is how soon to look
+// again regardless (negative: no limit).
 func (c *command) pollFds(fds []unix.PollFd, stopping bool) ([]unix.PollFd, time.Duration) {
 	limit := time.Duration(-1)
 	if !c.started || c.over {
@@ -78,8 +73,8 @@ func (c *command) pollFds(fds []unix.PollFd, stopping bool) ([]unix.PollFd, time
 	return fds, limit
 }
 
-// start forks and execs the command, in its cgroup if it has one, and
-// reports it started (or why not); then starts its keeper.
+// start forks and execs the command, in its cgroup if it has one, starts
+// its keeper, and reports it started (or why not).
 func (d *dog) start(s *Start) {
 	d.log = newLogger(s.LogJSON, s.LogLevel).with(append([]any{"watchdog", os.Getpid()}, logAttrs(s.Env)...)...)
 	if s.Signal > 0 {
@@ -109,8 +104,8 @@ func (d *dog) start(s *Start) {
 	d.cmd = command{pid: pid, pidfd: pidfd, started: true, tree: newTree(d.guard.cg, pid, d.keeper.is)}
 	d.seq.Group = pid
 	d.log = d.log.with("pid", pid)
-	// Right after the command's fork, before anything of the command's
-	// own can run: until then, its parent-death signal is all it needs.
+	// Right after the command's fork: until then, its parent-death
+	// signal is all the tree needs.
 	d.keeper.start(d.guard.cg, pid, d.link.held, d.log)
 	d.link.send(Report{Started: &Started{Pid: pid, Guard: d.guard.kind, Detail: d.guard.detail}})
 }

@@ -8,12 +8,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// What guards the command's tree on Linux, and how the watchdog forks it.
-
 // Flags of the socket calls on both ends of the watchdog's socket.
 const (
-	// SendNoSignal: a write to a closed socket fails with EPIPE, no
-	// SIGPIPE.
+	// SendNoSignal: a write to a closed socket fails (EPIPE), no SIGPIPE.
 	SendNoSignal = unix.MSG_NOSIGNAL
 	recvCloexec  = unix.MSG_CMSG_CLOEXEC
 )

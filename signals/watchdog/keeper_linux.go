@@ -20,13 +20,12 @@ import (
 // calls (keeperMain is nosplit and allocates nothing: the copy has no Go
 // runtime threads, and every signal is blocked). It waits for the
 // watchdog to exit; the watchdog SIGKILLs it first when its work is over,
-// so a keeper that sees it gone knows it died. While leaderrun lives,
-// leaderrun's fallback ends the tree and the keeper waits for that; once
-// leaderrun is gone too, the keeper SIGKILLs the tree (cgroup.kill, or
-// without a cgroup the command's process group), waits until it is empty
-// (5 s at most, as stop.Survival), removes the cgroup, unlocks the lock
-// leaderrun handed over (so on the local backend the lock is free only
-// once the tree is gone), and exits. Its name (in ps, and in
+// so a keeper that sees it gone knows it died. It then SIGKILLs the tree
+// (cgroup.kill, or without a cgroup the command's process group; leaderrun,
+// if alive, does the same), waits until it is empty (5 s at most, as
+// stop.Survival), removes the cgroup and exits. It holds a copy of the lock
+// file leaderrun handed over until then, so on the local backend the lock
+// is free only once the tree is gone. Its name (in ps, and in
 // /proc/PID/cmdline) leaves "leaderrun" out, so that a kill by that name
 // leaves it to do its job.
 const keeperName = "lr-keeper"
@@ -40,11 +39,11 @@ type keeper struct {
 
 // keeperArgs is all keeperMain reads: numbers and arrays.
 type keeperArgs struct {
-	dog, leaderrun   int // pidfds; leaderrun -1: gone already
+	dog              int // the watchdog's pidfd
 	kill, events, at int // cgroup.kill, cgroup.events and the cgroup's parent directory; -1 without
 	pgid             int
-	keep             [12]int // descriptors to keep, lock files last
-	nkeep, locks     int
+	keep             [12]int // descriptors to keep open
+	nkeep            int
 	name             [64]byte // the cgroup's directory name, NUL-terminated
 	comm             [16]byte
 	argv             unsafe.Pointer // this process's argument strings, to overwrite
@@ -57,35 +56,25 @@ func (k *keeper) is(pid int) bool { return k.pid != 0 && pid == k.pid }
 // the descriptors leaderrun handed over, or logs why it cannot.
 func (k *keeper) start(cg *cgroupTree, pgid int, held []int, log *logger) {
 	a := &k.k
-	a.leaderrun, a.kill, a.events, a.at, a.pgid = -1, -1, -1, -1, pgid
+	a.kill, a.events, a.at, a.pgid = -1, -1, -1, pgid
 	var err error
 	if a.dog, err = unix.PidfdOpen(os.Getpid(), 0); err != nil {
 		log.Warn("no keeper for the command's tree: no pidfds (Linux 5.3)", "error", err)
 		return
 	}
 	defer unix.Close(a.dog)
-	// leaderrun is the parent while it lives.
-	if ppid := os.Getppid(); ppid > 1 {
-		if fd, err := unix.PidfdOpen(ppid, 0); err == nil {
-			defer unix.Close(fd)
-			if os.Getppid() == ppid {
-				a.leaderrun = fd
-			}
-		}
-	}
 	if cg != nil {
 		if i := strings.LastIndexByte(cg.dir, '/'); len(cg.dir)-i < len(a.name) {
 			a.kill, a.events, a.at = cg.killFD, cg.events, cg.parentFD
 			copy(a.name[:], cg.dir[i+1:])
 		}
 	}
-	for _, fd := range append([]int{a.dog, a.leaderrun, a.kill, a.events, a.at}, held...) {
+	for _, fd := range append([]int{a.dog, a.kill, a.events, a.at}, held...) {
 		if fd >= 0 && a.nkeep < len(a.keep) {
 			a.keep[a.nkeep] = fd
 			a.nkeep++
 		}
 	}
-	a.locks = min(len(held), a.nkeep)
 	copy(a.comm[:], keeperName)
 	if cmdline, err := os.ReadFile("/proc/self/cmdline"); err == nil && len(os.Args) > 0 && len(os.Args[0]) > 0 {
 		if p := unsafe.StringData(os.Args[0]); string(unsafe.Slice(p, len(cmdline))) == string(cmdline) {
@@ -143,39 +132,21 @@ func keeperMain(k *keeper) {
 	}
 	for !ready(a.dog, unix.POLLIN, -1) {
 	}
-	gone := a.leaderrun < 0
-	var killed int64
-	for !a.empty() {
-		gone = gone || ready(a.leaderrun, unix.POLLIN, 0)
-		if gone && killed == 0 {
-			killed = boottime()
+	one := [1]byte{'1'}
+	for killed := boottime(); !a.empty() && boottime()-killed < 5e9; {
+		if a.kill < 0 || raw(unix.SYS_PWRITE64, uintptr(a.kill), uintptr(unsafe.Pointer(&one[0])), 1, 0) != 0 {
+			raw(unix.SYS_KILL, uintptr(-a.pgid), uintptr(syscall.SIGKILL), 0, 0)
 		}
-		if killed != 0 {
-			if boottime()-killed > 5e9 {
-				break
-			}
-			one := [1]byte{'1'}
-			if a.kill < 0 || rawErr(unix.SYS_PWRITE64, uintptr(a.kill), uintptr(unsafe.Pointer(&one[0])), 1) != 0 {
-				raw(unix.SYS_KILL, uintptr(-a.pgid), uintptr(syscall.SIGKILL), 0, 0)
-			}
-		}
-		// Until the tree may have changed, or leaderrun died.
-		if a.events >= 0 {
-			ready2(a.events, unix.POLLPRI, a.leaderrun, gone, 100)
-		} else {
-			ready2(-1, 0, a.leaderrun, gone, 10)
-		}
+		// Until the tree may have changed: cgroup.events says when it
+		// empties; nothing says when a process group does.
+		ready(a.events, unix.POLLPRI, 10)
 	}
 	for try := 0; a.at >= 0 && try < 50; try++ {
 		// A group may take a moment to leave once empty.
-		_, _, e := syscall.RawSyscall6(unix.SYS_UNLINKAT, uintptr(a.at), uintptr(unsafe.Pointer(&a.name[0])), unix.AT_REMOVEDIR, 0, 0, 0)
-		if e != syscall.EBUSY {
+		if raw(unix.SYS_UNLINKAT, uintptr(a.at), uintptr(unsafe.Pointer(&a.name[0])), unix.AT_REMOVEDIR, 0) != syscall.EBUSY {
 			break
 		}
 		ready(-1, 0, 1)
-	}
-	for i := a.nkeep - a.locks; gone && i < a.nkeep; i++ {
-		raw(unix.SYS_FLOCK, uintptr(a.keep[i]), unix.LOCK_UN, 0, 0)
 	}
 	raw(unix.SYS_EXIT_GROUP, 0, 0, 0, 0)
 }
@@ -187,7 +158,7 @@ func keeperMain(k *keeper) {
 //go:norace
 func (a *keeperArgs) empty() bool {
 	if a.events < 0 {
-		return rawErr(unix.SYS_KILL, uintptr(-a.pgid), 0, 0) == syscall.ESRCH
+		return raw(unix.SYS_KILL, uintptr(-a.pgid), 0, 0, 0) == syscall.ESRCH
 	}
 	var buf [128]byte
 	n, _, e := syscall.RawSyscall6(unix.SYS_PREAD64, uintptr(a.events), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), 0, 0, 0)
@@ -200,27 +171,19 @@ func (a *keeperArgs) empty() bool {
 	return e != 0
 }
 
-//go:nosplit
-//go:norace
-func ready(fd int, events int16, ms int64) bool { return ready2(fd, events, -1, true, ms) }
-
-// ready2 polls fd for events, and the pidfd other unless skip, for ms
-// milliseconds at most (negative: no limit), and reports whether fd was
-// ready; fd -1 only waits.
+// ready polls fd for events for ms milliseconds at most (negative: no
+// limit), and reports whether it was ready; fd -1 only waits.
 //
 //go:nosplit
 //go:norace
-func ready2(fd int, events int16, other int, skip bool, ms int64) bool {
-	pfds := [2]unix.PollFd{{Fd: int32(fd), Events: events}, {Fd: int32(other), Events: unix.POLLIN}}
-	if skip {
-		pfds[1].Fd = -1
-	}
+func ready(fd int, events int16, ms int64) bool {
+	pfds := [1]unix.PollFd{{Fd: int32(fd), Events: events}}
 	ts := unix.Timespec{Sec: ms / 1000, Nsec: ms % 1000 * 1e6}
 	tsp := uintptr(unsafe.Pointer(&ts))
 	if ms < 0 {
 		tsp = 0
 	}
-	syscall.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&pfds[0])), 2, tsp, 0, 0, 0)
+	syscall.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&pfds[0])), 1, tsp, 0, 0, 0)
 	return fd >= 0 && pfds[0].Revents != 0
 }
 
@@ -234,11 +197,7 @@ func boottime() int64 {
 
 //go:nosplit
 //go:norace
-func raw(trap, a1, a2, a3, a4 uintptr) { syscall.RawSyscall6(trap, a1, a2, a3, a4, 0, 0) }
-
-//go:nosplit
-//go:norace
-func rawErr(trap, a1, a2, a3 uintptr) syscall.Errno {
-	_, _, e := syscall.RawSyscall6(trap, a1, a2, a3, 0, 0, 0)
+func raw(trap, a1, a2, a3, a4 uintptr) syscall.Errno {
+	_, _, e := syscall.RawSyscall6(trap, a1, a2, a3, a4, 0, 0)
 	return e
 }

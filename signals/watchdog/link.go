@@ -1,6 +1,7 @@
 package watchdog
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 
@@ -42,23 +43,23 @@ func (l *link) receive(handle func(Order)) error {
 		buf := append(l.in, l.rbuf[:n]...)
 		rest := buf
 		for {
-			line, tail, ok, err := NextLine(rest, MaxOrder)
-			if err == nil && ok {
-				var o Order
-				if err = json.Unmarshal(line, &o); err == nil {
-					rest = tail
-					handle(o)
-					continue
-				}
+			i := bytes.IndexByte(rest, '\n')
+			if i < 0 && len(rest) > MaxOrder {
+				l.gone = true
+				return errors.New("an order longer than the longest start")
 			}
-			if err != nil {
+			if i < 0 {
+				break
+			}
+			var o Order
+			if err := json.Unmarshal(rest[:i], &o); err != nil {
 				l.gone = true
 				return err
 			}
-			break
+			rest = rest[i+1:]
+			handle(o)
 		}
-		// What is left of a line moves to the front of the buffer, which
-		// is kept unless a start made it large.
+		// The rest of a line moves to the front of the kept buffer.
 		l.in = buf[:copy(buf, rest)]
 		if len(l.in) == 0 && cap(l.in) > 4096 {
 			l.in = nil

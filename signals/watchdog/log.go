@@ -10,14 +10,12 @@ import (
 	"unicode/utf8"
 )
 
-// The watchdog's log, which follows leaderrun's: the same format (log/slog's
-// text or JSON handler, as leaderrun's log writes it) and level. It is
-// written here, not with log/slog, which this package may not import (see
-// doc.go); log_test.go holds it to slog's output.
+// The watchdog's log follows leaderrun's: the format of log/slog's text or
+// JSON handler, and its level. It is written by hand (log/slog may not be
+// imported: see doc.go); log_test.go holds it to slog's output.
 
-// Levels, as log/slog numbers them.
+// The levels the watchdog logs at, as log/slog numbers them.
 const (
-	levelDebug = -4
 	levelInfo  = 0
 	levelWarn  = 4
 	levelError = 8
@@ -223,21 +221,9 @@ func appendRFC3339Millis(b []byte, t time.Time) []byte {
 	return append(b[:n+prefixLen], b[n+prefixLen+1:]...) // drop the 4th digit
 }
 
-// levelName is slog's name of a level: INFO, WARN+2.
+// levelName is slog's name of a level the watchdog logs at.
 func levelName(level int) string {
-	name, base := "DEBUG", levelDebug
-	switch {
-	case level >= levelError:
-		name, base = "ERROR", levelError
-	case level >= levelWarn:
-		name, base = "WARN", levelWarn
-	case level >= levelInfo:
-		name, base = "INFO", levelInfo
-	}
-	if level == base {
-		return name
-	}
-	return name + fmt.Sprintf("%+d", level-base)
+	return map[int]string{levelInfo: "INFO", levelWarn: "WARN", levelError: "ERROR"}[level]
 }
 
 // logAttrs are the log attributes that leaderrun's own lines carry,

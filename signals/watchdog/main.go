@@ -27,14 +27,12 @@ var Installed bool
 func IsWatchdog(args []string) bool { return len(args) > 1 && args[1] == Arg }
 
 // dog is the watchdog's state, by concept: the link to leaderrun, the
-// command and its tree, the stop sequence with the deadline and requests
-// it is fed, the keeper, and the log.
+// command and its guard, the stop sequence and what it is fed, the
+// keeper, the log.
 type dog struct {
-	link  link
-	guard guard
-	cmd   command
-	// seq is the stop sequence (package stop), fed the newest deadline
-	// and the stop requests received since it was last asked.
+	link     link
+	guard    guard
+	cmd      command
 	seq      stop.Sequence
 	deadline stop.Instant
 	stops    []syscall.Signal
@@ -73,15 +71,13 @@ func Main() int {
 		return 70
 	}
 	d.alarm = al
-	// Prepared now, while leaderrun connects and campaigns: winning the
-	// lock is then followed by nothing but the command's fork and exec.
+	// Prepared while leaderrun campaigns: the lock won, only a fork is left.
 	d.guard = prepareGuard()
 	return d.run()
 }
 
-// run is the loop: feed the stop sequence what changed and do what it
-// says, then wait for the socket, the alarm or the tree, until there is
-// nothing left to guard.
+// run is the loop: feed the stop sequence and do what it says, then wait
+// for the socket, the alarm or the tree, until nothing is left to guard.
 func (d *dog) run() int {
 	for {
 		d.reap()
@@ -144,11 +140,12 @@ func (d *dog) act(a stop.Action) {
 		if a.Reason == stop.Deadline {
 			d.log.Error("renew deadline passed and leaderrun sent no newer one; the watchdog stops the child", "signal", Name(a.Signal))
 		}
-		if a.Group && signalGroup(d.cmd.pid, a.Signal) {
+		if a.Group && SignalGroup(d.cmd.pid, a.Signal) == nil {
 			d.log.Info("signalled child", "signal", Name(a.Signal))
 		}
 		for _, pid := range a.Pids {
-			signalOne(pid, a.Signal)
+			_ = syscall.Kill(pid, a.Signal)
+			_ = syscall.Kill(pid, syscall.SIGCONT)
 			d.log.Info("signalled a process that left the command's group", "process", pid, "signal", Name(a.Signal))
 		}
 		if a.Reason != 0 {
@@ -173,12 +170,10 @@ func (d *dog) act(a stop.Action) {
 	}
 }
 
-// finish lets go of what the watchdog holds: the keeper, the cgroup, and
-// the held descriptors. After leaderrun's death these are the last of
-// their open files: their locks are dropped explicitly first (a flock
-// goes with the last descriptor, and a waiter woken by the close must
-// find the lock free). Otherwise leaderrun still holds the lock and
-// releases it itself.
+// finish lets go of the keeper, the cgroup and the held descriptors.
+// After leaderrun's death these are the last of their open files: their
+// locks are dropped first (a waiter woken by the close must find the lock
+// free); otherwise leaderrun still holds the lock and releases it itself.
 func (d *dog) finish() {
 	d.keeper.dismiss()
 	d.guard.remove(d.log)

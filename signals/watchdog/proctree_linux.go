@@ -16,11 +16,10 @@ import (
 )
 
 // procTree is the command's tree as the descendants of root, a child
-// subreaper, and the members of the command's process group (pgid): every
-// orphan of the tree is re-parented to root, so none can leave it. It reads
-// the whole process table from /proc (about a millisecond for a few hundred
-// processes): the per-thread children lists are documented as approximate
-// while processes exit, and a missed orphan would outlive the sequence.
+// subreaper to which every orphan of the tree is re-parented, and the
+// command's process group (pgid). It reads the whole process table (a
+// millisecond for a few hundred processes): the per-thread children lists
+// are approximate while processes exit, and a missed orphan would live.
 type procTree struct {
 	root, pgid int
 	// withKids: root's children are the tree's (root is a subreaper);

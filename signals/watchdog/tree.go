@@ -39,27 +39,19 @@ const (
 	GuardGroup = "process group"
 )
 
-// signalGroup sends sig to the process group pgid, then SIGCONT so that
-// a stopped group does not sit on it; it reports whether the group was
-// there.
-func signalGroup(pgid int, sig syscall.Signal) bool {
+// SignalGroup sends sig to the process group pgid, then SIGCONT: a
+// stopped group (SIGSTOP, or SIGTTIN from reading a terminal it does not
+// own) would sit on it until SIGKILL, so it is woken, as systemd does.
+func SignalGroup(pgid int, sig syscall.Signal) error {
 	err := syscall.Kill(-pgid, sig)
 	if err == nil && sig != syscall.SIGKILL && sig != syscall.SIGCONT {
 		_ = syscall.Kill(-pgid, syscall.SIGCONT)
 	}
-	return err == nil
-}
-
-// signalOne sends sig, then SIGCONT, to pid.
-func signalOne(pid int, sig syscall.Signal) {
-	_ = syscall.Kill(pid, sig)
-	_ = syscall.Kill(pid, syscall.SIGCONT)
+	return err
 }
 
 // Leftovers is a command's tree as leaderrun finds it once the command's
-// watchdog died (someone killed it): the command died of its parent-death
-// signal, and the rest of its tree was re-parented to leaderrun, a
-// subreaper, or stayed in its cgroup.
+// watchdog died: re-parented to leaderrun, a subreaper, or in its cgroup.
 type Leftovers struct {
 	Cgroup string // the command's cgroup, "" if it had none
 	Pgid   int    // the command's pid, the leader of its process group
@@ -72,11 +64,10 @@ type Leftovers struct {
 	Lock sync.Locker
 }
 
-// End drives the stop sequence (package stop) as nobody else can any
-// more: orphaned, so SIGKILL to every process of the tree at once, and
-// again to whatever appears, until none is left or stop.Survival has
-// passed; then it removes the command's cgroup. It returns the pids
-// left over, and why the cgroup could not be removed.
+// End drives the stop sequence (package stop), orphaned: SIGKILL to the
+// whole tree at once, and again to whatever appears, until none is left or
+// stop.Survival has passed; then it removes the command's cgroup. It
+// returns the pids left over, and why the cgroup could not be removed.
 func (l Leftovers) End() (left []int, err error) {
 	t := l.tree()
 	al, err := newAlarm()

@@ -1,8 +1,6 @@
 package watchdog
 
 import (
-	"bytes"
-	"errors"
 	"syscall"
 	"time"
 
@@ -10,13 +8,11 @@ import (
 )
 
 // The protocol between leaderrun and its watchdog: JSON lines on a stream
-// socket (the watchdog's fd 3). leaderrun sends Orders: the start, newer
-// deadlines, a stop request. The watchdog sends Reports: the command's
-// start or why it failed, and then what the stop sequence did (its first
-// signal, its SIGKILL, its end) and how the command exited. Closing the
-// socket is the last word either way: the watchdog's exit, or leaderrun's
-// (which, while the tree runs, the watchdog takes for leaderrun's death).
-// Instants are on the clock both processes share (Now).
+// socket (the watchdog's fd 3). leaderrun sends Orders; the watchdog sends
+// Reports: the start, then what the stop sequence did and how the command
+// exited. Closing the socket is the last word: the watchdog's exit, or
+// leaderrun's (its death, while the tree runs). Instants are on the clock
+// both share (Now).
 
 // Order is one line from leaderrun; one field is set.
 type Order struct {
@@ -83,24 +79,8 @@ type Exit struct {
 }
 
 // Line length bounds: a start carries the command's argv and environment
-// (the kernel takes at most a few MiB of them for an exec); everything
-// else is a few bytes.
+// (at most a few MiB for an exec); the rest are a few bytes.
 const (
 	MaxOrder  = 16 << 20
 	MaxReport = 64 << 10
 )
-
-var errLine = errors.New("watchdog: protocol line too long")
-
-// NextLine splits the first whole line off buf. ok is false while the
-// line is incomplete; err is set once it cannot end within limit.
-func NextLine(buf []byte, limit int) (line, rest []byte, ok bool, err error) {
-	i := bytes.IndexByte(buf, '\n')
-	switch {
-	case i >= 0 && i <= limit:
-		return buf[:i], buf[i+1:], true, nil
-	case i > limit || len(buf) > limit:
-		return nil, buf, false, errLine
-	}
-	return nil, buf, false, nil
-}
