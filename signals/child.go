@@ -32,10 +32,11 @@ type Child struct {
 	deadline time.Time // the last one sent
 	asked    bool      // Stop was called
 	// killAt is the sequence's SIGKILL instant once the watchdog said it
-	// runs; expired, if its deadline started it.
-	killAt  time.Time
-	expired bool
-	back    backstop
+	// runs; expired, if its deadline started it; killedAt, when it sent
+	// that SIGKILL.
+	killAt, killedAt time.Time
+	expired          bool
+	back             backstop
 }
 
 // newChild is the command the watchdog reported started, followed through
@@ -78,7 +79,10 @@ func (c *Child) follow() {
 			c.mu.Lock()
 			c.killAt, c.expired = watchdog.TimeOf(r.Stopping.KillAt), r.Stopping.Reason == stop.Deadline
 			c.mu.Unlock()
-		case r.Killed:
+		case r.Killed != 0:
+			c.mu.Lock()
+			c.killedAt = watchdog.TimeOf(r.Killed)
+			c.mu.Unlock()
 			c.back.stop()
 		case r.Exited != nil:
 			c.exit(Status{Code: r.Exited.Code, Signal: r.Exited.Signal})

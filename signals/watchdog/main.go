@@ -159,7 +159,7 @@ func (d *dog) act(a stop.Action) {
 		case 0:
 		default:
 			d.log.Warn("still running at the end of --kill-grace; sent SIGKILL", "pgid", d.cmd.pid, "pids", a.Pids, "grace", d.seq.Grace)
-			d.link.send(Report{Killed: true})
+			d.link.send(Report{Killed: Now()})
 		}
 	case stop.GiveUp:
 		d.log.Error("processes of the command survived SIGKILL; giving up on them", "pgid", d.cmd.pid, "pids", a.Pids)

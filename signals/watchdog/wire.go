@@ -48,9 +48,9 @@ type Report struct {
 	// exits.
 	Failed   syscall.Errno `json:"failed,omitempty"`
 	Stopping *Stopping     `json:"stopping,omitempty"`
-	// Killed: the watchdog sent SIGKILL to the tree at its instant.
-	Killed bool  `json:"killed,omitempty"`
-	Exited *Exit `json:"exited,omitempty"`
+	// Killed: the watchdog sent SIGKILL to the tree at this instant.
+	Killed stop.Instant `json:"killed,omitempty"`
+	Exited *Exit        `json:"exited,omitempty"`
 	// Gone: every process of the tree is gone (or was given up on); the
 	// watchdog exits.
 	Gone bool `json:"gone,omitempty"`
