@@ -96,7 +96,10 @@ func leaderMain(dir string) int {
 			c.SetDeadline(d)
 			writeAtomic(filepath.Join(dir, "renewed"), strconv.FormatInt(d.UnixNano(), 10))
 		case <-c.Done():
-			writeAtomic(filepath.Join(dir, "done"), fmt.Sprintf("expired %v\n", c.Expired()))
+			c.mu.Lock()
+			killAt, killed := c.killAt, c.killedAt
+			c.mu.Unlock()
+			writeAtomic(filepath.Join(dir, "done"), fmt.Sprintf("expired %v\nkillAt %d\nkilled %d\n", c.Expired(), killAt.UnixNano(), killed.UnixNano()))
 			c.Wait()
 			return 0
 		}
@@ -199,8 +202,9 @@ func startLeader(t *testing.T, script string, env ...string) *leader {
 }
 
 // expired waits for the leader to see the tree gone and reports what the
-// watchdog told it.
-func (l *leader) expired(t *testing.T) bool {
+// watchdog told it: whether its deadline started the stop sequence, the
+// sequence's SIGKILL instant, and when the watchdog sent that SIGKILL.
+func (l *leader) expired(t *testing.T) (expired bool, killAt, killed time.Time) {
 	t.Helper()
 	var data []byte
 	waitUntil(t, "the leader to see its command's tree gone", func() bool {
@@ -208,7 +212,19 @@ func (l *leader) expired(t *testing.T) bool {
 		data, err = os.ReadFile(filepath.Join(l.dir, "done"))
 		return err == nil
 	})
-	return strings.TrimSpace(string(data)) == "expired true"
+	for _, line := range strings.Split(string(data), "\n") {
+		k, v, _ := strings.Cut(line, " ")
+		ns, _ := strconv.ParseInt(v, 10, 64)
+		switch k {
+		case "expired":
+			expired = v == "true"
+		case "killAt":
+			killAt = time.Unix(0, ns)
+		case "killed":
+			killed = time.Unix(0, ns)
+		}
+	}
+	return expired, killAt, killed
 }
 
 // renewed is the last deadline the leader recorded as sent (zero if none).
