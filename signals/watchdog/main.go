@@ -158,8 +158,8 @@ func (d *dog) act(a stop.Action) {
 			d.log.Error("leaderrun is gone; the watchdog killed the command's tree", "pids", a.Pids, "guard", d.guard.kind)
 		case 0:
 		default:
-			d.log.Warn("still running at the end of --kill-grace; sent SIGKILL", "pgid", d.cmd.pid, "pids", a.Pids, "grace", d.seq.Grace)
 			d.link.send(Report{Killed: Now()})
+			d.log.Warn("still running at the end of --kill-grace; sent SIGKILL", "pgid", d.cmd.pid, "pids", a.Pids, "grace", d.seq.Grace)
 		}
 	case stop.GiveUp:
 		d.log.Error("processes of the command survived SIGKILL; giving up on them", "pgid", d.cmd.pid, "pids", a.Pids)
