@@ -95,12 +95,12 @@ func (k *keeper) start(cg *cgroupTree, pgid int, held []int, log *logger) {
 	k.pid = int(pid)
 }
 
-// dismiss ends the keeper: the watchdog's work is over.
+// dismiss ends the keeper: the watchdog's work is over. A SIGKILL is
+// final once sent, so the watchdog does not wait for it to be done with:
+// whoever inherits it reaps it (leaderrun, a subreaper).
 func (k *keeper) dismiss() {
 	if k.pid != 0 {
 		_ = syscall.Kill(k.pid, syscall.SIGKILL)
-		var ws unix.WaitStatus
-		_, _ = unix.Wait4(k.pid, &ws, 0, nil)
 		k.pid = 0
 	}
 }
