@@ -4,6 +4,7 @@ package watchdog
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"unsafe"
@@ -75,6 +76,7 @@ func (k *keeper) start(cg *cgroupTree, pgid int, held []int, log *logger) {
 			a.nkeep++
 		}
 	}
+	slices.Sort(a.keep[:a.nkeep])
 	copy(a.comm[:], keeperName)
 	if cmdline, err := os.ReadFile("/proc/self/cmdline"); err == nil && len(os.Args) > 0 && len(os.Args[0]) > 0 {
 		if p := unsafe.StringData(os.Args[0]); string(unsafe.Slice(p, len(cmdline))) == string(cmdline) {
@@ -119,15 +121,21 @@ func keeperMain(k *keeper) {
 		}
 		*(*byte)(unsafe.Add(a.argv, i)) = c
 	}
-	// Every other descriptor goes: a copy of leaderrun's socket would
-	// hide the watchdog's death from leaderrun. The watchdog's are few.
-	for fd := 0; fd < 1024; fd++ {
-		kept := false
-		for i := 0; i < a.nkeep; i++ {
-			kept = kept || a.keep[i] == fd
+	// Every other descriptor goes (close_range, Linux 5.9, between the
+	// kept ones): a copy of leaderrun's socket would hide the watchdog's
+	// death from leaderrun.
+	for i, lo := 0, 0; i <= a.nkeep; i++ {
+		hi := int(^uint32(0))
+		if i < a.nkeep {
+			hi = a.keep[i] - 1
 		}
-		if !kept {
-			raw(unix.SYS_CLOSE, uintptr(fd), 0, 0, 0)
+		if lo <= hi && raw(unix.SYS_CLOSE_RANGE, uintptr(lo), uintptr(hi), 0, 0) != 0 {
+			for fd := lo; fd <= min(hi, 1023); fd++ {
+				raw(unix.SYS_CLOSE, uintptr(fd), 0, 0, 0)
+			}
+		}
+		if i < a.nkeep {
+			lo = a.keep[i] + 1
 		}
 	}
 	for !ready(a.dog, unix.POLLIN, -1) {
