@@ -39,8 +39,7 @@ type Child struct {
 	back             backstop
 }
 
-// newChild is the command the watchdog reported started, followed through
-// its reports from then on.
+// newChild is the command the watchdog reported started.
 func newChild(spec Spec, l *link, st *watchdog.Started, deadline time.Time) *Child {
 	// Tracked at once: should the watchdog die, the command is
 	// re-parented to us, and waited for here, not by the orphan reaper.
@@ -115,8 +114,7 @@ func (c *Child) finish() {
 	close(c.done)
 }
 
-// Done is closed once the command and everything it started are gone
-// (S8); the watchdog may still be exiting (see Wait).
+// Done is closed once the command and everything it started are gone (S8).
 func (c *Child) Done() <-chan struct{} { return c.done }
 
 // Status is how the command ended; call it after Done.

@@ -23,9 +23,8 @@ type launched struct {
 
 var errNoTakeover = errors.New("signals: this binary cannot be its own watchdog: it does not import package takeover")
 
-// launch starts this binary as a watchdog with env and stdio, tracked
-// (see BecomeSubreaper) before the orphan reaper can see it exit. Its fd
-// 3 is the other end of conn.
+// launch starts this binary as a watchdog with env and stdio, its fd 3
+// the other end of conn, tracked before the orphan reaper can see it.
 func launch(stdio [3]*os.File, env []string) (*launched, error) {
 	if !watchdog.Installed {
 		return nil, errNoTakeover
@@ -93,10 +92,9 @@ func watchdogEnv() []string {
 // early is the watchdog LaunchWatchdog launched, until Prepare adopts it.
 var early atomic.Pointer[launched]
 
-// LaunchWatchdog launches the watchdog of a run that cmd has decided on,
-// with leaderrun's own standard input, output and error, so that it starts
-// while leaderrun reads its flags and reaches the store; Prepare adopts
-// it. A launch that fails is left to Prepare to try again.
+// LaunchWatchdog launches the watchdog of a run cmd has decided on, with
+// leaderrun's stdio, to start while leaderrun reads its flags and reaches
+// the store; Prepare adopts it (or, if this failed, launches one).
 func LaunchWatchdog() {
 	if early.Load() != nil {
 		return

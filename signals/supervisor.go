@@ -70,9 +70,8 @@ func Prepare(spec Spec) (*Supervisor, error) {
 	return s, nil
 }
 
-// alive reports whether the watchdog at the other end of conn is there:
-// it writes nothing before it forked the command, so a socket that is
-// readable, or hung up, before then is one whose watchdog exited.
+// alive reports whether the watchdog at the other end of conn is there: it
+// writes nothing before the start, so a socket readable or hung up is dead.
 func alive(conn *os.File) bool {
 	rc, err := conn.SyscallConn()
 	if err != nil {

@@ -107,14 +107,14 @@ type Sequence struct {
 // Started reports whether the sequence runs, and why.
 func (s *Sequence) Started() (Reason, bool) { return s.why, s.why != 0 }
 
-// Next decides what to do at in.Now, and when to be asked again at the
-// latest (zero: only when something changes: a message, the tree, the
-// command's exit).
+// Next decides what to do at in.Now, and when to ask again at the latest
+// (zero: when something changes: a message, the tree, the command's exit).
 func (s *Sequence) Next(in Input) ([]Action, Instant) {
 	if s.done {
 		return nil, 0
 	}
-	tree := lookOnce(in.Members)
+	t := lazyTree{read: in.Members}
+	tree := &t
 	var acts []Action
 	for _, sig := range in.Stops {
 		switch {
@@ -132,7 +132,7 @@ func (s *Sequence) Next(in Input) ([]Action, Instant) {
 			s.why, s.sig, s.killAt = Orphaned, syscall.SIGKILL, in.Now
 		case in.Deadline != 0 && in.Now >= in.Deadline:
 			acts = s.start(acts, in.Now, s.Signal, Deadline, tree)
-		case in.Exited && len(tree()) == 0:
+		case in.Exited && len(tree.members()) == 0:
 			s.done = true
 			return append(acts, Action{Kind: Done}), 0
 		case in.Exited:
@@ -144,15 +144,15 @@ func (s *Sequence) Next(in Input) ([]Action, Instant) {
 	if in.Orphaned && !s.killed && s.killAt > in.Now {
 		s.killAt = in.Now // nobody is left to wait for: no more grace
 	}
-	return s.follow(acts, in, tree())
+	return s.follow(acts, in, tree.members())
 }
 
-// start begins the sequence with sig, SIGKILL a grace later (at once if
-// orphaned): the group gets sig, and so does every member outside it.
-func (s *Sequence) start(acts []Action, now Instant, sig syscall.Signal, why Reason, tree func() []Member) []Action {
+// start begins the sequence with sig, SIGKILL a grace later: the group gets
+// sig, and so does every member outside it.
+func (s *Sequence) start(acts []Action, now Instant, sig syscall.Signal, why Reason, tree *lazyTree) []Action {
 	s.why, s.sig, s.killAt = why, sig, now.Add(s.Grace)
 	a := Action{Kind: Signal, Signal: sig, Group: true, Reason: why, KillAt: s.killAt}
-	a.Pids = s.escapees(tree())
+	a.Pids = s.escapees(tree.members())
 	return append(acts, a)
 }
 
@@ -194,7 +194,7 @@ func (s *Sequence) follow(acts []Action, in Input, ms []Member) ([]Action, Insta
 }
 
 // escapees are the members outside the group that have not had the
-// sequence's signal yet, now marked as having had it.
+// signal yet (now marked).
 func (s *Sequence) escapees(ms []Member) []int {
 	var pids []int
 	for _, m := range ms {
@@ -210,16 +210,19 @@ func (s *Sequence) escapees(ms []Member) []int {
 	return pids
 }
 
-// lookOnce wraps members so that the tree is read at most once.
-func lookOnce(members func() []Member) func() []Member {
-	var ms []Member
-	looked := false
-	return func() []Member {
-		if !looked && members != nil {
-			ms, looked = members(), true
-		}
-		return ms
+// lazyTree reads the tree at most once per Next (not a closure: an idle
+// Next allocates nothing).
+type lazyTree struct {
+	read   func() []Member
+	ms     []Member
+	looked bool
+}
+
+func (t *lazyTree) members() []Member {
+	if !t.looked && t.read != nil {
+		t.ms, t.looked = t.read(), true
 	}
+	return t.ms
 }
 
 func pidsOf(ms []Member) []int {

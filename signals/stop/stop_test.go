@@ -182,3 +182,14 @@ func TestKillAtFixedByFirstSignal(t *testing.T) {
 		t.Errorf("Started() = %v, %v; want Deadline, true", why, ok)
 	}
 }
+
+// TestIdleAllocatesNothing: while the command runs and no sequence has
+// started, Next allocates nothing (the watchdog calls it at every
+// renewal, for hours).
+func TestIdleAllocatesNothing(t *testing.T) {
+	s := Sequence{Signal: syscall.SIGTERM, Grace: time.Second, Group: cmd}
+	tree := func() []Member { return group }
+	if n := testing.AllocsPerRun(100, func() { s.Next(Input{Now: at(1), Deadline: at(10), Members: tree}) }); n != 0 {
+		t.Errorf("Next allocates %v times while idle", n)
+	}
+}

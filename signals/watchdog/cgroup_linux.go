@@ -164,8 +164,8 @@ func (cg *cgroupTree) members() []stop.Member {
 	return out
 }
 
-// populated reads cgroup.events: whether any process is left in the
-// group or below it. Reading also re-arms the POLLPRI of its descriptor.
+// populated reads cgroup.events (which re-arms its POLLPRI): whether any
+// process is left in the group or below it.
 func (cg *cgroupTree) populated() bool {
 	buf := make([]byte, 128)
 	n, err := unix.Pread(cg.events, buf, 0)
@@ -228,8 +228,7 @@ func (cg *cgroupTree) remove() error {
 }
 
 // cgroupDirs appends dir and every directory below it to dirs, parents
-// before their children. (Not path/filepath's WalkDir: see doc.go on what
-// this package may import.)
+// first (not path/filepath's WalkDir: see doc.go).
 func cgroupDirs(dir string, dirs []string) []string {
 	dirs = append(dirs, dir)
 	entries, _ := os.ReadDir(dir)

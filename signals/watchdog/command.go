@@ -102,7 +102,7 @@ func (d *dog) start(s *Start) {
 		return
 	}
 	d.cmd = command{pid: pid, pidfd: pidfd, started: true, tree: newTree(d.guard.cg, pid, d.keeper.is)}
-	d.seq.Group = pid
+	d.seq.Group, d.members = pid, d.cmd.members
 	d.log = d.log.with("pid", pid)
 	// Right after the command's fork: until then, its parent-death
 	// signal is all the tree needs.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 
+	"github.com/leaderrun/leaderrun/signals/stop"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,7 +22,8 @@ type link struct {
 	lost bool  // a descriptor that came with the start was lost
 	// gone: leaderrun's end closed (or its orders make no sense):
 	// nothing it sends will come any more.
-	gone bool
+	gone    bool
+	started bool // the start was read
 }
 
 // receive reads what leaderrun sent and hands each order to handle. It
@@ -52,11 +54,14 @@ func (l *link) receive(handle func(Order)) error {
 				break
 			}
 			var o Order
-			if err := json.Unmarshal(rest[:i], &o); err != nil {
-				l.gone = true
-				return err
+			if o.Deadline = deadlineOrder(rest[:i]); o.Deadline == 0 {
+				if err := json.Unmarshal(rest[:i], &o); err != nil {
+					l.gone = true
+					return err
+				}
 			}
 			rest = rest[i+1:]
+			l.started = l.started || o.Start != nil
 			handle(o)
 		}
 		// The rest of a line moves to the front of the kept buffer.
@@ -68,14 +73,36 @@ func (l *link) receive(handle func(Order)) error {
 	return nil
 }
 
-// read reads what the socket has, with any descriptors that came with it
-// (only a start brings one).
+// read reads what the socket has: until the start with recvmsg (the lock
+// file may come with it), then with read, which allocates nothing.
 func (l *link) read() (int, error) {
+	if l.started {
+		return unix.Read(l.sock, l.rbuf[:])
+	}
 	n, oobn, flags, _, err := unix.Recvmsg(l.sock, l.rbuf[:], l.oob[:], unix.MSG_DONTWAIT|recvCloexec)
 	if oobn > 0 {
 		l.hold(l.oob[:oobn], flags)
 	}
 	return n, err
+}
+
+// deadlineOrder reads {"deadline":N}, the order sent at every renewal,
+// without allocating (zero for any other line): json.Unmarshal allocates
+// four times a line, and an idle watchdog would grow to the collector's
+// 4 MiB minimum heap (measured: +218 KB anonymous in 600 renewals).
+func deadlineOrder(line []byte) stop.Instant {
+	digits, ok := bytes.CutPrefix(line, []byte(`{"deadline":`))
+	if !ok || len(digits) < 2 || len(digits) > 19 || digits[len(digits)-1] != '}' {
+		return 0
+	}
+	var n stop.Instant
+	for _, c := range digits[:len(digits)-1] {
+		if c < '0' || c > '9' {
+			return 0
+		}
+		n = n*10 + stop.Instant(c-'0')
+	}
+	return n
 }
 
 // hold keeps the descriptors that came with a message.
@@ -123,8 +150,7 @@ func (l *link) flush() {
 	}
 }
 
-// pollFd is what to wait for on the socket: orders, and room for
-// reports; nothing once leaderrun is gone (it would be ready for ever).
+// pollFd is what to wait for on the socket (nothing once it is gone).
 func (l *link) pollFd() unix.PollFd {
 	if l.gone {
 		return unix.PollFd{Fd: -1}

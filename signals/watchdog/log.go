@@ -1,6 +1,7 @@
 package watchdog
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
@@ -95,39 +96,26 @@ func (l *logger) appendAttrs(b []byte, kv []any) []byte {
 	return b
 }
 
+// appendValue appends v as slog's handler would: strings and errors as
+// strings, durations as slog writes them, the rest as JSON (ints, []int)
+// or as fmt's %+v.
 func (l *logger) appendValue(b []byte, v any) []byte {
 	switch v := v.(type) {
 	case string:
 		return l.appendString(b, v)
-	case int:
-		return strconv.AppendInt(b, int64(v), 10)
-	case uint64:
-		return strconv.AppendUint(b, v, 10)
 	case time.Duration:
 		if l.json {
 			return strconv.AppendInt(b, int64(v), 10)
 		}
 		return append(b, v.String()...)
-	case []int:
-		if !l.json {
-			return l.appendString(b, fmt.Sprintf("%+v", v))
-		}
-		if v == nil {
-			return append(b, "null"...)
-		}
-		b = append(b, '[')
-		for i, n := range v {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = strconv.AppendInt(b, int64(n), 10)
-		}
-		return append(b, ']')
 	case error:
 		if l.json {
 			return l.appendString(b, v.Error())
 		}
-		return l.appendString(b, fmt.Sprintf("%+v", v))
+	}
+	if l.json {
+		j, _ := json.Marshal(v)
+		return append(b, j...)
 	}
 	return l.appendString(b, fmt.Sprintf("%+v", v))
 }

@@ -36,6 +36,7 @@ type dog struct {
 	seq      stop.Sequence
 	deadline stop.Instant
 	stops    []syscall.Signal
+	members  func() []stop.Member // d.cmd.members, bound once
 	// orphaned: leaderrun went away while the tree ran.
 	orphaned bool
 	keeper   keeper
@@ -116,14 +117,14 @@ func (d *dog) handle(o Order) {
 	}
 }
 
-// step asks the stop sequence what to do now, does it, and returns when
-// to ask again at the latest, and whether the watchdog's work is over.
+// step does what the stop sequence says now, and returns when to ask
+// again, and whether the watchdog's work is over.
 func (d *dog) step() (stop.Instant, bool) {
 	if !d.cmd.started {
 		return 0, d.cmd.over
 	}
 	acts, wake := d.seq.Next(stop.Input{Now: Now(), Deadline: d.deadline, Stops: d.stops,
-		Orphaned: d.link.gone, Exited: d.cmd.reaped, Members: d.cmd.members})
+		Orphaned: d.link.gone, Exited: d.cmd.reaped, Members: d.members})
 	d.stops = d.stops[:0]
 	for _, a := range acts {
 		d.act(a)
@@ -131,8 +132,7 @@ func (d *dog) step() (stop.Instant, bool) {
 	return wake, d.cmd.over
 }
 
-// act does one action of the stop sequence, logs it, and reports it to
-// leaderrun.
+// act does one action of the stop sequence, logs and reports it.
 func (d *dog) act(a stop.Action) {
 	t := d.cmd.tree
 	switch a.Kind {
@@ -190,8 +190,7 @@ func (d *dog) finish() {
 }
 
 // pollSet is what to wait for: the socket, the command's exit, and while
-// the sequence runs, the tree; due is the sequence's wake, or sooner
-// where something cannot be waited for on a descriptor.
+// the sequence runs, the tree; and until when.
 func (d *dog) pollSet(due stop.Instant) ([]unix.PollFd, stop.Instant) {
 	_, stopping := d.seq.Started()
 	fds, limit := d.cmd.pollFds(append(d.pfds[:0], d.link.pollFd()), stopping)

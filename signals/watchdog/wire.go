@@ -16,13 +16,9 @@ import (
 
 // Order is one line from leaderrun; one field is set.
 type Order struct {
-	Start *Start `json:"start,omitempty"`
-	// Deadline is a newer deadline: the command must have had the kill
-	// signal by then, unless a still newer one comes (S2, S10).
-	Deadline stop.Instant `json:"deadline,omitempty"`
-	// Stop starts the stop sequence with this signal; a sequence that
-	// runs already keeps its SIGKILL instant (S9).
-	Stop syscall.Signal `json:"stop,omitempty"`
+	Start    *Start         `json:"start,omitempty"`
+	Deadline stop.Instant   `json:"deadline,omitempty"` // a newer one (S2, S10)
+	Stop     syscall.Signal `json:"stop,omitempty"`     // a stop request, with its signal (S9)
 }
 
 // Start has the watchdog fork and exec the command. A descriptor for the
@@ -43,17 +39,12 @@ type Start struct {
 
 // Report is one line from the watchdog; one field is set.
 type Report struct {
-	Started *Started `json:"started,omitempty"`
-	// Failed: the fork or the exec failed with this errno; the watchdog
-	// exits.
-	Failed   syscall.Errno `json:"failed,omitempty"`
+	Started  *Started      `json:"started,omitempty"`
+	Failed   syscall.Errno `json:"failed,omitempty"` // the fork or exec failed; the watchdog exits
 	Stopping *Stopping     `json:"stopping,omitempty"`
-	// Killed: the watchdog sent SIGKILL to the tree at this instant.
-	Killed stop.Instant `json:"killed,omitempty"`
-	Exited *Exit        `json:"exited,omitempty"`
-	// Gone: every process of the tree is gone (or was given up on); the
-	// watchdog exits.
-	Gone bool `json:"gone,omitempty"`
+	Killed   stop.Instant  `json:"killed,omitempty"` // when it sent the tree SIGKILL
+	Exited   *Exit         `json:"exited,omitempty"`
+	Gone     bool          `json:"gone,omitempty"` // the tree is gone (or given up on); the watchdog exits
 }
 
 // Started: the command runs with this pid, under this guard (see
