@@ -82,7 +82,7 @@ func killedAt(t *testing.T, c *Child) time.Time {
 // since (-race -count=50, a load of 5 to 7).
 func TestStopSequenceOneDeadline(t *testing.T) {
 	const grace = 600 * time.Millisecond
-	const slack = deadlineSlack
+	const slack = deadlineSlack // a second grace would add 600 ms
 	cases := []struct {
 		name string
 		// trap and rest are the command's script around the helper's start.
@@ -175,13 +175,13 @@ func TestLaterStopKeepsDeadline(t *testing.T) {
 	c.Stop(syscall.SIGTERM)
 	waitUntil(t, "the stop sequence to start", func() bool { return !c.KillAt().IsZero() })
 	killAt := c.KillAt()
-	time.Sleep(300 * time.Millisecond) // a deliberate pause: the second signal comes later
+	time.Sleep(500 * time.Millisecond) // a deliberate pause: the second signal comes later
 	c.Stop(syscall.SIGINT)
 	if got := c.KillAt(); !got.Equal(killAt) {
 		t.Errorf("a second Stop moved the deadline from %v to %v", killAt, got)
 	}
 	helper.Died(t, 10*time.Second)
-	// A second grace would end 300 ms after the first (the pause above):
+	// A second grace would end 500 ms after the first (the pause above):
 	// the SIGKILL, as the watchdog sent it, comes within a scheduler's
 	// slack of the first grace's end.
 	if late := killedAt(t, c).Sub(killAt); late > deadlineSlack {
