@@ -78,7 +78,6 @@ func (b *backstop) step() {
 	}
 }
 
-// stop stands the backstop down.
 func (b *backstop) stop() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -102,8 +101,18 @@ func (c *Child) members() []stop.Member {
 	return []stop.Member{{Pid: c.pid, Pgid: c.pid}}
 }
 
+// killed records when the tree was first sent the sequence's SIGKILL.
+func (c *Child) killed(at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.killedAt.IsZero() || at.Before(c.killedAt) {
+		c.killedAt = at
+	}
+}
+
 // killTree is leaderrun's own SIGKILL of the tree (the backstop's).
 func (c *Child) killTree() {
+	c.killed(time.Now())
 	_ = syscall.Kill(-c.pid, syscall.SIGKILL)
 	if dir := c.cgroupDir(); dir != "" {
 		_ = os.WriteFile(dir+"/cgroup.kill", []byte("1"), 0)

@@ -32,8 +32,8 @@ type Child struct {
 	deadline time.Time // the last one sent
 	asked    bool      // Stop was called
 	// killAt is the sequence's SIGKILL instant once the watchdog said it
-	// runs; expired, if its deadline started it; killedAt, when it sent
-	// that SIGKILL.
+	// runs; expired, if its deadline started it; killedAt, when the tree
+	// was sent that SIGKILL, by the watchdog or by the backstop.
 	killAt, killedAt time.Time
 	expired          bool
 	back             backstop
@@ -79,9 +79,7 @@ func (c *Child) follow() {
 			c.killAt, c.expired = watchdog.TimeOf(r.Stopping.KillAt), r.Stopping.Reason == stop.Deadline
 			c.mu.Unlock()
 		case r.Killed != 0:
-			c.mu.Lock()
-			c.killedAt = watchdog.TimeOf(r.Killed)
-			c.mu.Unlock()
+			c.killed(watchdog.TimeOf(r.Killed))
 			c.back.stop()
 		case r.Exited != nil:
 			c.exit(Status{Code: r.Exited.Code, Signal: r.Exited.Signal})
@@ -97,7 +95,6 @@ func (c *Child) follow() {
 	}
 }
 
-// exit records how the command ended, once.
 func (c *Child) exit(st Status) {
 	select {
 	case <-c.exited:
@@ -107,7 +104,7 @@ func (c *Child) exit(st Status) {
 	}
 }
 
-// finish closes Done: nothing of the tree runs any more.
+// finish closes Done: nothing of the tree runs.
 func (c *Child) finish() {
 	c.back.stop()
 	untrack(c.pid)

@@ -57,12 +57,13 @@ func startEscapee(t *testing.T, script string, grace time.Duration, pidFile stri
 	return c, testenv.Watch(t, pid)
 }
 
-// killedAt waits for the watchdog's word that it sent the sequence's
-// SIGKILL, and returns when it did.
+// killedAt waits until the tree was sent the sequence's SIGKILL, by the
+// watchdog (its word) or, if the watchdog was late by more than
+// backstopDelay (the test process starved it), by leaderrun's backstop.
 func killedAt(t *testing.T, c *Child) time.Time {
 	t.Helper()
 	var at time.Time
-	waitUntil(t, "the watchdog's word that it sent SIGKILL", func() bool {
+	waitUntil(t, "the tree's SIGKILL", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		at = c.killedAt

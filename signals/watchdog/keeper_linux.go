@@ -16,19 +16,16 @@ import (
 // and its watchdog die together (`pkill -9 leaderrun`): the command dies
 // of its parent-death signal, but nothing else would end what it started.
 //
-// It is the watchdog forked without exec right after the command: no
-// start to pay, the watchdog's pages shared, and nothing run but system
-// calls (keeperMain is nosplit and allocates nothing: the copy has no Go
-// runtime threads, and every signal is blocked). It waits for the
-// watchdog to exit; the watchdog SIGKILLs it first when its work is over,
-// so a keeper that sees it gone knows it died. It then SIGKILLs the tree
-// (cgroup.kill, or without a cgroup the command's process group; leaderrun,
-// if alive, does the same), waits until it is empty (5 s at most, as
-// stop.Survival), removes the cgroup and exits. It holds a copy of the lock
-// file leaderrun handed over until then, so on the local backend the lock
-// is free only once the tree is gone. Its name (in ps, and in
-// /proc/PID/cmdline) leaves "leaderrun" out, so that a kill by that name
-// leaves it to do its job.
+// It is the watchdog forked without exec right after the command, running
+// nothing but system calls (keeperMain is nosplit and allocates nothing:
+// the copy has no Go runtime threads; every signal is blocked). It waits
+// for the watchdog to exit, which SIGKILLs it first when its work is over:
+// a keeper that sees it gone knows it died, SIGKILLs the tree (cgroup.kill,
+// or the command's process group), waits until it is empty (5 s at most,
+// as stop.Survival), removes the cgroup and exits, holding until then a
+// copy of the local backend's lock file. Its name (in ps and in
+// /proc/PID/cmdline) leaves "leaderrun" out: a kill by that name leaves it
+// to do its job.
 const keeperName = "lr-keeper"
 
 // keeper is the watchdog's keeper: its pid once started, and what its

@@ -50,8 +50,7 @@ func SignalGroup(pgid int, sig syscall.Signal) error {
 	return err
 }
 
-// Leftovers is a command's tree as leaderrun finds it once the command's
-// watchdog died: re-parented to leaderrun, a subreaper, or in its cgroup.
+// Leftovers is the tree leaderrun finds once the watchdog died.
 type Leftovers struct {
 	Cgroup string // the command's cgroup, "" if it had none
 	Pgid   int    // the command's pid, the leader of its process group
