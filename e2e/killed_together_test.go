@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,17 +26,19 @@ import (
 // killedTogetherStore is what the scenario needs of a store.
 type killedTogetherStore struct {
 	// start starts the store for the test, if it has a server, and
-	// returns the flags that point leaderrun at it. uid is the user
-	// leaderrun will run as (a store with files of its own makes them
-	// that user's).
+	// returns the flags that point leaderrun (and `leaderrun status`) at
+	// it. uid is the user leaderrun will run as (a store with files of
+	// its own makes them that user's).
 	start func(t *testing.T, uid int) []string
+	// timings are the run's timing flags, --kill-grace among them; nil:
+	// killedTimings. A store that refuses those (Consul's TTL is 10 s at
+	// least) gives its own.
+	timings []string
 }
 
 // killedTimings leave one grace of margin (L > D + G, with G the margin):
 // a tree that outlives its grace would overlap the next leader's.
 var killedTimings = []string{"--lease-duration", "3s", "--renew-deadline", "2s", "--retry-period", "500ms", "--kill-grace", "500ms"}
-
-const killedGrace = 500 * time.Millisecond
 
 // testKilledTogether: leaderrun and its watchdog are SIGKILLed together
 // while the command runs a grandchild in its group and a helper that left
@@ -70,8 +73,15 @@ func killedTogetherTrial(t *testing.T, st killedTogetherStore, uid int, fallback
 	if err := os.Chown(dir, uid, uid); err != nil {
 		t.Fatal(err)
 	}
-	storeFlags := st.start(t, uid)
-	flags := append(append([]string(nil), storeFlags...), killedTimings...)
+	storeFlags, timings := st.start(t, uid), st.timings
+	if timings == nil {
+		timings = killedTimings
+	}
+	flags := append(append([]string(nil), storeFlags...), timings...)
+	grace, err := time.ParseDuration(timings[slices.Index(timings, "--kill-grace")+1])
+	if err != nil {
+		t.Fatal(err)
+	}
 	lock := fmt.Sprintf("together-%d", time.Now().UnixNano()%1e6)
 	sys := func() *syscall.SysProcAttr {
 		s := &syscall.SysProcAttr{Setpgid: true}
@@ -129,7 +139,7 @@ echo started > ` + started
 		}
 	}
 	t.Logf("guard %s; leaderrun %d and its watchdog %d SIGKILLed together", guard, leader.cmd.Process.Pid, dog)
-	checkTreeDeath(t, tree, killed, fallback)
+	checkTreeDeath(t, tree, killed, grace, fallback)
 	if code := candidate.wait(30 * time.Second); code != 0 {
 		t.Fatalf("the candidate exited %d", code)
 	}
@@ -158,7 +168,7 @@ echo started > ` + started
 // checkTreeDeath: every process of the tree is gone within --kill-grace
 // of the SIGKILL; in the fallback, all but the helper that left the group
 // (which the candidate's command then finds running).
-func checkTreeDeath(t *testing.T, tree map[string]*testenv.Process, killed time.Time, fallback bool) {
+func checkTreeDeath(t *testing.T, tree map[string]*testenv.Process, killed time.Time, grace time.Duration, fallback bool) {
 	t.Helper()
 	for name, p := range tree {
 		if fallback && name == "helper" {
@@ -166,8 +176,8 @@ func checkTreeDeath(t *testing.T, tree map[string]*testenv.Process, killed time.
 		}
 		after := p.Died(t, 10*time.Second).Sub(killed)
 		t.Logf("%s %d gone %v after leaderrun and its watchdog", name, p.Pid, after.Round(time.Millisecond))
-		if after > killedGrace {
-			t.Errorf("%s %d gone %v after leaderrun and its watchdog were SIGKILLed: more than --kill-grace %v", name, p.Pid, after, killedGrace)
+		if after > grace {
+			t.Errorf("%s %d gone %v after leaderrun and its watchdog were SIGKILLed: more than --kill-grace %v", name, p.Pid, after, grace)
 		}
 	}
 }
