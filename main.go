@@ -7,6 +7,9 @@ import (
 	"os"
 
 	"github.com/leaderrun/leaderrun/cmd"
+	// leaderrun re-executed as its command's watchdog becomes it in this
+	// package's init, before the stores' clients initialise.
+	_ "github.com/leaderrun/leaderrun/takeover"
 )
 
 func main() { os.Exit(cmd.Main(os.Args)) }

@@ -49,7 +49,7 @@ func (r *results) analysis() string {
 					fmtDur(up("leaderrun")), otherBin, fmtDur(up(otherBin)), other.name, fmtDur(otherLock), fmtDur(segP50(segCampaign)))
 			}
 			if wd, lead := up("watchdog"), segP50(segStart)+segP50(segCampaign); wd > 0 {
-				fmt.Fprintf(&b, "leaderrun launches its watchdog (itself, re-executed) from its own package init, as soon as its arguments look like a run, and has it fork the child once it leads: the watchdog alone takes %s to become ready (to the end of its package init; its cgroup comes after), against the %s from leaderrun's fork to \"leadership acquired\"", fmtDur(wd), fmtDur(lead))
+				fmt.Fprintf(&b, "leaderrun launches its watchdog (itself, re-executed) as soon as cmd has decided that the command line is a run, and has it fork the child once it leads: the watchdog alone takes %s to become ready (to the end of its package init; its cgroup comes after), against the %s from leaderrun's fork to \"leadership acquired\"", fmtDur(wd), fmtDur(lead))
 				if wd > lead {
 					fmt.Fprintf(&b, ", so on a free lock the child's fork waits for the watchdog, for up to about %s. ", fmtDur(wd-lead))
 				} else {

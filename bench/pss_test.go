@@ -27,8 +27,9 @@ const pssLead = 3 * time.Second
 // included) and Private (pages no other process maps). The wrapper is the
 // process the user starts (leaderrun, etcdctl, consul); the watchdog is
 // the child's parent where that is not the wrapper (leaderrun re-executed
-// as its watchdog); other is every other process of the wrapper's tree
-// but the child's own.
+// as its watchdog), with the watchdog's other children (its keeper, a
+// copy of it): what the watchdog costs; other is every other process of
+// the wrapper's tree but the child's own.
 type memSum struct {
 	wrapperPss, wrapperPriv   int
 	watchdogPss, watchdogPriv int
@@ -146,12 +147,14 @@ func (m *memSum) add(wrapper, child int) error {
 			return err
 		}
 		m.rss += s.rss
-		switch pid {
-		case wrapper:
+		switch {
+		case pid == wrapper:
 			m.wrapperPss, m.wrapperPriv, m.wrapperAnon = m.wrapperPss+s.pss, m.wrapperPriv+s.private, m.wrapperAnon+s.anon
-		case watchdog:
+		case pid == watchdog || watchdog != wrapper && parentOf(pid) == watchdog:
 			m.watchdogPss, m.watchdogPriv, m.watchdogAnon = m.watchdogPss+s.pss, m.watchdogPriv+s.private, m.watchdogAnon+s.anon
-			m.watchdogs++
+			if pid == watchdog {
+				m.watchdogs++
+			}
 		default:
 			m.otherPss, m.otherPriv, m.otherAnon = m.otherPss+s.pss, m.otherPriv+s.private, m.otherAnon+s.anon
 		}

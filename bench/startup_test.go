@@ -59,7 +59,7 @@ func (b *bench) initBins() []initBin {
 	// at its first check (fd 3 is no socket), after its packages' init. A
 	// run's own watchdog starts during leaderrun's init: the two traces
 	// would interleave.
-	// Its environment as leaderrun gives it (watchdog.Env).
+	// Its environment as leaderrun gives it (signals' watchdogEnv).
 	bins = append(bins, initBin{id: watchdogInit, argv: []string{b.lr, watchdog.Arg}, code: 64,
 		env: []string{"GOMAXPROCS=1", "GODEBUG=memprofilerate=0,inittrace=1"}})
 	return append(bins, initBin{id: "etcdctl", argv: []string{b.etcdctl, "version"}}, initBin{id: "consul", argv: []string{b.consul, "version"}})

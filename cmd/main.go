@@ -15,11 +15,13 @@ import (
 	"strings"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/leaderrun/leaderrun/signals"
 )
 
 // Main runs leaderrun with args (os.Args) and returns the process's exit
 // code. leaderrun re-executed as a command's watchdog never gets here: the
-// init of package signals/watchdog takes it over first.
+// init of package takeover takes it over first.
 func Main(args []string) int {
 	return run(args, os.Stdout, os.Stderr)
 }
@@ -41,7 +43,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if !wantsHelp(args) {
 		uncategorize(app)
 	}
-	err = app.Run(withDefaultCommand(app, args))
+	args = withDefaultCommand(app, args)
+	if len(args) > 1 && args[1] == "run" && !wantsHelp(args) {
+		// A run: its watchdog starts now, while the flags are read and
+		// the store is reached, and the runner adopts it.
+		signals.LaunchWatchdog()
+	}
+	err = app.Run(args)
 	code := exitCode(err, st.codes)
 	if err != nil && !silent(err) {
 		st.report(err, code)

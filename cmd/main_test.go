@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	// Runs that get as far as the runner launch this test binary as
+	// their watchdog, as leaderrun launches itself.
+	_ "github.com/leaderrun/leaderrun/takeover"
 )
 
 // TestHelpKeepsCategories: the flags of a command's help are grouped under

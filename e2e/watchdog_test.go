@@ -562,13 +562,13 @@ func TestWatchdogInit(t *testing.T) {
 	}
 }
 
-// TestWatchdogLaunchedAtStart: leaderrun launches its watchdog from its
-// own start when its arguments look like a run, and the run adopts it and
-// configures it: the command's parent is the watchdog that the log names,
-// and it catches --kill-signal. A run without "--" launches its watchdog
-// later, as a fallback. A run that ends before it adopts the watchdog (a
-// bad flag) leaves nothing behind that holds leaderrun's output open: a
-// cron mail or a pipe ends with leaderrun.
+// TestWatchdogLaunchedAtStart: leaderrun launches its watchdog as soon as
+// cmd has decided that the command line is a run, with "--" or without,
+// and the run adopts it and configures it: the command's parent is the
+// watchdog that the log names, and it catches --kill-signal. A run that
+// ends before it adopts the watchdog (a bad flag) leaves nothing behind
+// that holds leaderrun's output open: a cron mail or a pipe ends with
+// leaderrun.
 func TestWatchdogLaunchedAtStart(t *testing.T) {
 	bin := testenv.Leaderrun(t)
 	state := t.TempDir()
@@ -603,11 +603,10 @@ func TestWatchdogLaunchedAtStart(t *testing.T) {
 		}
 		return adopted, parent, comm, caught
 	}
-	if adopted, parent, _, _ := run("--", "sh", "-c", job); adopted == 0 || adopted != parent {
-		t.Errorf("the log names watchdog %d as adopted, the command's parent is %d; want the same, not 0", adopted, parent)
-	}
-	if adopted, _, _, _ := run("sh", "-c", job); adopted != 0 {
-		t.Errorf("without \"--\": the log names watchdog %d as adopted, want none (launched by the run)", adopted)
+	for _, args := range [][]string{{"--", "sh", "-c", job}, {"sh", "-c", job}} {
+		if adopted, parent, _, _ := run(args...); adopted == 0 || adopted != parent {
+			t.Errorf("%v: the log names watchdog %d as adopted, the command's parent is %d; want the same, not 0", args, adopted, parent)
+		}
 	}
 
 	// Refused after the launch: "15" has no unit. Both processes ran

@@ -22,7 +22,7 @@ type Runner struct {
 // New sets cfg's defaults, validates it (the timings and how they relate,
 // the lease duration against what the store accepts, the waits, the kill
 // signal), and readies the command's watchdog (signals.Prepare: the one
-// launched at leaderrun's start, which is ready by then or soon after, or
+// cmd launched once it decided on a run, ready by then or soon after, or
 // a new one, which then starts while Run campaigns): winning the lock is then
 // followed by nothing but the command's fork and exec. An invalid cfg is a
 // *ConfigError, whose message names the flags involved, and nothing is

@@ -18,11 +18,13 @@ import (
 	"github.com/leaderrun/leaderrun/backends/local"
 	"github.com/leaderrun/leaderrun/runner"
 	"github.com/leaderrun/leaderrun/signals"
+	// The test binary is its own watchdog, as leaderrun is.
+	_ "github.com/leaderrun/leaderrun/takeover"
 )
 
 // TestMain lets the test binary act as a child that records when it
 // starts and when it is signalled (it is its own watchdog through the
-// init of package signals/watchdog).
+// init of package takeover).
 func TestMain(m *testing.M) {
 	if path := os.Getenv("RUNNER_TEST_CHILD"); path != "" {
 		os.Exit(child(path))

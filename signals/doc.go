@@ -3,25 +3,27 @@
 // (kill signal, grace period, SIGKILL), clears whatever the command left
 // behind, and turns the way it ended into an exit code.
 //
-// Process tree while a command runs:
+// The processes of a run:
 //
-//	leaderrun                  (campaigns, renews, sends the deadlines)
-//	└── leaderrun-dog          (the watchdog: this binary re-executed; package signals/watchdog)
-//	    └── COMMAND            (leader of its own process group, in a cgroup of its own where possible)
-//	        └── grandchildren  (same process group unless they leave it)
+//	leaderrun                  (campaigns, renews, sends the deadlines; a child subreaper)
+//	└── leaderrun-dog          (the watchdog: this binary re-executed, launched by cmd once
+//	    │                       the command line is a run, adopted by Prepare; package
+//	    │                       signals/watchdog, entered through package takeover's init)
+//	    ├── COMMAND            (leader of its own process group, in a cgroup of its own
+//	    │   └── grandchildren   where possible, SIGKILL as its parent-death signal)
+//	    └── lr-keeper          (the watchdog's copy, forked right after the command: it
+//	                            ends the tree if leaderrun and the watchdog die together)
 //
 // The watchdog is the command's parent, so that what must hold while
 // leaderrun is frozen, starved or dead (docs/safety.md, S10) is held by a
-// process that is none of those: the renew deadline, which leaderrun sends
-// after every acknowledged renewal; the one stop sequence (S9), whoever
-// starts it; the whole tree, escapees included, in a cgroup of its own
-// (cgroup.kill) or below the watchdog as a child subreaper; and SIGKILL to
-// all of it the moment leaderrun's end of the socket closes without a word.
-// The command's parent-death signal (SIGKILL, set with the watchdog's
-// forking thread locked) ends the command if the watchdog itself dies;
-// leaderrun, a subreaper too, then ends the rest.
+// process that is none of those. If the watchdog dies, the command dies of
+// its parent-death signal and leaderrun, a subreaper too, ends the rest
+// (fallback.go); if leaderrun is gone as well, the keeper does (S11).
 //
-// This package is leaderrun's side (Supervisor, Child); the watchdog's is
-// package signals/watchdog, which may import only what is initialised
-// early (see its doc.go).
+// The stop sequence is decided in one place, package stop, and carried out
+// by three drivers, each with only who may act and on what clock: the
+// watchdog (every action, on its own clock), leaderrun's backstop
+// (backstop.go: only its SIGKILL, a moment after the watchdog's, for a
+// frozen watchdog), and leaderrun's fallback (SIGKILL at once, once the
+// watchdog died).
 package signals

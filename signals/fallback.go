@@ -8,21 +8,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// When the watchdog dies while its command runs (someone killed it),
-// leaderrun ends the command's tree itself.
-
-// watchdogGone runs when the watchdog's socket closed. Before the tree was
-// gone that means it died (someone killed it): the command died of its
-// parent-death signal, and the rest of its tree was re-parented to
-// leaderrun, a subreaper, or stayed in its cgroup. Nothing would stop it
-// if leaderrun died too, so it all gets SIGKILL now.
+// watchdogGone runs when the watchdog's socket closed before it said the
+// tree was gone: it died (someone killed it). The command died of its
+// parent-death signal, the rest of its tree was re-parented to leaderrun,
+// a subreaper, or stayed in its cgroup; it all gets SIGKILL now: the stop
+// sequence, orphaned (Leftovers.End).
 func (c *Child) watchdogGone() {
-	c.mu.Lock()
-	finished := c.isDone || c.pid == 0
-	c.mu.Unlock()
-	if finished {
-		return
-	}
+	c.back.stop()
 	c.log.Warn("the command's watchdog died; killing the command's tree", "pid", c.pid)
 	pid := c.pid
 	left, err := watchdog.Leftovers{
@@ -42,14 +34,7 @@ func (c *Child) watchdogGone() {
 	default:
 		c.exit(c.reapHere())
 	}
-	c.mu.Lock()
-	c.isDone = true
-	if c.backstop != nil {
-		c.backstop.Stop()
-	}
-	c.mu.Unlock()
-	untrack(c.pid)
-	close(c.done)
+	c.finish()
 }
 
 // reapHere waits for the command, re-parented to this process after its

@@ -14,17 +14,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// leaderrun as a child subreaper: orphans of a command's tree whose
-// watchdog died are re-parented to it, and reaped here.
-
 // ownHelper reports whether pid, a child of this process, is in this
-// process's own process group: one it started for its own needs, such as
-// the exec credential plugin that client-go runs and waits for, which must
-// not be reaped from under it nor stopped with the command. The command
-// leads a group of its own, and its descendants stay in it or make new
-// ones; an orphan of the command's tree is never in ours unless it moved
-// there on purpose (setpgid into leaderrun's group, in the same session),
-// which this rule does not cover.
+// process's own process group: one it started for its own needs (the exec
+// credential plugin client-go runs and waits for), not to be reaped from
+// under it nor stopped with the command. An orphan of the command's tree
+// is never in leaderrun's group unless it moved there on purpose
+// (setpgid, in the same session), which this rule does not cover.
 func ownHelper(pid int) bool {
 	pgid, ok := watchdog.ProcessGroup(pid)
 	return ok && pgid == syscall.Getpgrp()

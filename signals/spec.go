@@ -21,18 +21,12 @@ type Spec struct {
 	KillGrace time.Duration
 	// Stdin, Stdout, Stderr default to leaderrun's own. The watchdog is
 	// started with them, and gives them to the command; it writes its
-	// own log lines to Stderr.
+	// own log lines to Stderr. A watchdog launched early (LaunchWatchdog)
+	// has leaderrun's own, and is adopted only if they are these.
 	Stdin          *os.File
 	Stdout, Stderr *os.File
 	// Log receives one line per signal sent; the watchdog writes its own
 	// lines in the same format (JSON if Log's handler is slog's JSON
 	// handler, else text) at the same level. Zero: slog.Default().
 	Log *slog.Logger
-}
-
-func orDefault(f, def *os.File) *os.File {
-	if f != nil {
-		return f
-	}
-	return def
 }

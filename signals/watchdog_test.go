@@ -16,13 +16,15 @@ import (
 
 	"github.com/leaderrun/leaderrun/internal/testenv"
 	"github.com/leaderrun/leaderrun/signals/watchdog"
+	// The test binary is its own watchdog, as leaderrun is.
+	_ "github.com/leaderrun/leaderrun/takeover"
 )
 
 // TestMain lets the test binary act as a stand-in for leaderrun in a
 // process of its own (leaderMain), which a test can freeze or kill, and as
 // a command that records the signals it gets (recorderMain); it is its own
-// watchdog through this package's init. Like leaderrun, the tests run as
-// a subreaper.
+// watchdog through package takeover's init. Like leaderrun, the tests run
+// as a subreaper.
 func TestMain(m *testing.M) {
 	if file := os.Getenv("SIGNALS_TEST_RECORD"); file != "" {
 		os.Exit(recorderMain(file))
@@ -81,7 +83,7 @@ func leaderMain(dir string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	info := fmt.Sprintf("child %d\nwatchdog %d\ndeadline %d\nguard %s\n", c.Pid(), sup.dog.Pid, deadline.UnixNano(), c.Guard())
+	info := fmt.Sprintf("child %d\nwatchdog %d\ndeadline %d\nguard %s\n", c.Pid(), sup.link.proc.Pid, deadline.UnixNano(), c.Guard())
 	writeAtomic(filepath.Join(dir, "started"), info)
 	var tick <-chan time.Time
 	if every, _ := time.ParseDuration(os.Getenv("SIGNALS_TEST_RENEW")); every > 0 {
@@ -94,7 +96,10 @@ func leaderMain(dir string) int {
 			c.SetDeadline(d)
 			writeAtomic(filepath.Join(dir, "renewed"), strconv.FormatInt(d.UnixNano(), 10))
 		case <-c.Done():
-			writeAtomic(filepath.Join(dir, "done"), fmt.Sprintf("expired %v\n", c.Expired()))
+			c.mu.Lock()
+			killAt, killed := c.killAt, c.killedAt
+			c.mu.Unlock()
+			writeAtomic(filepath.Join(dir, "done"), fmt.Sprintf("expired %v\nkillAt %d\nkilled %d\n", c.Expired(), killAt.UnixNano(), killed.UnixNano()))
 			c.Wait()
 			return 0
 		}
@@ -197,8 +202,9 @@ func startLeader(t *testing.T, script string, env ...string) *leader {
 }
 
 // expired waits for the leader to see the tree gone and reports what the
-// watchdog told it.
-func (l *leader) expired(t *testing.T) bool {
+// watchdog told it: whether its deadline started the stop sequence, the
+// sequence's SIGKILL instant, and when the watchdog sent that SIGKILL.
+func (l *leader) expired(t *testing.T) (expired bool, killAt, killed time.Time) {
 	t.Helper()
 	var data []byte
 	waitUntil(t, "the leader to see its command's tree gone", func() bool {
@@ -206,7 +212,19 @@ func (l *leader) expired(t *testing.T) bool {
 		data, err = os.ReadFile(filepath.Join(l.dir, "done"))
 		return err == nil
 	})
-	return strings.TrimSpace(string(data)) == "expired true"
+	for _, line := range strings.Split(string(data), "\n") {
+		k, v, _ := strings.Cut(line, " ")
+		ns, _ := strconv.ParseInt(v, 10, 64)
+		switch k {
+		case "expired":
+			expired = v == "true"
+		case "killAt":
+			killAt = time.Unix(0, ns)
+		case "killed":
+			killed = time.Unix(0, ns)
+		}
+	}
+	return expired, killAt, killed
 }
 
 // renewed is the last deadline the leader recorded as sent (zero if none).
@@ -318,7 +336,7 @@ func TestLeaderrunDeathKillsTree(t *testing.T) {
 func TestWatchdogDeathKillsTree(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "helper")
 	c, helper := startEscapee(t, escapeeScript(pidFile, "", `sleep 300 & wait`), time.Second, pidFile)
-	if err := syscall.Kill(c.s.dog.Pid, syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(c.link.proc.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	if st := waitChild(t, c); st.Signal != syscall.SIGKILL {
@@ -358,8 +376,8 @@ func TestGroupClearedBeforeDone(t *testing.T) {
 		t.Errorf("grandchild %d still alive after Done", grandchild)
 	}
 	c.Wait()
-	if !gone(c.s.dog.Pid) {
-		t.Errorf("watchdog %d still alive after Wait", c.s.dog.Pid)
+	if !gone(c.link.proc.Pid) {
+		t.Errorf("watchdog %d still alive after Wait", c.link.proc.Pid)
 	}
 }
 

@@ -16,6 +16,9 @@ import (
 	"github.com/leaderrun/leaderrun/backends/s3"
 	s3spec "github.com/leaderrun/leaderrun/backends/s3/spec"
 	"github.com/leaderrun/leaderrun/cmd"
+	// leaderrun-aws re-executed as its command's watchdog becomes it in
+	// this package's init, before the stores' clients initialise.
+	_ "github.com/leaderrun/leaderrun/takeover"
 )
 
 func main() {

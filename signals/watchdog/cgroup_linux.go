@@ -3,8 +3,6 @@
 package watchdog
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leaderrun/leaderrun/signals/stop"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,11 +24,12 @@ import (
 // moves it out; cgroup.kill (Linux 5.14) SIGKILLs all of them at once,
 // and cgroup.events says when none is left.
 type cgroupTree struct {
-	dir    string
-	dirFD  int // for clone3's CLONE_INTO_CGROUP
-	killFD int // cgroup.kill
-	events int // cgroup.events, polled for POLLPRI
-	pgid   int
+	dir      string
+	dirFD    int // for clone3's CLONE_INTO_CGROUP
+	killFD   int // cgroup.kill
+	events   int // cgroup.events, polled for POLLPRI
+	parentFD int // the directory dir is in, for the keeper's rmdir
+	pgid     int
 }
 
 // ownCgroup is the directory of this process's cgroup in the cgroup v2
@@ -54,10 +54,9 @@ func ownCgroup() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	sc := bufio.NewScanner(bytes.NewReader(mounts))
-	for sc.Scan() {
+	for _, line := range strings.Split(string(mounts), "\n") {
 		// id parent major:minor root mountpoint options... - fstype source super
-		f := strings.Fields(sc.Text())
+		f := strings.Fields(line)
 		sep := slices.Index(f, "-")
 		if sep < 5 || sep+1 >= len(f) || f[sep+1] != "cgroup2" {
 			continue
@@ -121,7 +120,7 @@ func makeCgroup() (*cgroupTree, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mkdir %s: %w", dir, err)
 	}
-	cg := &cgroupTree{dir: dir, dirFD: -1, killFD: -1, events: -1}
+	cg := &cgroupTree{dir: dir, dirFD: -1, killFD: -1, events: -1, parentFD: -1}
 	open := func(path string, flags int) (int, error) {
 		fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -131,7 +130,9 @@ func makeCgroup() (*cgroupTree, error) {
 	}
 	if cg.dirFD, err = open(dir, unix.O_RDONLY|unix.O_DIRECTORY); err == nil {
 		if cg.killFD, err = open(dir+"/cgroup.kill", unix.O_WRONLY); err == nil {
-			cg.events, err = open(dir+"/cgroup.events", unix.O_RDONLY)
+			if cg.events, err = open(dir+"/cgroup.events", unix.O_RDONLY); err == nil {
+				cg.parentFD, err = open(parent, unix.O_RDONLY|unix.O_DIRECTORY)
+			}
 		}
 	}
 	if err != nil {
@@ -142,11 +143,11 @@ func makeCgroup() (*cgroupTree, error) {
 }
 
 // members lists the processes of the group and of any group below it.
-func (cg *cgroupTree) members() []member {
+func (cg *cgroupTree) members() []stop.Member {
 	if !cg.populated() {
 		return nil
 	}
-	var out []member
+	var out []stop.Member
 	buf := make([]byte, 512)
 	for _, dir := range cgroupDirs(cg.dir, nil) {
 		data, _ := os.ReadFile(dir + "/cgroup.procs")
@@ -156,15 +157,15 @@ func (cg *cgroupTree) members() []member {
 				continue
 			}
 			if p, ok := readStat(pid, buf); ok && !p.zombie {
-				out = append(out, member{pid: pid, pgid: p.pgid})
+				out = append(out, stop.Member{Pid: pid, Pgid: p.pgid})
 			}
 		}
 	}
 	return out
 }
 
-// populated reads cgroup.events: whether any process is left in the
-// group or below it. Reading also re-arms the POLLPRI of its descriptor.
+// populated reads cgroup.events (which re-arms its POLLPRI): whether any
+// process is left in the group or below it.
 func (cg *cgroupTree) populated() bool {
 	buf := make([]byte, 128)
 	n, err := unix.Pread(cg.events, buf, 0)
@@ -181,18 +182,18 @@ func (cg *cgroupTree) populated() bool {
 
 // kill writes cgroup.kill, which SIGKILLs every process of the group and
 // of the groups below it, including those forked meanwhile.
-func (cg *cgroupTree) kill(ms []member) {
+func (cg *cgroupTree) kill(pids []int) {
 	if _, err := unix.Pwrite(cg.killFD, []byte("1"), 0); err == nil {
 		return
 	}
 	_ = syscall.Kill(-cg.pgid, syscall.SIGKILL)
-	for _, m := range ms {
-		_ = syscall.Kill(m.pid, syscall.SIGKILL)
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 }
 
 // fds is cgroup.events, which is notified when the group empties.
-func (cg *cgroupTree) fds([]member) ([]unix.PollFd, time.Duration) {
+func (cg *cgroupTree) fds([]stop.Member) ([]unix.PollFd, time.Duration) {
 	if !cg.populated() {
 		return nil, 0
 	}
@@ -202,12 +203,12 @@ func (cg *cgroupTree) fds([]member) ([]unix.PollFd, time.Duration) {
 // remove closes the group's descriptors and removes it, with any group
 // the command made below it, once it is empty, and says why it could not.
 func (cg *cgroupTree) remove() error {
-	for _, fd := range []int{cg.dirFD, cg.killFD, cg.events} {
+	for _, fd := range []int{cg.dirFD, cg.killFD, cg.events, cg.parentFD} {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
 	}
-	cg.dirFD, cg.killFD, cg.events = -1, -1, -1
+	cg.dirFD, cg.killFD, cg.events, cg.parentFD = -1, -1, -1, -1
 	dirs := cgroupDirs(cg.dir, nil)
 	// Deepest first; a group may take a moment to leave once empty.
 	var errs []error
@@ -227,8 +228,7 @@ func (cg *cgroupTree) remove() error {
 }
 
 // cgroupDirs appends dir and every directory below it to dirs, parents
-// before their children. (Not path/filepath's WalkDir: see doc.go on what
-// this package may import.)
+// first (not path/filepath's WalkDir: see doc.go).
 func cgroupDirs(dir string, dirs []string) []string {
 	dirs = append(dirs, dir)
 	entries, _ := os.ReadDir(dir)

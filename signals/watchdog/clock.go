@@ -1,19 +1,22 @@
 package watchdog
 
-import "time"
+import (
+	"time"
 
-// Instant is a point in time, in nanoseconds, on the clock that leaderrun
-// and its watchdog share (see Now): a deadline that one computes, the
-// other can keep, however long the message took.
-type Instant int64
+	"github.com/leaderrun/leaderrun/signals/stop"
+)
+
+// The clock leaderrun and its watchdog share (see Now): a deadline that
+// one computes, the other can keep, however long the message took.
 
 // InstantOf converts t, a time on this process's monotonic clock, to the
 // shared clock, at the moment of the call.
-func InstantOf(t time.Time) Instant {
-	return Now() + Instant(time.Until(t))
+func InstantOf(t time.Time) stop.Instant {
+	return Now().Add(time.Until(t))
 }
 
-// Time converts i back to this process's clock, at the moment of the call.
-func (i Instant) Time() time.Time {
+// TimeOf converts i back to this process's clock, at the moment of the
+// call.
+func TimeOf(i stop.Instant) time.Time {
 	return time.Now().Add(time.Duration(i - Now()))
 }

@@ -5,20 +5,19 @@ package watchdog
 import (
 	"errors"
 
+	"github.com/leaderrun/leaderrun/signals/stop"
 	"golang.org/x/sys/unix"
 )
 
-// Now reads CLOCK_BOOTTIME: monotonic, the same for every process of
-// the host, and, unlike CLOCK_MONOTONIC (Go's clock), counting the time
-// the host spends suspended. A store keeps counting a lease while this
-// host sleeps; a deadline on this clock has passed when the host wakes
-// up, and the watchdog stops the command at once (docs/safety.md, S10).
-func Now() Instant {
+// Now reads CLOCK_BOOTTIME: monotonic, the same for every process of the
+// host, and, unlike CLOCK_MONOTONIC (Go's), counting the time the host is
+// suspended, as the store counts the lease (docs/safety.md, S10).
+func Now() stop.Instant {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
 		panic("clock_gettime(CLOCK_BOOTTIME): " + err.Error()) // Linux 2.6.39 and later have it
 	}
-	return Instant(ts.Nano())
+	return stop.Instant(ts.Nano())
 }
 
 // alarm is a timerfd on CLOCK_BOOTTIME, for the watchdog's poll loop: it
@@ -39,7 +38,7 @@ func newAlarm() (*alarm, error) {
 
 // wait polls fds until one of them is ready or due passes (0: no time
 // limit). It returns early on a signal; the caller looks again.
-func (a *alarm) wait(fds []unix.PollFd, due Instant) error {
+func (a *alarm) wait(fds []unix.PollFd, due stop.Instant) error {
 	spec := unix.ItimerSpec{}
 	if due > 0 {
 		spec.Value = unix.NsecToTimespec(int64(max(due, 1)))

@@ -1,6 +1,7 @@
 package watchdog
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
@@ -10,14 +11,12 @@ import (
 	"unicode/utf8"
 )
 
-// The watchdog's log, which follows leaderrun's: the same format (log/slog's
-// text or JSON handler, as leaderrun's log writes it) and level. It is
-// written here, not with log/slog, which this package may not import (see
-// doc.go); log_test.go holds it to slog's output.
+// The watchdog's log follows leaderrun's: the format of log/slog's text or
+// JSON handler, and its level. It is written by hand (log/slog may not be
+// imported: see doc.go); log_test.go holds it to slog's output.
 
-// Levels, as log/slog numbers them.
+// The levels the watchdog logs at, as log/slog numbers them.
 const (
-	levelDebug = -4
 	levelInfo  = 0
 	levelWarn  = 4
 	levelError = 8
@@ -31,17 +30,11 @@ type logger struct {
 	now   func() time.Time
 }
 
-func newLogger(format string, level int) *logger {
-	return &logger{json: format == "json", level: level, now: time.Now}
-}
-
-// logger is the watchdog's log: the format and level of leaderrun's, and
-// the lock, identity, backend, token and pid of the command once known.
-func (d *dog) logger() *logger {
-	if d.log == nil {
-		d.log = newLogger(d.format, d.level).with("watchdog", os.Getpid())
-	}
-	return d.log
+// newLogger is the watchdog's log, in slog's JSON format or its text
+// format, at level (an slog.Level): until the start tells it leaderrun's,
+// text at ERROR.
+func newLogger(json bool, level int) *logger {
+	return &logger{json: json, level: level, now: time.Now}
 }
 
 // with returns a logger whose lines carry kv (key, value, ...) too.
@@ -103,39 +96,26 @@ func (l *logger) appendAttrs(b []byte, kv []any) []byte {
 	return b
 }
 
+// appendValue appends v as slog's handler would: strings and errors as
+// strings, durations as slog writes them, the rest as JSON (ints, []int)
+// or as fmt's %+v.
 func (l *logger) appendValue(b []byte, v any) []byte {
 	switch v := v.(type) {
 	case string:
 		return l.appendString(b, v)
-	case int:
-		return strconv.AppendInt(b, int64(v), 10)
-	case uint64:
-		return strconv.AppendUint(b, v, 10)
 	case time.Duration:
 		if l.json {
 			return strconv.AppendInt(b, int64(v), 10)
 		}
 		return append(b, v.String()...)
-	case []int:
-		if !l.json {
-			return l.appendString(b, fmt.Sprintf("%+v", v))
-		}
-		if v == nil {
-			return append(b, "null"...)
-		}
-		b = append(b, '[')
-		for i, n := range v {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = strconv.AppendInt(b, int64(n), 10)
-		}
-		return append(b, ']')
 	case error:
 		if l.json {
 			return l.appendString(b, v.Error())
 		}
-		return l.appendString(b, fmt.Sprintf("%+v", v))
+	}
+	if l.json {
+		j, _ := json.Marshal(v)
+		return append(b, j...)
 	}
 	return l.appendString(b, fmt.Sprintf("%+v", v))
 }
@@ -229,45 +209,9 @@ func appendRFC3339Millis(b []byte, t time.Time) []byte {
 	return append(b[:n+prefixLen], b[n+prefixLen+1:]...) // drop the 4th digit
 }
 
-// levelName is slog's name of a level: INFO, WARN+2.
+// levelName is slog's name of a level the watchdog logs at.
 func levelName(level int) string {
-	name, base := "DEBUG", levelDebug
-	switch {
-	case level >= levelError:
-		name, base = "ERROR", levelError
-	case level >= levelWarn:
-		name, base = "WARN", levelWarn
-	case level >= levelInfo:
-		name, base = "INFO", levelInfo
-	}
-	if level == base {
-		return name
-	}
-	return name + fmt.Sprintf("%+d", level-base)
-}
-
-// parseLevel reads a level as slog's Level.String writes it, as leaderrun
-// passes its own; INFO if it cannot.
-func parseLevel(s string) int {
-	name, offset := s, 0
-	if i := strings.IndexAny(s, "+-"); i >= 0 {
-		n, err := strconv.Atoi(s[i:])
-		if err != nil {
-			return levelInfo
-		}
-		name, offset = s[:i], n
-	}
-	switch strings.ToUpper(name) {
-	case "DEBUG":
-		return levelDebug + offset
-	case "INFO":
-		return levelInfo + offset
-	case "WARN":
-		return levelWarn + offset
-	case "ERROR":
-		return levelError + offset
-	}
-	return levelInfo
+	return map[int]string{levelInfo: "INFO", levelWarn: "WARN", levelError: "ERROR"}[level]
 }
 
 // logAttrs are the log attributes that leaderrun's own lines carry,

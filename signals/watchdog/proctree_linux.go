@@ -11,28 +11,29 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leaderrun/leaderrun/signals/stop"
 	"golang.org/x/sys/unix"
 )
 
 // procTree is the command's tree as the descendants of root, a child
-// subreaper, and the members of the command's process group (pgid): every
-// orphan of the tree is re-parented to root, so none can leave it. It reads
-// the whole process table from /proc (about a millisecond for a few hundred
-// processes): the per-thread children lists are documented as approximate
-// while processes exit, and a missed orphan would outlive the sequence.
+// subreaper to which every orphan of the tree is re-parented, and the
+// command's process group (pgid). It reads the whole process table (a
+// millisecond for a few hundred processes): the per-thread children lists
+// are approximate while processes exit, and a missed orphan would live.
 type procTree struct {
 	root, pgid int
 	// withKids: root's children are the tree's (root is a subreaper);
 	// without it, the group and the command's descendants are.
 	withKids bool
 	// skip names root's children that are not the tree (leaderrun's
-	// watchdogs), read with lock held if lock is not nil.
+	// watchdogs, the watchdog's keeper), read with lock held if lock is
+	// not nil.
 	skip   func(pid int) bool
 	lock   sync.Locker
 	pidfds map[int]int // pidfds of the members, kept across looks
 }
 
-func (t *procTree) members() []member {
+func (t *procTree) members() []stop.Member {
 	procs := readProcs()
 	kids := map[int][]int{}
 	for pid, p := range procs {
@@ -61,7 +62,7 @@ func (t *procTree) members() []member {
 		}
 	}
 	seen := map[int]bool{t.root: true}
-	var out []member
+	var out []stop.Member
 	var visit func(pid int)
 	visit = func(pid int) {
 		p, ok := procs[pid]
@@ -70,7 +71,7 @@ func (t *procTree) members() []member {
 		}
 		seen[pid] = true
 		if !p.zombie {
-			out = append(out, member{pid: pid, pgid: p.pgid})
+			out = append(out, stop.Member{Pid: pid, Pgid: p.pgid})
 		}
 		for _, k := range kids[pid] {
 			visit(k)
@@ -87,33 +88,33 @@ func (t *procTree) members() []member {
 	return out
 }
 
-// kill sends SIGKILL to the command's group and to every one of ms.
-func (t *procTree) kill(ms []member) {
+// kill sends SIGKILL to the command's group and to every one of pids.
+func (t *procTree) kill(pids []int) {
 	_ = syscall.Kill(-t.pgid, syscall.SIGKILL)
-	for _, m := range ms {
-		_ = syscall.Kill(m.pid, syscall.SIGKILL)
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 }
 
 // fds are pidfds (pidfd_open(2), Linux 5.3) of ms, which work for
 // processes that are not this process's children too. Without pidfds,
 // look again every 10 ms.
-func (t *procTree) fds(ms []member) ([]unix.PollFd, time.Duration) {
+func (t *procTree) fds(ms []stop.Member) ([]unix.PollFd, time.Duration) {
 	live := map[int]bool{}
 	var pfds []unix.PollFd
 	limit := time.Duration(-1)
 	for _, m := range ms {
-		live[m.pid] = true
-		fd, ok := t.pidfds[m.pid]
+		live[m.Pid] = true
+		fd, ok := t.pidfds[m.Pid]
 		if !ok {
 			var err error
-			if fd, err = unix.PidfdOpen(m.pid, 0); err != nil {
+			if fd, err = unix.PidfdOpen(m.Pid, 0); err != nil {
 				if errors.Is(err, unix.ESRCH) {
 					limit = 0 // gone already: look again
 				}
 				fd = -1
 			}
-			t.pidfds[m.pid] = fd
+			t.pidfds[m.Pid] = fd
 		}
 		if fd >= 0 {
 			pfds = append(pfds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})

@@ -2,13 +2,12 @@ package watchdog
 
 import (
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/leaderrun/leaderrun/signals/stop"
 	"golang.org/x/sys/unix"
 )
-
-// member is a live process of the command's tree.
-type member struct{ pid, pgid int }
 
 // tree is the command's process tree as one process can see it: the
 // watchdog its own (a cgroup, or its descendants as a subreaper), and
@@ -16,15 +15,15 @@ type member struct{ pid, pgid int }
 type tree interface {
 	// members lists the live processes of the tree; zombies, which can
 	// no longer run, are not members.
-	members() []member
-	// kill sends SIGKILL to every process of the tree; ms is the tree as
-	// last seen.
-	kill(ms []member)
+	members() []stop.Member
+	// kill sends SIGKILL to every process of the tree; pids are its
+	// members as last seen.
+	kill(pids []int)
 	// fds are descriptors that become ready when the tree may have
 	// shrunk; ms is the tree as last seen. limit is how soon to look
 	// again regardless (0: at once, negative: no limit), for what no
 	// descriptor can watch.
-	fds(ms []member) (pfds []unix.PollFd, limit time.Duration)
+	fds(ms []stop.Member) (pfds []unix.PollFd, limit time.Duration)
 }
 
 // Guards: what keeps the command's tree together, strongest first
@@ -40,10 +39,18 @@ const (
 	GuardGroup = "process group"
 )
 
-// Leftovers is a command's tree as leaderrun finds it once the command's
-// watchdog died (someone killed it): the command died of its parent-death
-// signal, and the rest of its tree was re-parented to leaderrun, a
-// subreaper, or stayed in its cgroup.
+// SignalGroup sends sig to the process group pgid, then SIGCONT: a
+// stopped group (SIGSTOP, or SIGTTIN from reading a terminal it does not
+// own) would sit on it until SIGKILL, so it is woken, as systemd does.
+func SignalGroup(pgid int, sig syscall.Signal) error {
+	err := syscall.Kill(-pgid, sig)
+	if err == nil && sig != syscall.SIGKILL && sig != syscall.SIGCONT {
+		_ = syscall.Kill(-pgid, syscall.SIGCONT)
+	}
+	return err
+}
+
+// Leftovers is the tree leaderrun finds once the watchdog died.
 type Leftovers struct {
 	Cgroup string // the command's cgroup, "" if it had none
 	Pgid   int    // the command's pid, the leader of its process group
@@ -56,52 +63,41 @@ type Leftovers struct {
 	Lock sync.Locker
 }
 
-// End sends SIGKILL to every process of the tree, again and again, until
-// none is left or survivalBound has passed, then removes the command's
-// cgroup. It returns the pids left over, and why the cgroup could not be
-// removed.
+// End drives the stop sequence (package stop), orphaned: SIGKILL to the
+// whole tree at once, and again to whatever appears, until none is left or
+// stop.Survival has passed; then it removes the command's cgroup. It
+// returns the pids left over, and why the cgroup could not be removed.
 func (l Leftovers) End() (left []int, err error) {
 	t := l.tree()
-	if ms := sweep(t, survivalBound); len(ms) > 0 {
-		return pidsOf(ms), nil
-	}
-	if cg, ok := t.(interface{ remove() error }); ok {
-		return nil, cg.remove()
-	}
-	return nil, nil
-}
-
-// sweep kills every process of t with SIGKILL, again and again, until none
-// is left or bound has passed. It returns the processes left over.
-func sweep(t tree, bound time.Duration) []member {
 	al, err := newAlarm()
 	if err != nil {
-		return t.members()
+		return nil, err
 	}
 	defer al.close()
-	end := Now() + Instant(bound)
+	seq := stop.Sequence{Group: l.Pgid}
+	var last []stop.Member
+	members := func() []stop.Member { last = t.members(); return last }
 	for {
-		ms := t.members()
-		if len(ms) == 0 || Now() >= end {
-			return ms
+		acts, wake := seq.Next(stop.Input{Now: Now(), Orphaned: true, Exited: true, Members: members})
+		for _, a := range acts {
+			switch a.Kind {
+			case stop.Kill:
+				t.kill(a.Pids)
+			case stop.GiveUp:
+				return a.Pids, nil
+			case stop.Done:
+				if cg, ok := t.(interface{ remove() error }); ok {
+					return nil, cg.remove()
+				}
+				return nil, nil
+			}
 		}
-		t.kill(ms)
-		due := end
-		pfds, limit := t.fds(ms)
+		pfds, limit := t.fds(last)
 		if limit >= 0 {
-			due = min(due, Now()+Instant(limit))
+			wake = min(wake, Now().Add(limit))
 		}
-		if due <= Now() {
-			continue
+		if wake > Now() {
+			_ = al.wait(pfds, wake)
 		}
-		_ = al.wait(pfds, due)
 	}
-}
-
-func pidsOf(ms []member) []int {
-	pids := make([]int, len(ms))
-	for i, m := range ms {
-		pids[i] = m.pid
-	}
-	return pids
 }
