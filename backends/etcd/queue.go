@@ -89,17 +89,25 @@ type ticket struct {
 	granted  time.Time     // send time of the lease's grant
 	ttl      time.Duration // as granted
 	won      bool
+	queued   bool // its key was created (by the first Lead's transaction)
 }
 
-// Lead: a try takes the key as etcd's Mutex.TryLock does (the election's
-// keys, in its order) and gives up at once if another key came first.
-// Otherwise the election's Campaign waits for every older key to go, on a
+// Lead: a candidate takes the key as etcd's Mutex.TryLock does (the
+// election's keys, in its order), and a try gives up at once if another
+// key came first. Otherwise the election's Campaign waits for every older
+// key to go (keeping the key and its place), on a
 // context that also ends when the session does (its lease expired or was
 // revoked), so that the wait ends with ErrEnded rather than with a lead
 // whose key is gone.
 func (t *ticket) Lead(ctx context.Context) (backends.Grant, error) {
-	if t.try {
-		return t.tryLock(ctx)
+	if t.try || !t.queued {
+		// A free lock is led in one transaction, as --try takes it; a
+		// candidate that finds another key first has queued its own.
+		t.queued = true
+		g, err := t.tryLock(ctx)
+		if t.try || err == nil || !errors.Is(err, backends.ErrLocked) {
+			return g, err
+		}
 	}
 	cctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
