@@ -3,6 +3,10 @@
 // Package e2e runs the leaderrun binary as users do: real processes, real
 // signals, real stores. The test binary doubles as the child command (see
 // childMain), which records what it sees in an events file.
+//
+// The scenarios that every store runs are one table (scenarios_test.go)
+// over the stores (stores_test.go): TestStores/<store>/<scenario>. Each
+// store's file holds its entry and the tests only it can run.
 package e2e
 
 import (
