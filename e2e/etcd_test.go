@@ -153,6 +153,7 @@ func etcdStatusOf(t *testing.T, endpoints []string, lock string) (etcdStatus, in
 // nothing while quorum holds. The leader lists every member, as a
 // production config would, so its client fails over.
 func TestEtcdClusterRollingRestart(t *testing.T) {
+	t.Parallel()
 	cluster := testenv.StartEtcd(t, 3)
 	eps := cluster.Endpoints()
 	events := etcdEvents(t)
@@ -197,6 +198,7 @@ func TestEtcdClusterRollingRestart(t *testing.T) {
 // says nothing, is exit 69 within about the dial timeout, with a message
 // naming the endpoint.
 func TestEtcdUnreachable(t *testing.T) {
+	t.Parallel()
 	refused := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))
 	// A listener that never accepts: the kernel completes the handshake
 	// and holds what the client sends, and nothing ever answers.
@@ -252,6 +254,7 @@ func TestEtcdUnreachable(t *testing.T) {
 // TestEtcdUsageErrors: bad etcd flags are exit 64 with a message naming the
 // flag, before anything is contacted.
 func TestEtcdUsageErrors(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -278,6 +281,7 @@ func TestEtcdUsageErrors(t *testing.T) {
 // (or ETCDCTL_USER) gets the lock; a wrong password or none is exit 69 with
 // etcd's reason, at once.
 func TestEtcdAuth(t *testing.T) {
+	t.Parallel()
 	eps := testenv.StartEtcd(t, 1).Endpoints()
 	for _, args := range [][]string{{"user", "add", "root", "--new-user-password=rootpw"}, {"auth", "enable"}} {
 		if out, err := testenv.Etcdctl(t, eps, args...); err != nil {
@@ -342,6 +346,7 @@ func TestEtcdAuth(t *testing.T) {
 // certificate, the TLS flags (or etcdctl's variables) get the lock; without
 // a client certificate the store refuses, exit 69 naming the endpoint.
 func TestEtcdTLS(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdTLS(t)
 	eps := e.Endpoints()
 	tlsFlags := []string{"--etcd-cacert", e.TLS.CACert, "--etcd-cert", e.TLS.Cert, "--etcd-key", e.TLS.Key}

@@ -175,6 +175,7 @@ func (p *pool) checkInvariants() {
 // child in slot 0 records "overlap", and a fourth child of a pool of 3
 // (slots 0, 1, 2, 1) records "overcap".
 func TestHoldersCheckCatches(t *testing.T) {
+	t.Parallel()
 	events := filepath.Join(t.TempDir(), "events")
 	locks := t.TempDir()
 	var children []*exec.Cmd

@@ -92,6 +92,7 @@ func localRun(t *testing.T, dir string, extra ...string) (string, int) {
 // others may write to, which is refused as a whole; each file's own check
 // behind that is tested in backends/local (files_test.go).
 func TestHostileStateDir(t *testing.T) {
+	t.Parallel()
 	requireRoot(t)
 	cases := []struct {
 		name string
@@ -165,6 +166,7 @@ func TestHostileStateDir(t *testing.T) {
 // refused; so is a shared sticky one (like /tmp), even when the files
 // in it are ours.
 func TestUnsafeStateDirs(t *testing.T) {
+	t.Parallel()
 	requireRoot(t)
 	base := t.TempDir()
 	mk := func(name string, mode os.FileMode, uid int) string {
@@ -207,6 +209,7 @@ func TestUnsafeStateDirs(t *testing.T) {
 // granted before refuses rather than restarting at 1; both exit 65 naming
 // the file and saying how to mend it.
 func TestTokenNeverGoesBack(t *testing.T) {
+	t.Parallel()
 	t.Run("top of the range", func(t *testing.T) {
 		dir := t.TempDir()
 		if err := os.WriteFile(filepath.Join(dir, "job.token"), []byte(strconv.FormatUint(math.MaxUint64, 10)+"\n"), 0o600); err != nil {
@@ -259,6 +262,7 @@ func TestTokenNeverGoesBack(t *testing.T) {
 // TestFallbackStateDir: a user with no home directory gets
 // /tmp/leaderrun-<uid>; if another user created it first, it is refused.
 func TestFallbackStateDir(t *testing.T) {
+	t.Parallel()
 	requireRoot(t)
 	const uid = 64000 // a user with no home, who is not the attacker
 	binDir, err := os.MkdirTemp("", "leaderrun-bin-")

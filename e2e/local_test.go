@@ -52,6 +52,7 @@ func startLocalStore(t *testing.T) *target {
 
 // TestLocalExitCodes: leaderrun exits as its child did.
 func TestLocalExitCodes(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	noexec := filepath.Join(dir, "noexec.sh")
 	if err := os.WriteFile(noexec, []byte("#!/bin/sh\necho hi\n"), 0o644); err != nil {
@@ -91,6 +92,7 @@ func TestLocalExitCodes(t *testing.T) {
 
 // TestLocalUsageErrors: bad input exits 64 with a message naming the flag.
 func TestLocalUsageErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cases := []struct {
 		name string
@@ -145,6 +147,7 @@ func TestLocalUsageErrors(t *testing.T) {
 // values of the same names are replaced, NOTIFY_SOCKET is not passed, and
 // no descriptor of leaderrun's leaks into it.
 func TestLocalEnvironment(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	outDir := t.TempDir()
 	out := filepath.Join(outDir, "env")
@@ -184,6 +187,7 @@ func TestLocalEnvironment(t *testing.T) {
 // TestLocalKillGrace: a child that ignores the kill signal gets SIGKILL
 // after --kill-grace; leaderrun exits 137.
 func TestLocalKillGrace(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	events := filepath.Join(dir, "events")
 	p := start(t, childEnv(events, "ignore:1h"), cmdArgs(t, localArgs(dir, "grace", "--kill-grace", "300ms"))...)
@@ -203,6 +207,7 @@ func TestLocalKillGrace(t *testing.T) {
 // TestLocalSigkillKillsGroup: leaderrun killed with SIGKILL takes its child
 // and the child's own children with it (S4).
 func TestLocalSigkillKillsGroup(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	pids := filepath.Join(dir, "pids")
 	script := `sleep 3600 & echo $! >> ` + pids + `; echo $$ >> ` + pids + `; wait`
@@ -225,6 +230,7 @@ func TestLocalSigkillKillsGroup(t *testing.T) {
 // process group, and grandchildren left behind by a child that exits are
 // stopped before the lock is released (S5, S8).
 func TestLocalStopKillsGrandchildren(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	pids := filepath.Join(dir, "pids")
 	// The child leaves a grandchild behind and exits.
@@ -247,6 +253,7 @@ func TestLocalStopKillsGrandchildren(t *testing.T) {
 // starts 4 s later runs. The first exits with its child's code when the
 // hold ends.
 func TestLocalMinHold(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	events := filepath.Join(dir, "events")
 	t0 := time.Now()
@@ -276,6 +283,7 @@ func TestLocalMinHold(t *testing.T) {
 
 // TestVersion: leaderrun version prints a version line.
 func TestVersion(t *testing.T) {
+	t.Parallel()
 	p := start(t, nil, "version")
 	if code := p.wait(10 * time.Second); code != 0 {
 		t.Fatalf("exit %d", code)
@@ -289,6 +297,7 @@ func TestVersion(t *testing.T) {
 // with setsid is still stopped when the command exits, before the lock is
 // released: leaderrun inherits it as a subreaper.
 func TestLocalSetsidEscapeeStopped(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("setsid"); err != nil {
 		testenv.Missing(t, "setsid(1) from util-linux is not installed")
 	}

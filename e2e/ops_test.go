@@ -24,6 +24,7 @@ import (
 // while standing by, STATUS as standby and as leader, WATCHDOG while
 // renewals succeed, and STOPPING; the child does not see NOTIFY_SOCKET.
 func TestNotifySocket(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	events := filepath.Join(dir, "events")
 	sock := filepath.Join(dir, "notify.sock")
@@ -89,6 +90,7 @@ func TestNotifySocket(t *testing.T) {
 // than --min-remaining is left says so, instead of printing leader=true
 // and exiting 1 without a reason.
 func TestCheckMinRemaining(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	job := fmt.Sprintf(`%[1]s check -v; echo "plain=$?"; %[1]s check --min-remaining 1h -v; echo "min=$?"`, testenv.Leaderrun(t))
 	p := start(t, nil, localArgs(dir, "chkmin", "--shell", "--", job)...)
@@ -108,6 +110,7 @@ func TestCheckMinRemaining(t *testing.T) {
 // socket or directory behind in $XDG_RUNTIME_DIR or $TMPDIR (on Linux the
 // check socket is abstract), and the child's LEADERRUN_SOCKET says so.
 func TestCheckSocketLeavesNothing(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	runtime, tmp := t.TempDir(), t.TempDir()
 	out := filepath.Join(dir, "socket")
@@ -192,6 +195,7 @@ func checks(path string, code int) []time.Time {
 // TestMetrics: /metrics shows leaderrun_is_leader 1 on the leader and 0 on a
 // standby; /healthz answers.
 func TestMetrics(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	events := filepath.Join(dir, "events")
 	addrA := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))

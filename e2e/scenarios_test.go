@@ -97,6 +97,7 @@ func needsLink(s *store) string {
 // side; the scenarios of a store share its servers and run side by side
 // too, unless the store is serial.
 func TestStores(t *testing.T) {
+	t.Parallel()
 	for _, s := range stores {
 		t.Run(s.name, func(t *testing.T) {
 			t.Parallel()
