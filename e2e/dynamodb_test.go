@@ -46,7 +46,7 @@ func dynamodbStore() *store {
 		takeover: ddbLease + ddbRetry + 500*time.Millisecond, handover: ddbRetry + 300*time.Millisecond,
 		notice: 500*time.Millisecond + 100*time.Millisecond, statusBound: ddbLease + 5*time.Second,
 		expires: true, ttl: true, remaining: true,
-		// A lease of 2 s, for a takeover inside the fleet's --wait 3s
+		// A lease of 2 s, for a takeover inside the fleet's --wait 4s
 		// after a kill -9; renewals and polls every 300 ms.
 		onceTimings:   timings{lease: 2 * time.Second, deadline: 1200 * time.Millisecond, retry: 300 * time.Millisecond, grace: 500 * time.Millisecond},
 		escapeTimings: timings{lease: 3 * time.Second, deadline: 2 * time.Second, retry: 500 * time.Millisecond, grace: escapeGrace},

@@ -15,7 +15,8 @@ import (
 	"time"
 )
 
-// Pool of TestHolders: holders slots, candidates leaderrun processes.
+// The pool of testHolders (TestStores/*/Holders): holders slots,
+// candidates leaderrun processes.
 const (
 	poolHolders    = 3
 	poolCandidates = 10
@@ -170,7 +171,7 @@ func (p *pool) checkInvariants() {
 	t.Logf("%d children in %d slots, tokens per slot %v", count(evs, "start"), len(tokens), tokens)
 }
 
-// TestHoldersCheckCatches: the flocks TestHolders relies on do catch what
+// TestHoldersCheckCatches: the flocks testHolders relies on do catch what
 // it looks for. The child command alone, without leaderrun: a second
 // child in slot 0 records "overlap", and a fourth child of a pool of 3
 // (slots 0, 1, 2, 1) records "overcap".

@@ -47,7 +47,7 @@ func kubernetesStore() *store {
 		notice: 100 * time.Millisecond, statusBound: kubeLease + 5*time.Second,
 		expires: true, ttl: true, remaining: true, durable: true, lostTerm: true,
 		// A lease of 2 s (renewals 1 s apart, so all of it counts) for a
-		// takeover inside the fleet's --wait 3s after a kill -9.
+		// takeover inside the fleet's --wait 4s after a kill -9.
 		onceTimings:   timings{lease: 2 * time.Second, deadline: 1400 * time.Millisecond, retry: time.Second, grace: 500 * time.Millisecond},
 		escapeTimings: timings{lease: 3 * time.Second, deadline: 2 * time.Second, retry: time.Second, grace: escapeGrace},
 	}

@@ -49,7 +49,7 @@ func postgresStore() *store {
 		expires: true, ttl: true, remaining: true, durable: true,
 		// The database expires the lease 1.2 s after the last renewal, to
 		// the microsecond, and a notified waiter tries again at that
-		// moment: a takeover and a 1 s job fit in the fleet's --wait 3s.
+		// moment: a takeover and a 1 s job fit in the fleet's --wait 4s.
 		onceTimings:   timings{lease: 1200 * time.Millisecond, deadline: 800 * time.Millisecond, retry: 200 * time.Millisecond, grace: 300 * time.Millisecond},
 		escapeTimings: timings{lease: 3 * time.Second, deadline: 2 * time.Second, retry: 500 * time.Millisecond, grace: escapeGrace},
 		credentials:   []string{"LEADERRUN_POSTGRES_URL"},

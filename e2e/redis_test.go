@@ -45,7 +45,7 @@ func redisStore() *store {
 		notice: 100 * time.Millisecond, statusBound: redisLease + 2*time.Second,
 		expires: true, waiters: true, ttl: true, remaining: true, durable: true, lostTerm: true,
 		// A lease short enough that a takeover after a kill -9 fits in
-		// the fleet's --wait 3s.
+		// the fleet's --wait 4s.
 		onceTimings:   timings{lease: 2 * time.Second, deadline: 1200 * time.Millisecond, retry: 300 * time.Millisecond, grace: 500 * time.Millisecond},
 		escapeTimings: timings{lease: 3 * time.Second, deadline: 2 * time.Second, retry: 500 * time.Millisecond, grace: escapeGrace},
 		credentials:   []string{"LEADERRUN_REDIS_URL", "REDISCLI_AUTH"},

@@ -9,14 +9,15 @@ import (
 )
 
 // testOncePerPeriod: the fleet's crontab (cronFleet) on the store: 10
-// periods of 5 s, three hosts at random offsets with --wait 3s --once-per
-// 5s, a kill -9 of the leader mid-run in 3 of them, with timings short
-// enough for a waiting host to take over and run its 1 s job within the
-// --wait. A period leaves a second beyond the latest offset (0.8 s), the
-// takeover (the lease and a retry period, 3 s at most) and the job
-// (1 s), so that a takeover does not spill into the next period even when
-// the killed leader's job started late on a busy machine. Exactly one completed run per period, never two jobs at once,
-// and history agrees, and so do the markers, where the test can read them.
+// periods of 6 s, three hosts at random offsets (up to 0.8 s) with --wait
+// 4s --once-per 6s, a kill -9 of the leader mid-run in 3 of them, with
+// timings short enough for a takeover (the lease and a retry period, 3 s
+// at most) and the 1 s job within a period. Exactly one completed run per
+// period, never two jobs at once, and history agrees, and so do the
+// markers, where the test can read them. The last host to wait gives up
+// 4 s after it started: a takeover fits even when the killed leader's job
+// started a second and more late on a busy machine, and the replacement's
+// job ends before the next period begins.
 func testOncePerPeriod(t *testing.T, e *env) {
 	lock := e.lock("lock")
 	cronFleet{
@@ -24,7 +25,7 @@ func testOncePerPeriod(t *testing.T, e *env) {
 		args: func(int) []string {
 			return append(append(append([]string{"--lock", lock}, e.flags...), e.onceTimings.flags()...), e.runFlags...)
 		},
-		period: 5 * time.Second, wait: 3 * time.Second, periods: 10, kills: []int{2, 5, 8}, jobTime: time.Second,
+		period: 6 * time.Second, wait: 4 * time.Second, periods: 10, kills: []int{2, 5, 8}, jobTime: time.Second,
 		history: func(t *testing.T) []historyTerm { return e.history(t, lock) },
 	}.run(t)
 	if e.marker == nil {

@@ -89,7 +89,7 @@ type store struct {
 	lostTerm bool
 
 	// onceTimings are timings short enough for a takeover after a kill -9
-	// to fit inside the cron fleet's --wait 3s (OncePerPeriod); zero:
+	// to fit inside the cron fleet's --wait 4s (OncePerPeriod); zero:
 	// the store's shortest lease cannot.
 	onceTimings timings
 	// escapeTimings leave one grace of margin, lease = deadline + 0.9 s

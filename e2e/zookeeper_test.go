@@ -43,7 +43,7 @@ func zookeeperStore() *store {
 		notice: 100 * time.Millisecond, statusBound: zkSession + 5*time.Second,
 		expires: true, waiters: true, durable: true, lostTerm: true,
 		// A session timeout short enough for a takeover after a kill -9
-		// inside the fleet's --wait 3s; TTL 2 s − 250 ms − 100 ms =
+		// inside the fleet's --wait 4s; TTL 2 s − 250 ms − 100 ms =
 		// 1.65 s > 1 s + 400 ms.
 		onceTimings: timings{lease: 2 * time.Second, deadline: time.Second, retry: 250 * time.Millisecond, grace: 400 * time.Millisecond},
 		// TTL 3.6 s − 500 ms − 100 ms = 3 s = deadline 2 s + grace 0.9 s + 0.1 s.
