@@ -58,7 +58,7 @@ var scenarios = []scenario{
 	{name: "LossReported", run: testLossReported},
 	{name: "Kill9Leader", run: testKill9Leader},
 	{name: "SigtermHandover", run: testSigtermHandover},
-	{name: "StalledLeader", run: testStalledLeader, skip: needsLink},
+	{name: "StalledLeader", run: testStalledLeader},
 	{name: "PausedLeader", run: testPausedLeader},
 	{name: "TryAndWait", run: testTryAndWait},
 	{name: "StatusAndHistory", run: testStatusAndHistory},
@@ -92,15 +92,6 @@ var scenarios = []scenario{
 		}
 		return ""
 	}},
-}
-
-// needsLink skips a store without a network link to break (the local
-// store).
-func needsLink(s *store) string {
-	if s.name == "local" {
-		return "no link to the store to break"
-	}
-	return ""
 }
 
 // TestStores runs every scenario on every store. The stores run side by

@@ -45,13 +45,14 @@ type store struct {
 	// every run.
 	runFlags []string
 
-	// takeover bounds how long after its leader's SIGKILL a waiting
-	// follower's child starts: the store's expiry of the lease, plus how
-	// the follower learns of it (at once, or at its next poll).
+	// takeover bounds how long after its leader's SIGKILL, or the stall
+	// of its link, a waiting follower acquires the lock (by its log): the
+	// store's expiry of the lease, plus how the follower learns of it (at
+	// once, or at its next poll).
 	takeover time.Duration
 	// handover bounds how long after the leader's child exited on SIGTERM
-	// a waiting follower's child starts (the median of a few trials): the
-	// release, and the follower told of it, or polling for it.
+	// a waiting follower acquires the lock (the median of a few trials):
+	// the release, and the follower told of it, or polling for it.
 	handover time.Duration
 	// notice bounds how long after an operator took the lease away
 	// (target.losses) its holder knows it, as `leaderrun check` in its
@@ -120,7 +121,8 @@ type target struct {
 	flags, env []string
 	// link is host:port of the server leaderrun connects to; via gives
 	// the flags and environment that reach the store through addr
-	// instead, a testenv.Proxy in front of link that a scenario stalls.
+	// instead, a testenv.Proxy in front of link that a scenario stalls
+	// (nil: no link to break, as on the local store).
 	link string
 	via  func(addr string) (flags, env []string)
 	// waiting, called before a candidate for lock starts, returns a
