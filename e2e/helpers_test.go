@@ -176,11 +176,11 @@ func pauseGroups(t *testing.T, leaderrun, child int) []int {
 }
 
 // logLineTime is the time of the first line of leaderrun's text log that
-// has msg.
+// has msg (quoted there if it has a space).
 func logLineTime(out, msg string) (time.Time, bool) {
 	for _, line := range strings.Split(out, "\n") {
 		line = strings.TrimSpace(line)
-		if !strings.Contains(line, `msg="`+msg+`"`) {
+		if !strings.Contains(line, `msg="`+msg+`"`) && !strings.Contains(line+" ", " msg="+msg+" ") {
 			continue
 		}
 		ts, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
