@@ -18,7 +18,10 @@ import (
 // the follower until the lease expired, after the old tree is dead: the
 // follower's job starts only then. With the lease taken away by an
 // operator (target.losses[0]), which frees it at once, only the one
-// deadline is checked: the token protects the resource meanwhile.
+// deadline is checked: the token protects the resource meanwhile. It runs
+// alone among the scenarios: at a load of 13 on two cores, with the other
+// stores' scenarios beside it, the watchdog's SIGKILL came 110 ms after
+// the grace, past the 50 ms that escape_test.go allows.
 func testEscapedHelper(t *testing.T, e *env) {
 	e.timings = e.escapeTimings
 	for _, tc := range []struct {

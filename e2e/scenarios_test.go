@@ -49,6 +49,11 @@ type scenario struct {
 	// than share the store's (a serial store's it may use: nothing else
 	// runs on them meanwhile).
 	own bool
+	// alone: the scenario checks a bound of tens of milliseconds that a
+	// busy machine could take from leaderrun: TestStoresAlone runs it,
+	// on each store in turn, with no other test of the package beside it,
+	// on servers of its own.
+	alone bool
 }
 
 // scenarios are the rows of the matrix; each runs on every store that its
@@ -74,7 +79,7 @@ var scenarios = []scenario{
 	{name: "OnceFailures", run: testOnceFailures},
 	{name: "Holders", run: testHolders},
 	{name: "ProgressTimeout", run: testProgressTimeout},
-	{name: "EscapedHelper", run: testEscapedHelper, skip: func(s *store) string {
+	{name: "EscapedHelper", run: testEscapedHelper, alone: true, skip: func(s *store) string {
 		if s.escapeTimings == (timings{}) {
 			return "escape_test.go runs it on " + s.name
 		}
@@ -94,9 +99,9 @@ var scenarios = []scenario{
 	}},
 }
 
-// TestStores runs every scenario on every store. The stores run side by
-// side; the scenarios of a store share its servers and run side by side
-// too, unless the store is serial.
+// TestStores runs every scenario on every store, but those that run
+// alone. The stores run side by side; the scenarios of a store share its
+// servers and run side by side too, unless the store is serial.
 func TestStores(t *testing.T) {
 	t.Parallel()
 	for _, s := range stores {
@@ -105,26 +110,60 @@ func TestStores(t *testing.T) {
 			shared := s.start(t)
 			for _, sc := range scenarios {
 				t.Run(sc.name, func(t *testing.T) {
-					if sc.skip != nil {
-						if why := sc.skip(s); why != "" {
-							t.Skip(why)
-						}
+					if why := skipped(sc, s); why != "" {
+						t.Skip(why)
+					}
+					if sc.alone {
+						t.Skip("TestStoresAlone runs it")
 					}
 					if !s.serial {
 						t.Parallel()
 					}
-					// A copy of the store: a scenario may change its own
-					// (its timings, say).
-					st := *s
-					e := &env{store: &st, target: shared, name: strings.ToLower(sc.name)}
-					if sc.own && !s.serial {
-						e.target = s.start(t)
-					}
-					sc.run(t, e)
+					run(t, sc, s, shared)
 				})
 			}
 		})
 	}
+}
+
+// TestStoresAlone runs the scenarios that run alone, one store after the
+// other, on servers of their own: a test that is not parallel runs before
+// any parallel one of the package starts.
+func TestStoresAlone(t *testing.T) {
+	for _, sc := range scenarios {
+		if !sc.alone {
+			continue
+		}
+		for _, s := range stores {
+			t.Run(s.name+"/"+sc.name, func(t *testing.T) {
+				if why := skipped(sc, s); why != "" {
+					t.Skip(why)
+				}
+				run(t, sc, s, s.start(t))
+			})
+		}
+	}
+}
+
+// skipped says why the store cannot run the scenario, "" if it can.
+func skipped(sc scenario, s *store) string {
+	if sc.skip == nil {
+		return ""
+	}
+	return sc.skip(s)
+}
+
+// run runs sc on s, on the target given or, if sc needs one of its own,
+// on a new one.
+func run(t *testing.T, sc scenario, s *store, tg *target) {
+	// A copy of the store: a scenario may change its own (its timings,
+	// say).
+	st := *s
+	e := &env{store: &st, target: tg, name: strings.ToLower(sc.name)}
+	if sc.own && !s.serial {
+		e.target = s.start(t)
+	}
+	sc.run(t, e)
 }
 
 // env is one store, started, as a scenario drives it.
