@@ -23,6 +23,7 @@ import (
 // signals. Without the companion, or with a leaderrun copied under its
 // name, a DynamoDB run is exit 69 naming it, and never loops.
 func TestCompanion(t *testing.T) {
+	t.Parallel()
 	bin := testenv.Leaderrun(t)
 	companion := filepath.Join(filepath.Dir(bin), "leaderrun-aws")
 	t.Run("LinksNoAWSSDK", func(t *testing.T) {

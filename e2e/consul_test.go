@@ -35,6 +35,65 @@ const (
 	consulPrefix = "leaderrun/"
 )
 
+// consulStore is Consul in the scenarios' matrix: one dev agent (state in
+// memory), sessions with the shortest TTL Consul allows and no
+// lock-delay: safety does not rest on it (docs/safety.md), and
+// TestConsulCrashFailover covers the derived one.
+func consulStore() *store {
+	return &store{
+		name: "consul", start: startConsulStore,
+		timings:  timings{lease: consulTTL, deadline: 6 * time.Second, retry: time.Second, grace: time.Second},
+		runFlags: []string{"--consul-lock-delay", "0s"},
+		// The first waiter, which has seen no renewal for a lease, takes
+		// over; waiters block on the key and are told of a release at once.
+		takeover: consulTTL + time.Second, handover: 300 * time.Millisecond,
+		notice: 100 * time.Millisecond,
+		// Consul invalidates a session between TTL and 2 × TTL after its
+		// last renewal; the holder's TTL check goes critical a TTL after
+		// its last pass, which invalidates it at once.
+		statusBound: 2*consulTTL + 5*time.Second,
+		expires:     true, waiters: true, ttl: true,
+		credentials: []string{"CONSUL_HTTP_TOKEN", "CONSUL_HTTP_AUTH"},
+		kept:        []string{"DATABASE_URL=postgres://job@db/app", "PGHOST=db", "KUBECONFIG=/job/kubeconfig"},
+	}
+}
+
+func startConsulStore(t *testing.T) *target {
+	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
+	c := consulClient(t, agent.Addr())
+	flags := []string{"--consul-addr", agent.Addr()}
+	return &target{
+		flags: flags, waiting: statusWaiting(flags, nil), key: keyUnder(consulPrefix + "%s"),
+		link: agent.Addr(),
+		via:  func(addr string) ([]string, []string) { return []string{"--consul-addr", addr}, nil },
+		losses: []loss{{name: "SessionDestroyed", do: func(t *testing.T, e *env, lock string) time.Time {
+			session := consulHolder(t, c, lock)
+			sent := time.Now()
+			if _, err := c.Session().Destroy(session, nil); err != nil {
+				t.Fatal(err)
+			}
+			return sent
+		}}},
+		// Consul's LockIndex starts again at 1 when the key is deleted
+		// and created again; the token (the ModifyIndex) does not.
+		wipe: func(t *testing.T, lock string) {
+			if _, err := c.KV().Delete(consulPrefix+lock, nil); err != nil {
+				t.Fatalf("delete the lock key: %v", err)
+			}
+		},
+		loseCommand: func(t *testing.T, lock string) string {
+			u := "http://" + agent.Addr() + "/v1"
+			return fmt.Sprintf(`s=$(curl -fsS %s/kv/%s%s | tr -d ' \n' | sed -n 's/.*"Session":"\([^"]*\)".*/\1/p') && curl -fsS -o /dev/null -X PUT %s/session/destroy/"$s"`,
+				u, consulPrefix, lock, u)
+		},
+		record: func(t *testing.T, lock string) string {
+			return fmt.Sprintf("held by %s, %d sessions", consulHolder(t, c, lock), consulCandidates(t, c, lock))
+		},
+		stopServer:  func(testing.TB) { agent.Stop() },
+		startServer: func(testing.TB) { agent.Start() },
+	}
+}
+
 // consulArgs are the flags of a Consul run with the shortest TTL Consul
 // allows and no lock-delay, then extra.
 func consulArgs(addr, lock, id string, extra ...string) []string {
@@ -46,20 +105,6 @@ func consulArgs(addr, lock, id string, extra ...string) []string {
 // consulRun is consulArgs followed by the recording child.
 func consulRun(t *testing.T, addr, lock, id string, extra ...string) []string {
 	return append(append(consulArgs(addr, lock, id, extra...), "--"), childArgv(t)...)
-}
-
-// consulTrials is $E2E_TRIALS, or def.
-func consulTrials(t *testing.T, def int) int {
-	t.Helper()
-	s := os.Getenv("E2E_TRIALS")
-	if s == "" {
-		return def
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 1 {
-		t.Fatalf("E2E_TRIALS=%q: want a positive number", s)
-	}
-	return n
 }
 
 // consulClient is a client of the agent at addr, playing the operator.
@@ -104,17 +149,6 @@ func consulCandidates(t *testing.T, c *api.Client, lock string) int {
 	return n
 }
 
-// consulStarts returns the "start" events, in order.
-func consulStarts(evs []event) []event {
-	var out []event
-	for _, e := range evs {
-		if e.Kind == "start" {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
 // consulFirst returns the first event of kind from identity id ("": any).
 func consulFirst(evs []event, kind, id string) (event, bool) {
 	for _, e := range evs {
@@ -128,138 +162,6 @@ func consulFirst(evs []event, kind, id string) (event, bool) {
 // consulSaw is a waitEvents condition: an event of kind from id was seen.
 func consulSaw(kind, id string) func([]event) bool {
 	return func(evs []event) bool { _, ok := consulFirst(evs, kind, id); return ok }
-}
-
-// consulSummary formats durations as min/median/max.
-func consulSummary(ds []time.Duration) string {
-	if len(ds) == 0 {
-		return "none"
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	r := func(d time.Duration) time.Duration { return d.Round(10 * time.Microsecond) }
-	return fmt.Sprintf("min %v, median %v, max %v (n=%d)", r(s[0]), r(s[len(s)/2]), r(s[len(s)-1]), len(s))
-}
-
-// TestConsulHandoversAndTokens: three instances, each restarted when it
-// exits as systemd would, never run two children at once, and the fencing
-// token grows with every grant, also after the key is deleted by hand
-// between two runs (where Consul's LockIndex starts again at 1).
-func TestConsulHandoversAndTokens(t *testing.T) {
-	t.Parallel()
-	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
-	c := consulClient(t, agent.Addr())
-	handovers := consulTrials(t, 5)
-	events := filepath.Join(t.TempDir(), "events")
-	const lock = "handover"
-
-	// runSlots keeps three instances alive until n children have started
-	// in all, then withdraws the ones still waiting.
-	runSlots := func(n int) {
-		var slots [3]*proc
-		run := func(i int) {
-			slots[i] = start(t, childEnv(events, "sleep:50ms"), consulRun(t, agent.Addr(), lock, fmt.Sprintf("slot%d", i))...)
-		}
-		for i := range slots {
-			run(i)
-		}
-		for target := count(readEvents(t, events), "start") + n; ; {
-			var exited int
-			select {
-			case <-slots[0].done:
-				exited = 0
-			case <-slots[1].done:
-				exited = 1
-			case <-slots[2].done:
-				exited = 2
-			case <-time.After(30 * time.Second):
-				t.Fatalf("no instance exited for 30s\n%s", formatEvents(readEvents(t, events)))
-			}
-			if code := slots[exited].code; code != 0 {
-				t.Fatalf("slot %d exited %d\n%s", exited, code, slots[exited].stderr.String())
-			}
-			if count(readEvents(t, events), "start") >= target {
-				break
-			}
-			run(exited)
-		}
-		for _, p := range slots {
-			if !p.exited() {
-				p.signal(syscall.SIGTERM)
-				p.wait(10 * time.Second)
-			}
-		}
-	}
-
-	runSlots(handovers / 2)
-	before := readEvents(t, events)
-	lastBefore := consulStarts(before)[len(consulStarts(before))-1].Token
-	pair, _, err := c.KV().Get(consulPrefix+lock, nil)
-	if err != nil || pair == nil {
-		t.Fatalf("read the lock key: %v", err)
-	}
-	lockIndexBefore := pair.LockIndex
-	if _, err := c.KV().Delete(consulPrefix+lock, nil); err != nil {
-		t.Fatalf("delete the lock key: %v", err)
-	}
-	runSlots(handovers - handovers/2)
-
-	evs := readEvents(t, events)
-	ivs := checkExclusive(t, evs)
-	if len(ivs) < handovers {
-		t.Fatalf("%d children ran, want %d", len(ivs), handovers)
-	}
-	pair, _, err = c.KV().Get(consulPrefix+lock, nil)
-	if err != nil || pair == nil {
-		t.Fatalf("read the lock key: %v", err)
-	}
-	firstAfter := consulStarts(evs)[len(consulStarts(before))].Token
-	if firstAfter <= lastBefore {
-		t.Errorf("token %d after the key was deleted, not greater than %d before", firstAfter, lastBefore)
-	}
-	var gaps []time.Duration
-	tokens := make([]uint64, len(ivs))
-	for i, iv := range ivs {
-		tokens[i] = iv.Token
-		if i > 0 && i != len(consulStarts(before)) {
-			gaps = append(gaps, iv.Start.Sub(ivs[i-1].End))
-		}
-	}
-	after := len(ivs) - len(consulStarts(before))
-	t.Logf("%d grants, tokens %v; key deleted by hand after token %d; LockIndex was %d then and is %d after %d more grants: it started again at 1",
-		len(ivs), tokens, lastBefore, lockIndexBefore, pair.LockIndex, after)
-	t.Logf("handover gap, old child's exit to new child's start: %s", consulSummary(gaps))
-}
-
-// TestConsulSessionDestroyed: destroying the leader's session stops its
-// child at once (S3) and leaderrun exits 76.
-func TestConsulSessionDestroyed(t *testing.T) {
-	t.Parallel()
-	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
-	c := consulClient(t, agent.Addr())
-	var lat []time.Duration
-	for i := range consulTrials(t, 5) {
-		events := filepath.Join(t.TempDir(), "events")
-		lock := fmt.Sprintf("destroyed-%d", i)
-		p := start(t, childEnv(events, "forever"), consulRun(t, agent.Addr(), lock, "leader")...)
-		waitEvents(t, events, 10*time.Second, "the child", consulSaw("start", ""))
-		session := consulHolder(t, c, lock)
-		destroyed := time.Now()
-		if _, err := c.Session().Destroy(session, nil); err != nil {
-			t.Fatal(err)
-		}
-		evs := waitEvents(t, events, 5*time.Second, "the kill signal", consulSaw("signal", ""))
-		sig, _ := consulFirst(evs, "signal", "")
-		d := sig.At.Sub(destroyed)
-		lat = append(lat, d)
-		if d > time.Second {
-			t.Errorf("trial %d: child signalled %v after the session was destroyed, want within 1s", i, d)
-		}
-		if code := p.wait(10 * time.Second); code != 76 {
-			t.Errorf("trial %d: leaderrun exited %d, want 76\n%s", i, code, p.stderr.String())
-		}
-	}
-	t.Logf("session destroyed → child signalled: %s (aim < 100ms)", consulSummary(lat))
 }
 
 // consulTimedArgs are the flags of a Consul run with the given timing
@@ -288,7 +190,7 @@ func TestConsulCrashFailover(t *testing.T) {
 			lease: 10 * time.Second, grace: 2 * time.Second, lockDelay: 3 * time.Second},
 		{name: "defaults", lease: 15 * time.Second, grace: 3 * time.Second, lockDelay: 4 * time.Second},
 	}
-	trials := consulTrials(t, 3)
+	trials := trials(t, 3)
 	for _, tc := range cases {
 		for i := range trials {
 			t.Run(fmt.Sprintf("%s/%d", tc.name, i), func(t *testing.T) {
@@ -359,19 +261,18 @@ func consulWaiting(t *testing.T, c *api.Client, lock string) int {
 	return n
 }
 
-// TestConsulSIGTERMHandover: SIGTERM stops the leader's child, releases the
-// key (no lock-delay for a release) and a follower starts at once. Not
-// parallel: the 300 ms bound on the median covers process start-up and
-// teardown, which a burst of parallel tests would measure instead; a single
-// trial may take up to 1 s on a busy machine.
-func TestConsulSIGTERMHandover(t *testing.T) {
+// TestConsulReleaseMeetsNoLockDelay: with Consul's default lock-delay of
+// 15 s, a release on SIGTERM still hands the lock over at once: the
+// lock-delay applies to a session invalidated, not to a key released.
+// While the follower holds, status names the agent's node.
+func TestConsulReleaseMeetsNoLockDelay(t *testing.T) {
+	t.Parallel()
 	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
 	c := consulClient(t, agent.Addr())
 	var gaps, stores []time.Duration
-	for i := range consulTrials(t, 5) {
+	for i := range trials(t, 3) {
 		events := filepath.Join(t.TempDir(), "events")
 		lock := fmt.Sprintf("sigterm-%d", i)
-		// The default lock-delay of 15 s: a release must not meet it.
 		flags := []string{"--consul-lock-delay", "15s"}
 		leader := start(t, childEnv(events, "forever"), consulRun(t, agent.Addr(), lock, "leader", flags...)...)
 		waitEvents(t, events, 10*time.Second, "the leader's child", consulSaw("start", "leader"))
@@ -392,184 +293,30 @@ func TestConsulSIGTERMHandover(t *testing.T) {
 		if gap > time.Second {
 			t.Errorf("trial %d: follower's child started %v after the leader's child exited, want within 1s (a release meets no lock-delay)", i, gap)
 		}
+		if i == 0 {
+			st, code := statusOf(t, nil, "--consul-addr", agent.Addr(), "--lock", lock)
+			var node struct {
+				Node string `json:"node"`
+			}
+			out, _ := outputEnv(t, nil, "status", "--json", "--consul-addr", agent.Addr(), "--lock", lock)
+			if err := json.Unmarshal([]byte(out), &node); err != nil {
+				t.Fatalf("status --json printed %q: %v", out, err)
+			}
+			if code != 0 || st.Identity != "follower" || st.Token != next.Token || node.Node != agent.Node() {
+				t.Errorf("status --json: exit %d, %+v, node %q; want held by follower with token %d on node %s",
+					code, st, node.Node, next.Token, agent.Node())
+			}
+		}
 		follower.signal(syscall.SIGTERM)
 		follower.wait(10 * time.Second)
-		released, ok1 := consulLogTime(leader.stderr.String(), "leadership released")
-		acquired, ok2 := consulLogTime(follower.stderr.String(), "leadership acquired")
+		released, ok1 := logLineTime(leader.stderr.String(), "leadership released")
+		acquired, ok2 := logLineTime(follower.stderr.String(), "leadership acquired")
 		if ok1 && ok2 {
 			stores = append(stores, acquired.Sub(released))
 		}
 	}
-	t.Logf("SIGTERM handover, old child's exit → new child's start: %s", consulSummary(gaps))
-	if m := median(gaps); m > 300*time.Millisecond {
-		t.Errorf("SIGTERM handover: median %v from the old child's exit to the new child's start, want within 300ms", m)
-	}
-	t.Logf("of which Consul, leader's release logged → follower's grant logged (ms resolution): %s", consulSummary(stores))
-}
-
-// consulLogTime is the time of the first log line of leaderrun's text log that
-// has msg.
-func consulLogTime(out, msg string) (time.Time, bool) {
-	for _, line := range strings.Split(out, "\n") {
-		line = strings.TrimSpace(line)
-		if !strings.Contains(line, `msg="`+msg+`"`) {
-			continue
-		}
-		ts, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
-		at, err := time.Parse(time.RFC3339Nano, ts)
-		return at, err == nil
-	}
-	return time.Time{}, false
-}
-
-// TestConsulStalledLeader: a leader whose connection to Consul stalls (no
-// byte moves, nothing is closed) stops its child on its renew deadline,
-// before the follower, which sees no renewal for a lease, takes over, in
-// every trial; the follower's child starts within a lease and a second of
-// the stall (lock-delay 0 here: safety does not rest on it). The trials run
-// side by side, each with its own lock and proxy, in phases driven from the
-// test's goroutine: they wait on Consul's clock, not on the CPU, and
-// parallel subtests would run only GOMAXPROCS of them at a time.
-func TestConsulStalledLeader(t *testing.T) {
-	t.Parallel()
-	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
-	c := consulClient(t, agent.Addr())
-	type trial struct {
-		lock, events string
-		proxy        *testenv.Proxy
-		leader       *proc
-		stalled      time.Time
-	}
-	trials := make([]*trial, consulTrials(t, 5))
-	for i := range trials {
-		tr := &trial{lock: fmt.Sprintf("stall-%d", i), events: filepath.Join(t.TempDir(), "events"),
-			proxy: testenv.NewProxy(t, agent.Addr())}
-		tr.leader = start(t, childEnv(tr.events, "forever"), consulRun(t, tr.proxy.Addr(), tr.lock, "leader")...)
-		trials[i] = tr
-	}
-	for _, tr := range trials {
-		waitEvents(t, tr.events, 10*time.Second, tr.lock+": the leader's child", consulSaw("start", "leader"))
-		start(t, childEnv(tr.events, "forever"), consulRun(t, agent.Addr(), tr.lock, "follower")...)
-	}
-	for _, tr := range trials {
-		waitFor(t, 10*time.Second, tr.lock+": the follower to wait", func() bool { return consulWaiting(t, c, tr.lock) == 1 })
-	}
-	for _, tr := range trials {
-		tr.stalled = time.Now()
-		tr.proxy.Stall()
-	}
-	var stops, takes, margins []time.Duration
-	for _, tr := range trials {
-		evs := waitEvents(t, tr.events, 2*consulTTL+10*time.Second, tr.lock+": the follower's child", consulSaw("start", "follower"))
-		checkExclusive(t, evs)
-		sig, ok := consulFirst(evs, "signal", "leader")
-		exit, _ := consulFirst(evs, "exit", "leader")
-		next, _ := consulFirst(evs, "start", "follower")
-		if !ok || exit.At.After(next.At) {
-			t.Errorf("%s: the leader's child was not stopped before the follower's started\n%s", tr.lock, formatEvents(evs))
-			continue
-		}
-		stops = append(stops, sig.At.Sub(tr.stalled))
-		takes = append(takes, next.At.Sub(tr.stalled))
-		if d := next.At.Sub(tr.stalled); d > consulTTL+time.Second {
-			t.Errorf("%s: the follower's child started %v after the stall, want within the lease + 1s", tr.lock, d)
-		}
-		margins = append(margins, next.At.Sub(exit.At))
-	}
-	for _, tr := range trials {
-		tr.proxy.Resume()
-		if code := tr.leader.wait(15 * time.Second); code != 76 {
-			t.Errorf("%s: leader exited %d, want 76\n%s", tr.lock, code, tr.leader.stderr.String())
-		}
-	}
-	t.Logf("stalled leader, %d trials: stall → leader's child signalled: %s", len(trials), consulSummary(stops))
-	t.Logf("stall → follower's child started: %s", consulSummary(takes))
-	t.Logf("leader's child exit → follower's child start (safety margin): %s", consulSummary(margins))
-}
-
-// TestConsulStatus: status exits 0 with a leader and 3 without, and
-// --json carries the holder, its token (the child's FENCE_TOKEN), the
-// session TTL and node.
-func TestConsulStatus(t *testing.T) {
-	t.Parallel()
-	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
-	status := func(extra ...string) (int, string) {
-		p := start(t, nil, append([]string{"status", "--consul-addr", agent.Addr(), "--lock", "st"}, extra...)...)
-		code := p.wait(10 * time.Second)
-		return code, p.stderr.String()
-	}
-	if code, out := status(); code != 3 || !strings.Contains(out, "leader:   none") {
-		t.Errorf("status of a free lock: exit %d, want 3\n%s", code, out)
-	}
-	events := filepath.Join(t.TempDir(), "events")
-	leader := start(t, childEnv(events, "forever"), consulRun(t, agent.Addr(), "st", "the-leader")...)
-	evs := waitEvents(t, events, 10*time.Second, "the child", consulSaw("start", ""))
-	code, out := status("--json")
-	if code != 0 {
-		t.Fatalf("status --json with a leader: exit %d\n%s", code, out)
-	}
-	var st struct {
-		Held     bool   `json:"held"`
-		Identity string `json:"identity"`
-		Token    uint64 `json:"token"`
-		TTL      int64  `json:"ttl_ns"`
-		Node     string `json:"node"`
-		Backend  string `json:"backend"`
-		Key      string `json:"key"`
-	}
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		t.Fatalf("status --json: %v\n%s", err, out)
-	}
-	if !st.Held || st.Identity != "the-leader" || st.Token != evs[0].Token || time.Duration(st.TTL) != consulTTL ||
-		st.Node != agent.Node() || st.Backend != "consul" || st.Key != consulPrefix+"st" {
-		t.Errorf("status %+v, want held by the-leader with token %d, TTL %v, node %s", st, evs[0].Token, consulTTL, agent.Node())
-	}
-	if code, out := status(); code != 0 || !strings.Contains(out, "the-leader") || !strings.Contains(out, "ttl:") {
-		t.Errorf("status: exit %d\n%s", code, out)
-	}
-	t.Logf("status --json: %s", strings.TrimSpace(out))
-	leader.signal(syscall.SIGTERM)
-	leader.wait(10 * time.Second)
-}
-
-// TestConsulTryAndWait: --try on a held lock exits 75 at once and leaves no
-// session behind; --wait gives up on time.
-func TestConsulTryAndWait(t *testing.T) {
-	t.Parallel()
-	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
-	c := consulClient(t, agent.Addr())
-	events := filepath.Join(t.TempDir(), "events")
-	holder := start(t, childEnv(events, "forever"), consulRun(t, agent.Addr(), "held", "holder")...)
-	waitEvents(t, events, 10*time.Second, "the holder's child", consulSaw("start", ""))
-	cases := []struct {
-		name             string
-		flags            []string
-		code             int
-		minTime, maxTime time.Duration
-	}{
-		{name: "try", flags: []string{"--try"}, code: 75, maxTime: time.Second},
-		{name: "wait", flags: []string{"--wait", "1s"}, code: 75, minTime: time.Second, maxTime: 3 * time.Second},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			begin := time.Now()
-			p := start(t, childEnv(events, "exit:0"), consulRun(t, agent.Addr(), "held", tc.name, tc.flags...)...)
-			code := p.wait(10 * time.Second)
-			took := time.Since(begin)
-			if code != tc.code || took < tc.minTime || took > tc.maxTime {
-				t.Errorf("exit %d after %v, want %d within [%v, %v]\n%s", code, took, tc.code, tc.minTime, tc.maxTime, p.stderr.String())
-			}
-			if n := consulCandidates(t, c, "held"); n != 1 {
-				t.Errorf("%d sessions for the lock after %s exited, want the holder's only", n, tc.name)
-			}
-			t.Logf("%s: exit %d after %v", tc.name, code, took)
-		})
-	}
-	if n := count(readEvents(t, events), "start"); n != 1 {
-		t.Errorf("%d children started, want the holder's only", n)
-	}
-	holder.signal(syscall.SIGTERM)
-	holder.wait(10 * time.Second)
+	t.Logf("SIGTERM handover with a lock-delay of 15s, old child's exit → new child's start: %s", summary(gaps))
+	t.Logf("of which Consul, leader's release logged → follower's grant logged (ms resolution): %s", summary(stores))
 }
 
 // TestConsulErrors: an unreachable agent or a refused token exits 69 with a
@@ -669,7 +416,7 @@ func TestConsulBench(t *testing.T) {
 		{"leaderrun", append([]string{bench, "--consul-addr", agent.Addr(), "--lock", "bench", "--"}, child...)},
 		{"consul lock", append([]string{consulBin, "lock", "-http-addr=" + agent.Addr(), "-shell=false", "bench-consul-lock"}, child...)},
 	}
-	runs := consulTrials(t, 20)
+	runs := trials(t, 20)
 	latency := make([][]time.Duration, len(tools))
 	rss := make([][]int, len(tools))
 	mainRSS := make([][]int, len(tools))
@@ -694,7 +441,7 @@ func TestConsulBench(t *testing.T) {
 	}
 	for j, tool := range tools {
 		t.Logf("%-11s start→child: %s; RSS while leading: median %d KiB (min %d, max %d), of which the main process %d KiB",
-			tool.name, consulSummary(latency[j]), medianKB(rss[j]), slices.Min(rss[j]), slices.Max(rss[j]), medianKB(mainRSS[j]))
+			tool.name, summary(latency[j]), medianKB(rss[j]), slices.Min(rss[j]), slices.Max(rss[j]), medianKB(mainRSS[j]))
 	}
 	t.Logf("ratio leaderrun / consul lock: start→child %.2f, RSS %.2f",
 		float64(median(latency[0]))/float64(median(latency[1])), float64(medianKB(rss[0]))/float64(medianKB(rss[1])))
@@ -1024,7 +771,7 @@ func TestConsulFewWoken(t *testing.T) {
 	}
 	checkExclusive(t, readEvents(t, events))
 	slices.Sort(woken)
-	t.Logf("%d waiters, %d changes: processes woken per change %v (median %d); handover %s", n, changes, woken, woken[len(woken)/2], consulSummary(handovers))
+	t.Logf("%d waiters, %d changes: processes woken per change %v (median %d); handover %s", n, changes, woken, woken[len(woken)/2], summary(handovers))
 	if woken[len(woken)/2] > 2 {
 		t.Errorf("median %d processes woken per change, want at most 2", woken[len(woken)/2])
 	}

@@ -69,6 +69,7 @@ func progressRecipe(t *testing.T) (cronFile, string) {
 // made 1s), the job is stopped, leaderrun exits 124, what cron would mail
 // says why, and the history records the term as stalled.
 func TestCronProgressRecipe(t *testing.T) {
+	t.Parallel()
 	cf, script := progressRecipe(t)
 	if !strings.Contains(cf.cmd, "--progress-timeout 5m") {
 		t.Fatalf("the job line %q has no --progress-timeout 5m to shorten", cf.cmd)

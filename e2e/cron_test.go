@@ -173,6 +173,7 @@ exec "$@"`, bin, job, cronJob, extra)
 // nor prints, and the bare `leaderrun` that the README used to show is
 // "not found" under cron's PATH, exit 127.
 func TestCronRecipe(t *testing.T) {
+	t.Parallel()
 	cf := readCronFile(t)
 	lr := testenv.Leaderrun(t)
 	verbatim := privateMounts(t)
@@ -263,6 +264,7 @@ func TestCronRecipe(t *testing.T) {
 // the next minute, with its own environment: the job must run and its
 // run be recorded as completed.
 func TestCronRecipeUnderCron(t *testing.T) {
+	t.Parallel()
 	cron := tool(t, "cron", "cron")
 	if !privateMounts(t) {
 		testenv.Missing(t, "driving cron needs root and unshare(1), for a private mount namespace")
@@ -382,6 +384,7 @@ func killNamespace(t *testing.T, cmd *exec.Cmd) {
 // exits 64 on every host), and the same job line, in a user's crontab
 // form (no user field). So they run as written under cron's environment.
 func TestCronRecipesInDocs(t *testing.T) {
+	t.Parallel()
 	example := readCronFile(t)
 	var want []string
 	for _, kv := range example.env {

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -103,12 +102,6 @@ func TestEtcdBench(t *testing.T) {
 	if hwm > 20*1024 {
 		t.Errorf("VmHWM %d KiB, want under 20 MiB", hwm)
 	}
-}
-
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 // procMemory reads VmRSS and VmHWM of pid, in KiB.

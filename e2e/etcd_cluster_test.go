@@ -64,6 +64,7 @@ func holdFor(t *testing.T, p *proc, events, id string, d time.Duration) {
 // raft leader): it keeps its lease and its child through two renew
 // deadlines after each.
 func TestEtcdClusterMembers(t *testing.T) {
+	t.Parallel()
 	cluster := testenv.StartEtcd(t, 3)
 	voters := cluster.Endpoints()
 	learner := cluster.AddLearner(t)

@@ -111,6 +111,7 @@ func emptyKeyValues(n int) []byte {
 // empty key-values just under the receive limit, which is decoded, keeps
 // it under 64 MiB too.
 func TestEtcdHostileStore(t *testing.T) {
+	t.Parallel()
 	const (
 		maxRSS  = 64 << 10 // KiB
 		maxTime = 15 * time.Second

@@ -20,6 +20,7 @@ import (
 // byte: a listener that records what it receives gets a TLS handshake,
 // where an unix:// endpoint sends HTTP/2's preface in clear.
 func TestEtcdUnixSockets(t *testing.T) {
+	t.Parallel()
 	plain := testenv.StartEtcdWith(t, testenv.EtcdOptions{Members: 1, Sockets: true})
 	secure := testenv.StartEtcdWith(t, testenv.EtcdOptions{Members: 1, TLS: true, Sockets: true})
 	tlsFlags := []string{"--etcd-cacert", secure.TLS.CACert, "--etcd-cert", secure.TLS.Cert, "--etcd-key", secure.TLS.Key}

@@ -4,12 +4,9 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
-	"os"
 	"path"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,13 +20,117 @@ import (
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
-// etcdTimings keep the tests fast: etcd grants the 3 s asked, the child is
-// stopped 2 s after the send time of the last acknowledged renewal and
-// killed 500 ms later, so it is dead at least 500 ms before etcd can let the
-// lease go.
-var etcdTimings = []string{"--lease-duration", "3s", "--renew-deadline", "2s", "--retry-period", "500ms", "--kill-grace", "500ms"}
+// etcdTestTimings keep the tests fast: etcd grants the 3 s asked, the
+// child is stopped 2 s after the send time of the last acknowledged
+// renewal and killed 500 ms later, so it is dead at least 500 ms before
+// etcd can let the lease go.
+var etcdTestTimings = timings{lease: 3 * time.Second, deadline: 2 * time.Second, retry: 500 * time.Millisecond, grace: 500 * time.Millisecond}
+
+// etcdTimings and etcdLease are etcdTestTimings as flags, and its lease.
+var etcdTimings = etcdTestTimings.flags()
 
 const etcdLease = 3 * time.Second
+
+// etcdStore is etcd in the scenarios' matrix: one member. A lock's key is
+// leaderrun/<lock>/<lease ID>; a waiter watches the key before its own,
+// and is told of its deletion at once.
+func etcdStore() *store {
+	return &store{
+		name: "etcd", start: startEtcdStore, timings: etcdTestTimings,
+		// etcd lets the lease go 3 s after the last renewal it saw; the
+		// follower is told at once.
+		takeover: etcdLease + time.Second, handover: 300 * time.Millisecond,
+		notice: 100 * time.Millisecond, statusBound: etcdLease + 5*time.Second,
+		expires: true, waiters: true, ttl: true, remaining: true, durable: true, lostTerm: true,
+		// etcd's smallest lease (2 s; it raises anything shorter).
+		onceTimings: timings{lease: 2 * time.Second, deadline: 1200 * time.Millisecond, retry: 300 * time.Millisecond, grace: 500 * time.Millisecond},
+	}
+}
+
+func startEtcdStore(t *testing.T) *target {
+	cluster := testenv.StartEtcd(t, 1)
+	eps := cluster.Endpoints()
+	flags := []string{"--etcd-endpoints", strings.Join(eps, ",")}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	// Connect now, so that the operator's requests below are one round
+	// trip each.
+	if _, err := cli.Get(context.Background(), "warm-up"); err != nil {
+		t.Fatal(err)
+	}
+	// held is the holder's key and lease ID, as status reports them.
+	held := func(t *testing.T, e *env, lock string) (string, clientv3.LeaseID) {
+		st, code := e.status(t, lock)
+		if code != 0 {
+			t.Fatalf("status of %s: exit %d, want 0 (held)", lock, code)
+		}
+		id, err := strconv.ParseInt(path.Base(st.Key), 16, 64)
+		if err != nil {
+			t.Fatalf("key %s does not end in a lease ID: %v", st.Key, err)
+		}
+		return st.Key, clientv3.LeaseID(id)
+	}
+	etcdctl := func(t *testing.T, args ...string) {
+		if out, err := testenv.Etcdctl(t, eps, args...); err != nil {
+			t.Fatalf("etcdctl %v: %v\n%s", args, err, out)
+		}
+	}
+	member := cluster.Members[0]
+	return &target{
+		flags: flags, waiting: statusWaiting(flags, nil), key: keyUnder("leaderrun/%s/"),
+		link: strings.TrimPrefix(eps[0], "http://"),
+		via:  func(addr string) ([]string, []string) { return []string{"--etcd-endpoints", "http://" + addr}, nil },
+		// The client API's numbers are the store's and leaderrun's alone;
+		// etcdctl's include its own start-up.
+		losses: []loss{
+			{name: "ClientRevoke", do: func(t *testing.T, e *env, lock string) time.Time {
+				_, id := held(t, e, lock)
+				sent := time.Now()
+				if _, err := cli.Revoke(context.Background(), id); err != nil {
+					t.Fatal(err)
+				}
+				return sent
+			}},
+			{name: "ClientDelete", do: func(t *testing.T, e *env, lock string) time.Time {
+				key, _ := held(t, e, lock)
+				sent := time.Now()
+				if _, err := cli.Delete(context.Background(), key); err != nil {
+					t.Fatal(err)
+				}
+				return sent
+			}},
+			{name: "EtcdctlLeaseRevoke", do: func(t *testing.T, e *env, lock string) time.Time {
+				key, _ := held(t, e, lock)
+				etcdctl(t, "lease", "revoke", path.Base(key))
+				return time.Time{}
+			}},
+			{name: "EtcdctlDel", do: func(t *testing.T, e *env, lock string) time.Time {
+				key, _ := held(t, e, lock)
+				etcdctl(t, "del", key)
+				return time.Time{}
+			}},
+		},
+		loseCommand: func(t *testing.T, lock string) string {
+			return testenv.EtcdctlBinary(t) + " --endpoints " + strings.Join(eps, ",") + " del --prefix leaderrun/" + lock + "/ >/dev/null"
+		},
+		record: func(t *testing.T, lock string) string {
+			resp, err := cli.Get(context.Background(), "leaderrun/"+lock, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var keys []string
+			for _, kv := range resp.Kvs {
+				keys = append(keys, fmt.Sprintf("%s@%d", kv.Key, kv.ModRevision))
+			}
+			return strings.Join(keys, " ")
+		},
+		stopServer:  member.Stop,
+		startServer: member.Start,
+	}
+}
 
 // etcdRun starts leaderrun against endpoints with a child in mode (see
 // childMain) that records to events.
@@ -40,332 +141,11 @@ func etcdRun(t *testing.T, events, mode string, endpoints []string, lock, id str
 	return start(t, childEnv(events, mode), append(args, childArgv(t)...)...)
 }
 
-// etcdStatus is `leaderrun status --json` parsed, and its exit code.
-type etcdStatus struct {
-	Lock      string `json:"lock"`
-	Backend   string `json:"backend"`
-	Key       string `json:"key"`
-	Held      bool   `json:"held"`
-	Identity  string `json:"identity"`
-	Token     uint64 `json:"token"`
-	TTL       int64  `json:"ttl_ns"`
-	Remaining int64  `json:"remaining_ns"`
-	Waiting   int    `json:"waiting"`
-}
-
+// etcdStatusOf is `leaderrun status --json` of lock on endpoints, parsed,
+// and its exit code.
 func etcdStatusOf(t *testing.T, endpoints []string, lock string) (etcdStatus, int) {
 	t.Helper()
-	out, code := output(t, "status", "--json", "--lock", lock, "--etcd-endpoints", strings.Join(endpoints, ","))
-	var st etcdStatus
-	if code == 0 || code == 3 {
-		if err := json.Unmarshal([]byte(out), &st); err != nil {
-			t.Fatalf("status --json printed %q: %v", out, err)
-		}
-	}
-	return st, code
-}
-
-// etcdFind returns the first event of kind recorded by the child of identity id.
-func etcdFind(evs []event, kind, id string) (event, bool) {
-	for _, e := range evs {
-		if e.Kind == kind && e.ID == id {
-			return e, true
-		}
-	}
-	return event{}, false
-}
-
-func etcdHas(kind, id string) func([]event) bool {
-	return func(evs []event) bool { _, ok := etcdFind(evs, kind, id); return ok }
-}
-
-func etcdEvents(t *testing.T) string { return filepath.Join(t.TempDir(), "events") }
-
-// TestEtcdHandovers: three instances at a time contend for one lock, each
-// running its child for 300 ms, and exited ones are replaced until eight
-// children ran. Never two at once; every new leader's token is greater.
-func TestEtcdHandovers(t *testing.T) {
-	eps := testenv.StartEtcd(t, 1).Endpoints()
-	events := etcdEvents(t)
-	const total, together = 8, 3
-	var procs []*proc
-	for len(procs) < together {
-		procs = append(procs, etcdRun(t, events, "sleep:300ms", eps, "handover", fmt.Sprintf("i%d", len(procs))))
-	}
-	waitFor(t, 30*time.Second, "all children to run", func() bool {
-		running := 0
-		for _, p := range procs {
-			if !p.exited() {
-				running++
-			} else if p.code != 0 {
-				t.Fatalf("an instance exited %d:\n%s", p.code, p.stderr.String())
-			}
-		}
-		for ; running < together && len(procs) < total; running++ {
-			procs = append(procs, etcdRun(t, events, "sleep:300ms", eps, "handover", fmt.Sprintf("i%d", len(procs))))
-		}
-		return running == 0
-	})
-	evs := readEvents(t, events)
-	ivs := checkExclusive(t, evs)
-	if len(ivs) != total {
-		t.Fatalf("%d children ran, want %d:\n%s", len(ivs), total, formatEvents(evs))
-	}
-	var gaps []time.Duration
-	var tokens []uint64
-	for i, iv := range ivs {
-		tokens = append(tokens, iv.Token)
-		if i > 0 {
-			gaps = append(gaps, iv.Start.Sub(ivs[i-1].End).Round(time.Microsecond))
-		}
-	}
-	t.Logf("tokens %v; gaps between one child's exit and the next one's start %v", tokens, gaps)
-}
-
-// TestEtcdStoreReportsLoss (S3): an operator revoking the leader's lease,
-// or deleting its key, stops the child within 1 s (aim: 100 ms), and
-// leaderrun exits 76. etcdctl's numbers include its own start-up; the
-// client API's are the store's and leaderrun's alone.
-func TestEtcdStoreReportsLoss(t *testing.T) {
-	eps := testenv.StartEtcd(t, 1).Endpoints()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	// Connect now, so that the client's numbers below are one request.
-	if _, err := cli.Get(context.Background(), "warm-up"); err != nil {
-		t.Fatal(err)
-	}
-	leaseID := func(st etcdStatus) clientv3.LeaseID {
-		id, err := strconv.ParseInt(path.Base(st.Key), 16, 64)
-		if err != nil {
-			t.Fatalf("key %s does not end in a lease ID: %v", st.Key, err)
-		}
-		return clientv3.LeaseID(id)
-	}
-	etcdctl := func(args ...string) error {
-		out, err := testenv.Etcdctl(t, eps, args...)
-		if err != nil {
-			return fmt.Errorf("etcdctl %v: %w\n%s", args, err, out)
-		}
-		return nil
-	}
-	for _, tc := range []struct {
-		name string
-		drop func(st etcdStatus) error
-	}{
-		{"EtcdctlLeaseRevoke", func(st etcdStatus) error { return etcdctl("lease", "revoke", path.Base(st.Key)) }},
-		{"EtcdctlDel", func(st etcdStatus) error { return etcdctl("del", st.Key) }},
-		{"ClientRevoke", func(st etcdStatus) error {
-			_, err := cli.Revoke(context.Background(), leaseID(st))
-			return err
-		}},
-		{"ClientDelete", func(st etcdStatus) error {
-			_, err := cli.Delete(context.Background(), st.Key)
-			return err
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			events := etcdEvents(t)
-			lock := "loss-" + tc.name
-			p := etcdRun(t, events, "forever", eps, lock, "leader")
-			waitEvents(t, events, 10*time.Second, "the child", etcdHas("start", "leader"))
-			st, code := etcdStatusOf(t, eps, lock)
-			if code != 0 {
-				t.Fatalf("status exit %d", code)
-			}
-			before := time.Now()
-			if err := tc.drop(st); err != nil {
-				t.Fatal(err)
-			}
-			after := time.Now()
-			evs := waitEvents(t, events, 2*time.Second, "the child to be signalled", etcdHas("signal", "leader"))
-			sig, _ := etcdFind(evs, "signal", "leader")
-			t.Logf("child signalled %v after the request was sent (request took %v)",
-				sig.At.Sub(before).Round(time.Microsecond), after.Sub(before).Round(time.Microsecond))
-			if d := sig.At.Sub(before); d > time.Second {
-				t.Errorf("child signalled %v after the request, want within 1s", d)
-			}
-			if code := p.wait(5 * time.Second); code != 76 {
-				t.Errorf("leaderrun exited %d, want 76", code)
-			}
-		})
-	}
-}
-
-// TestEtcdKill9Leader: SIGKILL of leaderrun alone takes its child down
-// within 1 s (pdeathsig and the watchdog), and a follower's child starts
-// within the lease duration + 1 s, once etcd expired the dead leader's lease.
-func TestEtcdKill9Leader(t *testing.T) {
-	eps := testenv.StartEtcd(t, 1).Endpoints()
-	events := etcdEvents(t)
-	leader := etcdRun(t, events, "forever", eps, "kill9", "leader")
-	evs := waitEvents(t, events, 10*time.Second, "the leader's child", etcdHas("start", "leader"))
-	old, _ := etcdFind(evs, "start", "leader")
-	follower := etcdRun(t, events, "forever", eps, "kill9", "follower")
-	waitFor(t, 10*time.Second, "the follower to queue", func() bool {
-		st, _ := etcdStatusOf(t, eps, "kill9")
-		return st.Waiting == 1
-	})
-	killed := time.Now()
-	if err := syscall.Kill(leader.pid(), syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 2*time.Second, "the leader's child to die", func() bool { return !alive(old.Pid) })
-	gone := time.Since(killed)
-	evs = waitEvents(t, events, etcdLease+3*time.Second, "the follower's child", etcdHas("start", "follower"))
-	next, _ := etcdFind(evs, "start", "follower")
-	took := next.At.Sub(killed)
-	t.Logf("after kill -9: old child gone within %v; follower's child started %v later (lease %v); tokens %d then %d",
-		gone.Round(time.Microsecond), took.Round(time.Millisecond), etcdLease, old.Token, next.Token)
-	if gone > time.Second {
-		t.Errorf("old child outlived leaderrun by %v, want under 1s", gone)
-	}
-	if took > etcdLease+time.Second {
-		t.Errorf("follower's child started %v after the kill, want within the lease + 1s (%v)", took, etcdLease+time.Second)
-	}
-	if next.Token <= old.Token {
-		t.Errorf("follower's token %d not greater than %d", next.Token, old.Token)
-	}
-	follower.signal(syscall.SIGTERM)
-	follower.wait(5 * time.Second)
-}
-
-// TestEtcdSigtermHandover (S6, S8): SIGTERM stops the leader's child,
-// releases the lease, and the follower's child starts within 300 ms of the
-// old child's exit.
-func TestEtcdSigtermHandover(t *testing.T) {
-	eps := testenv.StartEtcd(t, 1).Endpoints()
-	events := etcdEvents(t)
-	leader := etcdRun(t, events, "forever", eps, "sigterm", "leader")
-	waitEvents(t, events, 10*time.Second, "the leader's child", etcdHas("start", "leader"))
-	follower := etcdRun(t, events, "forever", eps, "sigterm", "follower")
-	waitFor(t, 10*time.Second, "the follower to queue", func() bool {
-		st, _ := etcdStatusOf(t, eps, "sigterm")
-		return st.Waiting == 1
-	})
-	leader.signal(syscall.SIGTERM)
-	evs := waitEvents(t, events, 5*time.Second, "the follower's child", etcdHas("start", "follower"))
-	exit, ok := etcdFind(evs, "exit", "leader")
-	if !ok {
-		t.Fatalf("follower's child started before the leader's child exited:\n%s", formatEvents(evs))
-	}
-	next, _ := etcdFind(evs, "start", "follower")
-	gap := next.At.Sub(exit.At)
-	t.Logf("follower's child started %v after the leader's child exited", gap.Round(time.Microsecond))
-	if gap < 0 || gap > 300*time.Millisecond {
-		t.Errorf("gap %v, want between 0 and 300ms", gap)
-	}
-	if code := leader.wait(5 * time.Second); code != 0 {
-		t.Errorf("leader exited %d, want the child's status 0", code)
-	}
-	checkExclusive(t, evs)
-	follower.signal(syscall.SIGTERM)
-	follower.wait(5 * time.Second)
-}
-
-// TestEtcdStalledLeader (S2): the leader's link to etcd stops forwarding
-// without closing. Its child must be stopped before a follower's starts,
-// in every trial ($E2E_TRIALS, default 3; the issue asks for 20).
-func TestEtcdStalledLeader(t *testing.T) {
-	trials := 3
-	if s := os.Getenv("E2E_TRIALS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			t.Fatalf("E2E_TRIALS=%q: want a positive number", s)
-		}
-		trials = n
-	}
-	eps := testenv.StartEtcd(t, 1).Endpoints()
-	var gaps []time.Duration
-	for i := range trials {
-		gaps = append(gaps, stalledTrial(t, eps, i))
-	}
-	slices.Sort(gaps)
-	t.Logf("%d trials: the old child exited before the new one started every time; gaps: smallest %v, median %v, largest %v",
-		trials, gaps[0], gaps[len(gaps)/2], gaps[len(gaps)-1])
-}
-
-func stalledTrial(t *testing.T, eps []string, i int) time.Duration {
-	t.Helper()
-	events := etcdEvents(t)
-	lock := fmt.Sprintf("stall-%d", i)
-	proxy := testenv.NewProxy(t, strings.TrimPrefix(eps[0], "http://"))
-	leader := etcdRun(t, events, "forever", []string{"http://" + proxy.Addr()}, lock, "leader")
-	waitEvents(t, events, 10*time.Second, "the leader's child", etcdHas("start", "leader"))
-	follower := etcdRun(t, events, "forever", eps, lock, "follower")
-	waitFor(t, 10*time.Second, "the follower to queue", func() bool {
-		st, _ := etcdStatusOf(t, eps, lock)
-		return st.Waiting == 1
-	})
-	proxy.Stall()
-	stalled := time.Now()
-	evs := waitEvents(t, events, etcdLease+5*time.Second, "the follower's child", etcdHas("start", "follower"))
-	next, _ := etcdFind(evs, "start", "follower")
-	exit, ok := etcdFind(evs, "exit", "leader")
-	if !ok {
-		t.Fatalf("trial %d: follower's child started while the stalled leader's child still ran:\n%s", i, formatEvents(evs))
-	}
-	gap := next.At.Sub(exit.At)
-	t.Logf("trial %d: old child stopped %v after the stall, new child started %v after the stall: gap %v",
-		i, exit.At.Sub(stalled).Round(time.Millisecond), next.At.Sub(stalled).Round(time.Millisecond), gap.Round(time.Millisecond))
-	if gap <= 0 {
-		t.Errorf("trial %d: children overlapped by %v", i, -gap)
-	}
-	checkExclusive(t, evs)
-	proxy.Resume()
-	if code := leader.wait(10 * time.Second); code != 76 {
-		t.Errorf("trial %d: stalled leader exited %d, want 76", i, code)
-	}
-	follower.signal(syscall.SIGTERM)
-	follower.wait(5 * time.Second)
-	return gap
-}
-
-// TestEtcdPausedLeader (S7): leaderrun and its child are stopped (SIGSTOP
-// of both process groups) until a follower has taken over; on SIGCONT the
-// old child is signalled within 200 ms and leaderrun exits 76.
-func TestEtcdPausedLeader(t *testing.T) {
-	eps := testenv.StartEtcd(t, 1).Endpoints()
-	events := etcdEvents(t)
-	leader := etcdRun(t, events, "forever", eps, "pause", "leader")
-	evs := waitEvents(t, events, 10*time.Second, "the leader's child", etcdHas("start", "leader"))
-	old, _ := etcdFind(evs, "start", "leader")
-	follower := etcdRun(t, events, "forever", eps, "pause", "follower")
-	waitFor(t, 10*time.Second, "the follower to queue", func() bool {
-		st, _ := etcdStatusOf(t, eps, "pause")
-		return st.Waiting == 1
-	})
-	groups := pauseGroups(t, leader.pid(), old.Pid)
-	for _, g := range groups {
-		if err := syscall.Kill(-g, syscall.SIGSTOP); err != nil {
-			t.Fatalf("SIGSTOP group %d: %v", g, err)
-		}
-	}
-	stopped := time.Now()
-	evs = waitEvents(t, events, etcdLease+5*time.Second, "the follower's child", etcdHas("start", "follower"))
-	next, _ := etcdFind(evs, "start", "follower")
-	resumed := time.Now()
-	for _, g := range groups {
-		_ = syscall.Kill(-g, syscall.SIGCONT)
-	}
-	evs = waitEvents(t, events, 5*time.Second, "the old child to be signalled", etcdHas("signal", "leader"))
-	sig, _ := etcdFind(evs, "signal", "leader")
-	d := sig.At.Sub(resumed)
-	t.Logf("paused %v; follower took over %v into the pause with token %d (old %d); old child signalled %v after SIGCONT",
-		resumed.Sub(stopped).Round(time.Millisecond), next.At.Sub(stopped).Round(time.Millisecond), next.Token, old.Token, d.Round(time.Microsecond))
-	if next.Token <= old.Token {
-		t.Errorf("follower's token %d not greater than %d", next.Token, old.Token)
-	}
-	if d > 200*time.Millisecond {
-		t.Errorf("old child signalled %v after the resume, want within 200ms", d)
-	}
-	if code := leader.wait(5 * time.Second); code != 76 {
-		t.Errorf("leader exited %d, want 76", code)
-	}
-	follower.signal(syscall.SIGTERM)
-	follower.wait(5 * time.Second)
+	return statusOf(t, nil, "--lock", lock, "--etcd-endpoints", strings.Join(endpoints, ","))
 }
 
 // TestEtcdClusterRollingRestart: on a 3-member cluster, restarting each
@@ -373,6 +153,7 @@ func TestEtcdPausedLeader(t *testing.T) {
 // nothing while quorum holds. The leader lists every member, as a
 // production config would, so its client fails over.
 func TestEtcdClusterRollingRestart(t *testing.T) {
+	t.Parallel()
 	cluster := testenv.StartEtcd(t, 3)
 	eps := cluster.Endpoints()
 	events := etcdEvents(t)
@@ -380,10 +161,10 @@ func TestEtcdClusterRollingRestart(t *testing.T) {
 	evs := waitEvents(t, events, 10*time.Second, "the leader's child", etcdHas("start", "leader"))
 	old, _ := etcdFind(evs, "start", "leader")
 	follower := etcdRun(t, events, "forever", eps, "rolling", "follower")
-	waitFor(t, 10*time.Second, "the follower to queue", func() bool {
+	waitFor(t, 10*time.Second, "the follower to queue", every(20*time.Millisecond, func() bool {
 		st, _ := etcdStatusOf(t, eps, "rolling")
 		return st.Waiting == 1
-	})
+	}))
 	for _, m := range cluster.Members {
 		began := time.Now()
 		m.Stop(t)
@@ -395,10 +176,10 @@ func TestEtcdClusterRollingRestart(t *testing.T) {
 			stopped.Sub(began).Round(time.Millisecond), started.Sub(stopped).Round(time.Millisecond), time.Since(started).Round(time.Millisecond))
 	}
 	// Let a few renewals go through every member again.
-	waitFor(t, 10*time.Second, "status from the restarted cluster", func() bool {
+	waitFor(t, 10*time.Second, "status from the restarted cluster", every(20*time.Millisecond, func() bool {
 		st, code := etcdStatusOf(t, eps, "rolling")
 		return code == 0 && st.Remaining > 0
-	})
+	}))
 	st, _ := etcdStatusOf(t, eps, "rolling")
 	evs = readEvents(t, events)
 	if len(evs) != 1 || leader.exited() || st.Identity != "leader" || st.Token != old.Token {
@@ -413,88 +194,11 @@ func TestEtcdClusterRollingRestart(t *testing.T) {
 	follower.wait(5 * time.Second)
 }
 
-// TestEtcdStatus: exit 3 and "none" without a leader; exit 0 with the
-// leader's identity and token (the child's FENCE_TOKEN), the waiting
-// candidates and the lease left; --json parses.
-func TestEtcdStatus(t *testing.T) {
-	eps := testenv.StartEtcd(t, 1).Endpoints()
-	epFlag := strings.Join(eps, ",")
-	out, code := output(t, "status", "--lock", "st", "--etcd-endpoints", epFlag)
-	if code != 3 || !strings.Contains(out, "none") {
-		t.Errorf("status of a free lock: exit %d, output:\n%s\nwant exit 3 and leader none", code, out)
-	}
-	if st, code := etcdStatusOf(t, eps, "st"); code != 3 || st.Held || st.Waiting != 0 {
-		t.Errorf("status --json of a free lock: exit %d, %+v", code, st)
-	}
-
-	events := etcdEvents(t)
-	etcdRun(t, events, "forever", eps, "st", "holder-1")
-	evs := waitEvents(t, events, 10*time.Second, "the holder's child", etcdHas("start", "holder-1"))
-	child, _ := etcdFind(evs, "start", "holder-1")
-	etcdRun(t, events, "forever", eps, "st", "waiter-1")
-	waitFor(t, 10*time.Second, "the waiter to queue", func() bool {
-		st, _ := etcdStatusOf(t, eps, "st")
-		return st.Waiting == 1
-	})
-	out, code = output(t, "status", "--lock", "st", "--etcd-endpoints", epFlag)
-	if code != 0 || !strings.Contains(out, "holder-1") || !strings.Contains(out, strconv.FormatUint(child.Token, 10)) {
-		t.Errorf("status: exit %d, output:\n%s\nwant exit 0 naming holder-1 and token %d", code, out, child.Token)
-	}
-	t.Logf("status:\n%s", out)
-	st, code := etcdStatusOf(t, eps, "st")
-	if code != 0 || !st.Held || st.Identity != "holder-1" || st.Token != child.Token || st.Waiting != 1 ||
-		st.Backend != "etcd" || time.Duration(st.TTL) != etcdLease || st.Remaining <= 0 || !strings.HasPrefix(st.Key, "leaderrun/st/") {
-		t.Errorf("status --json: exit %d, %+v; want held by holder-1 with token %d, 1 waiting, ttl %v", code, st, child.Token, etcdLease)
-	}
-}
-
-// TestEtcdTryAndWait: --try on a held lock exits 75 at once and leaves no
-// candidate behind; --wait gives up after its duration; a waiting
-// candidate that gets SIGTERM withdraws at once.
-func TestEtcdTryAndWait(t *testing.T) {
-	eps := testenv.StartEtcd(t, 1).Endpoints()
-	events := etcdEvents(t)
-	etcdRun(t, events, "forever", eps, "tw", "holder")
-	waitEvents(t, events, 10*time.Second, "the holder's child", etcdHas("start", "holder"))
-
-	began := time.Now()
-	if code := etcdRun(t, events, "exit:0", eps, "tw", "try", "--try").wait(10 * time.Second); code != 75 {
-		t.Errorf("--try on a held lock exited %d, want 75", code)
-	}
-	t.Logf("--try on a held lock: exit 75 after %v (process start included)", time.Since(began).Round(time.Millisecond))
-	if st, _ := etcdStatusOf(t, eps, "tw"); st.Waiting != 0 {
-		t.Errorf("after --try, %d candidates wait, want 0", st.Waiting)
-	}
-
-	began = time.Now()
-	if code := etcdRun(t, events, "exit:0", eps, "tw", "wait", "--wait", "1s").wait(10 * time.Second); code != 75 {
-		t.Errorf("--wait 1s on a held lock exited %d, want 75", code)
-	}
-	if took := time.Since(began); took < time.Second || took > 3*time.Second {
-		t.Errorf("--wait 1s gave up after %v", took)
-	}
-
-	w := etcdRun(t, events, "exit:0", eps, "tw", "waiter")
-	waitFor(t, 10*time.Second, "the waiter to queue", func() bool {
-		st, _ := etcdStatusOf(t, eps, "tw")
-		return st.Waiting == 1
-	})
-	w.signal(syscall.SIGTERM)
-	if code := w.wait(3 * time.Second); code != 128+int(syscall.SIGTERM) {
-		t.Errorf("waiter interrupted by SIGTERM exited %d, want %d", code, 128+int(syscall.SIGTERM))
-	}
-	if st, _ := etcdStatusOf(t, eps, "tw"); st.Waiting != 0 {
-		t.Errorf("after the waiter withdrew, %d candidates wait, want 0", st.Waiting)
-	}
-	if evs := readEvents(t, events); count(evs, "start") != 1 {
-		t.Errorf("children started:\n%s\nwant only the holder's", formatEvents(evs))
-	}
-}
-
 // TestEtcdUnreachable: a store that refuses connections, or accepts them and
 // says nothing, is exit 69 within about the dial timeout, with a message
 // naming the endpoint.
 func TestEtcdUnreachable(t *testing.T) {
+	t.Parallel()
 	refused := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))
 	// A listener that never accepts: the kernel completes the handshake
 	// and holds what the client sends, and nothing ever answers.
@@ -550,6 +254,7 @@ func TestEtcdUnreachable(t *testing.T) {
 // TestEtcdUsageErrors: bad etcd flags are exit 64 with a message naming the
 // flag, before anything is contacted.
 func TestEtcdUsageErrors(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -576,6 +281,7 @@ func TestEtcdUsageErrors(t *testing.T) {
 // (or ETCDCTL_USER) gets the lock; a wrong password or none is exit 69 with
 // etcd's reason, at once.
 func TestEtcdAuth(t *testing.T) {
+	t.Parallel()
 	eps := testenv.StartEtcd(t, 1).Endpoints()
 	for _, args := range [][]string{{"user", "add", "root", "--new-user-password=rootpw"}, {"auth", "enable"}} {
 		if out, err := testenv.Etcdctl(t, eps, args...); err != nil {
@@ -640,6 +346,7 @@ func TestEtcdAuth(t *testing.T) {
 // certificate, the TLS flags (or etcdctl's variables) get the lock; without
 // a client certificate the store refuses, exit 69 naming the endpoint.
 func TestEtcdTLS(t *testing.T) {
+	t.Parallel()
 	e := testenv.StartEtcdTLS(t)
 	eps := e.Endpoints()
 	tlsFlags := []string{"--etcd-cacert", e.TLS.CACert, "--etcd-cert", e.TLS.Cert, "--etcd-key", e.TLS.Key}

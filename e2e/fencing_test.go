@@ -43,6 +43,7 @@ func fenceRow(t *testing.T, db string) (token uint64, value string) {
 // late write, carrying the first run's token, is rejected and changes
 // nothing.
 func TestFencingSQLite(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("sqlite3"); err != nil {
 		testenv.Missing(t, "sqlite3 not found: apt-get install sqlite3")
 	}

@@ -15,46 +15,81 @@ import (
 	"time"
 )
 
-// Pool of TestHolders: holders slots, candidates leaderrun processes.
+// The pool of testHolders (TestStores/*/Holders): holders slots,
+// candidates leaderrun processes.
 const (
 	poolHolders    = 3
 	poolCandidates = 10
 )
 
-// TestHolders (issue 29): on every store, ten leaderrun processes with
-// --holders 3 share one lock. Their children take flocks on their slot's
-// file and on one of three capacity files (childMain): a fourth child at
-// once, or a second in one slot, would find them held, and the kernel
-// drops them the instant a child dies, however it dies. One holder is
-// killed with SIGKILL and another gets SIGTERM; both slots are taken over
-// by waiting candidates. Per slot, the tokens strictly increase. A
-// candidate with another --holders is refused with exit 64 naming both
-// numbers; --try on the full pool exits 75; status lists the three
-// holders.
-func TestHolders(t *testing.T) {
-	for _, s := range statusStores {
-		t.Run(s.name, func(t *testing.T) { testHolders(t, s) })
+// testHolders (issue 29): ten leaderrun processes with --holders 3
+// share one lock. Their children take flocks on their slot's file and on
+// one of three capacity files (childMain): a fourth child at once, or a
+// second in one slot, would find them held, and the kernel drops them the
+// instant a child dies, however it dies. One holder is killed with
+// SIGKILL and another gets SIGTERM; both slots are taken over by waiting
+// candidates. Per slot, the tokens strictly increase. A candidate with
+// another --holders is refused with exit 64 naming both numbers; --try
+// on the full pool exits 75; status lists the three holders.
+func testHolders(t *testing.T, e *env) {
+	p := &pool{t: t, e: e, lock: e.lock("pool"), events: filepath.Join(t.TempDir(), "events"),
+		locks: t.TempDir(), cands: map[string]*proc{}}
+	for i := range poolCandidates {
+		p.start(fmt.Sprintf("c%d", i))
 	}
+	evs := waitEvents(t, p.events, 60*time.Second, "three children", func(evs []event) bool { return count(evs, "start") >= poolHolders })
+	first := holding(evs)
+	if len(first) != poolHolders {
+		t.Fatalf("children hold slots %v, want one in each of %d slots\n%s", first, poolHolders, formatEvents(evs))
+	}
+	p.checkOthers()
+
+	// The holders of slots 0 and 1 go: one killed, one stopped.
+	killed, stopped := first[0], first[1]
+	at := time.Now()
+	if err := syscall.Kill(p.cands[killed.ID].pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	p.cands[stopped.ID].signal(syscall.SIGTERM)
+	limit := e.statusBound + 10*time.Second
+	evs = waitEvents(t, p.events, limit, "slots 0 and 1 taken over", func(evs []event) bool {
+		h := holding(evs)
+		return len(h) == poolHolders && h[0].Pid != killed.Pid && h[1].Pid != stopped.Pid && alive(h[0].Pid) && !alive(killed.Pid)
+	})
+	after := holding(evs)
+	t.Logf("slot 0 taken over %v after its holder's SIGKILL (token %d → %d); slot 1 %v after its holder's SIGTERM (token %d → %d)",
+		after[0].At.Sub(at).Round(time.Millisecond), killed.Token, after[0].Token,
+		after[1].At.Sub(at).Round(time.Millisecond), stopped.Token, after[1].Token)
+	if code := p.cands[stopped.ID].wait(10 * time.Second); code != 0 {
+		t.Errorf("the holder stopped with SIGTERM exited %d, want its child's 0", code)
+	}
+	for id, c := range p.cands {
+		if !c.exited() {
+			c.signal(syscall.SIGTERM)
+		}
+		defer func() {
+			if code := c.wait(20 * time.Second); code != 0 && code != 128+int(syscall.SIGTERM) && id != killed.ID {
+				t.Errorf("%s exited %d after SIGTERM, want 0 (a holder) or 143 (a waiting candidate)", id, code)
+			}
+		}()
+	}
+	p.checkInvariants()
 }
 
-// pool is one TestHolders run on one store.
+// pool is one testHolders run on one store.
 type pool struct {
 	t      *testing.T
-	store  statusStore
-	flags  []string
-	env    []string
+	e      *env
+	lock   string
 	events string
 	locks  string
 	cands  map[string]*proc
 }
 
-func (p *pool) args(id string, extra ...string) []string {
-	a := append([]string{"--lock", "pool", "--identity", id}, p.flags...)
-	return append(append(a, p.store.timings...), extra...)
-}
+func (p *pool) args(id string, extra ...string) []string { return p.e.args(p.lock, id, extra...) }
 
 func (p *pool) start(id string) {
-	env := append(append(childEnv(p.events, "forever"), p.env...),
+	env := append(append(childEnv(p.events, "forever"), p.e.target.env...),
 		"E2E_SLOT_LOCKS="+p.locks, "E2E_CAP="+strconv.Itoa(poolHolders))
 	p.cands[id] = start(p.t, env, append(p.args(id, "--holders", strconv.Itoa(poolHolders), "--"), childArgv(p.t)...)...)
 }
@@ -85,73 +120,27 @@ func slotOf(e event) int {
 	return n
 }
 
-func testHolders(t *testing.T, s statusStore) {
-	flags, env := s.start(t)
-	p := &pool{t: t, store: s, flags: flags, env: env, events: filepath.Join(t.TempDir(), "events"),
-		locks: t.TempDir(), cands: map[string]*proc{}}
-	for i := range poolCandidates {
-		p.start(fmt.Sprintf("c%d", i))
-	}
-	evs := waitEvents(t, p.events, 60*time.Second, "three children", func(evs []event) bool { return count(evs, "start") >= poolHolders })
-	first := holding(evs)
-	if len(first) != poolHolders {
-		t.Fatalf("children hold slots %v, want one in each of %d slots\n%s", first, poolHolders, formatEvents(evs))
-	}
-	p.checkOthers()
-
-	// The holders of slots 0 and 1 go: one killed, one stopped.
-	killed, stopped := first[0], first[1]
-	at := time.Now()
-	if err := syscall.Kill(p.cands[killed.ID].pid(), syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	p.cands[stopped.ID].signal(syscall.SIGTERM)
-	limit := s.bound + 10*time.Second
-	evs = waitEvents(t, p.events, limit, "slots 0 and 1 taken over", func(evs []event) bool {
-		h := holding(evs)
-		return len(h) == poolHolders && h[0].Pid != killed.Pid && h[1].Pid != stopped.Pid && alive(h[0].Pid) && !alive(killed.Pid)
-	})
-	after := holding(evs)
-	t.Logf("slot 0 taken over %v after its holder's SIGKILL (token %d → %d); slot 1 %v after its holder's SIGTERM (token %d → %d)",
-		after[0].At.Sub(at).Round(time.Millisecond), killed.Token, after[0].Token,
-		after[1].At.Sub(at).Round(time.Millisecond), stopped.Token, after[1].Token)
-	if code := p.cands[stopped.ID].wait(10 * time.Second); code != 0 {
-		t.Errorf("the holder stopped with SIGTERM exited %d, want its child's 0", code)
-	}
-	for id, c := range p.cands {
-		if !c.exited() {
-			c.signal(syscall.SIGTERM)
-		}
-		defer func() {
-			if code := c.wait(20 * time.Second); code != 0 && code != 128+int(syscall.SIGTERM) && id != killed.ID {
-				t.Errorf("%s exited %d after SIGTERM, want 0 (a holder) or 143 (a waiting candidate)", id, code)
-			}
-		}()
-	}
-	p.checkInvariants()
-}
-
 // checkOthers: while the pool is full, a candidate with another
 // --holders is a usage error naming both numbers and the lock, --try
 // finds every slot held, and status lists the three holders, with
 // --holders or without.
 func (p *pool) checkOthers() {
 	t := p.t
-	out, code := outputEnv(t, p.env, append(p.args("other", "--holders", "2", "--try", "--"), "true")...)
-	if code != 64 || !strings.Contains(out, "--holders 2") || !strings.Contains(out, "--holders 3") || !strings.Contains(out, "pool") {
+	out, code := outputEnv(t, p.e.target.env, append(p.args("other", "--holders", "2", "--try", "--"), "true")...)
+	if code != 64 || !strings.Contains(out, "--holders 2") || !strings.Contains(out, "--holders 3") || !strings.Contains(out, p.lock) {
 		t.Errorf("a candidate with --holders 2: exit %d, want 64 naming --holders 2, --holders 3 and the lock:\n%s", code, out)
 	}
-	out, code = outputEnv(t, p.env, append(p.args("late", "--holders", "3", "--try", "--"), "true")...)
+	out, code = outputEnv(t, p.e.target.env, append(p.args("late", "--holders", "3", "--try", "--"), "true")...)
 	if code != 75 || !strings.Contains(out, "all 3 slots") {
 		t.Errorf("--try on the full pool: exit %d, want 75 saying all 3 slots are held:\n%s", code, out)
 	}
-	out, code = outputEnv(t, p.env, append([]string{"status", "--lock", "pool", "--holders", "3"}, p.flags...)...)
+	out, code = p.e.output(t, "status", p.lock, "--holders", "3")
 	if code != 0 || !strings.Contains(out, "3 of 3 slots held") {
 		t.Errorf("status --holders 3: exit %d, want 0 and three slots held:\n%s", code, out)
 	}
 	// Without --holders, status learns the pool's size from slot 0's
 	// holder record.
-	out, code = outputEnv(t, p.env, append([]string{"status", "--lock", "pool"}, p.flags...)...)
+	out, code = p.e.output(t, "status", p.lock)
 	if code != 0 || !strings.Contains(out, "3 of 3 slots held") {
 		t.Errorf("status without --holders: exit %d, want 0 and the pool's three slots held:\n%s", code, out)
 	}
@@ -182,11 +171,12 @@ func (p *pool) checkInvariants() {
 	t.Logf("%d children in %d slots, tokens per slot %v", count(evs, "start"), len(tokens), tokens)
 }
 
-// TestHoldersCheckCatches: the flocks TestHolders relies on do catch what
+// TestHoldersCheckCatches: the flocks testHolders relies on do catch what
 // it looks for. The child command alone, without leaderrun: a second
 // child in slot 0 records "overlap", and a fourth child of a pool of 3
 // (slots 0, 1, 2, 1) records "overcap".
 func TestHoldersCheckCatches(t *testing.T) {
+	t.Parallel()
 	events := filepath.Join(t.TempDir(), "events")
 	locks := t.TempDir()
 	var children []*exec.Cmd

@@ -92,6 +92,7 @@ func localRun(t *testing.T, dir string, extra ...string) (string, int) {
 // others may write to, which is refused as a whole; each file's own check
 // behind that is tested in backends/local (files_test.go).
 func TestHostileStateDir(t *testing.T) {
+	t.Parallel()
 	requireRoot(t)
 	cases := []struct {
 		name string
@@ -165,6 +166,7 @@ func TestHostileStateDir(t *testing.T) {
 // refused; so is a shared sticky one (like /tmp), even when the files
 // in it are ours.
 func TestUnsafeStateDirs(t *testing.T) {
+	t.Parallel()
 	requireRoot(t)
 	base := t.TempDir()
 	mk := func(name string, mode os.FileMode, uid int) string {
@@ -207,6 +209,7 @@ func TestUnsafeStateDirs(t *testing.T) {
 // granted before refuses rather than restarting at 1; both exit 65 naming
 // the file and saying how to mend it.
 func TestTokenNeverGoesBack(t *testing.T) {
+	t.Parallel()
 	t.Run("top of the range", func(t *testing.T) {
 		dir := t.TempDir()
 		if err := os.WriteFile(filepath.Join(dir, "job.token"), []byte(strconv.FormatUint(math.MaxUint64, 10)+"\n"), 0o600); err != nil {
@@ -259,6 +262,7 @@ func TestTokenNeverGoesBack(t *testing.T) {
 // TestFallbackStateDir: a user with no home directory gets
 // /tmp/leaderrun-<uid>; if another user created it first, it is refused.
 func TestFallbackStateDir(t *testing.T) {
+	t.Parallel()
 	requireRoot(t)
 	const uid = 64000 // a user with no home, who is not the attacker
 	binDir, err := os.MkdirTemp("", "leaderrun-bin-")
@@ -322,52 +326,4 @@ func TestFallbackStateDir(t *testing.T) {
 		t.Errorf("fallback directory owned by %d with mode %v, want %d and 0700", st.Uid, fi.Mode().Perm(), uid)
 	}
 
-}
-
-// TestCredentialsNotPassed: the store's credentials, whose only purpose is
-// the lock, and systemd's watchdog variables (leaderrun's own) are not in
-// the command's environment; variables jobs use for their own work are;
-// --pass-credentials passes the store's credentials on.
-func TestCredentialsNotPassed(t *testing.T) {
-	agent := testenv.StartConsul(t, testenv.ConsulOptions{})
-	env := []string{"CONSUL_HTTP_TOKEN=lock-secret", "CONSUL_HTTP_AUTH=user:lock-password",
-		"WATCHDOG_USEC=30000000", "WATCHDOG_PID=1", "DATABASE_URL=postgres://job@db/app", "PGHOST=db", "KUBECONFIG=/job/kubeconfig"}
-	for _, pass := range []bool{false, true} {
-		t.Run(map[bool]string{false: "default", true: "--pass-credentials"}[pass], func(t *testing.T) {
-			out := filepath.Join(t.TempDir(), "env")
-			args := []string{"--consul-addr", agent.Addr(), "--lock", "creds", "--lease-duration", "10s", "--renew-deadline", "6s",
-				"--retry-period", "1s", "--kill-grace", "1s"}
-			if pass {
-				args = append(args, "--pass-credentials")
-			}
-			p := start(t, env, append(args, "--shell", "--", "env > "+out)...)
-			if code := p.wait(20 * time.Second); code != 0 {
-				t.Fatalf("exit %d:\n%s", code, p.stderr.String())
-			}
-			data, err := os.ReadFile(out)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := map[string]bool{}
-			for _, line := range strings.Split(string(data), "\n") {
-				name, _, _ := strings.Cut(line, "=")
-				got[name] = true
-			}
-			for _, name := range []string{"CONSUL_HTTP_TOKEN", "CONSUL_HTTP_AUTH"} {
-				if got[name] != pass {
-					t.Errorf("%s in the command's environment: %v, want %v", name, got[name], pass)
-				}
-			}
-			for _, name := range []string{"WATCHDOG_USEC", "WATCHDOG_PID"} {
-				if got[name] {
-					t.Errorf("%s (systemd's, for leaderrun) reached the command", name)
-				}
-			}
-			for _, name := range []string{"DATABASE_URL", "PGHOST", "KUBECONFIG", "FENCE_TOKEN"} {
-				if !got[name] {
-					t.Errorf("%s missing from the command's environment", name)
-				}
-			}
-		})
-	}
 }

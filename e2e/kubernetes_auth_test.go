@@ -117,6 +117,7 @@ func certPlugin() error {
 // an expired one on a connection it already has). The apiserver's audit
 // log shows the certificate's user renewing all along.
 func TestKubernetesExecCertRotation(t *testing.T) {
+	t.Parallel()
 	const user, valid, hold = "exec-cert-rotated", 32 * time.Second, 90 * time.Second
 	e := newKubeEnv(t)
 	e.k.Grant(t, e.ns, user, "get", "create", "update", "watch")
@@ -219,6 +220,7 @@ func offsets(ts []time.Time) []time.Duration {
 // apiserver as that user with those extras: every request on the Lease
 // in the audit log.
 func TestKubernetesImpersonation(t *testing.T) {
+	t.Parallel()
 	e := newKubeEnv(t)
 	kc := filepath.Join(t.TempDir(), "kubeconfig")
 	cfg := fmt.Sprintf(`apiVersion: v1
@@ -272,6 +274,7 @@ current-context: c
 // old account is deleted, which voids its token, and the leader keeps the
 // Lease on the new one for a whole lease more: its child is never stopped.
 func TestKubernetesInClusterTokenRotation(t *testing.T) {
+	t.Parallel()
 	e := newKubeEnv(t)
 	old, next := "runner", "runner-rotated"
 	for _, sa := range []string{old, next} {
@@ -325,6 +328,7 @@ func TestKubernetesInClusterTokenRotation(t *testing.T) {
 // none fails with a plugin reaped from under client-go ("waitid: no child
 // processes").
 func TestKubernetesExecPluginWhileLeading(t *testing.T) {
+	t.Parallel()
 	e := newKubeEnv(t)
 	dir := t.TempDir()
 	plugin := filepath.Join(dir, "plugin.sh")

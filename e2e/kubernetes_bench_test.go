@@ -132,7 +132,7 @@ func (b *kubeBench) startToLead(runs int) {
 		p.exited(10 * time.Second)
 	}
 	t.Logf("start to leading on a free Lease, %d alternating runs: leaderrun (to its child) %s; client-go (to OnStartedLeading) %s; ratio of medians %.2f",
-		runs, consulSummary(lr), consulSummary(ce), float64(median(lr))/float64(median(ce)))
+		runs, summary(lr), summary(ce), float64(median(lr))/float64(median(ce)))
 }
 
 func (b *kubeBench) failovers(runs int) {
@@ -210,9 +210,9 @@ func (b *kubeBench) failovers(runs int) {
 		}
 	}
 	t.Logf("timings: lease %v, renew deadline %v, retry period %v for both (leaderrun --kill-grace 1s); %d runs each", benchLease, benchRenew, benchRetry, runs)
-	t.Logf("loss reaction (holder changed by hand): leaderrun %s; client-go %s", consulSummary(lrLoss), consulSummary(ceLoss))
-	t.Logf("handover on SIGTERM (old leader's end to the follower's start): leaderrun %s; client-go %s", consulSummary(lrHand), consulSummary(ceHand))
-	t.Logf("crash failover (kill -9 to the follower's start): leaderrun %s; client-go %s", consulSummary(lrCrash), consulSummary(ceCrash))
+	t.Logf("loss reaction (holder changed by hand): leaderrun %s; client-go %s", summary(lrLoss), summary(ceLoss))
+	t.Logf("handover on SIGTERM (old leader's end to the follower's start): leaderrun %s; client-go %s", summary(lrHand), summary(ceHand))
+	t.Logf("crash failover (kill -9 to the follower's start): leaderrun %s; client-go %s", summary(lrCrash), summary(ceCrash))
 }
 
 // requests counts, from the audit log, the requests on one Lease from

@@ -211,6 +211,8 @@ func inPodDir(t *testing.T, k *testenv.Kube, ns, token string, argv, env []strin
 // Role suffices: one pod leads, the others wait, and a rolling update's
 // SIGTERM hands the lead over at once. The same service account without
 // the RoleBinding is refused: exit 69, naming the verb and the account.
+// Not in parallel: it counts the shared apiserver's open watches of
+// leases, to which any other test on it would add.
 func TestKubernetesExample(t *testing.T) {
 	k := testenv.SharedKube(t)
 	dir := filepath.Join("..", "examples", "kubernetes")
@@ -249,7 +251,7 @@ func TestKubernetesExample(t *testing.T) {
 			t.Errorf("the Lease's holder is %q, want the first pod's name", lease.Spec.HolderIdentity)
 		}
 		// The leader and both standbys follow the Lease.
-		waitFor(t, 10*time.Second, "three watches of the Lease", func() bool { return k.LeaseWatches(t) >= watches+3 })
+		waitFor(t, 10*time.Second, "three watches of the Lease", every(50*time.Millisecond, func() bool { return k.LeaseWatches(t) >= watches+3 }))
 		// A rolling update deletes the leading pod: SIGTERM.
 		pods[0].signal(syscall.SIGTERM)
 		evs := waitEvents(t, events, 10*time.Second, "a standby's worker", func(evs []event) bool { return count(evs, "start") == 2 })

@@ -191,6 +191,7 @@ current-context: c
 // listener never sees a request. While a hostile answer trickles in,
 // SIGTERM ends leaderrun within 1 s.
 func TestKubernetesHostileServer(t *testing.T) {
+	t.Parallel()
 	var otherSaw atomic.Int64 // requests, and those carrying the token
 	var otherToken atomic.Bool
 	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -151,8 +151,11 @@ func (p *electorProc) exited(timeout time.Duration) time.Time {
 // leadership (leaderrun: its child's run; client-go: from OnStartedLeading
 // until its context ends) never overlaps the other's, and leaderrun's
 // tokens keep growing across the client-go terms between them.
+// It counts the apiserver's open watches of leases: on an apiserver of
+// its own, to which no other test adds any.
 func TestKubernetesInterop(t *testing.T) {
-	e := newKubeEnv(t)
+	t.Parallel()
+	e := newKubeEnvOn(t, testenv.StartKube(t))
 	// client-go's elector needs get, create and update; it polls, it
 	// does not watch.
 	e.k.Grant(t, e.ns, testenv.KubeOther, "get", "create", "update")

@@ -6,8 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,85 +14,45 @@ import (
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
-// localArgs are the flags of a local-backend run in dir.
-func localArgs(dir, lock string, extra ...string) []string {
-	return append([]string{"--backend", "local", "--state-dir", dir, "--lock", lock,
-		"--lease-duration", "4s", "--renew-deadline", "2s", "--retry-period", "200ms", "--kill-grace", "1s"}, extra...)
+// localStore is the local store in the scenarios' matrix: a state
+// directory of the store's own. A flock never expires: the kernel drops
+// it with the last descriptor of the lock file, leaderrun's at once when
+// it dies, its watchdog's once it has killed the tree.
+func localStore() *store {
+	return &store{
+		name: "local", start: startLocalStore,
+		timings:  timings{lease: 4 * time.Second, deadline: 2 * time.Second, retry: 200 * time.Millisecond, grace: time.Second},
+		takeover: time.Second, handover: 300 * time.Millisecond, notice: 100 * time.Millisecond,
+		statusBound: 5 * time.Second, waiters: true, lostTerm: true,
+		onceTimings: timings{lease: 2 * time.Second, deadline: time.Second, retry: 200 * time.Millisecond, grace: 500 * time.Millisecond},
+	}
 }
 
-func cmdArgs(t *testing.T, extra []string) []string {
-	return append(append(extra, "--"), childArgv(t)...)
-}
-
-// TestLocalExclusionAndTokens: two instances started together never run
-// their children at once, and the second leader's token is greater. Each
-// child runs longer than --renew-deadline (2s), so the second waits longer
-// than that too, and must still run its child.
-func TestLocalExclusionAndTokens(t *testing.T) {
+func startLocalStore(t *testing.T) *target {
 	dir := t.TempDir()
-	events := filepath.Join(dir, "events")
-	env := childEnv(events, "sleep:2500ms")
-	a := start(t, env, cmdArgs(t, localArgs(dir, "pair", "--identity", "a"))...)
-	b := start(t, env, cmdArgs(t, localArgs(dir, "pair", "--identity", "b"))...)
-	if code := a.wait(10 * time.Second); code != 0 {
-		t.Errorf("a exited %d", code)
-	}
-	if code := b.wait(10 * time.Second); code != 0 {
-		t.Errorf("b exited %d", code)
-	}
-	evs := readEvents(t, events)
-	ivs := checkExclusive(t, evs)
-	if len(ivs) != 2 {
-		t.Fatalf("%d children ran, want 2:\n%s", len(ivs), formatEvents(evs))
-	}
-	t.Logf("tokens %d then %d; gap between children %v", ivs[0].Token, ivs[1].Token, ivs[1].Start.Sub(ivs[0].End))
-}
-
-// TestLocalTry: --try on a held lock exits 75 within 100 ms and runs
-// nothing; --conflict-exit-code changes the code; --wait gives up on time.
-func TestLocalTry(t *testing.T) {
-	dir := t.TempDir()
-	events := filepath.Join(dir, "events")
-	holder := start(t, childEnv(events, "forever"), cmdArgs(t, localArgs(dir, "held", "--identity", "holder"))...)
-	waitEvents(t, events, 10*time.Second, "the holder's child", func(evs []event) bool { return count(evs, "start") == 1 })
-
-	cases := []struct {
-		name     string
-		flags    []string
-		wantCode int
-		minTime  time.Duration
-		maxTime  time.Duration
-	}{
-		{name: "try", flags: []string{"--try"}, wantCode: 75, maxTime: 100 * time.Millisecond},
-		{name: "try conflict code 0", flags: []string{"--try", "--conflict-exit-code", "0"}, wantCode: 0, maxTime: 100 * time.Millisecond},
-		{name: "wait 500ms", flags: []string{"--wait", "500ms"}, wantCode: 75, minTime: 500 * time.Millisecond, maxTime: 800 * time.Millisecond},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			begin := time.Now()
-			p := start(t, childEnv(events, "exit:0"), cmdArgs(t, localArgs(dir, "held", tc.flags...))...)
-			code := p.wait(10 * time.Second)
-			took := time.Since(begin)
-			if code != tc.wantCode {
-				t.Errorf("exit code %d, want %d", code, tc.wantCode)
+	flags := []string{"--backend", "local", "--state-dir", dir}
+	return &target{
+		flags: flags, waiting: statusWaiting(flags, nil), key: func(lock string) string { return filepath.Join(dir, lock+".lock") },
+		// Removing the lock file lets a newcomer in: the holder must take
+		// it as a loss.
+		losses: []loss{{name: "LockFileRemoved", do: func(t *testing.T, _ *env, lock string) time.Time {
+			sent := time.Now()
+			if err := os.Remove(filepath.Join(dir, lock+".lock")); err != nil {
+				t.Fatal(err)
 			}
-			if took < tc.minTime || took > tc.maxTime {
-				t.Errorf("took %v, want between %v and %v", took, tc.minTime, tc.maxTime)
-			}
-			t.Logf("exit %d after %v", code, took)
-		})
-	}
-	if n := count(readEvents(t, events), "start"); n != 1 {
-		t.Errorf("%d children started, want only the holder's", n)
-	}
-	holder.signal(syscall.SIGTERM)
-	if code := holder.wait(10 * time.Second); code != 0 {
-		t.Errorf("holder exited %d after SIGTERM, want the child's 0\n%s", code, formatEvents(readEvents(t, events)))
+			return sent
+		}}},
+		loseCommand: func(t *testing.T, lock string) string { return "rm " + filepath.Join(dir, lock+".lock") },
+		record: func(t *testing.T, lock string) string {
+			data, _ := os.ReadFile(filepath.Join(dir, lock+".token"))
+			return strings.TrimSpace(string(data))
+		},
 	}
 }
 
 // TestLocalExitCodes: leaderrun exits as its child did.
 func TestLocalExitCodes(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	noexec := filepath.Join(dir, "noexec.sh")
 	if err := os.WriteFile(noexec, []byte("#!/bin/sh\necho hi\n"), 0o644); err != nil {
@@ -134,6 +92,7 @@ func TestLocalExitCodes(t *testing.T) {
 
 // TestLocalUsageErrors: bad input exits 64 with a message naming the flag.
 func TestLocalUsageErrors(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cases := []struct {
 		name string
@@ -188,6 +147,7 @@ func TestLocalUsageErrors(t *testing.T) {
 // values of the same names are replaced, NOTIFY_SOCKET is not passed, and
 // no descriptor of leaderrun's leaks into it.
 func TestLocalEnvironment(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	outDir := t.TempDir()
 	out := filepath.Join(outDir, "env")
@@ -224,42 +184,10 @@ func TestLocalEnvironment(t *testing.T) {
 	}
 }
 
-// TestLocalSignalStopsChild: SIGTERM to leaderrun reaches the child, which
-// exits; leaderrun exits with the child's status and releases the lock only
-// after the child is gone.
-func TestLocalSignalStopsChild(t *testing.T) {
-	dir := t.TempDir()
-	events := filepath.Join(dir, "events")
-	p := start(t, childEnv(events, "forever"), cmdArgs(t, localArgs(dir, "term", "--identity", "a"))...)
-	waitEvents(t, events, 10*time.Second, "child start", func(evs []event) bool { return count(evs, "start") == 1 })
-	follower := start(t, childEnv(events, "exit:0"), cmdArgs(t, localArgs(dir, "term", "--identity", "b"))...)
-	p.signal(syscall.SIGUSR1)
-	waitEvents(t, events, 10*time.Second, "forwarded SIGUSR1", func(evs []event) bool {
-		for _, e := range evs {
-			if e.Kind == "signal" && strings.Contains(e.Rest, "user defined signal 1") {
-				return true
-			}
-		}
-		return false
-	})
-	p.signal(syscall.SIGTERM)
-	if code := p.wait(10 * time.Second); code != 0 {
-		t.Errorf("exit %d after SIGTERM, want the child's 0", code)
-	}
-	if code := follower.wait(10 * time.Second); code != 0 {
-		t.Errorf("follower exit %d", code)
-	}
-	evs := readEvents(t, events)
-	ivs := checkExclusive(t, evs)
-	if len(ivs) != 2 {
-		t.Fatalf("want 2 children:\n%s", formatEvents(evs))
-	}
-	t.Logf("follower's child started %v after the old child's exit", ivs[1].Start.Sub(ivs[0].End))
-}
-
 // TestLocalKillGrace: a child that ignores the kill signal gets SIGKILL
 // after --kill-grace; leaderrun exits 137.
 func TestLocalKillGrace(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	events := filepath.Join(dir, "events")
 	p := start(t, childEnv(events, "ignore:1h"), cmdArgs(t, localArgs(dir, "grace", "--kill-grace", "300ms"))...)
@@ -279,6 +207,7 @@ func TestLocalKillGrace(t *testing.T) {
 // TestLocalSigkillKillsGroup: leaderrun killed with SIGKILL takes its child
 // and the child's own children with it (S4).
 func TestLocalSigkillKillsGroup(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	pids := filepath.Join(dir, "pids")
 	script := `sleep 3600 & echo $! >> ` + pids + `; echo $$ >> ` + pids + `; wait`
@@ -301,6 +230,7 @@ func TestLocalSigkillKillsGroup(t *testing.T) {
 // process group, and grandchildren left behind by a child that exits are
 // stopped before the lock is released (S5, S8).
 func TestLocalStopKillsGrandchildren(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	pids := filepath.Join(dir, "pids")
 	// The child leaves a grandchild behind and exits.
@@ -318,60 +248,12 @@ func TestLocalStopKillsGrandchildren(t *testing.T) {
 	}
 }
 
-// TestLocalSignalWhileWaiting: a standby that gets SIGTERM withdraws at once
-// and exits 143 without running anything.
-func TestLocalSignalWhileWaiting(t *testing.T) {
-	dir := t.TempDir()
-	events := filepath.Join(dir, "events")
-	holder := start(t, childEnv(events, "forever"), cmdArgs(t, localArgs(dir, "standby", "--identity", "holder"))...)
-	waitEvents(t, events, 10*time.Second, "holder's child", func(evs []event) bool { return count(evs, "start") == 1 })
-	standby := start(t, childEnv(events, "exit:0"), cmdArgs(t, localArgs(dir, "standby", "--identity", "standby"))...)
-	waitFor(t, 10*time.Second, "the standby to queue", func() bool {
-		return strings.Contains(standby.stderr.String(), "campaigning")
-	})
-	sent := time.Now()
-	standby.signal(syscall.SIGTERM)
-	if code := standby.wait(5 * time.Second); code != 143 {
-		t.Errorf("standby exit %d, want 143", code)
-	}
-	t.Logf("standby withdrew %v after SIGTERM", time.Since(sent))
-	holder.signal(syscall.SIGTERM)
-	holder.wait(10 * time.Second)
-	if n := count(readEvents(t, events), "start"); n != 1 {
-		t.Errorf("%d children ran, want only the holder's", n)
-	}
-}
-
-// TestLocalLockFileRemoved: removing the lock file lets a newcomer in, so
-// the holder must treat it as loss: stop the child at once and exit 76.
-func TestLocalLockFileRemoved(t *testing.T) {
-	dir := t.TempDir()
-	events := filepath.Join(dir, "events")
-	p := start(t, childEnv(events, "forever"), cmdArgs(t, localArgs(dir, "removed"))...)
-	waitEvents(t, events, 10*time.Second, "child start", func(evs []event) bool { return count(evs, "start") == 1 })
-	removed := time.Now()
-	if err := os.Remove(filepath.Join(dir, "removed.lock")); err != nil {
-		t.Fatal(err)
-	}
-	evs := waitEvents(t, events, 2*time.Second, "child signalled", func(evs []event) bool { return count(evs, "signal") == 1 })
-	for _, e := range evs {
-		if e.Kind == "signal" {
-			t.Logf("child signalled %v after the lock file was removed", e.At.Sub(removed))
-			if e.At.Sub(removed) > time.Second {
-				t.Errorf("child signalled after %v, want within 1s", e.At.Sub(removed))
-			}
-		}
-	}
-	if code := p.wait(5 * time.Second); code != 76 {
-		t.Errorf("exit %d, want 76", code)
-	}
-}
-
 // TestLocalMinHold: with --min-hold 3s and a 0.1 s job, an instance that
 // starts 1 s later with --try finds the lock held and skips (75); one that
 // starts 4 s later runs. The first exits with its child's code when the
 // hold ends.
 func TestLocalMinHold(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	events := filepath.Join(dir, "events")
 	t0 := time.Now()
@@ -399,30 +281,9 @@ func TestLocalMinHold(t *testing.T) {
 	}
 }
 
-// TestStatusLocal: status exits 0 with a leader and 3 without.
-func TestStatusLocal(t *testing.T) {
-	dir := t.TempDir()
-	events := filepath.Join(dir, "events")
-	status := func() (int, string) {
-		p := start(t, nil, "status", "--backend", "local", "--state-dir", dir, "--lock", "st")
-		code := p.wait(10 * time.Second)
-		return code, p.stderr.String()
-	}
-	if code, out := status(); code != 3 {
-		t.Errorf("status of a free lock: exit %d, want 3\n%s", code, out)
-	}
-	holder := start(t, childEnv(events, "forever"), cmdArgs(t, localArgs(dir, "st", "--identity", "web-1"))...)
-	waitEvents(t, events, 10*time.Second, "child start", func(evs []event) bool { return count(evs, "start") == 1 })
-	code, out := status()
-	if code != 0 || !strings.Contains(out, "web-1") || !strings.Contains(out, "token:") {
-		t.Errorf("status while held: exit %d, want 0 with identity and token:\n%s", code, out)
-	}
-	holder.signal(syscall.SIGTERM)
-	holder.wait(10 * time.Second)
-}
-
 // TestVersion: leaderrun version prints a version line.
 func TestVersion(t *testing.T) {
+	t.Parallel()
 	p := start(t, nil, "version")
 	if code := p.wait(10 * time.Second); code != 0 {
 		t.Fatalf("exit %d", code)
@@ -432,97 +293,11 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-func readPids(path string) []int {
-	data, _ := os.ReadFile(path)
-	var pids []int
-	for _, f := range strings.Fields(string(data)) {
-		if n, err := strconv.Atoi(f); err == nil {
-			pids = append(pids, n)
-		}
-	}
-	return pids
-}
-
-// waitFor polls cond, for conditions in other processes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-// TestLocalPauseSignalsOnResume (S7): after the whole tree was stopped for
-// longer than the renew deadline, the child is signalled the moment it
-// resumes and leaderrun exits 76.
-func TestLocalPauseSignalsOnResume(t *testing.T) {
-	dir := t.TempDir()
-	events := filepath.Join(dir, "events")
-	p := start(t, childEnv(events, "forever"), cmdArgs(t, localArgs(dir, "pause"))...)
-	evs := waitEvents(t, events, 10*time.Second, "child start", func(evs []event) bool { return count(evs, "start") == 1 })
-	groups := pauseGroups(t, p.pid(), evs[0].Pid)
-	for _, g := range groups {
-		_ = syscall.Kill(-g, syscall.SIGSTOP)
-	}
-	// Paused past the 2s renew deadline. Nothing runs meanwhile: this
-	// sleep is the fault being injected, not a wait for an outcome.
-	time.Sleep(2500 * time.Millisecond)
-	resumed := time.Now()
-	for _, g := range groups {
-		_ = syscall.Kill(-g, syscall.SIGCONT)
-	}
-	evs = waitEvents(t, events, 5*time.Second, "child signalled", func(evs []event) bool { return count(evs, "signal") == 1 })
-	for _, e := range evs {
-		if e.Kind == "signal" {
-			d := e.At.Sub(resumed)
-			t.Logf("child signalled %v after the resume", d)
-			if d > 200*time.Millisecond {
-				t.Errorf("child signalled %v after the resume, want within 200ms", d)
-			}
-		}
-	}
-	if code := p.wait(5 * time.Second); code != 76 {
-		t.Errorf("exit %d, want 76", code)
-	}
-}
-
-// pauseGroups lists the process groups of a leaderrun tree: leaderrun's
-// (the test started it as a group leader), its watchdog's and the child's.
-func pauseGroups(t *testing.T, leaderrun, child int) []int {
-	t.Helper()
-	// Children are listed per thread: any may have forked them.
-	files, err := filepath.Glob(filepath.Join("/proc", strconv.Itoa(leaderrun), "task", "*", "children"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("list children of %d: %v", leaderrun, err)
-	}
-	groups := []int{leaderrun}
-	add := func(pid int) {
-		if pgid, err := syscall.Getpgid(pid); err == nil && !slices.Contains(groups, pgid) {
-			groups = append(groups, pgid)
-		}
-	}
-	for _, file := range files {
-		data, _ := os.ReadFile(file)
-		for _, f := range strings.Fields(string(data)) {
-			if pid, err := strconv.Atoi(f); err == nil {
-				add(pid)
-			}
-		}
-	}
-	add(child)
-	if len(groups) != 3 {
-		t.Fatalf("process groups of leaderrun %d and its child %d: %v, want leaderrun's, the watchdog's and the child's", leaderrun, child, groups)
-	}
-	return groups
-}
-
 // TestLocalSetsidEscapeeStopped: a grandchild that left the process group
 // with setsid is still stopped when the command exits, before the lock is
 // released: leaderrun inherits it as a subreaper.
 func TestLocalSetsidEscapeeStopped(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("setsid"); err != nil {
 		testenv.Missing(t, "setsid(1) from util-linux is not installed")
 	}

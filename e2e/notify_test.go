@@ -56,6 +56,7 @@ func (s *notifySocket) drain(t *testing.T) []string {
 // STOPPING=1 exactly once, together with the status of the first step of
 // its shutdown.
 func TestNotifyStoppingOnce(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name  string
 		child string

@@ -14,8 +14,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
 // cronFleet simulates the same crontab line on three hosts, the recipe
@@ -25,6 +23,8 @@ import (
 // killed with kill -9 as soon as its job has started, and a waiting host
 // must complete that period instead.
 type cronFleet struct {
+	// env is added to every host's environment (the store's).
+	env []string
 	// args are the store flags and timings of host i.
 	args    func(i int) []string
 	period  time.Duration
@@ -44,6 +44,8 @@ type historyTerm struct {
 	Started  time.Time `json:"started"`
 	End      string    `json:"end"`
 	ExitCode int       `json:"exit_code"`
+	Signal   string    `json:"signal"`
+	Reason   string    `json:"reason"`
 	OnceKey  string    `json:"once_key"`
 }
 
@@ -107,7 +109,7 @@ func (f cronFleet) run(t *testing.T) {
 				time.Sleep(time.Until(at.Add(offset))) // cron fires
 				args := append(f.args(i), "--identity", id, "--wait", f.wait.String(),
 					"--once-per", f.period.String(), "--log-format", "json", "--")
-				p := start(t, childEnv(events, "sleep:"+f.jobTime.String()), append(args, childArgv(t)...)...)
+				p := start(t, append(childEnv(events, "sleep:"+f.jobTime.String()), f.env...), append(args, childArgv(t)...)...)
 				mu.Lock()
 				hosts = append(hosts, &host{p: p, id: id})
 				mu.Unlock()
@@ -244,41 +246,21 @@ func (f cronFleet) run(t *testing.T) {
 	t.Logf("history: %d terms, %d skipped", len(terms), skipped)
 }
 
-// TestLocalOncePerPeriod: the fleet's crontab on the local backend.
-func TestLocalOncePerPeriod(t *testing.T) {
-	dir := t.TempDir()
-	lock := "cron"
-	cronFleet{
-		args: func(int) []string {
-			return []string{"--backend", "local", "--state-dir", dir, "--lock", lock,
-				"--lease-duration", "2s", "--renew-deadline", "1s", "--retry-period", "200ms", "--kill-grace", "500ms"}
-		},
-		period: 4 * time.Second, wait: 3 * time.Second, periods: 10, kills: []int{2, 5, 8}, jobTime: time.Second,
-		history: func(t *testing.T) []historyTerm {
-			out, code := output(t, "history", "--json", "--limit", "100", "--backend", "local", "--state-dir", dir, "--lock", lock)
-			if code != 0 {
-				t.Fatalf("history exit %d: %s", code, out)
-			}
-			return parseHistory(t, out)
-		},
-	}.run(t)
-}
-
 // onceFailures: a job that exits 1 records nothing and the next candidate
 // runs it; a leader that loses its lease just before the marker write
 // (the job itself takes the lock away, then exits 0) records nothing and
 // exits 76, and the next candidate runs the job; after a success, the next
 // candidate runs nothing and exits 0.
-func onceFailures(t *testing.T, args []string, loseLock string) {
+func onceFailures(t *testing.T, env, args []string, loseLock string) {
 	t.Helper()
 	events := filepath.Join(t.TempDir(), "events")
 	once := func(id, mode string, extra ...string) (int, []event) {
 		a := append(slices.Clone(args), append([]string{"--identity", id, "--once-key", "nightly-1"}, extra...)...)
 		var p *proc
 		if mode == "" {
-			p = start(t, nil, a...)
+			p = start(t, env, a...)
 		} else {
-			p = start(t, childEnv(events, mode), append(append(a, "--"), childArgv(t)...)...)
+			p = start(t, append(childEnv(events, mode), env...), append(append(a, "--"), childArgv(t)...)...)
 		}
 		code := p.wait(30 * time.Second)
 		var mine []event
@@ -305,69 +287,4 @@ func onceFailures(t *testing.T, args []string, loseLock string) {
 	if code, evs := once("skips-9", "sleep:10ms", "--done-exit-code", "9"); code != 9 || count(evs, "start") != 0 {
 		t.Fatalf("--done-exit-code 9: exit %d, %d starts; want 9, 0", code, count(evs, "start"))
 	}
-}
-
-func TestLocalOnceFailures(t *testing.T) {
-	dir := t.TempDir()
-	args := []string{"--backend", "local", "--state-dir", dir, "--lock", "nightly",
-		"--lease-duration", "4s", "--renew-deadline", "2s", "--retry-period", "200ms", "--kill-grace", "500ms"}
-	onceFailures(t, args, "rm "+filepath.Join(dir, "nightly.lock"))
-	out, code := output(t, "history", "--backend", "local", "--state-dir", dir, "--lock", "nightly")
-	if code != 0 || !strings.Contains(out, "exited 1") || !strings.Contains(out, "lost") || !strings.Contains(out, "skipped") {
-		t.Errorf("history (exit %d):\n%s", code, out)
-	}
-	t.Logf("history:\n%s", out)
-}
-
-// TestHistoryOfUnusedLock: a lock never used has no history: nothing
-// printed, exit 0 (status says 3 for no leader; history has nothing to
-// report, which is no error).
-func TestHistoryOfUnusedLock(t *testing.T) {
-	dir := t.TempDir()
-	for _, json := range []bool{false, true} {
-		args := []string{"history", "--backend", "local", "--state-dir", dir, "--lock", "never"}
-		if json {
-			args = append(args, "--json")
-		}
-		out, code := output(t, args...)
-		if code != 0 || out != "" {
-			t.Errorf("history %v: exit %d, output %q; want 0 and nothing", args, code, out)
-		}
-	}
-}
-
-// etcdOnceTimings: etcd's smallest lease (2 s, it raises anything shorter),
-// so that a takeover after a kill -9 fits in the fleet's --wait 3s.
-var etcdOnceTimings = []string{"--lease-duration", "2s", "--renew-deadline", "1200ms", "--retry-period", "300ms", "--kill-grace", "500ms"}
-
-// TestEtcdOncePerPeriod: the fleet's crontab on etcd.
-func TestEtcdOncePerPeriod(t *testing.T) {
-	eps := testenv.StartEtcd(t, 1).Endpoints()
-	lock := "cron"
-	cronFleet{
-		args: func(int) []string {
-			return append([]string{"--etcd-endpoints", strings.Join(eps, ","), "--lock", lock}, etcdOnceTimings...)
-		},
-		period: 4 * time.Second, wait: 3 * time.Second, periods: 10, kills: []int{2, 5, 8}, jobTime: time.Second,
-		history: func(t *testing.T) []historyTerm {
-			out, code := output(t, "history", "--json", "--limit", "100", "--etcd-endpoints", strings.Join(eps, ","), "--lock", lock)
-			if code != 0 {
-				t.Fatalf("history exit %d: %s", code, out)
-			}
-			return parseHistory(t, out)
-		},
-	}.run(t)
-}
-
-func TestEtcdOnceFailures(t *testing.T) {
-	eps := testenv.StartEtcd(t, 1).Endpoints()
-	args := append([]string{"--etcd-endpoints", strings.Join(eps, ","), "--lock", "nightly"}, etcdTimings...)
-	// The job deletes its leader's key (as an operator might), then exits 0.
-	del := testenv.EtcdctlBinary(t) + " --endpoints " + strings.Join(eps, ",") + " del --prefix leaderrun/nightly/ >/dev/null"
-	onceFailures(t, args, del)
-	out, code := output(t, "history", "--etcd-endpoints", strings.Join(eps, ","), "--lock", "nightly")
-	if code != 0 || !strings.Contains(out, "exited 1") || !strings.Contains(out, "lost") || !strings.Contains(out, "skipped") {
-		t.Errorf("history (exit %d):\n%s", code, out)
-	}
-	t.Logf("history:\n%s", out)
 }

@@ -22,6 +22,7 @@ import (
 // start-up, leaderrun (waiting for the lock, as under systemd) exits 69
 // within 15 s, naming the bound, with a peak RSS under 64 MiB.
 func TestPostgresHostileServer(t *testing.T) {
+	t.Parallel()
 	const maxRSS = 64 << 10 // KiB, as ru_maxrss counts
 	wrapper := rusageWrapper(t)
 	for _, tc := range []struct {
@@ -118,6 +119,7 @@ func rusageWrapper(t *testing.T) string {
 // /tmp must see no connection. With PGHOST=/tmp, named, it does connect:
 // the socket is there to be found.
 func TestPostgresNoHostNoTmp(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 || !privateMounts(t) {
 		testenv.Missing(t, "the socket in /tmp needs root and unshare(1), to hide /var/run/postgresql in a mount namespace")
 	}

@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -12,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -24,19 +22,100 @@ import (
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
-// pgTimings keep the tests fast: the database expires a lease 3 s after
-// its last renewal; the child gets the kill signal 2 s after the send time
-// of the last acknowledged renewal and SIGKILL 500 ms later, so it is dead
-// at least 500 ms before anyone can take the lock.
-var pgTimings = []string{"--lease-duration", "3s", "--renew-deadline", "2s", "--retry-period", "500ms", "--kill-grace", "500ms"}
+// pgTestTimings keep the tests fast: the database expires a lease 3 s
+// after its last renewal; the child gets the kill signal 2 s after the
+// send time of the last acknowledged renewal and SIGKILL 500 ms later, so
+// it is dead at least 500 ms before anyone can take the lock.
+var pgTestTimings = timings{lease: 3 * time.Second, deadline: 2 * time.Second, retry: 500 * time.Millisecond, grace: 500 * time.Millisecond}
+
+var pgTimings = pgTestTimings.flags()
 
 const (
 	pgLease = 3 * time.Second
 	pgRetry = 500 * time.Millisecond
 )
 
-// pgEnv is the cluster that the PostgreSQL tests share (initdb costs
-// seconds on this machine), and a superuser pool that plays the operator.
+// postgresStore is PostgreSQL in the scenarios' matrix: one server, the
+// superuser's URL in LEADERRUN_POSTGRES_URL (as the flag's help
+// recommends: not on the command line). Waiters are notified of a
+// release, and of their holder's loss, by the table's triggers.
+func postgresStore() *store {
+	return &store{
+		name: "postgres", start: startPostgresStore, timings: pgTestTimings,
+		// The database's clock expires the lease; a notified waiter tries
+		// again at that moment, one that polls within a retry period.
+		takeover: pgLease + pgRetry + 500*time.Millisecond, handover: 300 * time.Millisecond,
+		notice: 100 * time.Millisecond, statusBound: pgLease + 5*time.Second,
+		expires: true, ttl: true, remaining: true, durable: true,
+		// The database expires the lease 1.2 s after the last renewal, to
+		// the microsecond, and a notified waiter tries again at that
+		// moment: a takeover and a 1 s job fit in the fleet's --wait 4s.
+		onceTimings:   timings{lease: 1200 * time.Millisecond, deadline: 800 * time.Millisecond, retry: 200 * time.Millisecond, grace: 300 * time.Millisecond},
+		escapeTimings: timings{lease: 3 * time.Second, deadline: 2 * time.Second, retry: 500 * time.Millisecond, grace: escapeGrace},
+		credentials:   []string{"LEADERRUN_POSTGRES_URL"},
+		kept:          []string{"PGPASSWORD=job-secret", "DATABASE_URL=postgres://job@db/data"},
+	}
+}
+
+func startPostgresStore(t *testing.T) *target {
+	// The scenarios share the server: a pool of 10 candidates and 5
+	// stalled trials at once hold up to 3 connections each.
+	pg := testenv.StartPostgresWith(t, testenv.PostgresOptions{MaxConnections: 400})
+	e := newPgEnv(t, pg)
+	vars := []string{"LEADERRUN_POSTGRES_URL=" + e.url}
+	row := func(sql string) func(t *testing.T, e *env, lock string) time.Time {
+		return func(t *testing.T, _ *env, lock string) time.Time {
+			sent := time.Now()
+			if n := e.exec(t, sql, "leaderrun/"+lock); n != 1 {
+				t.Fatalf("%s changed %d rows, want 1", sql, n)
+			}
+			return sent
+		}
+	}
+	// Its log says mode=notify or mode=poll, in text or in JSON.
+	listening := func(p *proc) bool {
+		out := p.stderr.String()
+		return strings.Contains(out, "mode=") || strings.Contains(out, `"mode":`)
+	}
+	return &target{
+		env: vars, key: keyUnder("leaderrun/%s"),
+		// A candidate that waits, and a holder, listen for notifications
+		// (mode=notify), or poll (mode=poll).
+		waiting: func(*testing.T, string) func(*proc) bool { return listening }, settled: listening,
+		link: pg.Addr(),
+		via: func(addr string) ([]string, []string) {
+			return nil, []string{"LEADERRUN_POSTGRES_URL=" + e.via(addr)}
+		},
+		// The trigger's notification reports each at once; a renewal
+		// would, within --retry-period.
+		losses: []loss{
+			{name: "Delete", says: []string{"deleted"}, do: row("DELETE FROM leaderrun_leases WHERE name = $1")},
+			{name: "UpdateHolder", do: row("UPDATE leaderrun_leases SET holder = 'intruder' WHERE name = $1")},
+			{name: "UpdateTokenAndHolder", do: row("UPDATE leaderrun_leases SET holder = 'intruder', token = nextval('leaderrun_leases_token_seq') WHERE name = $1")},
+		},
+		// The token comes from a sequence: deleting the rows does not
+		// take it back.
+		wipe: func(t *testing.T, lock string) {
+			e.exec(t, "DELETE FROM leaderrun_leases WHERE name = $1", "leaderrun/"+lock)
+		},
+		loseCommand: func(t *testing.T, lock string) string {
+			return fmt.Sprintf(`PGPASSWORD=%s %s -X -q -h %s -p %d -U postgres -d postgres -c "DELETE FROM leaderrun_leases WHERE name = 'leaderrun/%s'"`,
+				pg.Password, filepath.Join(e.bin, "psql"), pg.Host(), pg.Port(), lock)
+		},
+		record: func(t *testing.T, lock string) string {
+			return e.scalar(t, `SELECT coalesce((SELECT holder || ' ' || owner || ' ' || token FROM leaderrun_leases WHERE name = $1), 'none')
+				|| ', terms ' || (SELECT count(*) FROM leaderrun_leases_history WHERE name = $1)`, "leaderrun/"+lock)
+		},
+		marker: func(t *testing.T, lock, key string) string {
+			return e.scalar(t, "SELECT coalesce((SELECT identity FROM leaderrun_leases_markers WHERE name = $1 AND key = $2), '')",
+				"leaderrun/"+lock, key)
+		},
+		stopServer: pg.Stop, startServer: pg.Start,
+	}
+}
+
+// pgEnv is a PostgreSQL server, and a superuser pool that plays the
+// operator.
 type pgEnv struct {
 	pg    *testenv.Postgres
 	admin *pgxpool.Pool
@@ -44,41 +123,41 @@ type pgEnv struct {
 	url   string // the superuser's, directly to the server
 }
 
-// TestPostgres runs the binary against a real PostgreSQL: every "Must show"
-// of the PostgreSQL backend and of once-per-period runs on it. The subtests
-// run one after the other: most of them measure reaction times.
-func TestPostgres(t *testing.T) {
-	pg := testenv.StartPostgres(t)
+func newPgEnv(t *testing.T, pg *testenv.Postgres) *pgEnv {
+	t.Helper()
 	admin, err := pgxpool.New(context.Background(), pg.SuperuserURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close()
+	t.Cleanup(admin.Close)
 	e := &pgEnv{pg: pg, admin: admin, bin: testenv.PostgresBinDir(t), url: pg.SuperuserURL()}
-	// Connect now, so that the operator's statements below are one
-	// round trip each.
+	// Connect now, so that the operator's statements are one round trip
+	// each.
 	e.exec(t, "SELECT 1")
+	return e
+}
+
+// TestPostgres runs what only PostgreSQL has: PgBouncer in transaction
+// mode (no notifications: loss and release seen by polling), its roles
+// and privileges, its errors, libpq's variables and files, and the
+// fencing example. The subtests share one server and run one after the
+// other: most of them measure reaction times.
+func TestPostgres(t *testing.T) {
+	t.Parallel()
+	e := newPgEnv(t, testenv.StartPostgres(t))
 	for _, tc := range []struct {
 		name string
 		run  func(*testing.T, *pgEnv)
 	}{
-		{"HandoversAndTokensAcrossDelete", testPgHandovers},
-		{"RowDeletedOrTaken", testPgRowDeletedOrTaken},
-		{"Kill9Leader", testPgKill9Leader},
-		{"StalledLeader", testPgStalledLeader},
-		{"SigtermHandover", testPgSigtermHandover},
-		{"TryAndWait", testPgTryAndWait},
+		{"LossThroughPgBouncer", testPgLossThroughPgBouncer},
+		{"Kill9FollowerPollsThroughPgBouncer", testPgKill9Polling},
+		{"WaitPolling", testPgWaitPolling},
 		{"Refused", testPgRefused},
 		{"NoCreatePrivilege", testPgNoCreatePrivilege},
 		{"PermissionDenied", testPgPermissionDenied},
 		{"StatusTimeout", testPgStatusTimeout},
-		{"CredentialsStayOut", testPgCredentials},
 		{"MinimalGrants", testPgMinimalGrants},
 		{"ConnectionsPerProcess", testPgConnections},
-		{"StatusAndHistory", testPgStatusAndHistory},
-		{"Check", testPgCheck},
-		{"OncePerPeriodCron", testPgOnceCron},
-		{"OnceFailures", testPgOnceFailures},
 		{"OnceLossBeforeMarker", testPgOnceLossBeforeMarker},
 		{"FencingExample", testPgFencingExample},
 		{"TargetSessionAttrs", testPgTargetSessionAttrs},
@@ -169,55 +248,6 @@ func pgOutput(t *testing.T, env []string, args ...string) (stdout, stderr string
 	return string(out), errBuf.String(), code
 }
 
-// statusOf is `leaderrun status --json` of lock, and its exit code.
-func (e *pgEnv) statusOf(t *testing.T, lock string) (etcdStatus, int) {
-	t.Helper()
-	out, errs, code := pgOutput(t, []string{"LEADERRUN_POSTGRES_URL=" + e.url}, "status", "--json", "--lock", lock)
-	var st etcdStatus
-	if code != 0 && code != 3 {
-		t.Fatalf("status: exit %d\n%s%s", code, out, errs)
-	}
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		t.Fatalf("status --json printed %q: %v", out, err)
-	}
-	return st, code
-}
-
-// pgTerm is one line of `leaderrun history --json`.
-type pgTerm struct {
-	Identity string    `json:"identity"`
-	Token    uint64    `json:"token"`
-	Acquired time.Time `json:"acquired"`
-	Started  time.Time `json:"started"`
-	Ended    time.Time `json:"ended"`
-	End      string    `json:"end"`
-	ExitCode int       `json:"exit_code"`
-	Signal   string    `json:"signal"`
-	Reason   string    `json:"reason"`
-	OnceKey  string    `json:"once_key"`
-}
-
-// history is `leaderrun history --json` of lock, newest first.
-func (e *pgEnv) history(t *testing.T, lock string) []pgTerm {
-	t.Helper()
-	out, errs, code := pgOutput(t, []string{"LEADERRUN_POSTGRES_URL=" + e.url}, "history", "--json", "--limit", "100", "--lock", lock)
-	if code != 0 {
-		t.Fatalf("history: exit %d\n%s%s", code, out, errs)
-	}
-	var terms []pgTerm
-	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		if line == "" {
-			continue
-		}
-		var tm pgTerm
-		if err := json.Unmarshal([]byte(line), &tm); err != nil {
-			t.Fatalf("history --json line %q: %v", line, err)
-		}
-		terms = append(terms, tm)
-	}
-	return terms
-}
-
 // waitListening waits until p's backend listens for notifications (its
 // log says mode=notify), or polls (mode=poll): a candidate in that state
 // has campaigned and waits.
@@ -230,98 +260,24 @@ func waitListening(t *testing.T, p *proc, mode string) {
 
 func pgEvents(t *testing.T) string { return filepath.Join(t.TempDir(), "events") }
 
-// testPgHandovers: three instances at a time contend for one lock, each
-// replaced when it exits, as systemd would; between two leaders the whole
-// lease table is emptied by hand (DELETE FROM leaderrun_leases). Over 21
-// children (20 handovers) two never run at once and every token is greater
-// than the one before, across the DELETE too: the sequence does not care.
-func testPgHandovers(t *testing.T, e *pgEnv) {
-	events := pgEvents(t)
-	const lock = "handover"
-	runSlots := func(n int) {
-		var slots [3]*proc
-		run := func(i int) {
-			slots[i] = e.run(t, events, "sleep:100ms", e.url, lock, fmt.Sprintf("slot%d", i))
-		}
-		for i := range slots {
-			run(i)
-		}
-		for target := count(readEvents(t, events), "start") + n; ; {
-			var exited int
-			select {
-			case <-slots[0].done:
-				exited = 0
-			case <-slots[1].done:
-				exited = 1
-			case <-slots[2].done:
-				exited = 2
-			case <-time.After(30 * time.Second):
-				t.Fatalf("no instance exited for 30s\n%s", formatEvents(readEvents(t, events)))
-			}
-			if code := slots[exited].code; code != 0 {
-				t.Fatalf("slot %d exited %d\n%s", exited, code, slots[exited].stderr.String())
-			}
-			if count(readEvents(t, events), "start") >= target {
-				break
-			}
-			run(exited)
-		}
-		for _, p := range slots {
-			if !p.exited() {
-				p.signal(syscall.SIGTERM)
-				p.wait(10 * time.Second)
-			}
-		}
-	}
-
-	runSlots(10)
-	before := consulStarts(readEvents(t, events))
-	lastBefore := before[len(before)-1].Token
-	deleted := e.exec(t, "DELETE FROM leaderrun_leases")
-	runSlots(11)
-
-	evs := readEvents(t, events)
-	ivs := checkExclusive(t, evs)
-	if len(ivs) < 21 {
-		t.Fatalf("%d children ran, want 21 (20 handovers)", len(ivs))
-	}
-	if first := ivs[len(before)].Token; first <= lastBefore {
-		t.Errorf("first token after DELETE FROM leaderrun_leases is %d, not greater than %d before it", first, lastBefore)
-	}
-	var gaps []time.Duration
-	tokens := make([]uint64, len(ivs))
-	for i, iv := range ivs {
-		tokens[i] = iv.Token
-		if i > 0 && i != len(before) {
-			gaps = append(gaps, iv.Start.Sub(ivs[i-1].End))
-		}
-	}
-	t.Logf("%d children, %d handovers; tokens %v; DELETE FROM leaderrun_leases (%d row) after token %d",
-		len(ivs), len(ivs)-1, tokens, deleted, lastBefore)
-	t.Logf("handover gap, old child's exit → next child's start: %s", consulSummary(gaps))
-}
-
-// testPgRowDeletedOrTaken (S3): an operator deleting the leader's row, or
-// giving it to another holder with an UPDATE, stops the child within 1 s
-// (aim: 100 ms) and leaderrun exits 76. Directly, the trigger's
-// notification reports it; through PgBouncer in transaction mode, where
-// notifications do not arrive, the next renewal does (within
-// --retry-period, 500 ms here).
-func testPgRowDeletedOrTaken(t *testing.T, e *pgEnv) {
+// testPgLossThroughPgBouncer (S3): an operator deleting the leader's
+// row, or giving it to another holder with an UPDATE, stops the child
+// within 1 s and leaderrun exits 76, also through PgBouncer in transaction
+// mode, where notifications do not arrive (TestStores/postgres covers a
+// direct connection): the next renewal sees it, within --retry-period
+// (500 ms here).
+func testPgLossThroughPgBouncer(t *testing.T, e *pgEnv) {
 	bouncer := e.bouncer(t)
 	for _, tc := range []struct {
 		name, sql string
 		bouncer   bool
 	}{
-		{"Delete", "DELETE FROM leaderrun_leases WHERE name = $1", false},
-		{"UpdateHolder", "UPDATE leaderrun_leases SET holder = 'intruder' WHERE name = $1", false},
-		{"UpdateTokenAndHolder", "UPDATE leaderrun_leases SET holder = 'intruder', token = nextval('leaderrun_leases_token_seq') WHERE name = $1", false},
 		{"DeleteThroughPgBouncer", "DELETE FROM leaderrun_leases WHERE name = $1", true},
 		{"UpdateHolderThroughPgBouncer", "UPDATE leaderrun_leases SET holder = 'intruder' WHERE name = $1", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var lat []time.Duration
-			for i := range consulTrials(t, 3) {
+			for i := range trials(t, 3) {
 				events := pgEvents(t)
 				lock := fmt.Sprintf("loss-%s-%d", strings.ToLower(tc.name), i)
 				u, mode := e.url, "notify"
@@ -350,26 +306,26 @@ func testPgRowDeletedOrTaken(t *testing.T, e *pgEnv) {
 				}
 			}
 			t.Logf("%s (%s): statement → kill signal: %s", tc.name, map[bool]string{false: "notifications", true: "polling"}[tc.bouncer],
-				consulSummary(lat))
+				summary(lat))
 		})
 	}
 }
 
-// testPgKill9Leader: SIGKILL of leaderrun alone takes its child down
-// within 1 s (pdeathsig and the watchdog), and a follower's child starts
-// within lease-duration + retry-period + 0.5 s, once the database's clock
-// says that the dead leader's lease expired: woken at the expiry when it
-// is notified, by its poll every retry period through PgBouncer.
-func testPgKill9Leader(t *testing.T, e *pgEnv) {
+// testPgKill9Polling: SIGKILL of leaderrun alone takes its child down
+// within 1 s, and a follower that polls every retry period through
+// PgBouncer (TestStores/postgres has it notified) starts its child within
+// lease-duration + retry-period + 0.5 s, once the database's clock says
+// that the dead leader's lease expired.
+func testPgKill9Polling(t *testing.T, e *pgEnv) {
 	bouncer := e.bouncer(t)
 	for _, tc := range []struct {
 		name    string
 		bouncer bool
-	}{{"FollowerNotified", false}, {"FollowerPollsThroughPgBouncer", true}} {
+	}{{"FollowerPollsThroughPgBouncer", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var gones, takes []time.Duration
 			bound := pgLease + pgRetry + 500*time.Millisecond
-			for i := range consulTrials(t, 3) {
+			for i := range trials(t, 3) {
 				events := pgEvents(t)
 				lock := fmt.Sprintf("kill9-%t-%d", tc.bouncer, i)
 				leader := e.run(t, events, "forever", e.url, lock, "leader")
@@ -406,169 +362,32 @@ func testPgKill9Leader(t *testing.T, e *pgEnv) {
 				follower.wait(10 * time.Second)
 			}
 			t.Logf("kill -9 of the leader (%s): old child gone after %s; follower's child started after %s (bound %v)",
-				tc.name, consulSummary(gones), consulSummary(takes), bound)
+				tc.name, summary(gones), summary(takes), bound)
 		})
 	}
 }
 
-// testPgStalledLeader (S2): the leader's link to PostgreSQL stops
-// forwarding without closing (its renewals and its listening connection
-// alike). Its child must be dead before the follower's starts, in every
-// trial ($E2E_TRIALS, default 20). The trials run five at a time side by
-// side, each with its own lock and proxy: they wait on the database's
-// clock, not on the CPU.
-func testPgStalledLeader(t *testing.T, e *pgEnv) {
-	type trial struct {
-		lock, events string
-		proxy        *testenv.Proxy
-		leader       *proc
-		stalled      time.Time
-	}
-	total := consulTrials(t, 20)
-	var stops, takes, margins []time.Duration
-	ok := 0
-	for first := 0; first < total; first += 5 {
-		trials := make([]*trial, min(5, total-first))
-		for i := range trials {
-			tr := &trial{lock: fmt.Sprintf("stall-%d", first+i), events: pgEvents(t), proxy: testenv.NewProxy(t, e.pg.Addr())}
-			tr.leader = e.run(t, tr.events, "forever", e.via(tr.proxy.Addr()), tr.lock, "leader")
-			trials[i] = tr
-		}
-		for _, tr := range trials {
-			waitEvents(t, tr.events, 10*time.Second, tr.lock+": the leader's child", etcdHas("start", "leader"))
-			waitListening(t, tr.leader, "notify")
-			waitListening(t, e.run(t, tr.events, "forever", e.url, tr.lock, "follower"), "notify")
-		}
-		for _, tr := range trials {
-			tr.stalled = time.Now()
-			tr.proxy.Stall()
-		}
-		for _, tr := range trials {
-			evs := waitEvents(t, tr.events, pgLease+10*time.Second, tr.lock+": the follower's child", etcdHas("start", "follower"))
-			checkExclusive(t, evs)
-			sig, signalled := etcdFind(evs, "signal", "leader")
-			exit, exited := etcdFind(evs, "exit", "leader")
-			next, _ := etcdFind(evs, "start", "follower")
-			if !signalled || !exited || !exit.At.Before(next.At) {
-				t.Errorf("%s: the leader's child was not dead before the follower's started\n%s", tr.lock, formatEvents(evs))
-				continue
-			}
-			ok++
-			stops = append(stops, sig.At.Sub(tr.stalled))
-			takes = append(takes, next.At.Sub(tr.stalled))
-			margins = append(margins, next.At.Sub(exit.At))
-		}
-		for _, tr := range trials {
-			tr.proxy.Resume()
-			if code := tr.leader.wait(15 * time.Second); code != 76 {
-				t.Errorf("%s: the stalled leader exited %d, want 76", tr.lock, code)
-			}
-		}
-	}
-	t.Logf("stalled leader: old child dead before the new one started in %d of %d trials", ok, total)
-	t.Logf("stall → leader's child signalled: %s", consulSummary(stops))
-	t.Logf("stall → follower's child started: %s", consulSummary(takes))
-	t.Logf("leader's child exit → follower's child start (safety margin): %s", consulSummary(margins))
-}
-
-// testPgSigtermHandover (S6, S8): SIGTERM stops the leader's child,
-// releases the row, and the notified follower's child starts within
-// 300 ms of the old child's exit (the median of the trials; a single trial
-// may take up to 1 s on a busy machine).
-func testPgSigtermHandover(t *testing.T, e *pgEnv) {
-	var gaps []time.Duration
-	for i := range consulTrials(t, 5) {
-		events := pgEvents(t)
-		lock := fmt.Sprintf("sigterm-%d", i)
-		leader := e.run(t, events, "forever", e.url, lock, "leader")
-		waitEvents(t, events, 10*time.Second, "the leader's child", etcdHas("start", "leader"))
-		follower := e.run(t, events, "forever", e.url, lock, "follower")
-		waitListening(t, follower, "notify")
-		leader.signal(syscall.SIGTERM)
-		if code := leader.wait(10 * time.Second); code != 0 {
-			t.Errorf("trial %d: leader exited %d after SIGTERM, want its child's 0", i, code)
-		}
-		evs := waitEvents(t, events, 5*time.Second, "the follower's child", etcdHas("start", "follower"))
-		checkExclusive(t, evs)
-		exit, _ := etcdFind(evs, "exit", "leader")
-		next, _ := etcdFind(evs, "start", "follower")
-		gap := next.At.Sub(exit.At)
-		gaps = append(gaps, gap)
-		if gap > time.Second {
-			t.Errorf("trial %d: follower's child started %v after the leader's child exited, want within 1s", i, gap)
-		}
-		follower.signal(syscall.SIGTERM)
-		follower.wait(10 * time.Second)
-	}
-	t.Logf("SIGTERM handover, old child's exit → new child's start: %s", consulSummary(gaps))
-	if m := median(gaps); m > 300*time.Millisecond {
-		t.Errorf("SIGTERM handover: median %v from the old child's exit to the new child's start, want within 300ms", m)
-	}
-}
-
-// testPgTryAndWait: --try on a held lock exits 75 within 100 ms (process
-// start, connection and authentication included) and changes nothing in
-// the database; --wait 500ms gives up after about 0.5 s; a waiting
-// candidate that gets SIGTERM withdraws at once.
-func testPgTryAndWait(t *testing.T, e *pgEnv) {
+// testPgWaitPolling: --wait 500ms on a held lock, polling through
+// PgBouncer (TestStores/postgres waits notified), gives up after about
+// 0.5 s with exit 75.
+func testPgWaitPolling(t *testing.T, e *pgEnv) {
 	const lock = "tw"
 	events := pgEvents(t)
 	e.run(t, events, "forever", e.url, lock, "holder")
 	waitEvents(t, events, 10*time.Second, "the holder's child", etcdHas("start", "holder"))
-	row := func() string {
-		return e.scalar(t, "SELECT holder || ' ' || owner || ' ' || token FROM leaderrun_leases WHERE name = $1", "leaderrun/"+lock)
+	u := e.via(e.bouncer(t).Addr())
+	began := time.Now()
+	code := e.run(t, events, "exit:0", u, lock, "wait-poll", "--wait", "500ms").wait(10 * time.Second)
+	took := time.Since(began)
+	t.Logf("--wait 500ms (poll) on a held lock: exit %d after %v", code, took.Round(time.Millisecond))
+	if code != 75 {
+		t.Errorf("--wait 500ms (poll) exited %d, want 75", code)
 	}
-	before := row()
-
-	var tries []time.Duration
-	for i := range 5 {
-		began := time.Now()
-		code := e.run(t, events, "exit:0", e.url, lock, fmt.Sprintf("try%d", i), "--try").wait(10 * time.Second)
-		tries = append(tries, time.Since(began))
-		if code != 75 {
-			t.Errorf("--try on a held lock exited %d, want 75", code)
-		}
+	if took < 500*time.Millisecond || took > time.Second {
+		t.Errorf("--wait 500ms (poll) gave up after %v, want about 500ms", took)
 	}
-	slices.Sort(tries)
-	t.Logf("--try on a held lock, exit 75 after (process start included): %s", consulSummary(tries))
-	if med := tries[len(tries)/2]; med > 100*time.Millisecond {
-		t.Errorf("--try took %v (median), want within 100ms", med)
-	}
-	if after := row(); after != before {
-		t.Errorf("--try changed the row from %q to %q", before, after)
-	}
-	if n := e.scalar(t, "SELECT count(*) FROM leaderrun_leases_history WHERE name = $1", "leaderrun/"+lock); n != "0" {
-		t.Errorf("--try left %s terms in the history, want none", n)
-	}
-
-	for _, mode := range []string{"notify", "poll"} {
-		u := e.url
-		if mode == "poll" {
-			u = e.via(e.bouncer(t).Addr())
-		}
-		began := time.Now()
-		code := e.run(t, events, "exit:0", u, lock, "wait-"+mode, "--wait", "500ms").wait(10 * time.Second)
-		took := time.Since(began)
-		t.Logf("--wait 500ms (%s) on a held lock: exit %d after %v", mode, code, took.Round(time.Millisecond))
-		if code != 75 {
-			t.Errorf("--wait 500ms (%s) exited %d, want 75", mode, code)
-		}
-		if took < 500*time.Millisecond || took > time.Second {
-			t.Errorf("--wait 500ms (%s) gave up after %v, want about 500ms", mode, took)
-		}
-	}
-
-	w := e.run(t, events, "exit:0", e.url, lock, "waiter")
-	waitListening(t, w, "notify")
-	w.signal(syscall.SIGTERM)
-	if code := w.wait(3 * time.Second); code != 128+int(syscall.SIGTERM) {
-		t.Errorf("waiter interrupted by SIGTERM exited %d, want %d", code, 128+int(syscall.SIGTERM))
-	}
-	if after := row(); after != before {
-		t.Errorf("the withdrawn waiter changed the row from %q to %q", before, after)
-	}
-	if evs := readEvents(t, events); count(evs, "start") != 1 {
-		t.Errorf("children started:\n%s\nwant only the holder's", formatEvents(evs))
+	if n := count(readEvents(t, events), "start"); n != 1 {
+		t.Errorf("%d children started, want the holder's alone", n)
 	}
 }
 
@@ -672,37 +491,6 @@ func testPgPermissionDenied(t *testing.T, e *pgEnv) {
 	}
 	if out, errs, code := pgOutput(t, env, "status", "--lock", "denied"); code != 3 {
 		t.Errorf("status as a role that may read: exit %d, want 3 (no leader)\n%s%s", code, out, errs)
-	}
-}
-
-// testPgCredentials: LEADERRUN_POSTGRES_URL, leaderrun's own credential,
-// does not reach the job unless --pass-credentials; PGPASSWORD and
-// DATABASE_URL, which a job uses for its own data, do.
-func testPgCredentials(t *testing.T, e *pgEnv) {
-	for _, tc := range []struct {
-		name  string
-		extra []string
-		want  string
-	}{
-		{"Default", nil, "url= pw=set db=set"},
-		{"PassCredentials", []string{"--pass-credentials"}, "url=set pw=set db=set"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			out := filepath.Join(t.TempDir(), "env")
-			job := `echo "url=${LEADERRUN_POSTGRES_URL:+set} pw=${PGPASSWORD:+set} db=${DATABASE_URL:+set}" > ` + out
-			env := []string{"LEADERRUN_POSTGRES_URL=" + e.url, "PGPASSWORD=job-secret", "DATABASE_URL=postgres://job@db/data"}
-			args := append(append(append([]string{"--lock", "creds"}, pgTimings...), tc.extra...), "--shell", "--", job)
-			if _, stderr, code := pgOutput(t, env, args...); code != 0 {
-				t.Fatalf("exit %d\n%s", code, stderr)
-			}
-			got, err := os.ReadFile(out)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if strings.TrimSpace(string(got)) != tc.want {
-				t.Errorf("the job saw %q, want %q", strings.TrimSpace(string(got)), tc.want)
-			}
-		})
 	}
 }
 
@@ -843,201 +631,6 @@ func testPgConnections(t *testing.T, e *pgEnv) {
 	follower.wait(10 * time.Second)
 	leader.signal(syscall.SIGTERM)
 	leader.wait(10 * time.Second)
-}
-
-// testPgStatusAndHistory: status exits 3 on a free lock and 0 with a
-// leader, whose identity, token (the child's FENCE_TOKEN), lease duration
-// and time left by the database's clock it shows; history of a lock never
-// used prints nothing and exits 0, and lists terms that ended in every
-// way, newest first, with the right statuses and tokens.
-func testPgStatusAndHistory(t *testing.T, e *pgEnv) {
-	const lock = "st"
-	env := []string{"LEADERRUN_POSTGRES_URL=" + e.url}
-	if out, errs, code := pgOutput(t, env, "history", "--lock", "never-used"); code != 0 || out != "" {
-		t.Errorf("history of a lock never used: exit %d, output %q %q; want exit 0 and nothing", code, out, errs)
-	}
-	out, _, code := pgOutput(t, env, "status", "--lock", lock)
-	if code != 3 || !strings.Contains(out, "none") {
-		t.Errorf("status of a free lock: exit %d, output:\n%s\nwant exit 3 and leader none", code, out)
-	}
-
-	events := pgEvents(t)
-	// Four terms: exit 0, exit 3, lost (row deleted), stopped by SIGTERM.
-	if code := e.run(t, events, "exit:0", e.url, lock, "ok").wait(10 * time.Second); code != 0 {
-		t.Fatalf("first run exited %d", code)
-	}
-	if code := e.run(t, events, "exit:3", e.url, lock, "three").wait(10 * time.Second); code != 3 {
-		t.Fatalf("second run exited %d, want the child's 3", code)
-	}
-	lost := e.run(t, events, "forever", e.url, lock, "lost")
-	waitEvents(t, events, 10*time.Second, "the third child", etcdHas("start", "lost"))
-	waitListening(t, lost, "notify")
-	e.exec(t, "DELETE FROM leaderrun_leases WHERE name = $1", "leaderrun/"+lock)
-	if code := lost.wait(10 * time.Second); code != 76 {
-		t.Fatalf("third run exited %d after its row was deleted, want 76", code)
-	}
-	holder := e.run(t, events, "forever", e.url, lock, "holder-1")
-	evs := waitEvents(t, events, 10*time.Second, "the holder's child", etcdHas("start", "holder-1"))
-	child, _ := etcdFind(evs, "start", "holder-1")
-
-	out, _, code = pgOutput(t, env, "status", "--lock", lock)
-	t.Logf("status:\n%s", out)
-	for _, want := range []string{"backend:     postgres", "leader:      holder-1", "token:       " + strconv.FormatUint(child.Token, 10),
-		"ttl:         3s", "lease left:", "last term:"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("status does not say %q", want)
-		}
-	}
-	if code != 0 || strings.Contains(out, "waiting:") {
-		t.Errorf("status: exit %d; want 0, and no waiting count (waiters leave no trace in the database)", code)
-	}
-	st, code := e.statusOf(t, lock)
-	if code != 0 || !st.Held || st.Identity != "holder-1" || st.Token != child.Token || st.Backend != "postgres" ||
-		st.Key != "leaderrun/"+lock || time.Duration(st.TTL) != pgLease || st.Waiting != -1 ||
-		st.Remaining <= 0 || time.Duration(st.Remaining) > pgLease {
-		t.Errorf("status --json: exit %d, %+v; want held by holder-1 with token %d, ttl %v, 0 < remaining <= ttl, waiting -1",
-			code, st, child.Token, pgLease)
-	}
-	holder.signal(syscall.SIGTERM)
-	if code := holder.wait(10 * time.Second); code != 0 {
-		t.Fatalf("holder exited %d after SIGTERM, want its child's 0", code)
-	}
-
-	terms := e.history(t, lock)
-	out, _, _ = pgOutput(t, env, "history", "--lock", lock)
-	t.Logf("history:\n%s", out)
-	starts := consulStarts(readEvents(t, events))
-	want := []struct {
-		id, end string
-		exit    int
-	}{{"holder-1", "stopped", 0}, {"lost", "lost", 143}, {"three", "exited", 3}, {"ok", "exited", 0}}
-	if len(terms) != len(want) || len(starts) != len(want) {
-		t.Fatalf("history --json has %d terms, %d children ran; want %d:\n%+v", len(terms), len(starts), len(want), terms)
-	}
-	for i, w := range want {
-		tm := terms[i]
-		if tm.Identity != w.id || tm.End != w.end || tm.Token != starts[len(starts)-1-i].Token ||
-			tm.Started.IsZero() || tm.Ended.Before(tm.Started) || tm.Acquired.After(tm.Started) {
-			t.Errorf("term %d: %+v; want %s ended %q with the token of its child, %d", i, tm, w.id, w.end, starts[len(starts)-1-i].Token)
-		}
-		if w.end != "lost" && tm.ExitCode != w.exit {
-			t.Errorf("term %d (%s): exit code %d, want %d", i, w.id, tm.ExitCode, w.exit)
-		}
-		if i > 0 && tm.Token >= terms[i-1].Token {
-			t.Errorf("history not newest first: token %d after %d", tm.Token, terms[i-1].Token)
-		}
-	}
-	if !strings.Contains(terms[1].Reason, "deleted") {
-		t.Errorf("the lost term's reason %q does not say that the row was deleted", terms[1].Reason)
-	}
-	if terms[0].Signal != "SIGTERM" {
-		t.Errorf("the stopped term's signal is %q, want SIGTERM", terms[0].Signal)
-	}
-	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 1+len(want) || !strings.HasPrefix(lines[0], "TOKEN") {
-		t.Errorf("history prints %d lines, want a header and %d terms", len(lines), len(want))
-	}
-}
-
-// testPgCheck: `leaderrun check` in the child exits 0 while leading, and
-// 1 within 100 ms of the row being deleted; leaderrun exits 76.
-func testPgCheck(t *testing.T, e *pgEnv) {
-	out, job := checkJob(t)
-	args := []string{"--lock", "chk", "--lease-duration", "8s", "--renew-deadline", "4s", "--retry-period", "1s",
-		"--kill-grace", "3s", "--shell", "--", job}
-	p := start(t, []string{"LEADERRUN_POSTGRES_URL=" + e.url}, args...)
-	waitFor(t, 10*time.Second, "a successful check", func() bool { return len(checks(out, 0)) > 0 })
-	waitListening(t, p, "notify")
-	deleted := time.Now()
-	e.exec(t, "DELETE FROM leaderrun_leases WHERE name = 'leaderrun/chk'")
-	expectCheckFails(t, p, out, deleted)
-}
-
-// pgOnceTimings are short enough for a waiting host to take over a killed
-// leader's lease, and run its 1 s job, within the fleet's --wait 3s: the
-// database expires the lease 1.2 s after the last renewal, to the
-// microsecond, and a notified waiter tries again at that moment.
-var pgOnceTimings = []string{"--lease-duration", "1200ms", "--renew-deadline", "800ms", "--retry-period", "200ms", "--kill-grace", "300ms"}
-
-// testPgOnceCron is the fleet's crontab (cronFleet) on PostgreSQL: 10
-// periods of 4 s, three hosts at random offsets with --wait 3s --once-per
-// 4s, a kill -9 of the leader mid-run in 3 of them. Exactly one completed
-// run per period, never two jobs at once, and history agrees.
-func testPgOnceCron(t *testing.T, e *pgEnv) {
-	const lock = "cron"
-	cronFleet{
-		args: func(int) []string {
-			return append([]string{"--postgres-url", e.url, "--lock", lock}, pgOnceTimings...)
-		},
-		period: 4 * time.Second, wait: 3 * time.Second, periods: 10, kills: []int{2, 5, 8}, jobTime: time.Second,
-		history: func(t *testing.T) []historyTerm {
-			out, code := output(t, "history", "--json", "--limit", "100", "--postgres-url", e.url, "--lock", lock)
-			if code != 0 {
-				t.Fatalf("history exit %d: %s", code, out)
-			}
-			return parseHistory(t, out)
-		},
-	}.run(t)
-	// The markers table agrees with the history: each completed period's
-	// marker carries the token of the term that completed it.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	rows, err := e.admin.Query(ctx, `SELECT m.key, m.identity, m.token, h.end_ok FROM leaderrun_leases_markers m
-		LEFT JOIN LATERAL (SELECT bool_and(how = 'exited' AND exit_code = 0) AS end_ok FROM leaderrun_leases_history
-			WHERE name = m.name AND token = m.token) h ON true
-		WHERE m.name = $1 ORDER BY m.key`, "leaderrun/"+lock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	n := 0
-	for rows.Next() {
-		var (
-			key, id string
-			token   int64
-			ok      *bool
-		)
-		if err := rows.Scan(&key, &id, &token, &ok); err != nil {
-			t.Fatal(err)
-		}
-		n++
-		if ok == nil || !*ok {
-			t.Errorf("marker %s by %s with token %d has no term in the history that exited 0", key, id, token)
-		}
-	}
-	if n == 0 {
-		t.Errorf("no markers in leaderrun_leases_markers")
-	}
-	t.Logf("%d markers of the fleet's periods are still kept (they expire 7 periods after their run)", n)
-}
-
-// testPgOnceFailures (the shared onceFailures): a job that exits 1
-// records nothing and the next candidate runs it; a job that deletes its
-// leader's row and exits 0 leaves no marker, its leader exits 76, and the
-// next candidate runs it; after a success the next candidate runs nothing.
-func testPgOnceFailures(t *testing.T, e *pgEnv) {
-	const lock = "nightly"
-	args := append([]string{"--postgres-url", e.url, "--lock", lock}, pgTimings...)
-	del := fmt.Sprintf(`PGPASSWORD=%s %s -X -q -h %s -p %d -U postgres -d postgres -c "DELETE FROM leaderrun_leases WHERE name = 'leaderrun/%s'"`,
-		e.pg.Password, filepath.Join(e.bin, "psql"), e.pg.Host(), e.pg.Port(), lock)
-	onceFailures(t, args, del)
-	out, code := output(t, "history", "--postgres-url", e.url, "--lock", lock)
-	if code != 0 || !strings.Contains(out, "exited 1") || !strings.Contains(out, "skipped") {
-		t.Errorf("history (exit %d):\n%s", code, out)
-	}
-	t.Logf("history:\n%s", out)
-	// The candidate that lost its row ran its job to exit 0: the marker is
-	// the one of the candidate after it.
-	terms := e.history(t, lock)
-	marker := e.scalar(t, "SELECT identity || ' ' || token FROM leaderrun_leases_markers WHERE name = $1 AND key = 'nightly-1'", "leaderrun/"+lock)
-	var succeeded pgTerm
-	for _, tm := range terms {
-		if tm.Identity == "succeeds" {
-			succeeded = tm
-		}
-	}
-	if want := fmt.Sprintf("succeeds %d", succeeded.Token); marker != want {
-		t.Errorf("marker %q, want %q", marker, want)
-	}
 }
 
 // testPgOnceLossBeforeMarker: a leader whose lease is lost between its

@@ -99,6 +99,7 @@ func unitCopies(t *testing.T) string {
 // TestSystemdUnitsVerify: `systemd-analyze verify` has nothing to say about
 // any example unit, with leaderrun where the unit expects it.
 func TestSystemdUnitsVerify(t *testing.T) {
+	t.Parallel()
 	analyze := tool(t, "systemd-analyze", "systemd")
 	dir := unitCopies(t)
 	for _, f := range unitFiles(t, "*") {
@@ -131,6 +132,7 @@ var exposureLine = regexp.MustCompile(`Overall exposure level for \S+: ([0-9.]+)
 // TestSystemdUnitsSecurity: `systemd-analyze security` rates every example
 // service maxExposure or better. Timers have no sandbox of their own.
 func TestSystemdUnitsSecurity(t *testing.T) {
+	t.Parallel()
 	analyze := tool(t, "systemd-analyze", "systemd")
 	dir := unitCopies(t)
 	for _, f := range unitFiles(t, "*.service") {
@@ -282,6 +284,7 @@ func logFile(t *testing.T, path string) outputFile {
 // filter would fail with EPERM under systemd and break the job; this is
 // the check that the sandbox does not, without a systemd to run it in.
 func TestSystemdSandboxCoversLeaderrun(t *testing.T) {
+	t.Parallel()
 	analyze := tool(t, "systemd-analyze", "systemd")
 	strace := tool(t, "strace", "strace")
 	groups := syscallGroups(t, analyze)
@@ -480,6 +483,7 @@ func TestSystemdSandboxCoversLeaderrun(t *testing.T) {
 // test runs leaderrun as nobody, the owner of the directory, as systemd
 // would run it as the dynamic user.)
 func TestSystemdStateDirectoryLayout(t *testing.T) {
+	t.Parallel()
 	root, err := os.MkdirTemp("", "leaderrun-statedir-")
 	if err != nil {
 		t.Fatal(err)

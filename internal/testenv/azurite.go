@@ -7,11 +7,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -45,14 +42,8 @@ type Azurite struct {
 	Account, Key string
 
 	t    scope
-	args []string
-	env  []string
 	addr string
-	log  string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has been reaped
+	srv  *Server
 }
 
 // StartAzurite starts a blob service and waits until it answers. Ports are
@@ -68,26 +59,22 @@ func StartAzurite(t testing.TB) *Azurite {
 		Account: "lr" + randomHex(6),
 		Key:     base64.StdEncoding.EncodeToString(key),
 		t:       t,
-		log:     filepath.Join(dir, "azurite.log"),
 	}
-	// AZURITE_ACCOUNTS replaces the well-known development account.
-	a.env = append(os.Environ(), "AZURITE_ACCOUNTS="+a.Account+":"+a.Key)
+	a.srv = &Server{Name: "azurite", Log: filepath.Join(dir, "azurite.log"), StartTimeout: azuriteStartTimeout, Ready: a.serving,
+		// AZURITE_ACCOUNTS replaces the well-known development account.
+		Env: append(os.Environ(), "AZURITE_ACCOUNTS="+a.Account+":"+a.Key)}
 	var err error
 	for try := 0; try < 3; try++ {
 		port := FreePort(t, "127.0.0.1")
 		a.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		// --location keeps the data on disk, so that Restart keeps it
 		// as an operator's restart would; the directory is the test's.
-		a.args = []string{bin, "--blobHost", "127.0.0.1", "--blobPort", strconv.Itoa(port),
+		a.srv.Argv = []string{bin, "--blobHost", "127.0.0.1", "--blobPort", strconv.Itoa(port),
 			"--location", dir, "--skipApiVersionCheck", "--disableTelemetry", "--silent"}
-		if err = a.spawn(); err != nil {
-			t.Fatal(err)
-		}
-		if err = a.waitServing(time.Now().Add(azuriteStartTimeout)); err == nil {
-			t.Cleanup(func() { a.terminate(syscall.SIGTERM, 10*time.Second) })
+		if err = a.srv.Start(); err == nil {
+			t.Cleanup(a.srv.Stop)
 			return a
 		}
-		a.terminate(syscall.SIGKILL, 10*time.Second)
 	}
 	t.Fatalf("start azurite: %v", err)
 	return nil
@@ -115,16 +102,13 @@ func (a *Azurite) ConnectionStringVia(addr string) string {
 
 // Stop stops the service with SIGTERM, as a service manager would, and
 // waits until it is gone.
-func (a *Azurite) Stop() { a.terminate(syscall.SIGTERM, 10*time.Second) }
+func (a *Azurite) Stop() { a.srv.Stop() }
 
 // Start starts a stopped service again, with its data, and waits until it
 // answers.
 func (a *Azurite) Start() {
 	a.t.Helper()
-	if err := a.spawn(); err != nil {
-		a.t.Fatalf("%v", err)
-	}
-	if err := a.waitServing(time.Now().Add(azuriteStartTimeout)); err != nil {
+	if err := a.srv.Start(); err != nil {
 		a.t.Fatalf("%v", err)
 	}
 }
@@ -136,89 +120,15 @@ func (a *Azurite) Restart() {
 }
 
 // Pid is the service's process id, 0 if it is not running.
-func (a *Azurite) Pid() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.cmd == nil {
-		return 0
-	}
-	return a.cmd.Process.Pid
-}
+func (a *Azurite) Pid() int { return a.srv.Pid() }
 
-func (a *Azurite) spawn() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.cmd != nil {
-		return fmt.Errorf("azurite %s is already running", a.addr)
-	}
-	logf, err := os.OpenFile(a.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command(a.args[0], a.args[1:]...)
-	cmd.Env = a.env
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = serverProcAttr()
-	done, err := startServer(cmd)
-	if err != nil {
-		return fmt.Errorf("start azurite: %w", err)
-	}
-	a.cmd, a.done = cmd, done
-	return nil
-}
-
-// terminate signals the service, waits up to grace for it to exit, then
-// kills it.
-func (a *Azurite) terminate(sig syscall.Signal, grace time.Duration) {
-	a.mu.Lock()
-	cmd, done := a.cmd, a.done
-	a.cmd, a.done = nil, nil
-	a.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-		return
-	case <-time.After(grace):
-	}
-	_ = cmd.Process.Kill()
-	<-done
-}
-
-// waitServing polls the service until it answers an HTTP request (any
-// status: an unsigned request is refused, which is an answer): a server
-// in another process offers nothing else to wait on.
-func (a *Azurite) waitServing(deadline time.Time) error {
-	a.mu.Lock()
-	done := a.done
-	a.mu.Unlock()
+// serving asks the service for its properties: any answer will do (an
+// unsigned request is refused, which is an answer).
+func (a *Azurite) serving() error {
 	c := &http.Client{Timeout: time.Second}
-	for {
-		select {
-		case <-done:
-			return fmt.Errorf("azurite %s exited before it served:\n%s", a.addr, a.tail())
-		default:
-		}
-		resp, err := c.Get(a.AccountURL() + "?comp=properties&restype=service")
-		if err == nil {
-			resp.Body.Close()
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("azurite %s does not answer after %v (last: %v):\n%s", a.addr, azuriteStartTimeout, err, a.tail())
-		}
-		time.Sleep(50 * time.Millisecond)
+	resp, err := c.Get(a.AccountURL() + "?comp=properties&restype=service")
+	if err == nil {
+		resp.Body.Close()
 	}
-}
-
-// tail is the end of the service's log, for failure messages.
-func (a *Azurite) tail() string {
-	data, _ := os.ReadFile(a.log)
-	if len(data) > 4000 {
-		data = data[len(data)-4000:]
-	}
-	return string(data)
+	return err
 }

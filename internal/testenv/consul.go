@@ -6,12 +6,9 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -38,11 +35,7 @@ type ConsulAgent struct {
 	name  string // node name
 	addr  string // host:port of the HTTP API
 	token string // management token, if ACLs are on
-	argv  []string
-	log   string
-
-	cmd  *exec.Cmd
-	done chan struct{}
+	srv   *Server
 }
 
 // StartConsul starts a single dev agent (server and client in one, state
@@ -57,7 +50,7 @@ func StartConsul(t testing.TB, opts ConsulOptions) *ConsulAgent {
 		argv = append(argv, "-hcl", fmt.Sprintf(`acl { enabled = true, default_policy = "deny", tokens { initial_management = %q } }`, opts.ACLToken))
 	}
 	a := &ConsulAgent{t: t, name: "dev1", addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports.http)),
-		token: opts.ACLToken, argv: argv, log: filepath.Join(dir, "consul.log")}
+		token: opts.ACLToken, srv: &Server{Name: "consul dev1", Argv: argv, Log: filepath.Join(dir, "consul.log")}}
 	t.Cleanup(a.Stop)
 	a.Start()
 	return a
@@ -94,7 +87,7 @@ func StartConsulCluster(t testing.TB, n int) []*ConsulAgent {
 			}
 		}
 		agents[i] = &ConsulAgent{t: t, name: name, addr: net.JoinHostPort(ip, strconv.Itoa(ports[i].http)),
-			argv: argv, log: filepath.Join(dir, name+".log")}
+			srv: &Server{Name: "consul " + name, Argv: argv, Log: filepath.Join(dir, name+".log")}}
 		t.Cleanup(agents[i].Stop)
 	}
 	// A server elects no leader before bootstrap-expect servers run, so
@@ -135,42 +128,11 @@ func (a *ConsulAgent) Start() {
 	a.waitReady()
 }
 
-func (a *ConsulAgent) running() bool {
-	if a.cmd == nil {
-		return false
-	}
-	select {
-	case <-a.done:
-		return false
-	default:
-		return true
-	}
-}
-
 func (a *ConsulAgent) spawn() {
 	a.t.Helper()
-	if a.running() {
-		return
-	}
-	logf, err := os.OpenFile(a.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
+	if err := a.srv.Spawn(); err != nil {
 		a.t.Fatal(err)
 	}
-	cmd := exec.Command(a.argv[0], a.argv[1:]...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// Its own group, so that a test's signals to leaderrun never reach it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		a.t.Fatalf("start consul %s: %v", a.name, err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = cmd.Wait()
-		logf.Close()
-	}()
-	a.cmd, a.done = cmd, done
 }
 
 // waitReady polls the agent until it knows a leader and its node's
@@ -193,10 +155,8 @@ func waitConsulReady(t testing.TB, agents []*ConsulAgent) {
 		var late *ConsulAgent
 		var leader, health string
 		for _, a := range agents {
-			select {
-			case <-a.done:
-				t.Fatalf("consul %s exited while starting:\n%s", a.name, a.tail())
-			default:
+			if !a.srv.Running() {
+				t.Fatalf("consul %s exited while starting:\n%s", a.name, a.srv.Tail())
 			}
 			if late != nil {
 				continue
@@ -212,7 +172,7 @@ func waitConsulReady(t testing.TB, agents []*ConsulAgent) {
 		if time.Now().After(deadline) {
 			var logs strings.Builder
 			for _, a := range agents {
-				fmt.Fprintf(&logs, "--- consul %s:\n%s\n", a.name, a.tail())
+				fmt.Fprintf(&logs, "--- consul %s:\n%s\n", a.name, a.srv.Tail())
 			}
 			t.Fatalf("consul %s not ready after 60s (leader %q, health %q):\n%s", late.name, leader, health, logs.String())
 		}
@@ -243,28 +203,12 @@ func (a *ConsulAgent) get(path string) string {
 	return string(body)
 }
 
-func (a *ConsulAgent) tail() string {
-	data, _ := os.ReadFile(a.log)
-	if len(data) > 4000 {
-		data = data[len(data)-4000:]
-	}
-	return string(data)
-}
-
 // Stop stops the agent with SIGTERM, or SIGKILL if it is still running 10 s
 // later, and waits until it is gone. Stopping a stopped agent does nothing.
-func (a *ConsulAgent) Stop() {
-	if !a.running() {
-		return
-	}
-	_ = a.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-a.done:
-	case <-time.After(10 * time.Second):
-		_ = a.cmd.Process.Kill()
-		<-a.done
-	}
-}
+func (a *ConsulAgent) Stop() { a.srv.Stop() }
+
+// Pid is the agent's process id, 0 if it is not running.
+func (a *ConsulAgent) Pid() int { return a.srv.Pid() }
 
 // Restart stops the agent and starts it again on the same ports.
 func (a *ConsulAgent) Restart() {

@@ -1,16 +1,16 @@
 package testenv
 
 import (
-	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -69,81 +69,58 @@ func DynamoDBEmulatorBinary(t testing.TB) string {
 }
 
 // DynamoDB is one emulator process on a free loopback port, stopped when
-// the test ends. Its tables live in its memory only.
+// the test ends. Its tables live in its memory only: Stop and Start keep
+// its port, not its tables.
 type DynamoDB struct {
 	// URL is the endpoint: http://127.0.0.1:PORT.
 	URL string
 
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  *os.File
+	srv *Server
 }
 
 // StartDynamoDB starts an emulator and waits until it accepts connections.
-// The kernel picks its port as it binds it (no race with other tests), and
-// it reports it on standard output.
 func StartDynamoDB(t testing.TB) *DynamoDB {
 	t.Helper()
 	bin := DynamoDBEmulatorBinary(t)
-	log, err := os.CreateTemp(t.TempDir(), "ddbemu-*.log")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "-listen", "127.0.0.1:0")
-	cmd.Stderr = log
-	cmd.SysProcAttr = dieWithParent()
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start the DynamoDB emulator: %v", err)
-	}
-	d := &DynamoDB{cmd: cmd, done: make(chan struct{}), log: log}
-	t.Cleanup(d.stop)
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		if sc.Scan() {
-			addr <- strings.TrimPrefix(sc.Text(), "listening ")
+	dir := t.TempDir()
+	d := &DynamoDB{}
+	var err error
+	for try := 0; try < 3; try++ {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t, "127.0.0.1")))
+		d.URL = "http://" + addr
+		d.srv = &Server{Name: "the DynamoDB emulator", Argv: []string{bin, "-listen", addr}, Log: filepath.Join(dir, "ddbemu.log"),
+			StopGrace: 5 * time.Second, StartTimeout: 30 * time.Second, Ready: func() error {
+				c, err := net.DialTimeout("tcp", addr, time.Second)
+				if err == nil {
+					c.Close()
+				}
+				return err
+			}}
+		if err = d.srv.Start(); err == nil {
+			t.Cleanup(d.srv.Stop)
+			return d
 		}
-		close(addr)
-		_, _ = bufio.NewReader(out).WriteTo(log) // keep the pipe drained
-		_ = cmd.Wait()
-		close(d.done)
-	}()
-	select {
-	case a, ok := <-addr:
-		if !ok || a == "" {
-			t.Fatalf("the DynamoDB emulator exited before listening: %s", d.tail())
-		}
-		d.URL = "http://" + a
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the DynamoDB emulator did not listen within 30s: %s", d.tail())
 	}
-	return d
+	t.Fatal(err)
+	return nil
 }
 
 // Addr is host:port of the emulator.
 func (d *DynamoDB) Addr() string { return strings.TrimPrefix(d.URL, "http://") }
 
-func (d *DynamoDB) stop() {
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.done:
-	case <-time.After(5 * time.Second):
-		_ = d.cmd.Process.Kill()
-		<-d.done
+// Stop stops the emulator (its tables are gone) and waits until it is.
+func (d *DynamoDB) Stop(t testing.TB) { d.srv.Stop() }
+
+// Start starts a stopped emulator again on its port, without tables.
+func (d *DynamoDB) Start(t testing.TB) {
+	t.Helper()
+	if err := d.srv.Start(); err != nil {
+		t.Fatal(err)
 	}
 }
 
-func (d *DynamoDB) tail() string {
-	data, _ := os.ReadFile(d.log.Name())
-	if len(data) > 2000 {
-		data = data[len(data)-2000:]
-	}
-	return string(data)
-}
+// Pid is the emulator's process id, 0 if it is not running.
+func (d *DynamoDB) Pid() int { return d.srv.Pid() }
 
 // DynamoDBEnv is the environment of a process that reaches the emulator
 // with access key id akid (see ddbemu for the keys that play IAM): static

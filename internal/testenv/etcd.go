@@ -18,8 +18,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -86,17 +84,9 @@ type EtcdMember struct {
 	// removed is set once Remove took the member out of the cluster.
 	removed bool
 
-	args []string
-	dir  string // data, log and socket
-	log  string
+	dir  string       // data, log and socket
 	http *http.Client // for /health
-	// shared: the member belongs to the process, not to a test (see
-	// dieWithParent).
-	shared bool
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has been reaped
+	srv  *Server
 }
 
 // etcdStartTimeout bounds the wait for a new cluster to be healthy.
@@ -187,9 +177,7 @@ func (e *Etcd) newMember(t scope, name string) *EtcdMember {
 	if e.TLS != nil {
 		scheme, hc = "https", e.TLS.httpClient(t)
 	}
-	_, shared := t.(*procScope)
 	m := &EtcdMember{
-		shared:    shared,
 		Name:      name,
 		ClientURL: fmt.Sprintf("%s://127.0.0.1:%d", scheme, freePort(t, "127.0.0.1")),
 		PeerURL:   fmt.Sprintf("http://127.0.0.1:%d", freePort(t, "127.0.0.1")),
@@ -202,7 +190,7 @@ func (e *Etcd) newMember(t scope, name string) *EtcdMember {
 			m.SocketURL = "unixs://" + filepath.Join(m.dir, "etcd.sock")
 		}
 	}
-	m.log = filepath.Join(m.dir, "etcd.log")
+	m.srv = &Server{Name: "etcd member " + name, Log: filepath.Join(m.dir, "etcd.log"), Ready: m.healthy}
 	return m
 }
 
@@ -213,7 +201,7 @@ func (m *EtcdMember) setArgs(e *Etcd, cluster []string, state string) {
 	if m.SocketURL != "" {
 		listen += "," + m.SocketURL
 	}
-	m.args = []string{e.bin,
+	m.srv.Argv = []string{e.bin,
 		"--name", m.Name,
 		"--data-dir", filepath.Join(m.dir, "data"),
 		"--listen-client-urls", listen, "--advertise-client-urls", m.ClientURL,
@@ -224,14 +212,14 @@ func (m *EtcdMember) setArgs(e *Etcd, cluster []string, state string) {
 		"--log-level", "warn",
 	}
 	if e.TLS != nil {
-		m.args = append(m.args, "--cert-file", e.TLS.serverCert, "--key-file", e.TLS.serverKey,
+		m.srv.Argv = append(m.srv.Argv, "--cert-file", e.TLS.serverCert, "--key-file", e.TLS.serverKey,
 			"--client-cert-auth", "--trusted-ca-file", e.TLS.CACert)
 	}
 }
 
 func (e *Etcd) start() error {
 	for _, m := range e.Members {
-		if err := m.spawn(); err != nil {
+		if err := m.srv.Spawn(); err != nil {
 			return err
 		}
 	}
@@ -240,7 +228,7 @@ func (e *Etcd) start() error {
 
 func (e *Etcd) stop() {
 	for _, m := range e.Members {
-		m.terminate(syscall.SIGTERM, 10*time.Second)
+		m.srv.Stop()
 	}
 }
 
@@ -268,7 +256,7 @@ func (e *Etcd) waitHealthy(timeout time.Duration) error {
 		if m.removed {
 			continue
 		}
-		if err := m.waitHealthy(deadline); err != nil {
+		if err := m.srv.WaitReady(deadline); err != nil {
 			return err
 		}
 	}
@@ -350,15 +338,12 @@ func (e *Etcd) Remove(t testing.TB, m *EtcdMember) {
 		t.Fatalf("remove member %s: %v", m.Name, err)
 	}
 	m.removed = true
-	m.mu.Lock()
-	done := m.done
-	m.mu.Unlock()
 	select {
-	case <-done:
+	case <-m.srv.Done():
 	case <-time.After(etcdStartTimeout):
 		t.Fatalf("removed member %s still running after %v", m.Name, etcdStartTimeout)
 	}
-	m.terminate(syscall.SIGKILL, 0)
+	m.srv.Kill()
 }
 
 func (e *Etcd) memberID(ctx context.Context, t testing.TB, cli *clientv3.Client, m *EtcdMember) uint64 {
@@ -403,23 +388,21 @@ func (e *Etcd) RaftLeader(t testing.TB) *EtcdMember {
 // waits until it is gone.
 func (m *EtcdMember) Stop(t testing.TB) {
 	t.Helper()
-	m.terminate(syscall.SIGTERM, 10*time.Second)
+	m.srv.Stop()
 }
 
 // Kill stops the member with SIGKILL and waits until it is gone.
 func (m *EtcdMember) Kill(t testing.TB) {
 	t.Helper()
-	m.terminate(syscall.SIGKILL, 10*time.Second)
+	m.srv.Kill()
 }
 
 // Start starts a stopped member again, with its data, and waits until it
 // is healthy.
 func (m *EtcdMember) Start(t testing.TB) {
 	t.Helper()
-	if err := m.spawn(); err != nil {
-		t.Fatalf("%v", err)
-	}
-	if err := m.waitHealthy(time.Now().Add(etcdStartTimeout)); err != nil {
+	m.srv.StartTimeout = etcdStartTimeout
+	if err := m.srv.Start(); err != nil {
 		t.Fatalf("%v", err)
 	}
 }
@@ -432,104 +415,24 @@ func (m *EtcdMember) Restart(t testing.TB) {
 }
 
 // Pid is the member's process id, 0 if it is not running.
-func (m *EtcdMember) Pid() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.cmd == nil {
-		return 0
-	}
-	return m.cmd.Process.Pid
-}
+func (m *EtcdMember) Pid() int { return m.srv.Pid() }
 
-func (m *EtcdMember) spawn() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.cmd != nil {
-		return fmt.Errorf("etcd member %s is already running", m.Name)
-	}
-	logf, err := os.OpenFile(m.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+// healthy asks the member's /health whether it is connected to a quorum
+// with a leader.
+func (m *EtcdMember) healthy() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, m.ClientURL+"/health", nil)
+	resp, err := m.http.Do(req)
 	if err != nil {
 		return err
 	}
-	defer logf.Close()
-	cmd := exec.Command(m.args[0], m.args[1:]...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if m.shared {
-		cmd.SysProcAttr = dieWithParent()
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), `"health":"true"`) {
+		return fmt.Errorf("/health: %s", strings.TrimSpace(string(body)))
 	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start etcd member %s: %w", m.Name, err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = cmd.Wait()
-	}()
-	m.cmd, m.done = cmd, done
 	return nil
-}
-
-// terminate signals the member, waits up to grace for it to exit, then
-// kills it.
-func (m *EtcdMember) terminate(sig syscall.Signal, grace time.Duration) {
-	m.mu.Lock()
-	cmd, done := m.cmd, m.done
-	m.cmd, m.done = nil, nil
-	m.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-		return
-	case <-time.After(grace):
-	}
-	_ = cmd.Process.Kill()
-	<-done
-}
-
-// waitHealthy polls the member's /health until it answers true. A server
-// in another process offers nothing else to wait on.
-func (m *EtcdMember) waitHealthy(deadline time.Time) error {
-	m.mu.Lock()
-	done := m.done
-	m.mu.Unlock()
-	for {
-		if done == nil {
-			return fmt.Errorf("etcd member %s is not running", m.Name)
-		}
-		select {
-		case <-done:
-			return fmt.Errorf("etcd member %s exited before it was healthy:\n%s", m.Name, m.tail())
-		default:
-		}
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, m.ClientURL+"/health", nil)
-		resp, err := m.http.Do(req)
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if strings.Contains(string(body), `"health":"true"`) {
-				cancel()
-				return nil
-			}
-		}
-		cancel()
-		if time.Now().After(deadline) {
-			return fmt.Errorf("etcd member %s not healthy in time (last: %v):\n%s", m.Name, err, m.tail())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// tail is the end of the member's log, for failure messages.
-func (m *EtcdMember) tail() string {
-	data, _ := os.ReadFile(m.log)
-	if len(data) > 4000 {
-		data = data[len(data)-4000:]
-	}
-	return string(data)
 }
 
 // newEtcdTLS writes a CA, a server certificate for 127.0.0.1 and a client

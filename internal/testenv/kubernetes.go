@@ -24,7 +24,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -72,16 +71,10 @@ type Kube struct {
 	ca     *testCert
 	tokens map[string]string
 	etcd   *Etcd
-	args   []string
-	log    string
-	shared bool
 	http   *http.Client
 	peers  *atomic.Int64 // servers started on the same etcd, this one included
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	seq  atomic.Int64
+	srv    *Server
+	seq    atomic.Int64
 }
 
 // kubeStartTimeout bounds the wait for /readyz: a cold start on a loaded
@@ -140,8 +133,7 @@ func StopSharedKube() {
 
 func startKube(t scope, apiserver, etcdBin string) *Kube {
 	t.Helper()
-	_, shared := t.(*procScope)
-	k := &Kube{dir: t.TempDir(), shared: shared, tokens: map[string]string{}, peers: new(atomic.Int64)}
+	k := &Kube{dir: t.TempDir(), tokens: map[string]string{}, peers: new(atomic.Int64)}
 	k.peers.Add(1)
 	k.etcd = startEtcd(t, etcdBin, 1, nil)
 	k.writeFiles(t)
@@ -167,14 +159,15 @@ func (k *Kube) listen(t scope, apiserver string) {
 	var lastErr error
 	for try := 0; try < 3; try++ {
 		k.URL = fmt.Sprintf("https://127.0.0.1:%d", freePort(t, "127.0.0.1"))
-		k.args = k.argv(apiserver)
-		if lastErr = k.spawn(); lastErr == nil {
-			if lastErr = k.waitReady(kubeStartTimeout); lastErr == nil {
-				t.Cleanup(k.stop)
-				return
-			}
+		// Each start's log anew: a retry on another port need not quote
+		// the last one's failure.
+		log := filepath.Join(k.dir, fmt.Sprintf("kube-apiserver%s.%d.log", k.name, try))
+		k.srv = &Server{Name: "kube-apiserver" + k.name, Argv: k.argv(apiserver), Log: log,
+			StartTimeout: kubeStartTimeout, Ready: k.ready}
+		if lastErr = k.srv.Start(); lastErr == nil {
+			t.Cleanup(k.srv.Stop)
+			return
 		}
-		k.stop()
 		if !strings.Contains(lastErr.Error(), "address already in use") {
 			break
 		}
@@ -370,81 +363,23 @@ func (k *Kube) LeaseWatches(t testing.TB) int {
 	return n
 }
 
-func (k *Kube) spawn() error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.cmd != nil {
-		return fmt.Errorf("kube-apiserver is already running")
-	}
-	k.log = filepath.Join(k.dir, "kube-apiserver"+k.name+".log")
-	logf, err := os.OpenFile(k.log, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command(k.args[0], k.args[1:]...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if k.shared {
-		cmd.SysProcAttr = dieWithParent()
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start kube-apiserver: %w", err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = cmd.Wait()
-	}()
-	k.cmd, k.done = cmd, done
-	return nil
-}
-
-// stop sends SIGTERM, waits up to 10 s, then kills.
-func (k *Kube) stop() {
-	k.mu.Lock()
-	cmd, done := k.cmd, k.done
-	k.cmd, k.done = nil, nil
-	k.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-		return
-	case <-time.After(10 * time.Second):
-	}
-	_ = cmd.Process.Kill()
-	<-done
-}
-
 // Stop stops the apiserver (SIGTERM, as a service manager would), leaving
 // its etcd running; Start starts it again on the same port.
 func (k *Kube) Stop(t testing.TB) {
 	t.Helper()
-	k.stop()
+	k.srv.Stop()
 }
 
 // Start starts a stopped apiserver again and waits until it is ready.
 func (k *Kube) Start(t testing.TB) {
 	t.Helper()
-	if err := k.spawn(); err != nil {
-		t.Fatal(err)
-	}
-	if err := k.waitReady(kubeStartTimeout); err != nil {
+	if err := k.srv.Start(); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // Pid is the apiserver's process id, 0 if it is not running.
-func (k *Kube) Pid() int {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.cmd == nil {
-		return 0
-	}
-	return k.cmd.Process.Pid
-}
+func (k *Kube) Pid() int { return k.srv.Pid() }
 
 // Ready reports whether the apiserver answers its /readyz check with ok
 // within a second: what a load balancer in front of it asks before it
@@ -467,44 +402,18 @@ func (k *Kube) Ready() bool {
 // Addr is the apiserver's host:port.
 func (k *Kube) Addr() string { return strings.TrimPrefix(k.URL, "https://") }
 
-// waitReady polls /readyz, the apiserver's own readiness check, until it
-// answers ok. A server in another process offers nothing else to wait on.
-func (k *Kube) waitReady(timeout time.Duration) error {
-	k.mu.Lock()
-	done := k.done
-	k.mu.Unlock()
-	deadline := time.Now().Add(timeout)
-	var last string
-	for {
-		select {
-		case <-done:
-			return fmt.Errorf("kube-apiserver exited before it was ready:\n%s", k.tail())
-		default:
-		}
-		code, body, err := k.do(KubeAdmin, http.MethodGet, "/readyz", nil)
-		if err == nil && code == http.StatusOK {
-			return nil
-		}
-		last = fmt.Sprintf("%d %s %v", code, firstLine(body), err)
-		if time.Now().After(deadline) {
-			return fmt.Errorf("kube-apiserver not ready after %v (last: %s):\n%s", timeout, last, k.tail())
-		}
-		time.Sleep(50 * time.Millisecond)
+// ready asks /readyz, the apiserver's own readiness check.
+func (k *Kube) ready() error {
+	code, body, err := k.do(KubeAdmin, http.MethodGet, "/readyz", nil)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("/readyz: %d %s", code, firstLine(body))
 	}
+	return err
 }
 
 func firstLine(b []byte) string {
 	s, _, _ := strings.Cut(string(b), "\n")
 	return s
-}
-
-// tail is the end of the apiserver's log, for failure messages.
-func (k *Kube) tail() string {
-	data, _ := os.ReadFile(k.log)
-	if len(data) > 4000 {
-		data = data[len(data)-4000:]
-	}
-	return string(data)
 }
 
 // Token is the bearer token of user (KubeAdmin, KubeLimited, KubeOther).

@@ -11,7 +11,6 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -20,8 +19,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -96,10 +93,7 @@ type MariaDB struct {
 	dir    string
 	port   int
 	caFile string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	srv    *Server
 }
 
 // StartMariaDB creates a data directory, starts a server on it and waits
@@ -118,11 +112,14 @@ func StartMariaDB(t testing.TB, opts MariaDBOptions) *MariaDB {
 	if opts.TLS {
 		m.makeCertificates(t)
 	}
-	t.Cleanup(func() { m.stop(syscall.SIGKILL) })
 	var err error
 	for try := 0; try < 3; try++ {
 		m.port = FreePort(t, "127.0.0.1")
-		if err = m.start(); err == nil {
+		m.srv = &Server{Name: fmt.Sprintf("mariadbd on port %d", m.port), Argv: append([]string{m.bin}, m.args()...),
+			Dir: m.dir, Log: filepath.Join(m.dir, "mariadb.out"), StopGrace: 60 * time.Second,
+			Ready: m.answers, StartTimeout: mariadbStartTimeout}
+		if err = m.srv.Start(); err == nil {
+			t.Cleanup(m.srv.Kill)
 			break
 		}
 	}
@@ -177,94 +174,29 @@ func (m *MariaDB) args() []string {
 	return a
 }
 
-// start runs the server in the foreground, as a child of the test, and
-// waits until it answers.
-func (m *MariaDB) start() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.cmd != nil {
-		return errors.New("mariadbd is already running")
+// answers dials the server's socket: a server in another process offers
+// nothing else to wait on.
+func (m *MariaDB) answers() error {
+	c, err := net.DialTimeout("unix", m.SocketPath(), time.Second)
+	if err == nil {
+		c.Close()
 	}
-	cmd := exec.Command(m.bin, m.args()...)
-	cmd.Dir = m.dir
-	// Its own group, so that a test's signals never reach it; killed if
-	// the test process dies first.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	withParentDeathSignal(cmd.SysProcAttr, syscall.SIGKILL)
-	out, err := os.OpenFile(filepath.Join(m.dir, "mariadb.out"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer out.Close()
-	cmd.Stdout, cmd.Stderr = out, out
-	done, err := startServer(cmd)
-	if err != nil {
-		return fmt.Errorf("start mariadbd: %w", err)
-	}
-	m.cmd, m.done = cmd, done
-	if err := m.wait(done); err != nil {
-		m.cmd, m.done = nil, nil
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-		return fmt.Errorf("mariadbd on port %d: %w\n%s", m.port, err, m.Log())
-	}
-	return nil
-}
-
-// wait waits until the server answers on its socket, or done closes. A
-// server in another process offers nothing else to wait on.
-func (m *MariaDB) wait(done <-chan struct{}) error {
-	deadline := time.Now().Add(mariadbStartTimeout)
-	for {
-		c, err := net.DialTimeout("unix", m.SocketPath(), time.Second)
-		if err == nil {
-			c.Close()
-			return nil
-		}
-		select {
-		case <-done:
-			return fmt.Errorf("exited while starting: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not answering after %v: %v", mariadbStartTimeout, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// stop sends sig to the server and waits until it is gone.
-func (m *MariaDB) stop(sig syscall.Signal) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	cmd, done := m.cmd, m.done
-	m.cmd, m.done = nil, nil
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-		return
-	case <-time.After(60 * time.Second):
-	}
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	<-done
+	return err
 }
 
 // Stop shuts the server down as an operator does (SIGTERM: it closes
 // every connection, flushes InnoDB and exits), and waits until it is gone.
-func (m *MariaDB) Stop(t testing.TB) { m.stop(syscall.SIGTERM) }
+func (m *MariaDB) Stop(t testing.TB) { m.srv.Stop() }
 
 // Kill kills the server with SIGKILL and waits until it is gone: InnoDB
 // recovers what its log holds at the next start.
-func (m *MariaDB) Kill(t testing.TB) { m.stop(syscall.SIGKILL) }
+func (m *MariaDB) Kill(t testing.TB) { m.srv.Kill() }
 
 // Start starts a stopped server again, on the same port, with its data.
 func (m *MariaDB) Start(t testing.TB) {
 	t.Helper()
-	if err := m.start(); err != nil {
-		t.Fatal(err)
+	if err := m.srv.Start(); err != nil {
+		t.Fatalf("%v\n%s", err, m.Log())
 	}
 }
 

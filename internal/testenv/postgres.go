@@ -117,9 +117,7 @@ type Postgres struct {
 	ca       *x509.Certificate
 	caKey    *ecdsa.PrivateKey
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has been reaped
+	srv *Server
 }
 
 // PostgresOptions are the settings of a cluster started by
@@ -149,8 +147,9 @@ func StartPostgresWith(t testing.TB, opts PostgresOptions) *Postgres {
 	p.dir, p.cred = serverDir(t, "leaderrun-pg-")
 	p.data = filepath.Join(p.dir, "data")
 	p.log = filepath.Join(p.dir, "postgres.log")
+	p.srv = p.server()
 	t.Cleanup(func() {
-		p.terminate(syscall.SIGQUIT, 10*time.Second) // immediate shutdown: the data is thrown away
+		p.srv.Terminate(syscall.SIGQUIT, 10*time.Second) // immediate shutdown: the data is thrown away
 		os.RemoveAll(p.dir)
 	})
 	pwfile := filepath.Join(p.dir, "pwfile")
@@ -338,101 +337,48 @@ func writeOwned(path, content string, cred *syscall.Credential) error {
 	return nil
 }
 
+// server is the postgres process, not started: run as the server's
+// user, in its directory; stopped in fast mode (SIGINT: clients are
+// disconnected, data is kept), as `pg_ctl stop` does; shut down at once
+// (SIGQUIT) if the test process dies first.
+func (p *Postgres) server() *Server {
+	return &Server{Name: "postgres", Dir: p.dir, Log: p.log, Cred: p.cred,
+		StopSignal: syscall.SIGINT, StopGrace: 30 * time.Second, DeathSignal: syscall.SIGQUIT, Ready: p.ready}
+}
+
 // startServer runs postgres in the foreground, as a child of the test,
-// and waits until it is ready.
+// on p.port, and waits until it is ready.
 func (p *Postgres) startServer() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd != nil {
-		return errors.New("postgres is already running")
-	}
-	logf, err := os.OpenFile(p.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := p.command(filepath.Join(p.bin, "postgres"), "-D", p.data,
+	p.srv.Argv = []string{filepath.Join(p.bin, "postgres"), "-D", p.data,
 		"-c", "listen_addresses=127.0.0.1",
-		"-c", "port="+strconv.Itoa(p.port),
-		"-c", "unix_socket_directories="+p.dir,
+		"-c", "port=" + strconv.Itoa(p.port),
+		"-c", "unix_socket_directories=" + p.dir,
 		// Throwaway data: durability buys nothing and costs time.
 		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-		"-c", "shared_buffers=16MB", "-c", "max_connections="+strconv.Itoa(p.maxConns),
+		"-c", "shared_buffers=16MB", "-c", "max_connections=" + strconv.Itoa(p.maxConns),
 		"-c", "logging_collector=off", "-c", "log_min_messages=warning",
-		"-c", "ssl=on", "-c", "ssl_cert_file="+filepath.Join(p.dir, "server.crt"), "-c", "ssl_ca_file="+p.caFile,
-		"-c", "ssl_key_file="+filepath.Join(p.dir, "server.key"),
+		"-c", "ssl=on", "-c", "ssl_cert_file=" + filepath.Join(p.dir, "server.crt"), "-c", "ssl_ca_file=" + p.caFile,
+		"-c", "ssl_key_file=" + filepath.Join(p.dir, "server.key"),
 		// The role in every line, so that a test can count a role's
 		// statements (ALTER ROLE ... SET log_statement = 'all').
-		"-c", "log_line_prefix=%m [%p] %q%u@%d ")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	// Its own group, so that a test's signals never reach it; SIGQUIT
-	// (immediate shutdown) if the test process dies first.
-	cmd.SysProcAttr.Setpgid = true
-	withParentDeathSignal(cmd.SysProcAttr, syscall.SIGQUIT)
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start postgres: %w", err)
+		"-c", "log_line_prefix=%m [%p] %q%u@%d "}
+	if err := p.srv.Start(); err != nil {
+		return fmt.Errorf("postgres on port %d: %w", p.port, err)
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = cmd.Wait()
-	}()
-	p.cmd, p.done = cmd, done
-	return p.waitReady(done)
+	return nil
 }
 
-// waitReady waits for the server's status line in postmaster.pid to say
-// "ready", which is what pg_ctl -w waits for too: a server in another
-// process offers nothing else to wait on.
-func (p *Postgres) waitReady(done chan struct{}) error {
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		data, _ := os.ReadFile(filepath.Join(p.data, "postmaster.pid"))
-		// Line 8 is the status: "starting", "stopping", "ready", "standby"
-		// (a hot standby that accepts read-only connections).
-		if lines := strings.Split(string(data), "\n"); len(lines) > 7 &&
-			(strings.TrimSpace(lines[7]) == "ready" || strings.TrimSpace(lines[7]) == "standby") {
-			return nil
-		}
-		select {
-		case <-done:
-			p.cmd, p.done = nil, nil
-			return fmt.Errorf("postgres exited while starting on port %d:\n%s", p.port, p.tail())
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("postgres not ready after 60s on port %d:\n%s", p.port, p.tail())
-		}
-		time.Sleep(10 * time.Millisecond)
+// ready reads the server's status line in postmaster.pid: "ready", which
+// is what pg_ctl -w waits for too, or "standby" (a hot standby that
+// accepts read-only connections).
+func (p *Postgres) ready() error {
+	data, _ := os.ReadFile(filepath.Join(p.data, "postmaster.pid"))
+	// Line 8 is the status: "starting", "stopping", "ready", "standby".
+	lines := strings.Split(string(data), "\n")
+	if len(lines) > 7 && (strings.TrimSpace(lines[7]) == "ready" || strings.TrimSpace(lines[7]) == "standby") {
+		return nil
 	}
-}
-
-func (p *Postgres) tail() string {
-	data, _ := os.ReadFile(p.log)
-	if len(data) > 4000 {
-		data = data[len(data)-4000:]
-	}
-	return string(data)
-}
-
-// terminate signals the postmaster (SIGTERM: smart, SIGINT: fast, SIGQUIT:
-// immediate shutdown), waits up to grace, then kills it.
-func (p *Postgres) terminate(sig syscall.Signal, grace time.Duration) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	cmd, done := p.cmd, p.done
-	p.cmd, p.done = nil, nil
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-		return
-	case <-time.After(grace):
-	}
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	<-done
+	return errors.New("postmaster.pid does not say ready")
 }
 
 // Stop shuts the server down in fast mode (SIGINT: clients are
@@ -440,7 +386,7 @@ func (p *Postgres) terminate(sig syscall.Signal, grace time.Duration) {
 // is gone.
 func (p *Postgres) Stop(t testing.TB) {
 	t.Helper()
-	p.terminate(syscall.SIGINT, 30*time.Second)
+	p.srv.Stop()
 }
 
 // Start starts a stopped server again, on the same port, with its data.
@@ -459,14 +405,7 @@ func (p *Postgres) Restart(t testing.TB) {
 }
 
 // Pid is the postmaster's process id, 0 if it is not running.
-func (p *Postgres) Pid() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return 0
-	}
-	return p.cmd.Process.Pid
-}
+func (p *Postgres) Pid() int { return p.srv.Pid() }
 
 // ServerLog is what the server logged so far.
 func (p *Postgres) ServerLog() string {
@@ -542,8 +481,7 @@ func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''
 type PgBouncer struct {
 	port int
 	log  string
-	cmd  *exec.Cmd
-	done chan struct{}
+	srv  *Server
 }
 
 // StartPgBouncer starts PgBouncer in pool mode ("session", "transaction"
@@ -597,55 +535,24 @@ log_disconnections = 0
 }
 
 func (b *PgBouncer) start(bin, dir string, cred *syscall.Credential) error {
-	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
-	cmd.Dir = dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Setpgid: true}
-	withParentDeathSignal(cmd.SysProcAttr, syscall.SIGTERM)
-	out, err := os.OpenFile(filepath.Join(dir, "pgbouncer.out"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
+	// SIGINT closes every connection at once.
+	b.srv = &Server{Name: "pgbouncer", Argv: []string{bin, filepath.Join(dir, "pgbouncer.ini")}, Dir: dir, Cred: cred,
+		Log: filepath.Join(dir, "pgbouncer.out"), StopSignal: syscall.SIGINT, DeathSignal: syscall.SIGTERM, StartTimeout: 30 * time.Second,
+		Ready: func() error {
+			c, err := net.DialTimeout("tcp", b.Addr(), time.Second)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		}}
+	if err := b.srv.Start(); err != nil {
+		logData, _ := os.ReadFile(b.log)
+		return fmt.Errorf("pgbouncer on port %d: %w%s", b.port, err, logData)
 	}
-	defer out.Close()
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start pgbouncer: %w", err)
-	}
-	b.cmd, b.done = cmd, make(chan struct{})
-	go func() {
-		defer close(b.done)
-		_ = cmd.Wait()
-	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if c, err := net.DialTimeout("tcp", b.Addr(), time.Second); err == nil {
-			c.Close()
-			return nil
-		}
-		select {
-		case <-b.done:
-			data, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.out"))
-			logData, _ := os.ReadFile(b.log)
-			return fmt.Errorf("pgbouncer exited while starting on port %d:\n%s%s", b.port, data, logData)
-		default:
-		}
-		if time.Now().After(deadline) {
-			b.stop()
-			return fmt.Errorf("pgbouncer not listening after 30s on port %d", b.port)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return nil
 }
 
-// stop stops PgBouncer with SIGINT (it closes every connection at once).
-func (b *PgBouncer) stop() {
-	_ = b.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case <-b.done:
-	case <-time.After(10 * time.Second):
-		_ = b.cmd.Process.Kill()
-		<-b.done
-	}
-}
+func (b *PgBouncer) stop() { b.srv.Stop() }
 
 // Addr is host:port of PgBouncer.
 func (b *PgBouncer) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(b.port)) }
@@ -668,8 +575,9 @@ func (p *Postgres) StartStandby(t testing.TB) *Postgres {
 	s.dir, s.cred = serverDir(t, "leaderrun-pg-standby-")
 	s.data = filepath.Join(s.dir, "data")
 	s.log = filepath.Join(s.dir, "postgres.log")
+	s.srv = s.server()
 	t.Cleanup(func() {
-		s.terminate(syscall.SIGQUIT, 10*time.Second)
+		s.srv.Terminate(syscall.SIGQUIT, 10*time.Second)
 		os.RemoveAll(s.dir)
 	})
 	for _, f := range []string{"server.crt", "server.key"} {

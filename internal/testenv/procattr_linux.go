@@ -2,17 +2,9 @@ package testenv
 
 import "syscall"
 
-// dieWithParent makes the kernel kill a server if the test process dies
-// without stopping it (a test timeout, a panic), for the servers that a
-// package's tests share and that no test's cleanup owns. The signal is tied
-// to the forking thread, which the Go runtime keeps alive unless a goroutine
-// locked to it exits; no test helper here locks threads.
-func dieWithParent() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-}
-
-// withParentDeathSignal has the kernel send sig to the process that attr
-// starts if the test process dies first.
-func withParentDeathSignal(attr *syscall.SysProcAttr, sig syscall.Signal) {
-	attr.Pdeathsig = sig
+// serverAttr starts a server in a process group of its own, as cred if
+// not nil, with death as its parent-death signal: the kernel sends it when
+// the thread that forked the server ends (see startLocked).
+func serverAttr(cred *syscall.Credential, death syscall.Signal) *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Credential: cred, Pdeathsig: death}
 }

@@ -4,9 +4,9 @@ package testenv
 
 import "syscall"
 
-// dieWithParent is Linux only; elsewhere a shared server outlives a test
+// serverAttr starts a server in a process group of its own, as cred if
+// not nil. There is no parent-death signal here: a server outlives a test
 // process that dies without stopping it.
-func dieWithParent() *syscall.SysProcAttr { return nil }
-
-// withParentDeathSignal: there is no parent-death signal here.
-func withParentDeathSignal(*syscall.SysProcAttr, syscall.Signal) {}
+func serverAttr(cred *syscall.Credential, _ syscall.Signal) *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Credential: cred}
+}

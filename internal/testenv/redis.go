@@ -9,7 +9,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -19,8 +18,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -83,19 +80,19 @@ type Redis struct {
 
 	caFile, clientCert, clientKey string
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	srv *Server
 }
 
 // StartRedis starts a server and waits until it answers PING.
 func StartRedis(t testing.TB, opts RedisOptions) *Redis {
 	t.Helper()
 	r := &Redis{opts: opts, bin: RedisBinary(t), dir: t.TempDir()}
+	r.srv = &Server{Name: "redis-server", Dir: r.dir, Log: filepath.Join(r.dir, "redis.out"), StopGrace: 30 * time.Second,
+		StartTimeout: redisStartTimeout, Ready: func() error { return pingRedis(r.Addr(), r.opts.Password) }}
 	if opts.TLS {
 		r.makeCertificates(t)
 	}
-	t.Cleanup(func() { r.stop(syscall.SIGKILL) })
+	t.Cleanup(r.srv.Kill)
 	var err error
 	for try := 0; try < 3; try++ {
 		r.port = FreePort(t, "127.0.0.1")
@@ -139,91 +136,32 @@ func (r *Redis) args() []string {
 // start runs the server in the foreground, as a child of the test, and
 // waits until it answers.
 func (r *Redis) start() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cmd != nil {
-		return errors.New("redis-server is already running")
-	}
-	cmd := exec.Command(r.bin, r.args()...)
-	cmd.Dir = r.dir
-	// Its own group, so that a test's signals never reach it; killed if
-	// the test process dies first.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	withParentDeathSignal(cmd.SysProcAttr, syscall.SIGKILL)
-	out, err := os.OpenFile(filepath.Join(r.dir, "redis.out"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer out.Close()
-	cmd.Stdout, cmd.Stderr = out, out
-	done, err := startServer(cmd)
-	if err != nil {
-		return fmt.Errorf("start redis-server: %w", err)
-	}
-	r.cmd, r.done = cmd, done
-	if err := waitRedis(r.Addr(), r.opts.Password, done); err != nil {
-		r.cmd, r.done = nil, nil
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-		return fmt.Errorf("redis-server on port %d: %w\n%s", r.port, err, r.Log())
+	r.srv.Argv = append([]string{r.bin}, r.args()...)
+	if err := r.srv.Start(); err != nil {
+		return fmt.Errorf("%w\n%s", err, r.Log())
 	}
 	return nil
 }
 
-// waitRedis waits until the server at addr answers PING (a primary that
-// is still loading its append-only file answers LOADING), or done closes.
-// A server in another process offers nothing else to wait on.
-func waitRedis(addr, password string, done <-chan struct{}) error {
+// pingRedis asks the server at addr for PING (a primary that is still
+// loading its append-only file answers LOADING).
+func pingRedis(addr, password string) error {
 	c := redis.NewClient(&redis.Options{Addr: addr, Password: password, Protocol: 2, MaxRetries: -1,
 		DialTimeout: time.Second, ReadTimeout: time.Second, DisableIdentity: true})
 	defer c.Close()
-	deadline := time.Now().Add(redisStartTimeout)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-done:
-			return fmt.Errorf("exited while starting: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not answering after %v: %v", redisStartTimeout, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// stop sends sig to the server and waits until it is gone.
-func (r *Redis) stop(sig syscall.Signal) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	cmd, done := r.cmd, r.done
-	r.cmd, r.done = nil, nil
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-		return
-	case <-time.After(30 * time.Second):
-	}
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	<-done
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return c.Ping(ctx).Err()
 }
 
 // Stop shuts the server down as an operator does (SIGTERM: it flushes its
 // append-only file, closes every connection and exits), and waits until
 // it is gone.
-func (r *Redis) Stop(t testing.TB) { r.stop(syscall.SIGTERM) }
+func (r *Redis) Stop(t testing.TB) { r.srv.Stop() }
 
 // Kill kills the server with SIGKILL and waits until it is gone: nothing
 // is flushed that was not on disk already.
-func (r *Redis) Kill(t testing.TB) { r.stop(syscall.SIGKILL) }
+func (r *Redis) Kill(t testing.TB) { r.srv.Kill() }
 
 // Start starts a stopped server again, on the same port, with its files.
 func (r *Redis) Start(t testing.TB) {
@@ -241,14 +179,7 @@ func (r *Redis) Restart(t testing.TB) {
 }
 
 // Pid is the server's process id, 0 if it is not running.
-func (r *Redis) Pid() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cmd == nil {
-		return 0
-	}
-	return r.cmd.Process.Pid
-}
+func (r *Redis) Pid() int { return r.srv.Pid() }
 
 // Log is what the server logged so far.
 func (r *Redis) Log() string {
@@ -380,8 +311,7 @@ func (r *Redis) TLSConfig(t testing.TB) *tls.Config {
 type Sentinel struct {
 	port int
 	dir  string
-	cmd  *exec.Cmd
-	done chan struct{}
+	srv  *Server
 }
 
 // RedisSentinelDownAfter is how long the test Sentinels wait before they
@@ -423,39 +353,17 @@ func StartSentinel(t testing.TB, primary *Redis, master string) *Sentinel {
 }
 
 func (s *Sentinel) start(bin, conf string) error {
-	cmd := exec.Command(bin, conf, "--sentinel")
-	cmd.Dir = s.dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	withParentDeathSignal(cmd.SysProcAttr, syscall.SIGKILL)
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start redis-server --sentinel: %w", err)
-	}
-	s.cmd, s.done = cmd, make(chan struct{})
-	go func() {
-		defer close(s.done)
-		_ = cmd.Wait()
-	}()
-	if err := waitRedis(s.Addr(), "", s.done); err != nil {
-		s.stop()
+	s.srv = &Server{Name: "redis sentinel", Argv: []string{bin, conf, "--sentinel"}, Dir: s.dir,
+		Log: filepath.Join(s.dir, "sentinel.out"), StartTimeout: redisStartTimeout,
+		Ready: func() error { return pingRedis(s.Addr(), "") }}
+	if err := s.srv.Start(); err != nil {
 		log, _ := os.ReadFile(filepath.Join(s.dir, "sentinel.log"))
 		return fmt.Errorf("sentinel on port %d: %w\n%s", s.port, err, log)
 	}
 	return nil
 }
 
-func (s *Sentinel) stop() {
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(10 * time.Second):
-		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-		<-s.done
-	}
-	s.cmd = nil
-}
+func (s *Sentinel) stop() { s.srv.Stop() }
 
 // waitReplicas waits until the Sentinel knows as many replicas of master
 // as the primary reports connected (it learns them from the primary's

@@ -6,11 +6,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -53,14 +50,8 @@ type VersityGW struct {
 	Dir string
 
 	t    scope
-	args []string
-	env  []string
 	addr string
-	log  string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has been reaped
+	srv  *Server
 }
 
 // StartVersityGW starts a gateway and waits until it answers. Its port is
@@ -71,23 +62,22 @@ func StartVersityGW(t testing.TB) *VersityGW {
 	bin := VersityGWBinary(t)
 	dir := t.TempDir()
 	g := &VersityGW{AccessKey: "LR" + randomHex(9), SecretKey: randomHex(20), Dir: filepath.Join(dir, "data"),
-		t: t, log: filepath.Join(dir, "versitygw.log")}
+		t: t}
 	if err := os.Mkdir(g.Dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	g.env = append(os.Environ(), "ROOT_ACCESS_KEY_ID="+g.AccessKey, "ROOT_SECRET_ACCESS_KEY="+g.SecretKey)
+	env := append(os.Environ(), "ROOT_ACCESS_KEY_ID="+g.AccessKey, "ROOT_SECRET_ACCESS_KEY="+g.SecretKey)
 	var err error
 	for try := 0; try < 3; try++ {
 		g.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t, "127.0.0.1")))
-		g.args = []string{bin, "--port", g.addr, "--region", S3Region, "--health", "/health", "posix", g.Dir}
-		if err = g.spawn(); err != nil {
-			t.Fatal(err)
-		}
-		if err = g.waitServing(time.Now().Add(versityStartTimeout)); err == nil {
-			t.Cleanup(func() { g.terminate(syscall.SIGTERM, 10*time.Second) })
+		g.srv = &Server{Name: "versitygw " + g.addr, Env: env, Log: filepath.Join(dir, "versitygw.log"),
+			Argv:         []string{bin, "--port", g.addr, "--region", S3Region, "--health", "/health", "posix", g.Dir},
+			Ready:        g.serving,
+			StartTimeout: versityStartTimeout}
+		if err = g.srv.Start(); err == nil {
+			t.Cleanup(g.srv.Stop)
 			return g
 		}
-		g.terminate(syscall.SIGKILL, 10*time.Second)
 	}
 	t.Fatalf("start versitygw: %v", err)
 	return nil
@@ -143,19 +133,16 @@ func (g *VersityGW) DeleteObject(t testing.TB, bucket, key string) {
 
 // Stop stops the gateway with SIGTERM, as a service manager would, and
 // waits until it is gone.
-func (g *VersityGW) Stop() { g.terminate(syscall.SIGTERM, 10*time.Second) }
+func (g *VersityGW) Stop() { g.srv.Stop() }
 
 // Kill kills the gateway with SIGKILL and waits until it is gone.
-func (g *VersityGW) Kill() { g.terminate(syscall.SIGKILL, 10*time.Second) }
+func (g *VersityGW) Kill() { g.srv.Kill() }
 
 // Start starts a stopped gateway again, on the same port and directory,
 // and waits until it answers.
 func (g *VersityGW) Start() {
 	g.t.Helper()
-	if err := g.spawn(); err != nil {
-		g.t.Fatalf("%v", err)
-	}
-	if err := g.waitServing(time.Now().Add(versityStartTimeout)); err != nil {
+	if err := g.srv.Start(); err != nil {
 		g.t.Fatalf("%v", err)
 	}
 }
@@ -167,91 +154,19 @@ func (g *VersityGW) Restart() {
 }
 
 // Pid is the gateway's process id, 0 if it is not running.
-func (g *VersityGW) Pid() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.cmd == nil {
-		return 0
-	}
-	return g.cmd.Process.Pid
-}
+func (g *VersityGW) Pid() int { return g.srv.Pid() }
 
-func (g *VersityGW) spawn() error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.cmd != nil {
-		return fmt.Errorf("versitygw %s is already running", g.addr)
-	}
-	logf, err := os.OpenFile(g.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+// serving asks the gateway's health path, which answers 200 once it
+// serves.
+func (g *VersityGW) serving() error {
+	c := &http.Client{Timeout: time.Second}
+	resp, err := c.Get(g.URL() + "/health")
 	if err != nil {
 		return err
 	}
-	defer logf.Close()
-	cmd := exec.Command(g.args[0], g.args[1:]...)
-	cmd.Env = g.env
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = serverProcAttr()
-	done, err := startServer(cmd)
-	if err != nil {
-		return fmt.Errorf("start versitygw: %w", err)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("health: %s", resp.Status)
 	}
-	g.cmd, g.done = cmd, done
 	return nil
-}
-
-// terminate signals the gateway, waits up to grace for it to exit, then
-// kills it.
-func (g *VersityGW) terminate(sig syscall.Signal, grace time.Duration) {
-	g.mu.Lock()
-	cmd, done := g.cmd, g.done
-	g.cmd, g.done = nil, nil
-	g.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-		return
-	case <-time.After(grace):
-	}
-	_ = cmd.Process.Kill()
-	<-done
-}
-
-// waitServing polls the gateway's health path until it answers 200: a
-// server in another process offers nothing else to wait on.
-func (g *VersityGW) waitServing(deadline time.Time) error {
-	g.mu.Lock()
-	done := g.done
-	g.mu.Unlock()
-	c := &http.Client{Timeout: time.Second}
-	for {
-		select {
-		case <-done:
-			return fmt.Errorf("versitygw %s exited before it served:\n%s", g.addr, g.tail())
-		default:
-		}
-		resp, err := c.Get(g.URL() + "/health")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("health: %s", resp.Status)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("versitygw %s does not answer after %v (last: %v):\n%s", g.addr, versityStartTimeout, err, g.tail())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// tail is the end of the gateway's log, for failure messages.
-func (g *VersityGW) tail() string {
-	data, _ := os.ReadFile(g.log)
-	if len(data) > 4000 {
-		data = data[len(data)-4000:]
-	}
-	return string(data)
 }

@@ -10,7 +10,6 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -84,12 +83,7 @@ type ZooKeeperMember struct {
 	ID int
 	// Addr is the client address, 127.0.0.1:port.
 	Addr string
-	args []string
-	log  string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has been reaped
+	srv  *Server
 }
 
 // StartZooKeeper starts a standalone server (members 1) or an ensemble of
@@ -175,8 +169,9 @@ func newZooKeeper(t testing.TB, java, classpath string, members int, tick time.D
 		if err := os.WriteFile(path, []byte(strings.Join(cfg, "\n")+"\n"), 0o600); err != nil {
 			return nil, err
 		}
-		m.log = filepath.Join(dir, "zookeeper.log")
-		m.args = []string{java,
+		m.srv = &Server{Name: fmt.Sprintf("zookeeper member %d", m.ID), Log: filepath.Join(dir, "zookeeper.log"),
+			StartTimeout: zkStartTimeout, Ready: func() error { _, err := m.Mode(); return err }}
+		m.srv.Argv = []string{java,
 			// A small heap and a quick start: these servers hold a few
 			// thousand znodes at most.
 			"-Xmx64m", "-Xss512k", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
@@ -193,7 +188,7 @@ func newZooKeeper(t testing.TB, java, classpath string, members int, tick time.D
 
 func (z *ZooKeeper) start() error {
 	for _, m := range z.Members {
-		if err := m.spawn(); err != nil {
+		if err := m.srv.Spawn(); err != nil {
 			return err
 		}
 	}
@@ -203,7 +198,7 @@ func (z *ZooKeeper) start() error {
 func (z *ZooKeeper) stop() {
 	var wg sync.WaitGroup
 	for _, m := range z.Members {
-		wg.Go(func() { m.terminate(syscall.SIGTERM, 10*time.Second) })
+		wg.Go(m.srv.Stop)
 	}
 	wg.Wait()
 }
@@ -250,7 +245,7 @@ func (z *ZooKeeper) waitServing(deadline time.Time) error {
 		if m.Pid() == 0 {
 			continue
 		}
-		if err := m.waitServing(deadline); err != nil {
+		if err := m.srv.WaitReady(deadline); err != nil {
 			return err
 		}
 	}
@@ -284,23 +279,20 @@ func (z *ZooKeeper) Leader(t testing.TB) *ZooKeeperMember {
 // waits until it is gone.
 func (m *ZooKeeperMember) Stop(t testing.TB) {
 	t.Helper()
-	m.terminate(syscall.SIGTERM, 10*time.Second)
+	m.srv.Stop()
 }
 
 // Kill stops the member with SIGKILL and waits until it is gone.
 func (m *ZooKeeperMember) Kill(t testing.TB) {
 	t.Helper()
-	m.terminate(syscall.SIGKILL, 10*time.Second)
+	m.srv.Kill()
 }
 
 // Start starts a stopped member again, with its data, and waits until it
 // serves clients.
 func (m *ZooKeeperMember) Start(t testing.TB) {
 	t.Helper()
-	if err := m.spawn(); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.waitServing(time.Now().Add(zkStartTimeout)); err != nil {
+	if err := m.srv.Start(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -313,14 +305,7 @@ func (m *ZooKeeperMember) Restart(t testing.TB) {
 }
 
 // Pid is the member's process id, 0 if it is not running.
-func (m *ZooKeeperMember) Pid() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.cmd == nil {
-		return 0
-	}
-	return m.cmd.Process.Pid
-}
+func (m *ZooKeeperMember) Pid() int { return m.srv.Pid() }
 
 // FourLetter sends a four-letter-word command (srvr, cons, mntr, wchs, ...)
 // to the member's client port and returns the answer.
@@ -351,81 +336,4 @@ func (m *ZooKeeperMember) Mode() (string, error) {
 		return mm[1], nil
 	}
 	return "", fmt.Errorf("zookeeper %s does not serve: %q", m.Addr, strings.TrimSpace(out))
-}
-
-func (m *ZooKeeperMember) spawn() error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.cmd != nil {
-		return fmt.Errorf("zookeeper member %d is already running", m.ID)
-	}
-	logf, err := os.OpenFile(m.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command(m.args[0], m.args[1:]...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = serverProcAttr()
-	done, err := startServer(cmd)
-	if err != nil {
-		return fmt.Errorf("start zookeeper member %d: %w", m.ID, err)
-	}
-	m.cmd, m.done = cmd, done
-	return nil
-}
-
-// terminate signals the member, waits up to grace for it to exit, then
-// kills it.
-func (m *ZooKeeperMember) terminate(sig syscall.Signal, grace time.Duration) {
-	m.mu.Lock()
-	cmd, done := m.cmd, m.done
-	m.cmd, m.done = nil, nil
-	m.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-		return
-	case <-time.After(grace):
-	}
-	_ = cmd.Process.Kill()
-	<-done
-}
-
-// waitServing polls srvr until the member answers with its mode: a server
-// in another process offers nothing else to wait on.
-func (m *ZooKeeperMember) waitServing(deadline time.Time) error {
-	m.mu.Lock()
-	done := m.done
-	m.mu.Unlock()
-	if done == nil {
-		return fmt.Errorf("zookeeper member %d is not running", m.ID)
-	}
-	for {
-		select {
-		case <-done:
-			return fmt.Errorf("zookeeper member %d exited before it served:\n%s", m.ID, m.tail())
-		default:
-		}
-		_, err := m.Mode()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("zookeeper member %d does not serve after %v (last: %v):\n%s", m.ID, zkStartTimeout, err, m.tail())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// tail is the end of the member's log, for failure messages.
-func (m *ZooKeeperMember) tail() string {
-	data, _ := os.ReadFile(m.log)
-	if len(data) > 4000 {
-		data = data[len(data)-4000:]
-	}
-	return string(data)
 }
