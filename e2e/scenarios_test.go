@@ -97,6 +97,8 @@ var scenarios = []scenario{
 		}
 		return ""
 	}},
+	{name: "OutageDuringWait", run: testOutageDuringWait, own: true},
+	{name: "OutagePastWait", run: testOutagePastWait, own: true},
 }
 
 // TestStores runs every scenario on every store, but those that run
