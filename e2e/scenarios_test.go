@@ -99,6 +99,7 @@ var scenarios = []scenario{
 	}},
 	{name: "OutageDuringWait", run: testOutageDuringWait, own: true},
 	{name: "OutagePastWait", run: testOutagePastWait, own: true},
+	{name: "KilledTogether", run: testKilledTogether},
 }
 
 // TestStores runs every scenario on every store, but those that run
