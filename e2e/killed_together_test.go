@@ -88,7 +88,7 @@ func userFlags(t *testing.T, e *env, uid int) (flags []string, own bool) {
 		share(v, false)
 	}
 	for _, v := range e.flags {
-		if fi, err := os.Stat(v); err == nil && fi.IsDir() {
+		if fi, err := os.Stat(v); err == nil && fi.IsDir() && strings.HasPrefix(v, tmp) {
 			d, err := os.MkdirTemp("", "leaderrun-e2e-state-")
 			if err != nil {
 				t.Fatal(err)
