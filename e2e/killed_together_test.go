@@ -4,11 +4,10 @@ package e2e
 
 import (
 	"encoding/json"
-	"fmt"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,40 +17,20 @@ import (
 	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
-// The tree dies even when leaderrun and its watchdog die together
-// (docs/safety.md, S11). The scenario is written for any store:
-// testKilledTogether takes what it needs of one (killedTogetherStore),
-// so that a table of every store can run it.
-
-// killedTogetherStore is what the scenario needs of a store.
-type killedTogetherStore struct {
-	// start starts the store for the test, if it has a server, and
-	// returns the flags that point leaderrun (and `leaderrun status`) at
-	// it. uid is the user leaderrun will run as (a store with files of
-	// its own makes them that user's).
-	start func(t *testing.T, uid int) []string
-	// timings are the run's timing flags, --kill-grace among them; nil:
-	// killedTimings. A store that refuses those (Consul's TTL is 10 s at
-	// least) gives its own.
-	timings []string
-}
-
-// killedTimings leave one grace of margin (L > D + G, with G the margin):
-// a tree that outlives its grace would overlap the next leader's.
-var killedTimings = []string{"--lease-duration", "3s", "--renew-deadline", "2s", "--retry-period", "500ms", "--kill-grace", "500ms"}
-
-// testKilledTogether: leaderrun and its watchdog are SIGKILLed together
-// while the command runs a grandchild in its group and a helper that left
-// its session (setsid) and ignores SIGTERM, and a candidate waits for the
-// lock. Both are frozen first (SIGSTOP), so that neither can act on the
-// other's death: what ends the tree is what S11 names, not S10. As root
-// (the command's cgroup, and its keeper): every process of the tree is
-// gone within --kill-grace of the SIGKILL, the candidate's command,
-// first thing when it starts, finds none of them running, and the
-// command's cgroup is removed. As a user without a writable cgroup (the
-// documented fallback): the command and its group die, the helper that
-// left the group lives on, and the candidate's command starts beside it.
-func testKilledTogether(t *testing.T, st killedTogetherStore) {
+// testKilledTogether (issue 42; docs/safety.md, S11): leaderrun and its
+// watchdog are SIGKILLed together while the command runs a grandchild in
+// its group and a helper that left its session (setsid) and ignores
+// SIGTERM, and a candidate waits for the lock. Both are frozen first
+// (SIGSTOP), so that neither can act on the other's death: what ends the
+// tree is what S11 names, not S10. As root (the command's cgroup, and its
+// keeper): every process of the tree is gone within --kill-grace of the
+// SIGKILL, the candidate's command, first thing when it starts, finds none
+// of them running, and the command's cgroup is removed. As a user without
+// a writable cgroup (the documented fallback): the command and its group
+// die, the helper that left the group lives on, and the candidate's
+// command starts beside it. The store's own timings leave the grace of
+// margin the scenario needs (lease > deadline + grace).
+func testKilledTogether(t *testing.T, e *env) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: it runs leaderrun as root with a cgroup, and as another user without one")
 	}
@@ -63,26 +42,103 @@ func testKilledTogether(t *testing.T, st killedTogetherStore) {
 		uid      int
 		fallback bool
 	}{{name: "root, cgroup"}, {name: "user without a writable cgroup", uid: nobody, fallback: true}} {
-		t.Run(tc.name, func(t *testing.T) { killedTogetherTrial(t, st, tc.uid, tc.fallback) })
+		t.Run(tc.name, func(t *testing.T) { killedTogetherTrial(t, e, tc.uid, tc.fallback) })
 	}
 }
 
+// userFlags are the target's flags for a run as uid: a directory they
+// name (the local store's --state-dir, which must be its user's) is
+// replaced by a new one of uid's (own is then true); and the files that the
+// flags and the environment name (a kubeconfig and the CA file it names,
+// a password file), left root's, may be read by anyone, and the test's
+// temporary directories above them entered.
+func userFlags(t *testing.T, e *env, uid int) (flags []string, own bool) {
+	t.Helper()
+	tmp := filepath.Clean(os.TempDir()) + string(filepath.Separator)
+	seen := map[string]bool{}
+	var share func(path string, named bool)
+	share = func(path string, named bool) {
+		fi, err := os.Stat(path)
+		if err != nil || seen[path] || !fi.Mode().IsRegular() || !strings.HasPrefix(path, tmp) {
+			return
+		}
+		seen[path] = true
+		if err := os.Chmod(path, fi.Mode().Perm()|0o004); err != nil {
+			t.Fatal(err)
+		}
+		for dir := filepath.Dir(path); strings.HasPrefix(dir, tmp); dir = filepath.Dir(dir) {
+			if di, err := os.Stat(dir); err == nil {
+				if err := os.Chmod(dir, di.Mode().Perm()|0o001); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if !named {
+			// The files a kubeconfig names (its CA file).
+			data, _ := os.ReadFile(path)
+			for _, line := range strings.Split(string(data), "\n") {
+				if _, v, ok := strings.Cut(line, ": "); ok {
+					share(strings.TrimSpace(v), true)
+				}
+			}
+		}
+	}
+	for _, kv := range e.target.env {
+		_, v, _ := strings.Cut(kv, "=")
+		share(v, false)
+	}
+	for _, v := range e.flags {
+		if fi, err := os.Stat(v); err == nil && fi.IsDir() && strings.HasPrefix(v, tmp) {
+			d, err := os.MkdirTemp("", "leaderrun-e2e-state-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(d) })
+			if err := os.Chown(d, uid, uid); err != nil {
+				t.Fatal(err)
+			}
+			v, own = d, true
+		} else {
+			share(v, false)
+		}
+		flags = append(flags, v)
+	}
+	return flags, own
+}
+
+// statusWaitingAs is target.waiting for a run as uid on flags: status,
+// run as uid too, counts a waiter more than before.
+func statusWaitingAs(t *testing.T, bin string, sys *syscall.SysProcAttr, env, flags []string, lock string) func(*proc) bool {
+	t.Helper()
+	count := func() int {
+		cmd := exec.Command(bin, append([]string{"status", "--json", "--lock", lock}, flags...)...)
+		cmd.Env, cmd.SysProcAttr = append(os.Environ(), env...), sys
+		out, _ := cmd.Output()
+		var st struct {
+			Waiting int `json:"waiting"`
+		}
+		_ = json.Unmarshal(out, &st)
+		return st.Waiting
+	}
+	before := max(count(), 0)
+	waits := every(20*time.Millisecond, func() bool { return count() > before })
+	return func(*proc) bool { return waits() }
+}
+
 // killedTogetherTrial is one case of testKilledTogether.
-func killedTogetherTrial(t *testing.T, st killedTogetherStore, uid int, fallback bool) {
+func killedTogetherTrial(t *testing.T, e *env, uid int, fallback bool) {
 	dir, bin := userDir(t)
 	if err := os.Chown(dir, uid, uid); err != nil {
 		t.Fatal(err)
 	}
-	storeFlags, timings := st.start(t, uid), st.timings
-	if timings == nil {
-		timings = killedTimings
+	// The companion, for the stores it serves (S3, DynamoDB).
+	install(t, filepath.Join(filepath.Dir(testenv.Leaderrun(t)), "leaderrun-aws"), filepath.Join(dir, "leaderrun-aws"))
+	flags, ownDir := e.flags, false
+	if uid != 0 {
+		flags, ownDir = userFlags(t, e, uid)
 	}
-	flags := append(append([]string(nil), storeFlags...), timings...)
-	grace, err := time.ParseDuration(timings[slices.Index(timings, "--kill-grace")+1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	lock := fmt.Sprintf("together-%d", time.Now().UnixNano()%1e6)
+	grace := e.timings.grace
+	lock := e.lock(map[bool]string{false: "root", true: "user"}[fallback])
 	sys := func() *syscall.SysProcAttr {
 		s := &syscall.SysProcAttr{Setpgid: true}
 		if uid != 0 {
@@ -105,8 +161,8 @@ while :; do sleep 0.05; done`
 done
 echo started > ` + started
 	run := func(id, script string, extra ...string) *proc {
-		args := append(append(append([]string{"--lock", lock, "--identity", id, "--log-format", "json"}, flags...), extra...), "--shell", "--", script)
-		return startWith(t, sys(), bin, args...)
+		args := append(e.argsWith(flags, lock, id, append([]string{"--log-format", "json"}, extra...)...), "--shell", "--", script)
+		return startEnv(t, sys(), bin, e.target.env, args...)
 	}
 	leader := run("leader", job)
 	guard := guardOf(t, leader)
@@ -124,8 +180,15 @@ echo started > ` + started
 	}
 	helper := tree["helper"].Pid
 	dog := parentOf(t, tree["job"].Pid)
-	candidate := run("candidate", candidateJob, "--wait", "60s")
-	waitFor(t, 20*time.Second, "the candidate to queue", func() bool { return waiting(t, bin, sys(), lock, storeFlags) == 1 })
+	waiting := e.waiting(t, lock)
+	if ownDir {
+		waiting = statusWaitingAs(t, bin, sys(), e.target.env, flags, lock)
+	}
+	candidate := run("candidate", candidateJob, "--wait", (e.takeover + 60*time.Second).String())
+	waitFor(t, 20*time.Second, "the candidate to wait for the lock", func() bool { return candidate.exited() || waiting(candidate) })
+	if candidate.exited() {
+		t.Fatalf("the candidate exited %d instead of waiting:\n%s", candidate.code, candidate.stderr.String())
+	}
 
 	for _, pid := range []int{leader.cmd.Process.Pid, dog} {
 		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
@@ -140,8 +203,8 @@ echo started > ` + started
 	}
 	t.Logf("guard %s; leaderrun %d and its watchdog %d SIGKILLed together", guard, leader.cmd.Process.Pid, dog)
 	checkTreeDeath(t, tree, killed, grace, fallback)
-	if code := candidate.wait(30 * time.Second); code != 0 {
-		t.Fatalf("the candidate exited %d", code)
+	if code := candidate.wait(e.takeover + 30*time.Second); code != 0 {
+		t.Fatalf("the candidate exited %d:\n%s", code, candidate.stderr.String())
 	}
 	if _, err := os.Stat(started); err != nil {
 		t.Fatalf("the candidate's command did not run: %v", err)
@@ -182,38 +245,29 @@ func checkTreeDeath(t *testing.T, tree map[string]*testenv.Process, killed time.
 	}
 }
 
-// waiting is how many candidates wait for lock, as `leaderrun status
-// --json` says.
-func waiting(t *testing.T, bin string, sys *syscall.SysProcAttr, lock string, flags []string) int {
+// startEnv is startWith with env added to the test's environment.
+func startEnv(t *testing.T, sys *syscall.SysProcAttr, bin string, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"status", "--json", "--lock", lock}, flags...)...)
-	cmd.SysProcAttr = sys
-	out, _ := cmd.Output()
-	var st struct {
-		Waiting int `json:"waiting"`
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	p := &proc{t: t, cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stderr, cmd.Stdout, cmd.SysProcAttr = p.stderr, p.stderr, sys
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
 	}
-	_ = json.Unmarshal(out, &st)
-	return st.Waiting
-}
-
-// TestKilledTogetherLocal runs the scenario on the local store.
-func TestKilledTogetherLocal(t *testing.T) {
-	testKilledTogether(t, killedTogetherStore{start: func(t *testing.T, uid int) []string {
-		state, err := os.MkdirTemp("", "leaderrun-e2e-state-")
-		if err != nil {
-			t.Fatal(err)
+	go func() {
+		defer close(p.done)
+		var ee *exec.ExitError
+		if err := cmd.Wait(); errors.As(err, &ee) {
+			p.code = ee.ExitCode()
 		}
-		t.Cleanup(func() { os.RemoveAll(state) })
-		if err := os.Chown(state, uid, uid); err != nil {
-			t.Fatal(err)
+	}()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+		if t.Failed() {
+			t.Logf("leaderrun %v output:\n%s", args, p.stderr.String())
 		}
-		return []string{"--backend", "local", "--state-dir", state}
-	}})
-}
-
-// TestKilledTogetherEtcd runs the scenario on etcd.
-func TestKilledTogetherEtcd(t *testing.T) {
-	testKilledTogether(t, killedTogetherStore{start: func(t *testing.T, _ int) []string {
-		return []string{"--etcd-endpoints", strings.Join(testenv.StartEtcd(t, 1).Endpoints(), ",")}
-	}})
+	})
+	return p
 }

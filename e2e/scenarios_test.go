@@ -97,6 +97,9 @@ var scenarios = []scenario{
 		}
 		return ""
 	}},
+	{name: "OutageDuringWait", run: testOutageDuringWait, own: true},
+	{name: "OutagePastWait", run: testOutagePastWait, own: true},
+	{name: "KilledTogether", run: testKilledTogether},
 }
 
 // TestStores runs every scenario on every store, but those that run

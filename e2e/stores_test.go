@@ -182,6 +182,8 @@ var stores = []*store{
 	zookeeperStore(),
 	redisStore(),
 	dynamodbStore(),
+	mysqlStore(),
+	s3Store(),
 	azureblobStore(),
 	localStore(),
 }
