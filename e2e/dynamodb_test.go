@@ -61,7 +61,7 @@ func startDynamoDBStore(t *testing.T) *target {
 	return &target{
 		flags: []string{"--dynamodb-endpoint", e.emu.URL, "--dynamodb-table", e.table}, env: testenv.DynamoDBEnv(ddbAll),
 		// It has read the holder's record and times it from then.
-		waiting: logWaiting("lock held; polling it"), key: keyUnder(e.table + "/leaderrun/%s"),
+		waiting: logWaiting("campaigning"), key: keyUnder(e.table + "/leaderrun/%s"),
 		link: e.emu.Addr(),
 		via: func(addr string) ([]string, []string) {
 			return []string{"--dynamodb-endpoint", "http://" + addr, "--dynamodb-table", e.table}, testenv.DynamoDBEnv(ddbAll)
