@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -34,6 +35,10 @@ type Store struct {
 	rest      *rest.RESTClient
 	host      string // the server as messages name it, without credentials
 	namespace string
+	// allowed holds the verbs ("get", "create", "update", "watch") the
+	// apiserver has authorized: a 403 to one of them later is its
+	// authorizer not yet synced after a restart, which passes.
+	allowed sync.Map
 }
 
 // Name implements backends.Store.
@@ -65,23 +70,44 @@ func (s *Store) leases(verb string) *rest.Request {
 }
 
 func (s *Store) get(ctx context.Context, name string) (*coordinationv1.Lease, error) {
-	return s.do(ctx, s.leases(http.MethodGet).Name(name))
+	return s.do(ctx, "get", s.leases(http.MethodGet).Name(name))
 }
 
 func (s *Store) create(ctx context.Context, l *coordinationv1.Lease) (*coordinationv1.Lease, error) {
-	return s.do(ctx, s.leases(http.MethodPost).Body(l))
+	return s.do(ctx, "create", s.leases(http.MethodPost).Body(l))
 }
 
 // update replaces the Lease with l if it is still at l's resourceVersion.
 func (s *Store) update(ctx context.Context, l *coordinationv1.Lease) (*coordinationv1.Lease, error) {
-	return s.do(ctx, s.leases(http.MethodPut).Name(l.Name).Body(l))
+	return s.do(ctx, "update", s.leases(http.MethodPut).Name(l.Name).Body(l))
 }
 
-func (s *Store) do(ctx context.Context, req *rest.Request) (*coordinationv1.Lease, error) {
+func (s *Store) do(ctx context.Context, verb string, req *rest.Request) (*coordinationv1.Lease, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	out := &coordinationv1.Lease{}
-	return out, req.Do(ctx).Into(out)
+	err := req.Do(ctx).Into(out)
+	s.authorized(verb, err)
+	return out, err
+}
+
+// authorized notes that the apiserver authorized verb, if err is nil or
+// an answer that authorization let through (404 and 409 included).
+func (s *Store) authorized(verb string, err error) {
+	var st apierrors.APIStatus
+	if err == nil || errors.As(err, &st) && !apierrors.IsForbidden(err) && !apierrors.IsUnauthorized(err) {
+		s.allowed.Store(verb, true)
+	}
+}
+
+// syncing reports whether err, a 403 to verb, comes from an apiserver
+// that authorized verb before: one that has just restarted answers 403
+// until its authorizer's caches have synced, and a waiting candidate
+// retries it as an outage. A 403 to a verb never authorized stays a
+// refusal, at once.
+func (s *Store) syncing(verb string, err error) bool {
+	_, ok := s.allowed.Load(verb)
+	return ok && apierrors.IsForbidden(err)
 }
 
 // watch watches the Lease name, selected by name (which RBAC authorizes
@@ -92,7 +118,9 @@ func (s *Store) watch(ctx context.Context, name, rv string) (watch.Interface, er
 	if rv != "" {
 		req = req.Param("resourceVersion", rv)
 	}
-	return req.Watch(ctx)
+	w, err := req.Watch(ctx)
+	s.authorized("watch", err)
+	return w, err
 }
 
 // ValidateLockName returns an error unless name can name both a leaderrun

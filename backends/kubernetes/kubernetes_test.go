@@ -1,10 +1,12 @@
 package kubernetes_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -813,3 +815,81 @@ func TestRoleByName(t *testing.T) {
 		t.Errorf("campaign for a Lease the Role does not name: %v, want a refusal", err)
 	}
 }
+
+// TestForbiddenAfterAllowed: an apiserver that has just restarted answers
+// 403 until its authorizer has synced (seen in the e2e outage scenario).
+// A waiting candidate retries a 403 to a verb the apiserver authorized
+// before, as an outage, and wins the lock once authorized again; a 403
+// to a verb never authorized stays a refusal at once (TestRefusedVerbs).
+func TestForbiddenAfterAllowed(t *testing.T) {
+	k := testenv.SharedKube(t)
+	c := &cluster{k: k, ns: k.Namespace(t)}
+	k.Grant(t, c.ns, testenv.KubeLimited, "get", "create", "update", "watch")
+	k.Grant(t, c.ns, testenv.KubeOther, "get", "create", "update", "watch")
+	limited := c.store(t, testenv.KubeLimited)
+	// limited takes and gives up the lock once: every verb authorized.
+	backendtest.Release(t, campaign(t, limited, "syncing", "limited", 15*time.Second))
+	held := campaign(t, c.store(t, testenv.KubeOther), "syncing", "other", 15*time.Second)
+
+	var logs syncBuffer
+	cand := candidate("limited", timings(15*time.Second))
+	cand.Wait = 60 * time.Second
+	cand.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	type result struct {
+		l   *backends.Lease
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		l, err := backends.Campaign(context.Background(), limited, "syncing", cand)
+		done <- result{l, err}
+	}()
+	// limited loses its permissions while it waits; the lock is freed.
+	rbs := "/apis/rbac.authorization.k8s.io/v1/namespaces/" + c.ns + "/rolebindings"
+	var list struct {
+		Items []struct {
+			Metadata struct{ Name string }
+			Subjects []struct{ Name string }
+		}
+	}
+	if err := json.Unmarshal(k.Admin(t, http.MethodGet, rbs, nil), &list); err != nil {
+		t.Fatal(err)
+	}
+	for _, rb := range list.Items {
+		if len(rb.Subjects) == 1 && rb.Subjects[0].Name == testenv.KubeLimited {
+			k.Admin(t, http.MethodDelete, rbs+"/"+rb.Metadata.Name, nil)
+		}
+	}
+	backendtest.Release(t, held)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(logs.String(), "forbidden") {
+		select {
+		case r := <-done:
+			t.Fatalf("campaign ended at a 403 to a verb authorized before: %v", r.err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no 403 retried within 30 s; log:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond) // polling the log: nothing to wait on
+	}
+	k.Grant(t, c.ns, testenv.KubeLimited, "get", "create", "update", "watch")
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("campaign: %v, want the lock once authorized again; log:\n%s", r.err, logs.String())
+	}
+	backendtest.Release(t, r.l)
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test's reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
