@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -152,9 +153,17 @@ func TestOperatorHelpExamplesRun(t *testing.T) {
 	etcd := testenv.StartEtcd(t, 1)
 	bin := testenv.Leaderrun(t)
 	assign := regexp.MustCompile(`^\s+(?:Environment=)?([A-Z_]+)=(\S+)$`)
+	type example struct {
+		line string
+		env  []string
+	}
+	// Each example is a block of its own: its variables, then its line.
+	var examples []example
 	var env []string
-	var lines []string
 	for _, l := range strings.Split(help, "\n") {
+		if strings.TrimSpace(l) == "" {
+			env = nil
+		}
 		if m := assign.FindStringSubmatch(l); m != nil && m[1] != "PATH" {
 			value := m[2]
 			if strings.Contains(m[1], "ENDPOINTS") {
@@ -165,18 +174,18 @@ func TestOperatorHelpExamplesRun(t *testing.T) {
 		if i := strings.Index(l, "/usr/local/bin/leaderrun "); i >= 0 {
 			line := strings.Replace(l[i:], "/usr/local/bin/leaderrun", bin, 1)
 			line = regexp.MustCompile(` -- \S+$`).ReplaceAllString(line, " -- true")
-			lines = append(lines, line)
+			examples = append(examples, example{line, slices.Clone(env)})
 		}
 	}
-	if len(lines) < 2 {
-		t.Fatalf("found %d example lines in --help, want the crontab's and the unit's:\n%s", len(lines), help)
+	if len(examples) < 2 {
+		t.Fatalf("found %d example lines in --help, want the crontab's and the unit's:\n%s", len(examples), help)
 	}
-	for _, line := range lines {
-		cmd := exec.Command("sh", "-c", line)
-		cmd.Env = append(os.Environ(), env...)
+	for _, ex := range examples {
+		cmd := exec.Command("sh", "-c", ex.line)
+		cmd.Env = append(os.Environ(), ex.env...)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
-			t.Errorf("%s\nwith %q: %v\n%s", line, env, err, out)
+			t.Errorf("%s\nwith %q: %v\n%s", ex.line, ex.env, err, out)
 		}
 	}
 }
@@ -269,7 +278,7 @@ func TestOperatorVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	build := regexp.MustCompile(`(?m)^\s*(CGO_ENABLED=0 go build .*)$`).FindStringSubmatch(string(readme))
+	build := regexp.MustCompile("(CGO_ENABLED=0 go build [^`&\n]*)").FindStringSubmatch(string(readme))
 	if build == nil {
 		t.Fatal("README has no build line (CGO_ENABLED=0 go build ...)")
 	}
