@@ -142,7 +142,7 @@ func newLogger(c *cli.Context, w *os.File) (*slog.Logger, error) {
 	if c.Bool("quiet") && level < slog.LevelWarn {
 		level = slog.LevelWarn
 	}
-	opts := &slog.HandlerOptions{Level: level}
+	opts := logOptions(level)
 	switch c.String("log-format") {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
@@ -151,6 +151,32 @@ func newLogger(c *cli.Context, w *os.File) (*slog.Logger, error) {
 	}
 	return nil, usageErrorf("--log-format %q: want text or json", c.String("log-format"))
 }
+
+// logOptions are the options of leaderrun's log: each line one line, even
+// where an error's text holds line breaks (a PostgreSQL client lists each
+// address it tried on a line of its own).
+func logOptions(level slog.Level) *slog.HandlerOptions {
+	return &slog.HandlerOptions{Level: level, ReplaceAttr: oneLine}
+}
+
+// oneLine joins the lines of a string or error value with "; ".
+func oneLine(_ []string, a slog.Attr) slog.Attr {
+	var text string
+	switch v := a.Value.Any().(type) {
+	case string:
+		text = v
+	case error:
+		text = v.Error()
+	default:
+		return a
+	}
+	if strings.ContainsAny(text, "\n\r") {
+		a.Value = slog.StringValue(lineBreaks.Replace(text))
+	}
+	return a
+}
+
+var lineBreaks = strings.NewReplacer("\r\n", "; ", "\n\t", "; ", "\n", "; ", "\r", "; ")
 
 // storeConfig is what every store's constructor needs: the lock is
 // named only for a companion's hand-over, which checks it; the store

@@ -190,7 +190,7 @@ func plainMessage(err error) string {
 		return "check: not inside a command started by leaderrun ($LEADERRUN_SOCKET is not set); call it from the job leaderrun runs"
 	}
 	msg = internals.Replace(msg)
-	msg = strings.NewReplacer("\r\n", "; ", "\n\t", "; ", "\n", "; ", "\t", " ").Replace(msg)
+	msg = strings.ReplaceAll(lineBreaks.Replace(msg), "\t", " ")
 	return longDuration.ReplaceAllString(msg, "$1$2")
 }
 
