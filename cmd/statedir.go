@@ -41,19 +41,20 @@ func checkStateDir(dir string, mustExist bool) error {
 		return usageErrorf("--state-dir %s is owned by uid %d, not by this user (%d) or root", dir, st.Uid, os.Geteuid())
 	}
 	mode := fi.Mode()
-	who := ""
+	var who, notSticky string
 	switch {
-	case mode&0o022 == 0o022:
-		who = "its group and others"
-	case mode&0o020 != 0:
-		who = "its group"
 	case mode&0o002 != 0:
 		who = "others"
+		if mode&fs.ModeSticky == 0 {
+			notSticky = " and not sticky"
+		}
+	case mode&0o020 != 0:
+		who = "its group"
 	default:
 		return nil
 	}
-	return usageErrorf("--state-dir %s is writable by %s (mode %04o): the local store needs a directory writable by its owner alone (mkdir -m 700 DIR)",
-		dir, who, uint32(mode.Perm())|sticky(mode))
+	return usageErrorf("--state-dir %s is writable by %s (mode %04o)%s: the local store needs a directory writable by its owner alone (mkdir -m 700 DIR)",
+		dir, who, uint32(mode.Perm())|sticky(mode), notSticky)
 }
 
 func sticky(m fs.FileMode) uint32 {
@@ -80,7 +81,9 @@ func stateDirError(dir string, err error) error {
 	if errors.As(err, &errno) {
 		return usageErrorf("--state-dir %s: cannot use it: %v", dir, errno)
 	}
-	return usageErrorf("--state-dir %s: cannot use it: %s", dir, strings.TrimPrefix(plainMessage(err), "local: "))
+	msg := strings.TrimPrefix(plainMessage(err), "local: ")
+	msg = strings.TrimSuffix(msg, ": refusing to use it: "+strings.TrimPrefix(backends.ErrUnsafeState.Error(), "backends: "))
+	return usageErrorf("--state-dir %s: cannot use it: %s", dir, msg)
 }
 
 // probeLocal opens the local store's directory before the campaign, as

@@ -328,7 +328,7 @@ func TestOperatorMessages(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"state dir /tmp", nil, []string{"--backend", "local", "--state-dir", "/tmp", "--lock", "x", "--", "true"}, "--state-dir /tmp is writable by its group and others"},
+		{"state dir /tmp", nil, []string{"--backend", "local", "--state-dir", "/tmp", "--lock", "x", "--", "true"}, "--state-dir /tmp is writable by others (mode 1777)"},
 		{"mode 0770", nil, []string{"--backend", "local", "--state-dir", group, "--lock", "x", "--", "true"}, "is writable by its group (mode 0770)"},
 		{"state dir in /proc", nil, []string{"--backend", "local", "--state-dir", "/proc/nope", "--lock", "x", "--", "true"}, "--state-dir /proc/nope"},
 		{"LEADERRUN_QUIET=yes", []string{"LEADERRUN_QUIET=yes"}, localArgs(dir, "x", "--", "true"), `"yes" in LEADERRUN_QUIET for --quiet: want true or false`},
