@@ -171,6 +171,12 @@ func TestBench(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(out, "benchmarks.svg"), []byte(b.res.plot()), 0o644); err != nil {
 		t.Error(err)
 	}
+	// The figures of docs/choosing-a-store.md, when the report goes there.
+	if page := filepath.Join(out, "choosing-a-store.md"); fileExists(page) {
+		if err := writeFigures(page, b.res.figures()); err != nil {
+			t.Error(err)
+		}
+	}
 	t.Logf("report written to %s in %v", out, b.res.took.Round(time.Second))
 }
 
@@ -262,4 +268,9 @@ func loadavg() string {
 		return "unknown"
 	}
 	return strings.Join(f[:3], " ")
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

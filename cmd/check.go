@@ -25,7 +25,10 @@ func checkCommand(st *state) *cli.Command {
 			&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "print the token and the time left"},
 			&cli.BoolFlag{Name: "progress", Usage: "report progress to leaderrun first (see run's --progress-timeout), then check as usual"},
 		},
-		OnUsageError: onUsageError,
+		OnUsageError: func(c *cli.Context, err error, sub bool) error {
+			st.command = "check "
+			return onUsageError(c, err, sub)
+		},
 		Action: func(c *cli.Context) error {
 			if c.Duration("min-remaining") < 0 {
 				return usageErrorf("--min-remaining %v: must not be negative", c.Duration("min-remaining"))
@@ -39,7 +42,7 @@ func checkCommand(st *state) *cli.Command {
 			a, err := control.Ask(ctx, os.Getenv("LEADERRUN_SOCKET"), req)
 			if err != nil {
 				// No answer is no leadership.
-				fmt.Fprintf(st.stderr, "leaderrun check: %v\n", err)
+				fmt.Fprintf(st.stderr, "leaderrun: %s\n", plainMessage(err))
 				return errNotLeader
 			}
 			minimum := c.Duration("min-remaining")

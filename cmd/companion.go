@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
@@ -36,7 +37,7 @@ const awsCompanion = "leaderrun-aws"
 const handedOverVar = "LEADERRUN_HANDED_OVER_BY"
 
 // release names this build for handedOverVar.
-func release() string { return Version() + " " + commit }
+func release() string { return Version() + " " + revision() }
 
 // handedOverKey is where run keeps handedOverVar's value, if any, in the
 // app's Metadata.
@@ -77,7 +78,7 @@ func companionPath(name string) (string, error) {
 	path, err := filepath.EvalSymlinks(filepath.Join(filepath.Dir(self), name))
 	if err != nil {
 		return "", fmt.Errorf("%s is not installed beside %s: install it from the same release as leaderrun "+
-			"(go install github.com/leaderrun/leaderrun/cmd/%s@<version>)", name, self, name)
+			"(go install github.com/leaderrun/leaderrun/cmd/%s@%s)", name, self, name, installVersion())
 	}
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -181,3 +182,15 @@ func (e *companionError) Unwrap() []error { return []error{backends.ErrUnavailab
 // errNoBackend is a store whose backend this binary lacks, met past the
 // hand-over: a bug, never a user's error.
 var errNoBackend = errors.New("the store's backend is not linked into this binary, and the run was not handed over")
+
+// installVersion is the version go install needs for the companion of
+// this build: its module version, else its revision, else "latest".
+func installVersion() string {
+	if v := Version(); v != "devel" {
+		return v
+	}
+	if r := strings.TrimSuffix(revision(), "-dirty"); r != "" {
+		return r
+	}
+	return "latest"
+}

@@ -72,6 +72,9 @@ var localStore = store{
 		if strings.TrimSpace(c.String("state-dir")) == "" {
 			return nil, usageErrorf("--state-dir must not be empty")
 		}
+		if err := checkStateDir(c.String("state-dir"), c.Command.Name != "run"); err != nil {
+			return nil, err
+		}
 		return local.Open(c.String("state-dir")), nil
 	},
 	address: "--backend local for a single host",
@@ -139,7 +142,7 @@ func newLogger(c *cli.Context, w *os.File) (*slog.Logger, error) {
 	if c.Bool("quiet") && level < slog.LevelWarn {
 		level = slog.LevelWarn
 	}
-	opts := &slog.HandlerOptions{Level: level}
+	opts := logOptions(level)
 	switch c.String("log-format") {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
@@ -148,6 +151,32 @@ func newLogger(c *cli.Context, w *os.File) (*slog.Logger, error) {
 	}
 	return nil, usageErrorf("--log-format %q: want text or json", c.String("log-format"))
 }
+
+// logOptions are the options of leaderrun's log: each line one line, even
+// where an error's text holds line breaks (a PostgreSQL client lists each
+// address it tried on a line of its own).
+func logOptions(level slog.Level) *slog.HandlerOptions {
+	return &slog.HandlerOptions{Level: level, ReplaceAttr: oneLine}
+}
+
+// oneLine joins the lines of a string or error value with "; ".
+func oneLine(_ []string, a slog.Attr) slog.Attr {
+	var text string
+	switch v := a.Value.Any().(type) {
+	case string:
+		text = v
+	case error:
+		text = v.Error()
+	default:
+		return a
+	}
+	if strings.ContainsAny(text, "\n\r") {
+		a.Value = slog.StringValue(lineBreaks.Replace(text))
+	}
+	return a
+}
+
+var lineBreaks = strings.NewReplacer("\r\n", "; ", "\n\t", "; ", "\n", "; ", "\r", "; ")
 
 // storeConfig is what every store's constructor needs: the lock is
 // named only for a companion's hand-over, which checks it; the store
@@ -161,7 +190,13 @@ type storeConfig struct {
 // usage error must come before the store is touched or the command
 // started.
 func chooseStore(c *cli.Context) (store, error) {
+	if err := flagAsValue(c); err != nil {
+		return store{}, err
+	}
 	lock := c.String("lock")
+	if lock == "" && c.IsSet("lock") {
+		return store{}, usageErrorf("--lock is empty: want a name of 1-128 characters from [A-Za-z0-9._-]")
+	}
 	if lock == "" {
 		return store{}, usageErrorf("--lock is required (or LEADERRUN_LOCK)")
 	}
@@ -171,7 +206,7 @@ func chooseStore(c *cli.Context) (store, error) {
 	if name := c.String("backend"); name != "" {
 		for _, s := range stores {
 			if s.name == name {
-				return s, otherStoreFlags(c, s)
+				return s, otherStoreFlags(c, s, "--backend is "+s.name)
 			}
 		}
 		return store{}, usageErrorf("--backend %q: want one of %s", name, storeNames())
@@ -186,7 +221,7 @@ func chooseStore(c *cli.Context) (store, error) {
 	}
 	switch len(chosen) {
 	case 1:
-		return chosen[0], nil
+		return chosen[0], otherStoreFlags(c, chosen[0], "the store is "+chosen[0].name+" (its address is set)")
 	case 0:
 		return store{}, usageErrorf("no store configured: set %s", strings.Join(how, ", or "))
 	}
@@ -198,11 +233,14 @@ func chooseStore(c *cli.Context) (store, error) {
 }
 
 // otherStoreFlags refuses a flag of another store given on the command
-// line beside --backend: "--backend local --etcd-endpoints ..." names two
-// stores, and leaderrun will not guess which one was meant. Variables are
-// left alone: an environment set up for etcdctl may well run a job on the
-// local backend.
-func otherStoreFlags(c *cli.Context, chosen store) error {
+// line beside the store chosen, whether by --backend or by its address:
+// "--backend local --etcd-endpoints ..." names two stores, and leaderrun
+// will not guess which one was meant; "--etcd-endpoints URL
+// --redis-min-replicas 2" asks for a safeguard that etcd would silently
+// not give. why says how the store was chosen. Variables are left alone:
+// an environment set up for etcdctl may well run a job on the local
+// backend.
+func otherStoreFlags(c *cli.Context, chosen store, why string) error {
 	given := commandLineFlags(c)
 	for _, s := range stores {
 		if s.name == chosen.name {
@@ -210,7 +248,7 @@ func otherStoreFlags(c *cli.Context, chosen store) error {
 		}
 		for _, f := range s.flags() {
 			if name := f.Names()[0]; given[name] {
-				return usageErrorf("--%s is a flag of the %s store, but --backend is %s: drop one of them", name, s.name, chosen.name)
+				return usageErrorf("--%s is a flag of the %s store, but %s: drop one of them", name, s.name, why)
 			}
 		}
 	}

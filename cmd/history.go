@@ -23,7 +23,10 @@ func historyCommand(st *state) *cli.Command {
 		Flags: readFlags("print one JSON object per term, one per line",
 			&cli.IntFlag{Name: "limit", Value: 20, Usage: "show the newest `N` terms (the store keeps about 100)"},
 			holdersFlag("the lock's pool size `N` (--holders of run): the terms of every slot, merged, with their slot")),
-		OnUsageError: onUsageError,
+		OnUsageError: func(c *cli.Context, err error, sub bool) error {
+			st.command = "history "
+			return onUsageError(c, err, sub)
+		},
 		Action: func(c *cli.Context) error {
 			st.command = "history "
 			limit := c.Int("limit")

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,6 +31,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if n := len(args); n > 1 && args[n-1] == "--generate-bash-completion" && slices.Contains(args[:n-1], "--") {
 		// Completing the command's own arguments: urfave/cli would parse
 		// this as a run and start the command. Let the shell complete files.
+		return 0
+	}
+	if vals := completeValue(args); vals != nil {
+		fmt.Fprintln(stdout, strings.Join(vals, "\n"))
 		return 0
 	}
 	st := &state{stdout: stdout, stderr: stderr, codes: defaultCodes}
@@ -74,10 +79,11 @@ func (st *state) report(err error, code int) {
 	if st.logged {
 		return
 	}
-	fmt.Fprintf(st.stderr, "leaderrun: %v\n", err)
+	msg := plainMessage(err)
 	if code == ExitUsage {
-		fmt.Fprintf(st.stderr, "Run 'leaderrun %s--help' for usage.\n", st.command)
+		msg += fmt.Sprintf(" (see leaderrun %s--help)", st.command)
 	}
+	fmt.Fprintf(st.stderr, "leaderrun: %s\n", msg)
 }
 
 // wantsHelp reports whether args may print a command's flags: --help, -h
@@ -181,7 +187,11 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
+// formatFlag is urfave/cli's own flag formatter, which help wraps.
+var formatFlag = cli.FlagStringer
+
 func newApp(st *state) *cli.App {
+	cli.FlagStringer = helpDefaults(formatFlag)
 	return &cli.App{
 		Name:      "leaderrun",
 		Usage:     "run a command only while this host holds a lock in etcd, Consul, PostgreSQL, Kubernetes, ZooKeeper, Redis, DynamoDB, Azure Blob or a local lock file",
@@ -198,6 +208,7 @@ With --holders N, up to N hosts run COMMAND at once, each in a slot 0..N-1
 crontab, on every host (one successful run a day; a host that finds the
 lock held waits, and runs the job if the leader died before finishing it):
    PATH=/usr/local/bin:/usr/bin:/bin
+   LEADERRUN_ETCD_ENDPOINTS=http://10.0.0.1:2379,http://10.0.0.2:2379
    0 2 * * * /usr/local/bin/leaderrun --quiet --wait 50m --once-per 24h --lock billing -- /opt/billing/run
 
 systemd unit (standbys wait; the leader runs the service; see
@@ -230,6 +241,9 @@ Run 'leaderrun run --help' for every flag of run.`,
 		ExitErrHandler: func(*cli.Context, error) {},
 		OnUsageError:   onUsageError,
 		Action: func(c *cli.Context) error {
+			if c.Args().First() == "help" {
+				return helpAction(c)
+			}
 			if word := c.Args().First(); word != "" {
 				if near := nearCommand(c.App, word); near != "" {
 					return usageErrorf("unknown command %q: did you mean %q?", word, near)
@@ -257,8 +271,22 @@ func onUsageError(_ *cli.Context, err error, _ bool) error {
 	}
 	if v, src, ok := badEnvDuration(msg); ok {
 		msg = fmt.Sprintf("invalid value %q in %s: %s", v, src, durationHint(v))
+	} else if m := badEnv.FindStringSubmatch(msg); m != nil {
+		msg = fmt.Sprintf("invalid value %s in %s for --%s: %s", m[1], m[3], m[4], envWant[m[2]])
+	}
+	if strings.HasSuffix(msg, "-try: parse error") {
+		msg = "--try takes no value: it does not wait; to wait a while for the lock, use --wait D (--wait 10s)"
 	}
 	return &usageError{msg: msg}
+}
+
+// badEnv is urfave/cli's message for a variable it could not parse:
+// the value, its type, the variable and the flag.
+var badEnv = regexp.MustCompile(`^could not parse (".*") as (\w+) value from environment variable "(\w+)" for flag ([\w-]+): `)
+
+// envWant says what a variable of each type takes.
+var envWant = map[string]string{
+	"bool": "want true or false (or 1 or 0)", "int": "want a whole number", "duration": "want a duration such as 30s or 5m",
 }
 
 // badEnvDuration reports the value and variable of urfave/cli's message

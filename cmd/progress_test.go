@@ -24,7 +24,7 @@ func TestProgressTimeoutFlag(t *testing.T) {
 			want: "--progress-timeout 500ms: want at least 1s (0 turns it off)"},
 		{name: "negative", flag: []string{"--progress-timeout", "-5s"}, code: ExitUsage, want: "--progress-timeout -5s: want at least 1s"},
 		{name: "over a year", flag: []string{"--progress-timeout", "9000h"}, code: ExitUsage,
-			want: "--progress-timeout 9000h0m0s is longer than the 8784h0m0s"},
+			want: "--progress-timeout 9000h is longer than the 8784h"},
 		{name: "no unit", flag: []string{"--progress-timeout", "30"}, code: ExitUsage,
 			want: `invalid value "30" for --progress-timeout: a duration needs a unit`},
 		{name: "not a duration", flag: []string{"--progress-timeout", "soon"}, code: ExitUsage,

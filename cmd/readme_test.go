@@ -156,3 +156,46 @@ func TestExitCodesDocumented(t *testing.T) {
 		}
 	}
 }
+
+// TestReadmeFirstScreen: the README's first 60 lines hold the build line
+// (stamping the commit), a first run on the local store and a crontab
+// line whose variables name a store; the whole file stays under 450
+// lines, each store's detail on its own page.
+func TestReadmeFirstScreen(t *testing.T) {
+	data, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	if len(lines) >= 450 {
+		t.Errorf("README has %d lines, want under 450", len(lines))
+	}
+	first := strings.Join(lines[:min(60, len(lines))], "\n")
+	build := regexp.MustCompile(`(?m)^ {4}CGO_ENABLED=0 go build .*-buildvcs=true.* \. \./cmd/leaderrun-aws$`)
+	localRun := regexp.MustCompile(`(?m)^ {4}leaderrun --backend local --lock \S+ -- .+$`)
+	cron := regexp.MustCompile(`(?m)^ {4}(\S+ ){5}/usr/local/bin/leaderrun .*--lock \S+ -- \S+$`)
+	if !build.MatchString(first) || !localRun.MatchString(first) || !cron.MatchString(first) {
+		t.Errorf("the first 60 lines lack the build line (%v), a first run on the local store (%v) or a crontab line (%v)",
+			build.MatchString(first), localRun.MatchString(first), cron.MatchString(first))
+	}
+	var selects []string
+	for _, s := range stores {
+		for _, f := range s.flags() {
+			if ef, ok := f.(*cli.StringFlag); ok && s.selected != nil {
+				selects = append(selects, ef.EnvVars...)
+			}
+		}
+	}
+	named := false
+	for _, v := range selects {
+		named = named || regexp.MustCompile(`(?m)^ {4}`+v+`=\S+$`).MatchString(first)
+	}
+	if !named {
+		t.Errorf("the crontab of the first 60 lines sets no store's variable: its line would exit 64 every night")
+	}
+	for _, l := range lines {
+		if regexp.MustCompile(`\b[0-9a-f]{7,12}\b`).MatchString(l) && strings.Contains(l, " at ") {
+			t.Errorf("README names a commit (a journal belongs in the history): %q", l)
+		}
+	}
+}

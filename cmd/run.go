@@ -92,6 +92,9 @@ func runAction(c *cli.Context, st *state) error {
 		return err
 	}
 	defer s.Close()
+	if err := probeLocal(c, chosen, s, cfg.Lock); err != nil {
+		return err
+	}
 	cfg.Store = s
 	obs, cleanup, err := observers(c, &cfg, s, log)
 	if err != nil {
@@ -120,6 +123,12 @@ func runAction(c *cli.Context, st *state) error {
 // validate (runner.New).
 func readRun(c *cli.Context, st *state) (*slog.Logger, runner.Config, store, error) {
 	var cfg runner.Config
+	if err := misreadLine(c); err != nil {
+		return nil, cfg, store{}, err
+	}
+	if err := flagAsValue(c); err != nil {
+		return nil, cfg, store{}, err
+	}
 	if err := readExitCodes(c, &st.codes); err != nil {
 		return nil, cfg, store{}, err
 	}

@@ -51,11 +51,14 @@ func withStore(c *cli.Context, what string, read func(context.Context, backends.
 func statusCommand(st *state) *cli.Command {
 	flags := readFlags("print the status as one JSON object", holdersFlag("the lock's pool size `N` (--holders of run): list the holder of every slot"))
 	return &cli.Command{
-		Name:         "status",
-		Usage:        "show who holds the lock (exit 0 with a leader, 3 with none)",
-		UsageText:    "leaderrun status --lock NAME [--holders N] [--json] [store flags]",
-		Flags:        flags,
-		OnUsageError: onUsageError,
+		Name:      "status",
+		Usage:     "show who holds the lock (exit 0 with a leader, 3 with none)",
+		UsageText: "leaderrun status --lock NAME [--holders N] [--json] [store flags]",
+		Flags:     flags,
+		OnUsageError: func(c *cli.Context, err error, sub bool) error {
+			st.command = "status "
+			return onUsageError(c, err, sub)
+		},
 		Action: func(c *cli.Context) error {
 			st.command = "status "
 			return withStore(c, "status", func(ctx context.Context, s backends.Store) error {

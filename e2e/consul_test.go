@@ -359,7 +359,7 @@ func TestConsulErrors(t *testing.T) {
 		{name: "ttl too short", args: consulArgs(agent.Addr(), "x", "a", "--lease-duration", "9s", "--renew-deadline", "5s", "--", "true"),
 			code: 64, want: []string{"--lease-duration 9s", "10s"}},
 		{name: "ttl too long", args: consulArgs(agent.Addr(), "x", "a", "--lease-duration", "25h", "--", "true"),
-			code: 64, want: []string{"--lease-duration 25h0m0s", "24h"}},
+			code: 64, want: []string{"--lease-duration 25h", "24h"}},
 		{name: "lock-delay too long", args: consulArgs(agent.Addr(), "x", "a", "--consul-lock-delay", "61s", "--", "true"),
 			code: 64, want: []string{"--consul-lock-delay 1m1s"}},
 		{name: "negative lock-delay", args: consulArgs(agent.Addr(), "x", "a", "--consul-lock-delay", "-1s", "--", "true"),

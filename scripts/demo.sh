@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds leaderrun and runs two instances of one job on the local backend
+# Builds leaderrun (the README's build line) and runs two instances of one job on the local backend
 # (no server needed): one leads and prints its fencing token while the other
 # waits, then the second takes over with a greater token.
 #
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-go build -o "$work/leaderrun" .
+CGO_ENABLED=0 go build -trimpath -buildvcs=true -tags urfave_cli_no_docs -ldflags='-s -w' -o "$work/" . ./cmd/leaderrun-aws
 echo "built $work/leaderrun ($("$work/leaderrun" version))"
 echo
 

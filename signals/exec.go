@@ -41,7 +41,9 @@ func (e *ExecError) Unwrap() error { return e.Err }
 
 // Resolve finds the executable for name the way a shell would, and reports
 // ErrNotFound (exit 127) or ErrNotExecutable (exit 126) before anything is
-// started, so that a typo in a crontab line never takes leadership.
+// started, so that a typo in a crontab line never takes leadership. An
+// executable file is checked as the kernel would start it (checkImage): a
+// binary it knows, or a script whose #! interpreter exists.
 func Resolve(name string) (string, error) {
 	notFound := &ExecError{Command: name, Reason: "command not found", Err: ErrNotFound}
 	if name == "" {
@@ -49,7 +51,7 @@ func Resolve(name string) (string, error) {
 	}
 	path, err := exec.LookPath(name)
 	if err == nil {
-		return path, nil
+		return path, checkImage(path, 0)
 	}
 	if strings.Contains(name, "/") {
 		fi, serr := os.Stat(name)
