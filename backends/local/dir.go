@@ -230,7 +230,7 @@ func checkStateDir(p string, st *unix.Stat_t, euid int) error {
 		return err
 	}
 	if st.Mode&0o022 != 0 {
-		return unsafeErr(p, fmt.Sprintf("is writable by others (mode %04o): a state directory must be writable by its owner alone", st.Mode&0o7777))
+		return unsafeErr(p, fmt.Sprintf("is %s: a state directory must be writable by its owner alone", writable(st.Mode)))
 	}
 	return nil
 }
@@ -241,6 +241,15 @@ func (d *dir) fd() int { return int(d.f.Fd()) }
 
 // join is the path of name in the directory, for messages and inotify.
 func (d *dir) join(name string) string { return filepath.Join(d.path, name) }
+
+// writable names who besides the owner may write, by mode (one of 0o022).
+func writable(mode uint32) string {
+	who := "others"
+	if mode&0o002 == 0 {
+		who = "its group"
+	}
+	return fmt.Sprintf("writable by %s (mode %04o)", who, mode&0o7777)
+}
 
 func unsafeErr(path, why string) error {
 	return fmt.Errorf("local: %s %s: refusing to use it: %w", path, why, backends.ErrUnsafeState)
@@ -256,7 +265,7 @@ func checkDir(p string, st *unix.Stat_t, euid int) error {
 	case !owned(st.Uid, euid):
 		return unsafeErr(p, fmt.Sprintf("is owned by uid %d, not by this user (%d) or root", st.Uid, euid))
 	case st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0:
-		return unsafeErr(p, fmt.Sprintf("is writable by others (mode %04o) and not sticky", st.Mode&0o7777))
+		return unsafeErr(p, fmt.Sprintf("is %s and not sticky", writable(st.Mode)))
 	}
 	return nil
 }
@@ -272,7 +281,7 @@ func (d *dir) checkFile(name string, st *unix.Stat_t) error {
 	case st.Nlink != 1:
 		return unsafeErr(p, fmt.Sprintf("has %d hard links", st.Nlink))
 	case st.Mode&0o022 != 0:
-		return unsafeErr(p, fmt.Sprintf("is writable by others (mode %04o)", st.Mode&0o7777))
+		return unsafeErr(p, "is "+writable(st.Mode))
 	}
 	return nil
 }

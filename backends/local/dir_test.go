@@ -92,7 +92,7 @@ func TestStateDirWritableByOthersRefused(t *testing.T) {
 	}{
 		{name: "world-writable and sticky, like /tmp", mode: os.ModeSticky | 0o777, want: "is writable by others (mode 1777)"},
 		{name: "world-writable", mode: 0o777, want: "is writable by others (mode 0777)"},
-		{name: "group-writable", mode: 0o770, want: "is writable by others (mode 0770)"},
+		{name: "group-writable", mode: 0o770, want: "is writable by its group (mode 0770)"},
 		{name: "owner's alone", mode: 0o755},
 	}
 	for _, tc := range cases {
