@@ -343,8 +343,9 @@ func TestConsulErrors(t *testing.T) {
 		code int
 		want []string
 	}{
-		{name: "unreachable", args: consulArgs(closed, "x", "a", "--consul-token", secret, "--", "true"),
-			code: 69, want: []string{closed, "connection refused"}},
+		// A waiting run retries an unreachable agent until its --wait ends.
+		{name: "unreachable", args: consulArgs(closed, "x", "a", "--consul-token", secret, "--wait", "1s", "--", "true"),
+			code: 69, want: []string{closed, "connection refused", "within --wait 1s"}},
 		{name: "unreachable status", args: []string{"status", "--consul-addr", closed, "--lock", "x", "--consul-token", secret},
 			code: 69, want: []string{closed}},
 		{name: "token refused", args: consulArgs(agent.Addr(), "x", "a", "--consul-token", secret, "--", "true"),
