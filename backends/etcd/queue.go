@@ -114,7 +114,7 @@ func (t *ticket) Lead(ctx context.Context) (backends.Grant, error) {
 	stop := context.AfterFunc(t.session.Ctx(), cancel)
 	defer stop()
 	done := make(chan error, 1)
-	t.l.s.campaigns.Go(func() { done <- t.election.Campaign(cctx, t.value) })
+	t.l.s.campaigns.Go(func() { done <- campaign(cctx, t.election, t.value) })
 	var err error
 	select {
 	case err = <-done:
@@ -215,4 +215,17 @@ func (s *Store) keepAliveOnce(ctx context.Context, id clientv3.LeaseID) error {
 
 func learnerRefused(err error) bool {
 	return err != nil && rpctypes.ErrorDesc(err) == rpctypes.ErrorDesc(rpctypes.ErrGRPCNotSupportedForLearner)
+}
+
+// campaign is the election's Campaign, with a malformed answer an error:
+// the concurrency package indexes what the server sent without checking
+// it (a range answered without a header, an else branch without its
+// key), so a hostile endpoint would otherwise crash leaderrun.
+func campaign(ctx context.Context, e *concurrency.Election, value string) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: the election could not read it: %v", errBadAnswer, r)
+		}
+	}()
+	return e.Campaign(ctx, value)
 }
