@@ -212,7 +212,7 @@ func testAzUnreachable(t *testing.T, e *azEnv) {
 	for _, addr := range []string{refused, silent.Addr().String()} {
 		began := time.Now()
 		p := startProgram(t, append(childEnv(events, "exit:0"), "AZURE_STORAGE_CONNECTION_STRING="+e.az.ConnectionStringVia(addr)),
-			testenv.Leaderrun(t), append(append(e.args("unreachable", "u"), "--"), childArgv(t)...)...)
+			testenv.Leaderrun(t), append(append(e.args("unreachable", "u"), "--wait", "1s", "--"), childArgv(t)...)...)
 		code := p.wait(30 * time.Second)
 		took := time.Since(began)
 		t.Logf("store at %s: exit %d after %v: %s", addr, code, took.Round(time.Millisecond), lastLine(p.stderr.String()))

@@ -263,7 +263,7 @@ func TestDynamoDBErrors(t *testing.T) {
 	}
 	t.Run("unreachable", func(t *testing.T) {
 		url := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))
-		out, code := e.leaderrun(t, ddbAll, append(e.args(url, "unreachable", "u"), "--", "/bin/true")...)
+		out, code := e.leaderrun(t, ddbAll, append(e.args(url, "unreachable", "u"), "--wait", "1s", "--", "/bin/true")...)
 		t.Logf("exit %d: %s", code, lastLine(out))
 		if code != 69 || !strings.Contains(out, url) || strings.Contains(out, "test-secret") {
 			t.Errorf("exit %d; want 69 naming %s, without the secret key:\n%s", code, url, out)

@@ -69,7 +69,7 @@ func TestEtcdUnixSockets(t *testing.T) {
 			n, _ := io.ReadFull(c, b)
 			first <- b[:n]
 		}()
-		out, code := output(t, "--lock", "socket", "--etcd-endpoints", tc.scheme+"://"+path, "--etcd-dial-timeout", "1s", "--", "/bin/true")
+		out, code := output(t, "--lock", "socket", "--etcd-endpoints", tc.scheme+"://"+path, "--etcd-dial-timeout", "1s", "--wait", "1s", "--", "/bin/true")
 		l.Close()
 		got := <-first
 		t.Logf("%s://: first bytes %q; exit %d: %s", tc.scheme, got, code, strings.TrimSpace(finalLine(out)))

@@ -213,15 +213,16 @@ func TestEtcdUnreachable(t *testing.T) {
 		endpoint string
 		args     []string
 	}{
-		{"Refused", refused, nil},
+		// A waiting run retries until its --wait ends.
+		{"Refused", refused, []string{"--wait", "1s"}},
 		{"RefusedTry", refused, []string{"--try"}},
-		{"Silent", blackhole, nil},
+		{"Silent", blackhole, []string{"--wait", "1s"}},
 		{"Status", refused, []string{"status"}},
 		// --timeout shorter than the dial timeout: still 69, naming the
 		// endpoint, not a bare "context deadline exceeded" (70).
 		{"StatusTimeout", blackhole, []string{"status", "--timeout", "500ms"}},
 		// Credentials in the endpoint URL are never printed.
-		{"CredentialsInURL", "http://user:secretpw@" + strings.TrimPrefix(refused, "http://"), nil},
+		{"CredentialsInURL", "http://user:secretpw@" + strings.TrimPrefix(refused, "http://"), []string{"--wait", "1s"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := []string{"--lock", "unreachable", "--etcd-endpoints", tc.endpoint, "--etcd-dial-timeout", "1s"}
@@ -368,7 +369,7 @@ func TestEtcdTLS(t *testing.T) {
 	}
 	began := time.Now()
 	out, code = output(t, "--lock", "tls", "--etcd-endpoints", eps[0], "--etcd-cacert", e.TLS.CACert,
-		"--etcd-dial-timeout", "1s", "--", "/bin/true")
+		"--etcd-dial-timeout", "1s", "--wait", "1s", "--", "/bin/true")
 	t.Logf("without a client certificate: exit %d after %v", code, time.Since(began).Round(time.Millisecond))
 	if code != 69 || !strings.Contains(out, eps[0]) {
 		t.Errorf("without a client certificate: exit %d, output %q; want 69 naming %s", code, out, eps[0])

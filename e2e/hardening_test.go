@@ -217,7 +217,7 @@ func TestRedisPasswordWithSlashAndComma(t *testing.T) {
 		{"history", []string{"history", "--lock", "pw", "--redis-url", url(password, r.Addr()+"/0")}, 0, "exited 0"},
 		{"wrong password", []string{"status", "--lock", "pw", "--redis-url", url("zz/yy,xx=SECRET", r.Addr()+"/0")}, 69, "redis at " + r.Addr()},
 		{"bad database", []string{"status", "--lock", "pw", "--redis-url", url(password, r.Addr()+"/x")}, 64, `--redis-url "redis://` + r.Addr() + `/x"`},
-		{"unreachable", []string{"--lock", "pw", "--redis-url", url(password, dead+"/0"), "--", "true"}, 69, "redis at " + dead},
+		{"unreachable", []string{"--lock", "pw", "--redis-url", url(password, dead+"/0"), "--wait", "1s", "--", "true"}, 69, "redis at " + dead},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, code := combinedOutput(t, nil, tc.args...)

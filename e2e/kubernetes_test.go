@@ -356,7 +356,7 @@ func TestKubernetesErrors(t *testing.T) {
 	t.Run("unreachable", func(t *testing.T) {
 		addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))
 		kc := k.KubeconfigVia(t, "https://"+addr, testenv.KubeLimited, "")
-		out, code := output(t, append(append([]string{"--kubeconfig", kc, "--lock", "unreachable"}, kubeTimings...), "--", "/bin/true")...)
+		out, code := output(t, append(append([]string{"--kubeconfig", kc, "--lock", "unreachable", "--wait", "1s"}, kubeTimings...), "--", "/bin/true")...)
 		t.Logf("exit %d: %s", code, lastLine(out))
 		if code != 69 || !strings.Contains(out, addr) || strings.Contains(out, k.Token(testenv.KubeLimited)) {
 			t.Errorf("exit %d; want 69 naming %s, without the token", code, addr)

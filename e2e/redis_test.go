@@ -176,7 +176,7 @@ func testRedisUnreachable(t *testing.T, e *redisEnv) {
 	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t, "127.0.0.1"))
 	url := "redis://:" + redisPassword + "@" + addr
 	for _, args := range [][]string{
-		{"--lock", "nowhere", "--redis-url", url, "--", "true"},
+		{"--lock", "nowhere", "--redis-url", url, "--wait", "1s", "--", "true"},
 		{"--lock", "nowhere", "--redis-url", url, "--try", "--", "true"},
 	} {
 		began := time.Now()

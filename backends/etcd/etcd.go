@@ -126,7 +126,9 @@ func (l *lock) Status(ctx context.Context) (backends.Status, error) {
 	}
 	kv := leader[0]
 	st.Identity, st.Holders = backends.ParseIdentityValue(string(kv.Value))
-	st.Held, st.Token = true, uint64(kv.CreateRevision)
+	// The leader's own key, named after its lease: what an operator
+	// deletes, or whose lease they revoke, to take the lock.
+	st.Held, st.Token, st.Key = true, uint64(kv.CreateRevision), string(kv.Key)
 	st.Waiting = int(rangeAt(resp, 1).Count) - 1
 	if kv.Lease == 0 {
 		return st, nil

@@ -81,6 +81,7 @@ func (l *lock) Status(ctx context.Context) (backends.Status, error) {
 	type leader struct {
 		znode
 		queued int
+		name   string
 	}
 	lead, err := read(ctx, l.s, "read the leader of "+l.dir, func(z *zk.Conn) (leader, error) {
 		for range 3 { // a leader that went between the two reads: again
@@ -91,7 +92,7 @@ func (l *lock) Status(ctx context.Context) (backends.Status, error) {
 			}
 			data, stat, err := z.Get(l.dir + "/" + cs[0].name)
 			if !errors.Is(err, zk.ErrNoNode) {
-				return leader{znode{data, stat}, len(cs)}, err
+				return leader{znode{data, stat}, len(cs), cs[0].name}, err
 			}
 		}
 		return leader{}, errors.New("the leader changed at every read")
@@ -103,7 +104,8 @@ func (l *lock) Status(ctx context.Context) (backends.Status, error) {
 	case err != nil:
 		return st, err
 	}
-	st.Held, st.Token, st.Waiting = true, uint64(lead.stat.Czxid), lead.queued-1
+	// The leader's own znode: what an operator deletes to take the lock.
+	st.Held, st.Token, st.Waiting, st.Key = true, uint64(lead.stat.Czxid), lead.queued-1, l.dir+"/"+lead.name
 	st.Identity, st.Holders = backends.ParseIdentityValue(string(lead.data))
 	return st, nil
 }
