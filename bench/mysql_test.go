@@ -47,6 +47,9 @@ const mysqlMaxConnections = 1000
 
 func (s *mysqlStore) start(b *bench) {
 	s.db = testenv.StartMariaDB(b.t, testenv.MariaDBOptions{MaxConnections: mysqlMaxConnections})
+	// The meter's proxies connect from 127.1.x.y (nextSourceIP): root
+	// may log in from all of 127/8.
+	s.db.Exec(b.t, "CREATE USER root@'127.%' IDENTIFIED BY '"+s.db.RootPassword+"'", "GRANT ALL ON *.* TO root@'127.%'")
 	s.admin = s.db.DB(b.t)
 	lrMySQL.env = []string{"MYSQL_PWD=" + s.db.RootPassword}
 }
@@ -147,6 +150,15 @@ func mysqlStatement(q string) (k reqKey, wait time.Duration) {
 		return reqKey{"renew", classKeepalive}, 0
 	case strings.HasPrefix(up, "DO IF(IS_USED_LOCK("):
 		return reqKey{"keep the holder's named lock", classKeepalive}, 0
+	case strings.HasPrefix(up, "SELECT VERSION, SUBSTRING(DATA"):
+		return reqKey{"read a document (history)", classOther}, 0
+	case strings.HasPrefix(up, "SELECT 1 FROM") && has("LOCK IN SHARE MODE"),
+		strings.HasPrefix(up, "UPDATE") && has("SET VERSION ="), strings.HasPrefix(up, "INSERT INTO") && has("(NAME, DOC, VERSION"):
+		return reqKey{"write a document (history)", classOther}, 0
+	case strings.HasPrefix(up, "START TRANSACTION"), up == "COMMIT", up == "ROLLBACK":
+		return reqKey{"transaction: " + strings.ToLower(strings.Fields(up)[0]), classOther}, 0
+	case strings.HasPrefix(up, "SET "):
+		return reqKey{"SET (connection set-up)", classOther}, 0
 	case strings.HasPrefix(up, "SELECT HOLDER, OWNER, TOKEN"):
 		return reqKey{"read the row", classOther}, 0
 	case strings.HasPrefix(up, "SELECT COUNT(*)"):
