@@ -246,9 +246,9 @@ func (r *results) goals() []goalMet {
 // of it and blocking queries or watches, nothing else; one without
 // (Kubernetes) only watches. A PostgreSQL follower tries once when the
 // holder's lease would expire, a statement per lease duration (it sleeps
-// until then: expiry sends no notification); a MySQL first in line reads
-// the row once per lease duration, each time its wait on the holder's
-// named lock returns. On Consul the leader's
+// until then: expiry sends no notification); a MySQL follower is held to
+// the same budget (its first in line reads the row about twice per lease
+// duration, docs/backends/mysql.md says). On Consul the leader's
 // renewals write nothing a waiter watches: the first in line (on the lock
 // key) and the second (on the first's queue entry) must each stay at or
 // under 0.1 blocking queries/s.
@@ -258,9 +258,7 @@ func followerGoals(col *storeColumn, c *costRes) []goalMet {
 	switch col.name {
 	case "postgres", "mysql":
 		// One acquire per lease duration, and what the window's edges
-		// can add: one more. MySQL: the first in line reads the row
-		// each time its wait on the holder's named lock (a lease)
-		// returns.
+		// can add: one more.
 		budget := 1/col.tm.lease.Seconds() + 1/c.followersOver.Seconds()
 		out = append(out, goalMet{kind: goalIdle, goal: fmt.Sprintf("≤ 1 statement per lease duration (≤ %.2f/s over %v)", budget, c.followersOver.Round(time.Second)),
 			met:      by[classOther]+by[classKeepalive] <= budget+1e-9,

@@ -330,8 +330,7 @@ func TestGoals(t *testing.T) {
 	// tries once per lease, a Kubernetes one only watches.
 	r.cost[lrPostgres.id].first = rates{{"acquire", classOther}: 0.2}
 	r.cost[lrKube.id].first = rates{{"watch", classBlocking}: 0.03}
-	// A MySQL first in line reads the row each time its wait on the
-	// holder's named lock (a lease) returns.
+	// A MySQL first in line within PostgreSQL's budget.
 	r.cost[lrMySQL.id].first = rates{{"read the row", classOther}: 0.2, {"wait on the holder's named lock (GET_LOCK)", classBlocking}: 0.2}
 	for _, col := range storeColumns {
 		if col.latency {
