@@ -156,6 +156,8 @@ var lossWhy = map[string]string{
 	"zookeeper":  "the leader's client watches its own znode; the server sends the deletion at once.",
 	"redis":      "the leader's tracking connection has Redis announce every change of a key under the lock's key (client tracking, broadcast mode); on the DEL's announcement the leader reads its key, finds it gone, and stops the child.",
 	"azureblob":  "Azure tells nobody that a lease ended: the leader proves its lease by a read of the lock blob's properties with its lease id (412 once the lease is broken) whenever no renewal or read has done so for half a retry period, at most 700 ms; so a break is seen at the next read or renewal, within half a retry period (at most 700 ms) and two round trips, not at once as a notification would be.",
+	"mysql":      "MySQL tells the holder of no change: the leader reads its row every retry period (at most 500 ms) besides renewing it, so the delete is seen at the next read or renewal, within a retry period and a round trip, not at once as a notification would be.",
+	"s3":         "S3 tells nobody of a change: the leader reads the lock object every retry period (at most 500 ms) besides renewing it with If-Match, so the delete is seen at the next read or renewal, within a retry period and a round trip, not at once as a notification would be.",
 }
 
 // crashWhy says what decides the crash failover on each store.
@@ -168,6 +170,8 @@ var crashWhy = map[string]string{
 	"zookeeper":  "the server expires the dead leader's session once it has not heard from it for the negotiated session timeout (the lease asked, 6 s), deleting its ephemeral znode; the next candidate watches that znode and takes over at once.",
 	"redis":      "the server's clock decides: the key expires a lease duration after the leader's last renewal (at most a retry period before the kill); the first waiter in the queue read the key's PTTL at its last attempt and sleeps until then (plus 5 ms), and its SET NX succeeds at once.",
 	"azureblob":  "Azure's clock decides: the dead leader's lease expires a lease duration after its last renewal (at most a retry period before the kill); a waiter reads the blob's properties every retry period and acquires at the first read that shows the lease expired: between a lease less a retry period and a lease plus a retry period after the kill, then the acquisition and the token's writes.",
+	"mysql":      "the database's clock decides: the row expires a lease duration after the leader's last renewal (at most a retry period before the kill). The first waiter in line waits on the holder's named lock, which the server frees when the dead leader's connection closes; it then reads the row, with the time left by the database's clock, and takes it in one transaction once it has run out.",
+	"s3":         "S3 has no clock: a waiter reads the lock object every retry period and times the lease on its own monotonic clock from when it last saw the ETag change (every renewal); once a lease has passed without a change, it raises the token's mark in the state object and writes the lock object with If-Match on the ETag it read: between a lease and a lease plus a retry period after the last renewal, then three requests.",
 }
 
 // herdWhy says why each store wakes as many followers as it does.
@@ -179,6 +183,8 @@ var herdWhy = map[string]string{
 	"zookeeper":  "Each candidate watches only the znode just below its own (the recipe's answer to the herd), so a change wakes the next one only.",
 	"redis":      "Waiters queue in a sorted set, each subscribed to a channel of its own; only the first may take a free lock, and the release script publishes to its channel alone.",
 	"azureblob":  "There is no queue and no notification: every waiter reads the blob's properties once per retry period, at its own phase, and only those whose read lands between the release and the first acquisition try to acquire, so a change wakes few, and the more waiters there are, the sooner one of them reads after a release.",
+	"mysql":      "Waiters queue on a named lock (GET_LOCK): only the first in line waits on the holder's named lock, which the holder gives up when it releases, and reads the row when it is woken; every other waiter waits on the queue's. A change wakes the first in line, who takes over, and the next, who becomes first in line without reading the row.",
+	"s3":         "There is no queue and no notification: every waiter reads the lock object once per retry period, at its own phase, and only those whose read lands between the release and the first grant try to take it (reading the state object first); all but one fail their conditional write.",
 }
 
 // idleWhy says what an idle follower sends on each store, and why.
@@ -190,6 +196,8 @@ var idleWhy = map[string]string{
 	"zookeeper":  "A follower's client sends pings (every third of the session timeout) and holds a watch on the znode below its own.",
 	"redis":      "A follower runs the acquire script every retry period (jittered down by up to a quarter): that refreshes its liveness deadline in the queue (three retry periods), and tries the lock once; its pub/sub connection is pinged every 30 s. The leader renews, and reads its key once per renewal, whose change Redis announces to it.",
 	"azureblob":  "A follower reads the lock blob's properties (HEAD) once per retry period and sends nothing else; the leader renews every retry period and, between renewals, reads the blob once whenever nothing has proved its lease for half a retry period (at most 700 ms).",
+	"mysql":      "The first in line waits in GET_LOCK on the holder's named lock for a lease (in whole seconds) at a time, and reads the row about twice per lease duration (docs/backends/mysql.md); every other waiter waits in GET_LOCK on the queue's named lock for two leases at a time, then counts live rows once (a frozen first in line). The leader renews every retry period (an UPDATE, then it keeps its named lock) and reads its row every retry period.",
+	"s3":         "A follower reads the lock object (GET) once per retry period and sends nothing else; the leader renews every retry period (a PUT with If-Match on the ETag it last wrote) and reads the object every retry period besides.",
 }
 
 func columnTitled(title string) *storeColumn {

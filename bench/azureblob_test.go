@@ -150,6 +150,13 @@ type azureProxy struct {
 }
 
 func newAzureProxy(target string) (*azureProxy, error) {
+	return newRecordingProxy(target, azureKey, func(k reqKey) bool { return strings.HasSuffix(k.name, " acquire") })
+}
+
+// newRecordingProxy is an HTTP reverse proxy to target that records every
+// request, named by key; woke says which of them show that a change woke
+// the process (S3's meter uses it too).
+func newRecordingProxy(target string, key func(*http.Request) reqKey, woke func(reqKey) bool) (*azureProxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -162,10 +169,10 @@ func newAzureProxy(target string) (*azureProxy, error) {
 	}
 	p := &azureProxy{ln: ln}
 	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rec := request{start: mono(), key: azureKey(r)}
+		rec := request{start: mono(), key: key(r)}
 		rp.ServeHTTP(w, r)
 		rec.end = mono()
-		rec.woke = strings.HasSuffix(rec.key.name, " acquire")
+		rec.woke = woke(rec.key)
 		p.mu.Lock()
 		p.reqs = append(p.reqs, rec)
 		p.mu.Unlock()

@@ -59,6 +59,11 @@ func TestBench(t *testing.T) {
 	if os.Getenv("BENCH") != "1" {
 		t.Skip("the benchmark runs through scripts/bench.sh (BENCH=1 not set)")
 	}
+	if only := os.Getenv("BENCH_STORES"); only != "" {
+		if err := selectStores(strings.Split(only, ",")); err != nil {
+			t.Fatal(err)
+		}
+	}
 	began := time.Now()
 	loadBefore := loadavg()
 	out := os.Getenv("BENCH_OUT")
@@ -247,6 +252,7 @@ func versions(b *bench) map[string]string {
 		"zookeeper":      zookeeperVersion(b),
 		"kube-apiserver": first(testenv.KubeAPIServerBinary(b.t), "--version"),
 		"redis":          first(testenv.RedisBinary(b.t), "--version"),
+		"mariadb":        first(testenv.MariaDBBinary(b.t), "--version"),
 	}
 }
 

@@ -63,16 +63,18 @@ func (r pssRec) marginal(f func(memSum) int) (kib int, ok bool) {
 
 // pssTools are the tools measured: leaderrun on every store, and the two
 // CLIs that wrap a command under a lock, on their stores.
-var pssTools = func() []*tool {
+var pssTools = pssToolsOf(storeColumns)
+
+func pssToolsOf(cols []*storeColumn) []*tool {
 	var w []*tool
-	for _, col := range storeColumns {
+	for _, col := range cols {
 		w = append(w, col.lr)
 		if col.ref == etcdctlLock || col.ref == consulLock {
 			w = append(w, col.ref)
 		}
 	}
 	return w
-}()
+}
 
 // measurePss measures memory as a host pays it: for each tool alone on
 // the machine, N leaders of distinct locks at once for each N of

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/leaderrun/leaderrun/internal/testenv"
 )
 
 // rssRec is the largest VmHWM seen for a wrapper, and the sum of its
@@ -244,7 +246,9 @@ func (r *results) goals() []goalMet {
 // of it and blocking queries or watches, nothing else; one without
 // (Kubernetes) only watches. A PostgreSQL follower tries once when the
 // holder's lease would expire, a statement per lease duration (it sleeps
-// until then: expiry sends no notification). On Consul the leader's
+// until then: expiry sends no notification); a MySQL follower is held to
+// the same budget (its first in line reads the row about twice per lease
+// duration, docs/backends/mysql.md says). On Consul the leader's
 // renewals write nothing a waiter watches: the first in line (on the lock
 // key) and the second (on the first's queue entry) must each stay at or
 // under 0.1 blocking queries/s.
@@ -252,7 +256,7 @@ func followerGoals(col *storeColumn, c *costRes) []goalMet {
 	var out []goalMet
 	by := c.first.byClass()
 	switch col.name {
-	case "postgres":
+	case "postgres", "mysql":
 		// One acquire per lease duration, and what the window's edges
 		// can add: one more.
 		budget := 1/col.tm.lease.Seconds() + 1/c.followersOver.Seconds()
@@ -506,6 +510,8 @@ func (r *results) markdown() string {
 	b.WriteString("- Redis: one redis-server with a password, `appendonly yes`, `appendfsync always` (every write on disk before it is acknowledged), as docs/backends/redis.md asks.\n")
 	b.WriteString("- DynamoDB: the tests' emulator (`internal/testenv/ddbemu`: minidyn, in memory, over HTTP), its table created beforehand; start-to-child and memory only: an emulator's latencies say nothing of DynamoDB's.\n")
 	b.WriteString("- Azure Blob Storage: one Azurite blob service (the tests' emulator), the benchmark's container created beforehand.\n")
+	fmt.Fprintf(&b, "- MySQL: one MariaDB server (%s; `mariadb-install-db`, InnoDB, binary log off, `max_connections=%d`); leaderrun connects as root, the password in `MYSQL_PWD`.\n", r.versions["mariadb"], mysqlMaxConnections)
+	fmt.Fprintf(&b, "- S3: one versitygw %s gateway (its posix backend on a temporary directory), the benchmark's bucket created beforehand; leaderrun hands the run to leaderrun-aws, which reaches it path-style with the gateway's root credentials from the environment.\n", testenv.VersityGWVersion)
 	b.WriteString("- local: a state directory on the benchmark's file system.\n\n")
 	b.WriteString("**Settings**, as the rest of the project runs each store (e2e/, faults/), and as close to each other as the tools allow:\n\n")
 	for _, col := range storeColumns {
@@ -683,6 +689,8 @@ var herdHow = map[string]string{
 	"zookeeper":  "ZooKeeper: counted at each follower's own proxy, which reads ZooKeeper's framing; a follower is woken when the server sends it a watch event. Each candidate watches only the znode just below its own.",
 	"redis":      "Redis: counted at each follower's own proxy, which reads the commands it sends and the pub/sub messages it is sent; a follower is woken when the server pushes it a message on its wake channel. Waiters queue in a sorted set, each subscribed to a channel of its own, and the release script publishes to the first waiter's channel alone; a waiter's acquire script, one per retry period, is its keep-alive and is not counted among the window's requests.",
 	"azureblob":  "Azure Blob: counted at each follower's own HTTP proxy; a follower is woken when it sends an acquisition, since a waiter acts on a change only by trying to acquire. Every waiter reads the lock blob (HEAD) once per retry period; those whose read lands between the release and the first acquisition try.",
+	"mysql":      "MySQL: counted at each follower's own proxy, which reads the MySQL protocol; a follower is woken when the server answers a GET_LOCK of its more than a quarter second before its timeout. Waiters queue on the queue's named lock; only the first in line waits on the holder's, so a change wakes it (it reads the row and takes over) and the next in line, who becomes first.",
+	"s3":         "S3: counted at each follower's own HTTP proxy; a follower is woken when it starts a grant, which reads the state object (the token's mark) first. Every waiter reads the lock object once per retry period; those whose read lands between the release and the first grant try.",
 }
 
 func toolName(id string) string {

@@ -330,6 +330,8 @@ func TestGoals(t *testing.T) {
 	// tries once per lease, a Kubernetes one only watches.
 	r.cost[lrPostgres.id].first = rates{{"acquire", classOther}: 0.2}
 	r.cost[lrKube.id].first = rates{{"watch", classBlocking}: 0.03}
+	// A MySQL first in line within PostgreSQL's budget.
+	r.cost[lrMySQL.id].first = rates{{"read the row", classOther}: 0.2, {"wait on the holder's named lock (GET_LOCK)", classBlocking}: 0.2}
 	for _, col := range storeColumns {
 		if col.latency {
 			r.herd[col.name] = &herdRes{followers: 200, changes: []herdChange{{woken: 1}, {woken: 1}, {woken: 1}}, handover: *ms(10, 20, 30)}

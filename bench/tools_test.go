@@ -248,10 +248,47 @@ var storeColumns = []*storeColumn{
 		crashBound: redisTimings.lease + 10*time.Second, crashTrials: 5, herdWoken: 1, sessions: true,
 		newStore: func() store { return &redisStore{} }},
 	azureColumn,
+	mysqlColumn,
+	s3Column,
 	{name: "dynamodb", title: "DynamoDB (emulator)", lr: lrDynamo, tm: ddbTimings,
 		newStore: func() store { return &ddbStore{} }},
 	{name: "local", title: "local", lr: lrLocal, tm: localTimings,
 		newStore: func() store { return &localStore{} }},
+}
+
+// selectStores keeps only the store columns named (BENCH_STORES), for a
+// run that proves a column or two: the tool lists follow. The phases
+// that compare with a store left out (the pool of holders, on Consul)
+// are left out with BENCH_PHASES.
+func selectStores(names []string) error {
+	var cols []*storeColumn
+	for _, n := range names {
+		i := slices.IndexFunc(storeColumns, func(c *storeColumn) bool { return c.name == n })
+		if i < 0 {
+			return fmt.Errorf("BENCH_STORES: no store column %q", n)
+		}
+		cols = append(cols, storeColumns[i])
+	}
+	storeColumns = cols
+	wrappers, latencyTools, pssTools = toolsOf(storeColumns, false), toolsOf(storeColumns, true), pssToolsOf(storeColumns)
+	return nil
+}
+
+// toolsOf are the wrappers of cols, store by store: leaderrun, then the
+// store's reference; latency: only the stores the loss, handover, crash
+// and cost phases measure.
+func toolsOf(cols []*storeColumn, latency bool) []*tool {
+	var w []*tool
+	for _, col := range cols {
+		if latency && !col.latency {
+			continue
+		}
+		w = append(w, col.lr)
+		if col.ref != nil {
+			w = append(w, col.ref)
+		}
+	}
+	return w
 }
 
 // column is the store column of tl (nil for the baseline).
@@ -266,28 +303,11 @@ func column(tl *tool) *storeColumn {
 
 // wrappers are the tools under a lock, store by store: leaderrun, then
 // the store's reference.
-var wrappers = func() []*tool {
-	var w []*tool
-	for _, col := range storeColumns {
-		w = append(w, col.lr)
-		if col.ref != nil {
-			w = append(w, col.ref)
-		}
-	}
-	return w
-}()
+var wrappers = toolsOf(storeColumns, false)
 
 // latencyTools are the wrappers of the stores the loss, handover, crash
 // and cost phases measure.
-var latencyTools = func() []*tool {
-	var w []*tool
-	for _, tl := range wrappers {
-		if column(tl).latency {
-			w = append(w, tl)
-		}
-	}
-	return w
-}()
+var latencyTools = toolsOf(storeColumns, true)
 
 // start runs tl on lock as the candidate tag with addr.
 func (b *bench) start(tl *tool, lock, tag, addr string, hold bool) (*proc, error) {

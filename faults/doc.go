@@ -2,8 +2,9 @@
 // leaderrun binaries against a real 3-member etcd cluster, a real 3-server
 // Consul cluster, a real PostgreSQL server, a real 3-server ZooKeeper
 // ensemble, two real kube-apiservers on one etcd, a real Redis server
-// (append-only, fsync always), the DynamoDB emulator and Azurite (the
-// Azure Storage emulator) and, for the rows where a process dies or is
+// (append-only, fsync always), the DynamoDB emulator, Azurite (the
+// Azure Storage emulator), a real MariaDB server, versitygw (an
+// S3-compatible server) and, for the rows where a process dies or is
 // told to stop, the local backend, with every candidate's store traffic passing through a TCP proxy that the suite
 // stalls and resets, and checks the safety contract on every trial against
 // a fencing ledger.

@@ -40,6 +40,10 @@ func newStore(t testing.TB, name string) store {
 		return newDynamoStore(t)
 	case "azureblob":
 		return newAzureStore(t)
+	case "mysql":
+		return newMySQLStore(t)
+	case "s3":
+		return newS3Store(t)
 	case "local":
 		return newLocalStore(t)
 	}
@@ -57,7 +61,7 @@ func TestFaults(t *testing.T) {
 	if trials <= 0 {
 		t.Skip("the fault suite runs through scripts/faults.sh (FAULTS_TRIALS not set)")
 	}
-	backends := []string{"etcd", "consul", "postgres", "zookeeper", "kubernetes", "redis", "dynamodb", "azureblob", "local"}
+	backends := []string{"etcd", "consul", "postgres", "zookeeper", "kubernetes", "redis", "dynamodb", "azureblob", "mysql", "s3", "local"}
 	backendFlag := "all"
 	if b := os.Getenv("FAULTS_BACKEND"); b != "" && b != "all" {
 		backends, backendFlag = strings.Split(b, ","), b

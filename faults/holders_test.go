@@ -63,7 +63,7 @@ func runPoolTrial(t testing.TB, st store, f fault, bin, child string, n int) *tr
 		id := fmt.Sprintf("c%d", i)
 		args := append(append(append([]string{"--lock", lock, "--identity", id, "--holders", strconv.Itoa(f.holders)}, storeArgs...),
 			tr.timing.args()...), "--", child)
-		env := append(append(os.Environ(), tr.ledger.env()...), "FAULTS_POOL="+strings.Join(addrs, ","))
+		env := append(append(append(os.Environ(), candidateEnv(st)...), tr.ledger.env()...), "FAULTS_POOL="+strings.Join(addrs, ","))
 		tr.cands = append(tr.cands, startCandidate(t, bin, id, args, env, proxies))
 	}
 	for _, s := range tr.slots {

@@ -28,6 +28,15 @@ type store interface {
 	killRaftLeader(t testing.TB) bool
 }
 
+// candidateEnv is what a store adds to its candidates' environment (an
+// env method), after the suite's own: nil for most.
+func candidateEnv(st store) []string {
+	if e, ok := st.(interface{ env() []string }); ok {
+		return e.env()
+	}
+	return nil
+}
+
 // timing is a store's leaderrun flags.
 type timing struct {
 	lease, deadline, retry, grace time.Duration

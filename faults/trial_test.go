@@ -202,7 +202,7 @@ func runTrial(t testing.TB, st store, f fault, bin, child string, n int) *trial 
 		storeArgs, proxies := st.candidate(t)
 		id := fmt.Sprintf("c%d", i)
 		args := append(append(append([]string{"--lock", lock, "--identity", id}, storeArgs...), tr.timing.args()...), "--", child)
-		env := append(os.Environ(), tr.ledger.env()...)
+		env := append(append(os.Environ(), candidateEnv(st)...), tr.ledger.env()...)
 		if f.escape {
 			env = append(env, "FAULTS_ESCAPE=1")
 		}

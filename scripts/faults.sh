@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Fault-injection suite: real leaderrun binaries against a real 3-member
 # etcd cluster, a real 3-server Consul cluster, a real PostgreSQL server, a
-# real 3-server ZooKeeper ensemble, two real kube-apiservers on one etcd
+# real 3-server ZooKeeper ensemble, two real kube-apiservers on one etcd,
 # a real redis-server (append-only file, appendfsync always), a DynamoDB
-# emulator and Azurite (the Azure Storage emulator), each candidate's store
+# emulator, Azurite (the Azure Storage emulator), a real MariaDB server and
+# versitygw (an S3-compatible server), each candidate's store
 # traffic through a TCP proxy that the suite stalls and resets, checked
 # against a fencing ledger. Prints a table per store and scenario and
 # writes it, with one SVG timeline per scenario, to --out. Exits non-zero
@@ -11,7 +12,7 @@
 #
 #   scripts/faults.sh [--trials N] [--backend STORE[,STORE...]|all] [--parallel P] [--only REGEX] [--out DIR]
 #
-# STORE is one of: etcd consul postgres zookeeper kubernetes redis dynamodb azureblob local
+# STORE is one of: etcd consul postgres zookeeper kubernetes redis dynamodb azureblob mysql s3 local
 # (local: the kill -9, SIGTERM and pool rows). --only runs the scenarios whose name
 # matches REGEX, as `go test -run` matches a subtest's name (spaces become
 # underscores), e.g. --only '^holders' for the pool rows.
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
 	*) echo "usage: $0 [--trials N] [--backend STORE[,STORE...]|all] [--parallel P] [--only REGEX] [--out DIR]" >&2; exit 64 ;;
 	esac
 done
-stores="etcd consul postgres zookeeper kubernetes redis dynamodb azureblob local"
+stores="etcd consul postgres zookeeper kubernetes redis dynamodb azureblob mysql s3 local"
 case "$trials" in '' | *[!0-9]* | 0) echo "--trials $trials: want a positive number" >&2; exit 64 ;; esac
 case "$parallel" in '' | *[!0-9]* | 0) echo "--parallel $parallel: want a positive number" >&2; exit 64 ;; esac
 if [ "$backend" != all ]; then
@@ -69,6 +70,10 @@ if wants azureblob; then
 	LEADERRUN_AZURITE_BIN=$(scripts/install-azurite.sh)
 	export LEADERRUN_AZURITE_BIN
 fi
+if wants s3; then
+	vgw_dir=$(scripts/install-versitygw.sh)
+	export LEADERRUN_VERSITYGW_BIN="$vgw_dir/versitygw"
+fi
 # Installing PostgreSQL needs root and apt-get; without them its trials are
 # skipped (failed under CI=true), as in scripts/test.sh.
 if wants postgres; then
@@ -84,6 +89,14 @@ if wants redis; then
 		export LEADERRUN_REDIS_BIN="$redis_bin"
 	else
 		echo "Redis not installed: its trials will be skipped (failed under CI=true)" >&2
+	fi
+fi
+# And MariaDB's (Debian's mariadb-server).
+if wants mysql; then
+	if mariadb_bin=$(scripts/install-mariadb.sh); then
+		export LEADERRUN_MARIADB_BIN="$mariadb_bin"
+	else
+		echo "MariaDB not installed: its trials will be skipped (failed under CI=true)" >&2
 	fi
 fi
 export FAULTS_TRIALS=$trials FAULTS_BACKEND=$backend FAULTS_OUT=$out FAULTS_PARALLEL=$parallel FAULTS_ONLY=$only
