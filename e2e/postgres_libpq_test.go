@@ -50,7 +50,7 @@ func testPgTargetSessionAttrs(t *testing.T, e *pgEnv) {
 			if code != 0 || !ran {
 				t.Fatalf("exit %d (job ran: %v), want 0 and the job run:\n%s", code, ran, out)
 			}
-			if n := e.scalar(t, "SELECT count(*)::text FROM leaderrun_leases_history WHERE name = $1", "leaderrun/"+lock); n != "1" {
+			if n := e.scalar(t, "SELECT "+pgTermsSQL+"::text", "leaderrun/"+lock); n != "1" {
 				t.Errorf("the primary has %s terms of %s, want 1", n, lock)
 			}
 		})

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -59,7 +60,14 @@ func (b *budgetConn) reset() { b.left.Store(maxExchange) }
 func connConfig(pc *pgxpool.Config) {
 	cfg := pc.ConnConfig
 	cfg.MaxProtocolMessageBodyLen = maxMessage
-	cfg.AfterNetConnect = func(_ context.Context, _ *pgconn.Config, nc net.Conn) (net.Conn, error) {
+	// Under TLS, not over it: SCRAM's channel binding needs the
+	// connection that pgx holds to be the *tls.Conn itself.
+	dial := cfg.DialFunc
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nc, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
 		b := &budgetConn{Conn: nc}
 		b.reset()
 		return b, nil
@@ -76,7 +84,11 @@ func connConfig(pc *pgxpool.Config) {
 }
 
 func exchange(c *pgx.Conn) {
-	if b, ok := c.PgConn().Conn().(*budgetConn); ok {
+	nc := c.PgConn().Conn()
+	if t, ok := nc.(*tls.Conn); ok {
+		nc = t.NetConn()
+	}
+	if b, ok := nc.(*budgetConn); ok {
 		b.reset()
 	}
 }
