@@ -64,7 +64,7 @@ const pgTermsSQL = `coalesce((SELECT jsonb_array_length(identity::jsonb) FROM le
 	WHERE name = $1 AND key = '#history'), 0)`
 
 // pgMarkerSQL selects what of lock $1's marker for once-key $2 (m) as
-// what says, '' if there is none.
+// what says, ” if there is none.
 func pgMarkerSQL(what string) string {
 	return `SELECT coalesce((SELECT ` + what + ` FROM leaderrun_leases_markers, jsonb_array_elements(identity::jsonb) m
 	WHERE name = $1 AND key = '#markers' AND m->>'key' = $2), '')`

@@ -230,7 +230,7 @@ func checkStateDir(p string, st *unix.Stat_t, euid int) error {
 		return err
 	}
 	if st.Mode&0o022 != 0 {
-		return unsafeErr(p, fmt.Sprintf("is %s: a state directory must be writable by its owner alone", writable(st.Mode)))
+		return unsafeErr(p, fmt.Sprintf("is %s: a state directory must be writable by its owner alone", writable(uint32(st.Mode))))
 	}
 	return nil
 }
@@ -265,7 +265,7 @@ func checkDir(p string, st *unix.Stat_t, euid int) error {
 	case !owned(st.Uid, euid):
 		return unsafeErr(p, fmt.Sprintf("is owned by uid %d, not by this user (%d) or root", st.Uid, euid))
 	case st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0:
-		return unsafeErr(p, fmt.Sprintf("is %s and not sticky", writable(st.Mode)))
+		return unsafeErr(p, fmt.Sprintf("is %s and not sticky", writable(uint32(st.Mode))))
 	}
 	return nil
 }
@@ -281,7 +281,7 @@ func (d *dir) checkFile(name string, st *unix.Stat_t) error {
 	case st.Nlink != 1:
 		return unsafeErr(p, fmt.Sprintf("has %d hard links", st.Nlink))
 	case st.Mode&0o022 != 0:
-		return unsafeErr(p, "is "+writable(st.Mode))
+		return unsafeErr(p, "is "+writable(uint32(st.Mode)))
 	}
 	return nil
 }
