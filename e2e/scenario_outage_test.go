@@ -61,11 +61,11 @@ func testOutageDuringWait(t *testing.T, e *env) {
 	code := leader.wait(30 * time.Second)
 	t.Logf("the leader exited %d", code)
 
-	evs := waitEvents(t, events, e.takeover+30*time.Second, "the candidate's child", etcdHas("start", "candidate"))
+	waitEvents(t, events, e.takeover+30*time.Second, "the candidate's child", etcdHas("start", "candidate"))
 	if code := cand.wait(30 * time.Second); code != 0 {
 		t.Fatalf("the candidate exited %d, want 0 (its job ran and exited 0):\n%s", code, cand.stderr.String())
 	}
-	evs = readEvents(t, events)
+	evs := readEvents(t, events)
 	ivs := intervals(evs)
 	if len(ivs) != 2 || ivs[0].ID != "leader" || ivs[1].ID != "candidate" {
 		t.Fatalf("children: %+v, want the leader's, then the candidate's:\n%s", ivs, formatEvents(evs))
