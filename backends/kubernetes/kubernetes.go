@@ -36,8 +36,9 @@ type Store struct {
 	host      string // the server as messages name it, without credentials
 	namespace string
 	// allowed holds the verbs ("get", "create", "update", "watch") the
-	// apiserver has authorized: a 403 to one of them later is its
-	// authorizer not yet synced after a restart, which passes.
+	// apiserver has authorized on each Lease, as "verb name" (a Role may
+	// name its Leases): a 403 to one of them later is its authorizer not
+	// yet synced after a restart, which passes.
 	allowed sync.Map
 }
 
@@ -70,43 +71,44 @@ func (s *Store) leases(verb string) *rest.Request {
 }
 
 func (s *Store) get(ctx context.Context, name string) (*coordinationv1.Lease, error) {
-	return s.do(ctx, "get", s.leases(http.MethodGet).Name(name))
+	return s.do(ctx, "get", name, s.leases(http.MethodGet).Name(name))
 }
 
 func (s *Store) create(ctx context.Context, l *coordinationv1.Lease) (*coordinationv1.Lease, error) {
-	return s.do(ctx, "create", s.leases(http.MethodPost).Body(l))
+	return s.do(ctx, "create", l.Name, s.leases(http.MethodPost).Body(l))
 }
 
 // update replaces the Lease with l if it is still at l's resourceVersion.
 func (s *Store) update(ctx context.Context, l *coordinationv1.Lease) (*coordinationv1.Lease, error) {
-	return s.do(ctx, "update", s.leases(http.MethodPut).Name(l.Name).Body(l))
+	return s.do(ctx, "update", l.Name, s.leases(http.MethodPut).Name(l.Name).Body(l))
 }
 
-func (s *Store) do(ctx context.Context, verb string, req *rest.Request) (*coordinationv1.Lease, error) {
+func (s *Store) do(ctx context.Context, verb, name string, req *rest.Request) (*coordinationv1.Lease, error) {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	out := &coordinationv1.Lease{}
 	err := req.Do(ctx).Into(out)
-	s.authorized(verb, err)
+	s.authorized(verb, name, err)
 	return out, err
 }
 
-// authorized notes that the apiserver authorized verb, if err is nil or
-// an answer that authorization let through (404 and 409 included).
-func (s *Store) authorized(verb string, err error) {
+// authorized notes that the apiserver authorized verb on the Lease name,
+// if err is nil or an answer that authorization let through (404 and 409
+// included).
+func (s *Store) authorized(verb, name string, err error) {
 	var st apierrors.APIStatus
 	if err == nil || errors.As(err, &st) && !apierrors.IsForbidden(err) && !apierrors.IsUnauthorized(err) {
-		s.allowed.Store(verb, true)
+		s.allowed.Store(verb+" "+name, true)
 	}
 }
 
-// syncing reports whether err, a 403 to verb, comes from an apiserver
-// that authorized verb before: one that has just restarted answers 403
-// until its authorizer's caches have synced, and a waiting candidate
-// retries it as an outage. A 403 to a verb never authorized stays a
-// refusal, at once.
-func (s *Store) syncing(verb string, err error) bool {
-	_, ok := s.allowed.Load(verb)
+// syncing reports whether err, a 403 to verb on the Lease name, comes
+// from an apiserver that authorized it before: one that has just
+// restarted answers 403 until its authorizer's caches have synced, and a
+// waiting candidate retries it as an outage. A 403 to a verb never
+// authorized on that Lease stays a refusal, at once.
+func (s *Store) syncing(verb, name string, err error) bool {
+	_, ok := s.allowed.Load(verb + " " + name)
 	return ok && apierrors.IsForbidden(err)
 }
 
@@ -119,7 +121,7 @@ func (s *Store) watch(ctx context.Context, name, rv string) (watch.Interface, er
 		req = req.Param("resourceVersion", rv)
 	}
 	w, err := req.Watch(ctx)
-	s.authorized("watch", err)
+	s.authorized("watch", name, err)
 	return w, err
 }
 

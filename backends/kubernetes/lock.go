@@ -98,7 +98,7 @@ func deref[T any](p *T) (v T) {
 // fail wraps an error of op: ErrUnavailable, and ErrRefused unless asking
 // again may help. It names no credential.
 func (l *lock) fail(op string, err error) error {
-	if transient(err) || l.s.syncing(op, err) {
+	if transient(err) || l.s.syncing(op, l.name, err) {
 		return fmt.Errorf("kubernetes at %s: %s lease %s: %w: %w", l.s.host, op, l.Key(), backends.ErrUnavailable, err)
 	}
 	return fmt.Errorf("kubernetes at %s: %s lease %s: %w: %w: %w", l.s.host, op, l.Key(), backends.ErrUnavailable, backends.ErrRefused, err)
