@@ -233,7 +233,7 @@ func TestKubernetesHostileServer(t *testing.T) {
 				}
 				h.endless(w, `{"type":"MODIFIED","object":`+huge, 'a')
 			}},
-		{name: "redirect with the token", says: "refused to follow a redirect",
+		{name: "redirect with the token", says: "a redirect, not followed",
 			handler: func(h *hostileKube, w http.ResponseWriter, r *http.Request) {
 				if h.once.CompareAndSwap(false, true) {
 					close(h.started)

@@ -78,7 +78,7 @@ func startKubernetesStore(t *testing.T) *target {
 				e.deleteLease(t, lock)
 				return time.Time{}
 			}},
-			{name: "HolderCleared", says: []string{"holderIdentity cleared"}, do: func(t *testing.T, _ *env, lock string) time.Time {
+			{name: "HolderCleared", says: []string{"was released by someone else"}, do: func(t *testing.T, _ *env, lock string) time.Time {
 				e.setHolder(t, lock, "")
 				return time.Time{}
 			}},

@@ -65,7 +65,7 @@ func startRedisStore(t *testing.T) *target {
 		},
 		// Redis announces the DEL to the lease's tracking connection:
 		// milliseconds.
-		losses: []loss{{name: "KeyDeletedByHand", says: []string{"is gone"}, takeover: true, do: func(t *testing.T, _ *env, lock string) time.Time {
+		losses: []loss{{name: "KeyDeletedByHand", says: []string{"was deleted"}, takeover: true, do: func(t *testing.T, _ *env, lock string) time.Time {
 			sent := time.Now()
 			if n, err := admin.Del(context.Background(), "leaderrun/"+lock).Result(); err != nil || n != 1 {
 				t.Fatalf("DEL: %d, %v", n, err)

@@ -46,7 +46,11 @@ func testOutageDuringWait(t *testing.T, e *env) {
 	up := time.Now()
 	t.Logf("the store's server stopped in %v, down %v, serving again %v later",
 		down.Sub(began).Round(time.Millisecond), outage, up.Sub(down).Round(time.Millisecond))
-	if cand.exited() {
+	// A server whose own stop and start outlast the lease (the
+	// apiserver's graceful stop takes 10 s) lets the candidate take the
+	// lock as soon as it answers again, and run its job: exit 0, checked
+	// below as any run. Any other exit is giving up.
+	if cand.exited() && cand.code != 0 {
 		t.Fatalf("the candidate gave up during the outage: exit %d:\n%s", cand.code, cand.stderr.String())
 	}
 

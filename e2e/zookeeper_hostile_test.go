@@ -46,7 +46,7 @@ func TestZooKeeperHostileServer(t *testing.T) {
 			accepted := serveForever(t, tc.first)
 			m := testenv.RunMeasured(t, hostileDeadline, testenv.Leaderrun(t),
 				"--zk-servers", accepted.addr, "--zk-connect-timeout", "2s", "--lease-duration", "20s",
-				"--lock", "hostile", "--", "true")
+				"--lock", "hostile", "--wait", "5s", "--", "true")
 			t.Logf("exit %d after %v, peak RSS %.1f MiB, %d connections\n%s", m.Code, m.Took.Round(time.Millisecond),
 				float64(m.PeakRSS)/(1<<20), accepted.n.Load(), strings.TrimSpace(m.Output))
 			if m.Code != 69 {

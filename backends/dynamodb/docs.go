@@ -68,7 +68,7 @@ func (l *lock) WriteDocHeld(ctx context.Context, d backends.Doc, held backends.R
 	check := &types.ConditionCheck{
 		TableName: aws.String(l.s.table), Key: key(l.key),
 		ConditionExpression:       aws.String(ours(held, vals)),
-		ExpressionAttributeNames:  map[string]string{"#o": attrOwner, "#t": attrToken},
+		ExpressionAttributeNames:  map[string]string{"#h": attrHolder, "#o": attrOwner, "#t": attrToken},
 		ExpressionAttributeValues: vals,
 	}
 	_, err := l.s.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: []types.TransactWriteItem{

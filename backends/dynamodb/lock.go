@@ -159,9 +159,11 @@ var errTxRefused = errors.New("dynamodb: transaction refused")
 
 // ours is the condition that the lock item is still held's grant: any
 // other grant, of any release, writes another token.
+// The holder is checked too: an operator who writes another holder into
+// the item has taken the lock, though owner and token stay.
 func ours(held backends.Record, vals map[string]types.AttributeValue) string {
-	vals[":ho"], vals[":ht"] = str(held.Owner), unum(held.Token)
-	return "#o = :ho AND #t = :ht"
+	vals[":ho"], vals[":ht"], vals[":hh"] = str(held.Owner), unum(held.Token), str(held.Holder)
+	return "#o = :ho AND #t = :ht AND #h = :hh"
 }
 
 // lostErr says what the lock item, as a refused write returned it,
@@ -183,7 +185,7 @@ func (l *lock) Keep(ctx context.Context, held backends.Record) (backends.Record,
 	held.Version, held.Renewed = newRVN(), time.Now()
 	vals := map[string]types.AttributeValue{":r": str(held.Version), ":now": str(formatTime(held.Renewed))}
 	u := l.s.update(l.key, "SET #r = :r, #rn = :now", ours(held, vals),
-		map[string]string{"#r": attrRVN, "#rn": attrRenewed, "#o": attrOwner, "#t": attrToken}, vals)
+		map[string]string{"#h": attrHolder, "#r": attrRVN, "#rn": attrRenewed, "#o": attrOwner, "#t": attrToken}, vals)
 	u.ReturnValuesOnConditionCheckFailure = types.ReturnValuesOnConditionCheckFailureAllOld
 	var ccf *types.ConditionalCheckFailedException
 	switch err := l.s.updateItem(ctx, u); {
