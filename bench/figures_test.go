@@ -50,7 +50,6 @@ func (r *results) figures() string {
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", col.title, crash, loss, handover, idle, mem)
 	}
-	b.WriteString("| MySQL, S3 | not in the benchmark | | | | |\n")
 	return b.String()
 }
 
