@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"bytes"
+	"errors"
 	"net"
 	"os"
 	"runtime"
@@ -216,7 +217,9 @@ func runMeasured(t *testing.T, args ...string) (code int, took time.Duration, hw
 			// others): deliver it.
 			sig = int(ws.StopSignal())
 		}
-		if err := syscall.PtraceCont(pid, sig); err != nil {
+		// ESRCH: it is gone (killed) before it could be continued;
+		// the next Wait4 reaps it and says how it ended.
+		if err := syscall.PtraceCont(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
 			t.Fatalf("ptrace: %v", err)
 		}
 	}

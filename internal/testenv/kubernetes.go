@@ -536,6 +536,37 @@ func (k *Kube) Grant(t testing.TB, ns, subject string, verbs ...string) {
 		"roleRef":  map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
 		"subjects": []any{subj},
 	})
+	k.waitAuthorized(t, ns, subject, verbs)
+}
+
+// waitAuthorized waits until the apiserver's authorizer allows subject
+// every verb on leases in ns: RBAC's caches take a moment to see a new
+// binding, and a test's first request must not meet a 403 meanwhile.
+func (k *Kube) waitAuthorized(t testing.TB, ns, subject string, verbs []string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, verb := range verbs {
+		for {
+			review := k.Admin(t, http.MethodPost, "/apis/authorization.k8s.io/v1/subjectaccessreviews", map[string]any{
+				"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+				"spec": map[string]any{"user": subject, "resourceAttributes": map[string]any{
+					"namespace": ns, "verb": verb, "group": "coordination.k8s.io", "resource": "leases"}},
+			})
+			var r struct {
+				Status struct{ Allowed bool } `json:"status"`
+			}
+			if err := json.Unmarshal(review, &r); err != nil {
+				t.Fatalf("subject access review: %v", err)
+			}
+			if r.Status.Allowed {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s is still not allowed to %s leases in %s 10 s after the binding", subject, verb, ns)
+			}
+			time.Sleep(20 * time.Millisecond) // polling the authorizer: nothing to wait on
+		}
+	}
 }
 
 // ServiceAccountToken creates the service account ns/name if needed and
