@@ -36,17 +36,7 @@ const mariadbStartTimeout = 60 * time.Second
 // found, or fails it under CI=true.
 func MariaDBBinary(t testing.TB) string {
 	t.Helper()
-	if p := os.Getenv("LEADERRUN_MARIADB_BIN"); p != "" {
-		return p
-	}
-	if p, err := exec.LookPath("mariadbd"); err == nil {
-		return p
-	}
-	if p := "/usr/sbin/mariadbd"; isExecutable(p) {
-		return p
-	}
-	Missing(t, "mariadbd not found: set LEADERRUN_MARIADB_BIN or run scripts/install-mariadb.sh")
-	return ""
+	return packaged(t, "LEADERRUN_MARIADB_BIN", "mariadbd", "/usr/sbin/mariadbd", "install-mariadb.sh")
 }
 
 // mariadbInstallDB finds mariadb-install-db (or mysql_install_db) beside

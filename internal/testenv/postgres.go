@@ -70,17 +70,7 @@ func pgMajor(dir string) int {
 // if none is found, or fails it under CI=true.
 func PgBouncerBinary(t testing.TB) string {
 	t.Helper()
-	if p := os.Getenv("LEADERRUN_PGBOUNCER_BIN"); p != "" {
-		return p
-	}
-	if p, err := exec.LookPath("pgbouncer"); err == nil {
-		return p
-	}
-	if p := "/usr/sbin/pgbouncer"; isExecutable(p) {
-		return p
-	}
-	Missing(t, "pgbouncer not found: set LEADERRUN_PGBOUNCER_BIN or run scripts/install-postgres.sh")
-	return ""
+	return packaged(t, "LEADERRUN_PGBOUNCER_BIN", "pgbouncer", "/usr/sbin/pgbouncer", "install-postgres.sh")
 }
 
 // PostgresSuperuser is the name of the superuser of a cluster started by

@@ -14,7 +14,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -36,17 +35,7 @@ const redisStartTimeout = 30 * time.Second
 // --sentinel.
 func RedisBinary(t testing.TB) string {
 	t.Helper()
-	if p := os.Getenv("LEADERRUN_REDIS_BIN"); p != "" {
-		return p
-	}
-	if p, err := exec.LookPath("redis-server"); err == nil {
-		return p
-	}
-	if p := "/usr/bin/redis-server"; isExecutable(p) {
-		return p
-	}
-	Missing(t, "redis-server not found: set LEADERRUN_REDIS_BIN or run scripts/install-redis.sh")
-	return ""
+	return packaged(t, "LEADERRUN_REDIS_BIN", "redis-server", "/usr/bin/redis-server", "install-redis.sh")
 }
 
 // RedisOptions are the settings of a server started by StartRedis. The

@@ -40,6 +40,25 @@ func Binary(t testing.TB, envVar, cacheRel, name string) string {
 	return ""
 }
 
+// packaged finds a server binary that comes from a Debian package:
+// $envVar, then PATH, then where the package puts it (debian, which may
+// not be in every PATH). It skips the test if none is found, or fails it
+// under CI=true, naming the install script.
+func packaged(t testing.TB, envVar, name, debian, script string) string {
+	t.Helper()
+	if p := os.Getenv(envVar); p != "" {
+		return p
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	if isExecutable(debian) {
+		return debian
+	}
+	Missing(t, name+" not found: set "+envVar+" or run scripts/"+script)
+	return ""
+}
+
 // cacheDir is where the install scripts put the servers they build:
 // $LEADERRUN_CACHE, default ~/.cache/leaderrun.
 func cacheDir() string {
