@@ -115,9 +115,7 @@ func TestConsulHerd(t *testing.T) {
 	slices.Sort(counts)
 	t.Logf("%d waiters, %d handovers: waiters that sent any request within %v: %v", waiters, runs, window, counts)
 	for _, p := range procs {
-		if !p.exited() {
-			p.signal(syscall.SIGTERM)
-		}
+		p.signalIfRunning(syscall.SIGTERM)
 	}
 	for _, p := range procs {
 		p.wait(10 * time.Second)

@@ -777,9 +777,7 @@ func TestConsulFewWoken(t *testing.T) {
 		t.Errorf("median %d processes woken per change, want at most 2", woken[len(woken)/2])
 	}
 	for _, p := range procs {
-		if !p.exited() {
-			p.signal(syscall.SIGTERM)
-		}
+		p.signalIfRunning(syscall.SIGTERM)
 	}
 	for _, p := range procs {
 		p.wait(10 * time.Second)

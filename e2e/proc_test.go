@@ -121,6 +121,15 @@ func (p *proc) signal(sig syscall.Signal) {
 	}
 }
 
+// signalIfRunning is signal for a process that may have exited meanwhile:
+// one already finished is no error.
+func (p *proc) signalIfRunning(sig syscall.Signal) {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		p.t.Fatalf("signal %v: %v", sig, err)
+	}
+}
+
 func (p *proc) pid() int { return p.cmd.Process.Pid }
 
 // alive reports whether pid exists and is not a zombie.
