@@ -129,19 +129,11 @@ func TestCompanion(t *testing.T) {
 	}
 }
 
-// install puts the binary from at to: a hard link where it can (a file
-// written and then executed at once can meet ETXTBSY while another test
-// forks), else a copy.
+// install puts the binary from at to: a hard link where it can, else a
+// copy.
 func install(t *testing.T, from, to string) {
 	t.Helper()
-	if os.Link(from, to) == nil {
-		return
-	}
-	b, err := os.ReadFile(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(to, b, 0o755); err != nil {
-		t.Fatal(err)
+	if os.Link(from, to) != nil {
+		testenv.CopyExecutable(t, from, to)
 	}
 }

@@ -102,9 +102,7 @@ func TestCronProgressRecipe(t *testing.T) {
 				line = strings.ReplaceAll(strings.ReplaceAll(line, unitLeaderrun, testenv.Leaderrun(t)), reindexRun, run)
 			}
 			for path, text := range map[string]string{run: job, shardPath: shard} {
-				if err := os.WriteFile(path, []byte(text), 0o755); err != nil {
-					t.Fatal(err)
-				}
+				testenv.WriteExecutable(t, path, []byte(text), 0o755)
 			}
 			env := cronEnviron(t, cf, state, true)
 			argv := append(append([]string{"env", "-i"}, env...), "/bin/sh", "-c", line)

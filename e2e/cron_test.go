@@ -120,9 +120,7 @@ func cronJobScript(t *testing.T, out string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "run")
 	script := fmt.Sprintf("#!/bin/sh\necho \"ran token=$FENCE_TOKEN $PATH\" >> %s\n", out)
-	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testenv.WriteExecutable(t, path, []byte(script), 0o755)
 	return path
 }
 

@@ -281,9 +281,7 @@ func TestForeignOwnedCompanion(t *testing.T) {
 			install(t, bin, self)
 			mark := filepath.Join(filepath.Dir(dir), "ran")
 			companion := filepath.Join(dir, "leaderrun-aws")
-			if err := os.WriteFile(companion, []byte("#!/bin/sh\necho ran >"+mark+"\n"), 0o700); err != nil {
-				t.Fatal(err)
-			}
+			testenv.WriteExecutable(t, companion, []byte("#!/bin/sh\necho ran >"+mark+"\n"), 0o700)
 			mode := tc.fileMode
 			if mode == 0 {
 				mode = 0o755

@@ -278,9 +278,7 @@ func TestFallbackStateDir(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(bin, src, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testenv.WriteExecutable(t, bin, src, 0o755)
 	fallback := filepath.Join(os.TempDir(), "leaderrun-"+strconv.Itoa(uid))
 	os.RemoveAll(fallback)
 	t.Cleanup(func() { os.RemoveAll(fallback) })

@@ -336,9 +336,7 @@ func TestKubernetesExecPluginWhileLeading(t *testing.T) {
 echo run >>%s/runs
 printf '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"%s","expirationTimestamp":"2000-01-01T00:00:00Z"}}'
 `, dir, e.k.Token(testenv.KubeLimited))
-	if err := os.WriteFile(plugin, []byte(script), 0o700); err != nil {
-		t.Fatal(err)
-	}
+	testenv.WriteExecutable(t, plugin, []byte(script), 0o700)
 	kc := filepath.Join(dir, "kubeconfig")
 	cfg := fmt.Sprintf(`apiVersion: v1
 kind: Config

@@ -71,9 +71,7 @@ func TestOperatorUnstartableTakesNoLock(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := ownStateDir(t)
 			job := filepath.Join(scripts, "job"+string(rune('a'+i))+".sh")
-			if err := os.WriteFile(job, []byte(tc.body), 0o755); err != nil {
-				t.Fatal(err)
-			}
+			testenv.WriteExecutable(t, job, []byte(tc.body), 0o755)
 			_, stderr, code := lr(t, nil, localArgs(dir, "job", "--", job)...)
 			if code != tc.code || !strings.Contains(stderr, tc.says) {
 				t.Errorf("exit %d, want %d, with a message naming %q:\n%s", code, tc.code, tc.says, stderr)
@@ -86,9 +84,7 @@ func TestOperatorUnstartableTakesNoLock(t *testing.T) {
 	t.Run("a binary and a good script still run", func(t *testing.T) {
 		dir := ownStateDir(t)
 		job := filepath.Join(scripts, "good.sh")
-		if err := os.WriteFile(job, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
-			t.Fatal(err)
-		}
+		testenv.WriteExecutable(t, job, []byte("#!/bin/sh\nexit 0\n"), 0o755)
 		for _, cmd := range [][]string{{job}, {"true"}} {
 			if _, stderr, code := lr(t, nil, localArgs(dir, "good", append([]string{"--"}, cmd...)...)...); code != 0 {
 				t.Errorf("%q: exit %d:\n%s", cmd, code, stderr)

@@ -43,9 +43,7 @@ done
 echo "quiet $EPOCHREALTIME" >> %[1]s
 %[4]s`, out, testenv.Leaderrun(t), reports, tail)
 	path := filepath.Join(t.TempDir(), "job.sh")
-	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testenv.WriteExecutable(t, path, []byte(script), 0o755)
 	return path
 }
 

@@ -526,9 +526,7 @@ func TestSystemdStateDirectoryLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	lr := filepath.Join(work, "leaderrun")
-	if err := os.WriteFile(lr, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testenv.WriteExecutable(t, lr, data, 0o755)
 	if cred != nil {
 		// The user cannot traverse the root-only private/ by itself: as
 		// under systemd, it reaches its directory through the symlink in a

@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -154,21 +153,7 @@ func userDir(t *testing.T) (dir, bin string) {
 		t.Fatal(err)
 	}
 	bin = filepath.Join(dir, "leaderrun")
-	src, err := os.Open(testenv.Leaderrun(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	dst, err := os.OpenFile(bin, os.O_WRONLY|os.O_CREATE, 0o755)
-	if err == nil {
-		_, err = io.Copy(dst, src)
-		if cerr := dst.Close(); err == nil {
-			err = cerr
-		}
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	testenv.CopyExecutable(t, testenv.Leaderrun(t), bin)
 	return dir, bin
 }
 

@@ -107,9 +107,7 @@ n=$(wc -l <"$PLUGIN_DIR/runs" | tr -d ' ')
 if [ -f "$PLUGIN_DIR/out$n.json" ]; then cat "$PLUGIN_DIR/out$n.json"; else cat "$PLUGIN_DIR/out.json"; fi
 `
 	p := filepath.Join(dir, "plugin.sh")
-	if err := os.WriteFile(p, []byte(script), 0o700); err != nil {
-		t.Fatal(err)
-	}
+	testenv.WriteExecutable(t, p, []byte(script), 0o700)
 	return p
 }
 

@@ -341,9 +341,7 @@ func TestOtherUsersAreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	lr := filepath.Join(dir, "leaderrun")
-	if err := os.WriteFile(lr, bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testenv.WriteExecutable(t, lr, bin, 0o755)
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}

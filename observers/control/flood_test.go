@@ -79,9 +79,7 @@ func TestBacklogFloodFromAnotherUser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(bin, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testenv.WriteExecutable(t, bin, data, 0o755)
 	type flooder struct {
 		cmd   *exec.Cmd
 		stdin io.WriteCloser
