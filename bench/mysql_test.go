@@ -28,8 +28,9 @@ var lrMySQL = leaderrunOn("lrm", "leaderrun (MySQL)", "mysql", func(addr string)
 
 // mysqlColumn is MySQL, on Debian's MariaDB. Waiters queue on a named
 // lock (GET_LOCK); the first in line waits on the holder's, and is woken
-// when the holder gives it up; the holder reads its row every retry
-// period (at most 500 ms), since the database tells it of no change.
+// when the holder gives it up, then keeps the queue's as the holder; the
+// holder reads its row every retry period (at most 500 ms), since the
+// database tells it of no change.
 var mysqlColumn = &storeColumn{name: "mysql", title: "MySQL (MariaDB)", lr: lrMySQL, tm: mysqlTimings, latency: true,
 	crashGoal: mysqlTimings.lease + mysqlTimings.retry + 500*time.Millisecond, crashGoalText: "lease + retry period + 0.5 s",
 	crashBound: mysqlTimings.lease + 10*time.Second, crashTrials: 5, herdWoken: 1, herdHandover: 50 * time.Millisecond,
@@ -161,8 +162,8 @@ func mysqlStatement(q string) (k reqKey, wait time.Duration) {
 		return reqKey{"SET (connection set-up)", classOther}, 0
 	case strings.HasPrefix(up, "SELECT HOLDER, OWNER, TOKEN"):
 		return reqKey{"read the row", classOther}, 0
-	case strings.HasPrefix(up, "SELECT COUNT(*)"):
-		return reqKey{"look for a frozen holder (COUNT)", classOther}, 0
+	case strings.HasPrefix(up, "SET SESSION WAIT_TIMEOUT"):
+		return reqKey{"join the queue: idle timeout (SET)", classOther}, 0
 	case strings.HasPrefix(up, "INSERT INTO") && has("LAST_INSERT_ID"):
 		return reqKey{"grant: draw a token", classOther}, 0
 	case strings.HasPrefix(up, "UPDATE") && has("SET HOLDER = ''"):

@@ -1,7 +1,8 @@
 package mysql
 
-// Woken is how many times the waiters of s were told to read their row:
-// what a release, a holder's death or a long wait costs the queue.
+// Woken is how many times the waiters of s were woken: told to read their
+// row, or moved up the queue. What a release, a holder's death or a long
+// wait costs the queue.
 func (s *Store) Woken() uint64 { return s.woken.Load() }
 
 // NamedLocks are the names of lock's named locks in s: the queue's, held

@@ -16,10 +16,12 @@ import (
 )
 
 // lock is one lock's row, and the named locks of its queue: queue, held
-// by the first waiter in line, and held, by the holder of the row.
+// by the first waiter in line, then by it as the holder; and held, by the
+// holder of the row. granted is this candidacy's last grant.
 type lock struct {
 	s                *Store
 	key, queue, held string
+	granted          atomic.Pointer[hold]
 }
 
 // Key implements backends.Lock.
@@ -45,24 +47,17 @@ func (l *lock) Get(ctx context.Context) (backends.Record, error) {
 	case err != nil:
 		return rec, l.s.fail("read", l.key, err)
 	}
-	rec.Version = version(rec)
+	// A state of the row: its token, new for every grant, and whether it was released.
+	if rec.Version = strconv.FormatUint(rec.Token, 10); rec.Holder == "" {
+		rec.Version += "-free"
+	}
 	return rec, nil
 }
 
-// version names a state of the row: its token, new for every grant, and
-// whether it was released.
-func version(rec backends.Record) string {
-	if rec.Holder == "" {
-		return strconv.FormatUint(rec.Token, 10) + "-free"
-	}
-	return strconv.FormatUint(rec.Token, 10)
-}
-
-// Take implements backends.RecordLock: one transaction, on a connection
-// kept as the grant's Handle, raises the counter and writes the row if it
-// is free or run out by the database's clock (inserts it, if prev is
-// none), whatever prev's version: the clock decides. The connection then
-// holds the holder's named lock. Missing tables are created.
+// Take implements backends.RecordLock: one transaction raises the counter
+// and writes the row if it is free or run out by the database's clock
+// (inserts it, if prev is none), whatever prev's version. Its connection,
+// the grant's Handle, then holds the holder's named lock.
 func (l *lock) Take(ctx context.Context, prev backends.Record, c backends.Claim) (rec backends.Record, err error) {
 	err = l.s.withTables(ctx, func() (err error) {
 		rec, err = l.take(ctx, prev, c)
@@ -101,15 +96,12 @@ func (l *lock) take(ctx context.Context, prev backends.Record, c backends.Claim)
 	token, _ := res.LastInsertId() // the driver's never fails
 	ttl := c.Timings.LeaseDuration.Microseconds()
 	if prev.Exists() {
-		res, err = tx.ExecContext(ctx, "UPDATE "+l.s.locks+" SET holder = ?, owner = ?, token = ?, holders = ?, ttl_us = ?, acquired = "+now+
+		err = one(tx.ExecContext(ctx, "UPDATE "+l.s.locks+" SET holder = ?, owner = ?, token = ?, holders = ?, ttl_us = ?, acquired = "+now+
 			", renewed = "+now+", expires = "+expiry+" WHERE name = ? AND (holder = '' OR expires <= "+now+")",
-			c.Identity, c.Owner, token, c.Holders, ttl, ttl, l.key)
+			c.Identity, c.Owner, token, c.Holders, ttl, ttl, l.key))
 	} else {
-		res, err = tx.ExecContext(ctx, "INSERT INTO "+l.s.locks+" (name, holder, owner, token, holders, ttl_us, acquired, renewed, expires) "+
-			"VALUES (?, ?, ?, ?, ?, ?, "+now+", "+now+", "+expiry+")", l.key, c.Identity, c.Owner, token, c.Holders, ttl, ttl)
-	}
-	if err == nil && affected(res) != 1 {
-		err = backends.ErrConflict
+		err = one(tx.ExecContext(ctx, "INSERT INTO "+l.s.locks+" (name, holder, owner, token, holders, ttl_us, acquired, renewed, expires) "+
+			"VALUES (?, ?, ?, ?, ?, ?, "+now+", "+now+", "+expiry+")", l.key, c.Identity, c.Owner, token, c.Holders, ttl, ttl))
 	}
 	if err != nil {
 		return rec, err
@@ -120,26 +112,35 @@ func (l *lock) take(ctx context.Context, prev backends.Record, c backends.Claim)
 	d := time.Duration(ttl) * time.Microsecond
 	rec = backends.Record{Holder: c.Identity, Owner: c.Owner, Token: uint64(token), Holders: c.Holders, TTL: d, Left: d,
 		Acquired: time.Now(), Waiting: -1, Node: l.s.addr, Version: strconv.FormatInt(token, 10), Handle: h}
-	return rec, tx.Commit()
+	if err = tx.Commit(); err == nil {
+		l.granted.Store(h)
+	}
+	return rec, err
 }
 
-func affected(res sql.Result) int64 {
-	n, _ := res.RowsAffected()
-	return n
+// one is the error of a statement that should change one row (matched
+// rows, with clientFoundRows): ErrConflict if it changed none.
+func one(res sql.Result, err error) error {
+	if err != nil {
+		return err
+	} else if n, _ := res.RowsAffected(); n != 1 {
+		return backends.ErrConflict
+	}
+	return nil
 }
 
 // Keep implements backends.RecordLock: one UPDATE that moves the expiry
 // a lease past the database's clock, while the row is held's and live;
 // then the grant's connection keeps (or takes back) the named lock.
 func (l *lock) Keep(ctx context.Context, held backends.Record) (backends.Record, error) {
-	res, err := l.s.db.ExecContext(ctx, "UPDATE "+l.s.locks+" SET renewed = "+now+", expires = "+now+
-		" + INTERVAL ttl_us MICROSECOND WHERE "+live, l.key, held.Owner, held.Token)
+	err := one(l.s.db.ExecContext(ctx, "UPDATE "+l.s.locks+" SET renewed = "+now+", expires = "+now+
+		" + INTERVAL ttl_us MICROSECOND WHERE "+live, l.key, held.Owner, held.Token))
 	switch {
-	case err != nil:
-		return held, l.s.fail("renew", l.key, err)
-	case affected(res) == 0:
+	case errors.Is(err, backends.ErrConflict):
 		return held, fmt.Errorf("mysql: %q no longer holds token %d (deleted, run out by the database's clock, or taken): %w",
 			l.key, held.Token, backends.ErrLeaseLost)
+	case err != nil:
+		return held, l.s.fail("renew", l.key, err)
 	}
 	if h, ok := held.Handle.(*hold); ok {
 		h.keep(ctx)
@@ -148,9 +149,8 @@ func (l *lock) Keep(ctx context.Context, held backends.Record) (backends.Record,
 }
 
 // Free implements backends.RecordLock: the row is freed if it is still
-// held's, its token kept, and only then is the holder's named lock given
-// up, which wakes the first waiter. If the server cannot be reached, the
-// lease runs out by its clock.
+// held's, its token kept; only then are the named locks given up, which
+// wakes a waiter. An unreachable server runs the lease out by its clock.
 func (l *lock) Free(ctx context.Context, held backends.Record) error {
 	_, err := l.s.db.ExecContext(ctx, "UPDATE "+l.s.locks+" SET holder = '', owner = '', expires = "+now+
 		" WHERE name = ? AND owner = ? AND token = ?", l.key, held.Owner, held.Token)
@@ -222,16 +222,12 @@ func (l *lock) writeDoc(ctx context.Context, d backends.Doc, held *backends.Reco
 			return err
 		}
 	}
-	var res sql.Result
 	next, data := rand.Uint64N(1<<63)+1, append([]byte{}, d.Data...)
 	if old, ok := d.Version.(uint64); ok {
-		res, err = tx.ExecContext(ctx, "UPDATE "+l.s.docs+" SET version = ?, data = ? WHERE name = ? AND doc = ? AND version = ?",
-			next, data, l.key, d.Name, old)
+		err = one(tx.ExecContext(ctx, "UPDATE "+l.s.docs+" SET version = ?, data = ? WHERE name = ? AND doc = ? AND version = ?",
+			next, data, l.key, d.Name, old))
 	} else {
-		res, err = tx.ExecContext(ctx, "INSERT INTO "+l.s.docs+" (name, doc, version, data) VALUES (?, ?, ?, ?)", l.key, d.Name, next, data)
-	}
-	if err == nil && affected(res) != 1 {
-		err = backends.ErrConflict
+		err = one(tx.ExecContext(ctx, "INSERT INTO "+l.s.docs+" (name, doc, version, data) VALUES (?, ?, ?, ?)", l.key, d.Name, next, data))
 	}
 	if err != nil {
 		return err
@@ -240,8 +236,8 @@ func (l *lock) writeDoc(ctx context.Context, d backends.Doc, held *backends.Reco
 }
 
 // hold is a grant's Handle: the connection that holds the holder's named
-// lock while the grant lasts. One that broke is not replaced: the first
-// waiter then reads every retry period.
+// lock, and the queue's if adopted, while the grant lasts. One that broke
+// is not replaced: the first waiter then reads every retry period.
 type hold struct {
 	name string
 	mu   sync.Mutex
@@ -261,18 +257,34 @@ func (h *hold) keep(ctx context.Context) {
 	}
 }
 
-// release gives the named lock up, and the connection back.
+// release gives the named locks up, waking the next waiter, and ends the session.
 func (h *hold) release(ctx context.Context) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.conn == nil {
-		return
-	} else if _, err := h.conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", h.name); err != nil {
+	if h.conn != nil {
+		_, _ = h.conn.ExecContext(ctx, "DO RELEASE_ALL_LOCKS()")
 		discard(h.conn)
-	} else {
-		h.conn.Close()
+		h.conn = nil
 	}
-	h.conn = nil
+}
+
+// adopt makes q, the queue session of the first waiter, which won, the
+// grant's: it keeps the queue's named lock, so the next waiter sleeps on
+// until the grant ends (one woken per change, not two), and takes the
+// holder's. A frozen holder's idles out (join), freeing both.
+func (h *hold) adopt(ctx context.Context, q *sql.Conn) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.conn == nil {
+		return false
+	}
+	_, _ = h.conn.ExecContext(ctx, "DO RELEASE_LOCK(?)", h.name)
+	if _, err := q.ExecContext(ctx, "DO GET_LOCK(?, 0)", h.name); err != nil {
+		return false
+	}
+	h.conn.Close()
+	h.conn = q
+	return true
 }
 
 // discard closes c, its session and its named locks, not to be reused.
@@ -281,20 +293,17 @@ func discard(c *sql.Conn) {
 	c.Close()
 }
 
-// Follow implements backends.RecordLock. A waiter (held nil) waits in
-// GET_LOCK for the queue's named lock, Behind until it has it; then for
-// the holder's, and says to read the row when the holder gave it up (or
-// died), when no one holds it (every retry period), and after a lease
-// duration (a frozen holder): the driver times the lease from the row.
-// Where the server refuses named locks (Galera), waiters read every retry
-// period. A holder reads its row every retry period, at least every 500
-// ms: the database tells of no change; a loss is seen within a second.
+// Follow implements backends.RecordLock. A waiter (held nil) queues
+// (follower); where the server refuses named locks (Galera), it reads
+// every retry period. A holder reads its row every retry period, at most
+// 500 ms apart: the database tells of no change.
 func (l *lock) Follow(ctx context.Context, c backends.Claim, held *backends.Record) (backends.Follower, error) {
 	if held != nil {
 		return backends.Poll(min(c.Timings.RetryPeriod, 500*time.Millisecond), nil), nil
 	}
 	fctx, cancel := context.WithCancel(context.Background())
-	f := &follower{l: l, c: c, ch: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
+	f := &follower{l: l, c: c, Wake: backends.NewWake(), cancel: cancel, done: make(chan struct{}),
+		lease: max(c.Timings.LeaseDuration.Round(time.Second), time.Second)}
 	if err := f.join(ctx); err != nil {
 		cancel()
 		if isServerError(err, errUnsupported) {
@@ -306,67 +315,74 @@ func (l *lock) Follow(ctx context.Context, c backends.Claim, held *backends.Reco
 	return f, nil
 }
 
-// follower is a waiter's place in the queue. Its goroutine owns conn, id,
-// first and stale.
+// follower is a waiter's place in the queue. Its goroutine owns conn, id
+// and first. Its GET_LOCKs wait whole seconds: lease, rounded.
 type follower struct {
-	l            *lock
-	c            backends.Claim
-	ch           chan struct{}
-	behind       atomic.Bool
-	cancel       context.CancelFunc
-	done         chan struct{}
-	conn         *sql.Conn // nil after a failure
-	id           int64     // its CONNECTION_ID()
-	first, stale bool      // it holds the queue's named lock; the first in line looked frozen
+	l *lock
+	c backends.Claim
+	backends.Wake
+	behind atomic.Bool
+	cancel context.CancelFunc
+	done   chan struct{}
+	conn   *sql.Conn // nil after a failure
+	id     int64     // its CONNECTION_ID()
+	first  bool      // it holds the queue's named lock
+	lease  time.Duration
 }
 
-// Close implements backends.Follower. A waiter's session is killed: it
-// leaves the queue at once, even from within GET_LOCK, where the server
-// notices a closed connection a second or more later.
+// Close implements backends.Follower. The first in line that won hands
+// its session to the grant (adopt); any other waiter's is killed, even in
+// GET_LOCK: the server would notice a closed connection a second later.
 func (f *follower) Close() {
 	f.cancel()
 	<-f.done
-	if f.conn != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), f.c.Timings.AttemptTimeout())
-		defer cancel()
-		_, _ = f.l.s.db.ExecContext(ctx, "KILL ?", f.id)
-		discard(f.conn)
+	if f.conn == nil {
+		return
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), f.c.Timings.AttemptTimeout())
+	defer cancel()
+	if h := f.l.granted.Swap(nil); f.first && h != nil && h.adopt(ctx, f.conn) {
+		return
+	}
+	_, _ = f.l.s.db.ExecContext(ctx, "KILL ?", f.id)
+	discard(f.conn)
 }
 
-func (f *follower) Changed() <-chan struct{} { return f.ch }
-func (f *follower) Behind() bool             { return f.behind.Load() }
+func (f *follower) Behind() bool { return f.behind.Load() }
 
 // join takes a connection and a place in the queue, first if it is free.
+// The server ends the session once it idles for a lease (wait_timeout): a
+// frozen or cut off waiter, or holder (adopt), leaves the queue.
 func (f *follower) join(ctx context.Context) error {
 	conn, err := f.l.s.db.Conn(ctx)
 	if err != nil {
 		return err
 	}
-	if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID(), GET_LOCK(?, 0)", f.l.queue).Scan(&f.id, &f.first); err != nil {
+	if _, err = conn.ExecContext(ctx, "SET SESSION wait_timeout = ?", int64(f.lease/time.Second)); err == nil {
+		err = conn.QueryRowContext(ctx, "SELECT CONNECTION_ID(), GET_LOCK(?, 0)", f.l.queue).Scan(&f.id, &f.first)
+	}
+	if err != nil {
 		discard(conn)
 		return err
 	}
 	f.conn = conn
-	f.behind.Store(!f.first && !f.stale)
+	f.behind.Store(!f.first)
 	return nil
 }
 
-// waiting runs a waiter's turns until Close; lease, in whole seconds as
-// GET_LOCK waits, bounds them. A failure is read (the driver learns of
-// it), and the waiter joins again a retry period later.
+// waiting runs a waiter's turns until Close. A failure is read (the
+// driver learns of it), and the waiter joins again a retry period later.
 func (f *follower) waiting(ctx context.Context) {
 	defer close(f.done)
-	lease := max(f.c.Timings.LeaseDuration.Round(time.Second), time.Second)
 	for ctx.Err() == nil {
 		var err error
 		switch {
 		case f.conn == nil:
 			err = f.join(ctx)
 		case f.first:
-			err = f.lead(ctx, lease)
+			err = f.lead(ctx, f.lease)
 		default:
-			err = f.inLine(ctx, 2*lease)
+			err = f.inLine(ctx, 2*f.lease)
 		}
 		if err != nil && ctx.Err() == nil {
 			if f.conn != nil {
@@ -381,44 +397,29 @@ func (f *follower) waiting(ctx context.Context) {
 
 // pause waits about a retry period, less a random quarter.
 func (f *follower) pause(ctx context.Context) {
-	t := time.NewTimer(f.c.Timings.RetryPeriod - rand.N(f.c.Timings.RetryPeriod/4+1))
-	defer t.Stop()
 	select {
 	case <-ctx.Done():
-	case <-t.C:
+	case <-time.After(f.c.Timings.RetryPeriod - rand.N(f.c.Timings.RetryPeriod/4+1)):
 	}
 }
 
 // poke says to read the row; one already pending stands for it.
 func (f *follower) poke() {
 	f.l.s.woken.Add(1)
-	select {
-	case f.ch <- struct{}{}:
-	default:
-	}
+	f.Poke()
 }
 
-// inLine waits for the queue's named lock. After wait, it looks whether
-// the row has been free or run out for as long: the first in line is then
-// frozen, and this waiter stops being Behind.
+// inLine waits for the queue's named lock, held by the waiter ahead or
+// the holder. Either gives it up when it leaves; the server takes it from
+// one that is frozen or cut off (join).
 func (f *follower) inLine(ctx context.Context, wait time.Duration) error {
 	var got sql.NullBool
-	if err := f.conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", f.l.queue, int64(wait/time.Second)).Scan(&got); err != nil {
-		return err
-	}
+	err := f.conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", f.l.queue, int64(wait/time.Second)).Scan(&got)
 	if f.first = got.Bool; f.first {
 		f.behind.Store(false)
-		return nil
+		f.l.s.woken.Add(1) // it moved up the queue
 	}
-	var n int
-	err := f.l.s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+f.l.s.locks+" WHERE name = ? AND expires > "+now+
-		" - INTERVAL ? MICROSECOND", f.l.key, wait.Microseconds()).Scan(&n)
-	if err == nil && n == 0 && !f.stale {
-		f.stale = true
-		f.behind.Store(false)
-		f.poke()
-	}
-	return nil
+	return err
 }
 
 // lead waits, first in line, for the holder's named lock, and holds it

@@ -4,16 +4,15 @@
 // and needs, and what replication does to it.
 //
 // Tokens never go backwards. A grant is one transaction: it raises the
-// lock's counter in <table>_tokens to the greater of itself and the token
+// lock's counter (<table>_tokens) to the greater of itself and the token
 // read, plus one, holding that row's lock to the commit, and writes the
-// lock's row only if it is free or run out; if not, nothing commits. So
-// the grants of a lock commit one after another, each above the last. The
-// counter is not the lock's row: deleting the row by hand takes nothing
-// from it, and a counter deleted by hand goes on from the row's token.
+// lock's row only if it is free or run out, else commits nothing. The
+// counter outlives the row, and a counter deleted goes on from the row's.
 //
 // Waiters queue on a named lock (GET_LOCK): the first in line alone reads
 // the row, woken when the holder gives up a second named lock after its
-// release, or dies. The row stays the truth.
+// release, or dies; then it holds the queue's as the holder, so that one
+// waiter is woken per change. The row stays the truth.
 package mysql
 
 import (

@@ -44,10 +44,11 @@ func TestMySQL(t *testing.T) {
 		{"TokensAcrossDeletesByHand", testTokensAcrossDeletes},
 		{"StaleHolderFenced", testStaleHolderFenced},
 		{"LossByHand", testLossByHand},
-		{"FirstWaiterAloneReads", testHerd},
+		{"OneWokenPerRelease", testHerd},
 		{"WithdrawnWaiterLeavesAtOnce", testWithdrawn},
 		{"HolderDeathWakesFirst", testHolderDeath},
 		{"FrozenFirstWaiter", testFrozenFirst},
+		{"FrozenHolderLeavesTheQueue", testFrozenHolder},
 		{"DocumentsBounded", testDocumentsBounded},
 		{"HostileServer", testHostile},
 		{"Refused", testRefused},
@@ -320,8 +321,8 @@ func testLossByHand(t *testing.T, e *env) {
 }
 
 // testHerd: with 50 waiters, each release wakes one of them alone (the
-// first in line, which takes the lock), and the next waiter in line is
-// promoted without reading the row.
+// first in line, which takes the lock). The winner keeps the queue's named
+// lock as the holder, so the next waiter sleeps on until the next release.
 func testHerd(t *testing.T, e *env) {
 	const waiters, releases = 50, 10
 	lock := lockName()
@@ -330,9 +331,11 @@ func testHerd(t *testing.T, e *env) {
 	for i := range stores {
 		stores[i] = newStore(t, e, mysql.Config{})
 	}
-	woken := func() (n uint64) {
-		for _, s := range stores {
-			n += s.Woken()
+	// The waiters woken: those whose store counted a wake-up.
+	counts := func() []uint64 {
+		n := make([]uint64, len(stores))
+		for i, s := range stores {
+			n[i] = s.Woken()
 		}
 		return n
 	}
@@ -348,18 +351,20 @@ func testHerd(t *testing.T, e *env) {
 			}
 		}()
 	}
-	// The first in line waits for the holder's named lock, the others
-	// for the queue's.
-	settled := func(left int) {
+	// The first holder took the free lock, not through the queue: the
+	// first in line waits for its named lock, the others for the queue's.
+	// Every later holder won through the queue and keeps the queue's
+	// named lock: every waiter waits for it.
+	settled := func(left, first int) {
 		waitFor(t, fmt.Sprintf("%d waiters in line", left), func() bool {
-			return e.m.SessionsOf(t, e.db, held) == 1 && e.m.SessionsOf(t, e.db, queue) == left-1
+			return e.m.SessionsOf(t, e.db, held) == first && e.m.SessionsOf(t, e.db, queue) == left-first
 		})
 	}
-	settled(waiters)
+	settled(waiters, 1)
 	var max uint64
 	var hand []time.Duration
 	for r := range releases {
-		before := woken()
+		before := counts()
 		at := time.Now()
 		backendtest.Release(t, cur)
 		select {
@@ -368,8 +373,13 @@ func testHerd(t *testing.T, e *env) {
 			t.Fatalf("release %d: no waiter won within 10s", r)
 		}
 		hand = append(hand, time.Since(at))
-		settled(waiters - r - 1)
-		n := woken() - before
+		settled(waiters-r-1, 0)
+		var n uint64
+		for i, c := range counts() {
+			if c != before[i] {
+				n++
+			}
+		}
 		max = maxOf(max, n)
 		if n != 1 {
 			t.Errorf("release %d woke %d waiters, want 1", r, n)
@@ -478,9 +488,9 @@ func testHolderDeath(t *testing.T, e *env) {
 }
 
 // testFrozenFirst: a first waiter that does nothing (its process frozen;
-// here an operator's session that holds the queue's named lock) holds up
-// the others only until one of them, waking every two lease durations,
-// finds the lock free for as long: within four lease durations.
+// here an operator's session that holds the queue's named lock, with the
+// idle timeout of the store's own) holds up the others only until the
+// server ends its idle session: then one of them takes the lock.
 func testFrozenFirst(t *testing.T, e *env) {
 	lock := lockName()
 	queue, _ := mysql.NamedLocks(newStore(t, e, mysql.Config{}), lock)
@@ -490,9 +500,13 @@ func testFrozenFirst(t *testing.T, e *env) {
 	}
 	defer conn.Close()
 	var got int
+	if _, err := conn.ExecContext(context.Background(), "SET SESSION wait_timeout = 1"); err != nil {
+		t.Fatal(err)
+	}
 	if err := conn.QueryRowContext(context.Background(), "SELECT GET_LOCK(?, 0)", queue).Scan(&got); err != nil || got != 1 {
 		t.Fatalf("GET_LOCK of the queue: %d, %v", got, err)
 	}
+	held := time.Now()
 	tm := timings(time.Second, 200*time.Millisecond)
 	l := campaign(t, newStore(t, e, mysql.Config{}), lock, "holder", tm)
 	won := make(chan *backends.Lease, 2)
@@ -508,18 +522,60 @@ func testFrozenFirst(t *testing.T, e *env) {
 	}
 	waitFor(t, "two waiters in line", func() bool { return e.m.SessionsOf(t, e.db, queue) == 2 })
 	backendtest.Release(t, l)
-	freed := time.Now()
 	lw := <-won
-	if d := time.Since(freed); d > 6*time.Second {
-		t.Errorf("a waiter took the lock %v after its release, want within four lease durations (4s)", d)
+	if d := time.Since(held); d > 3*time.Second {
+		t.Errorf("a waiter took the lock %v after the frozen session took the queue's named lock, want about its idle timeout (1s)", d)
 	}
-	t.Logf("taken %v after the release, the first in line frozen", time.Since(freed).Round(time.Millisecond))
+	t.Logf("taken %v after the frozen session took the queue's named lock (idle timeout 1s)", time.Since(held).Round(time.Millisecond))
 	if lw != nil {
 		backendtest.Release(t, lw)
 	}
 	if lw = <-won; lw != nil {
 		backendtest.Release(t, lw)
 	}
+}
+
+// testFrozenHolder: a holder that won through the queue keeps its queue
+// session; frozen (here: it renews nothing, and sends nothing), the server
+// ends that session once it idled for a lease, which wakes the next
+// waiter, and that one takes the lock as the lease runs out by the
+// database's clock: not before, and not leases later.
+func testFrozenHolder(t *testing.T, e *env) {
+	lock := lockName()
+	queue, held := mysql.NamedLocks(newStore(t, e, mysql.Config{}), lock)
+	tm := timings(3*time.Second, 200*time.Millisecond)
+	first := campaign(t, newStore(t, e, mysql.Config{}), lock, "first", tm)
+	wait := func(id string) <-chan *backends.Lease {
+		won := make(chan *backends.Lease, 1)
+		go func() {
+			l, err := backends.Campaign(context.Background(), newStore(t, e, mysql.Config{}), lock,
+				backends.Candidate{Identity: id, Timings: tm, Wait: 20 * time.Second})
+			if err != nil {
+				t.Error(err)
+			}
+			won <- l
+		}()
+		return won
+	}
+	wonFrozen := wait("frozen")
+	waitFor(t, "the first in line", func() bool { return e.m.SessionsOf(t, e.db, held) == 1 })
+	wonNext := wait("next")
+	waitFor(t, "the next in line", func() bool { return e.m.SessionsOf(t, e.db, queue) == 1 })
+	backendtest.Release(t, first)
+	frozen := <-wonFrozen
+	granted := time.Now()
+	next := <-wonNext
+	took := time.Since(granted)
+	if frozen == nil || next == nil {
+		t.Fatal("a campaign failed")
+	}
+	defer backendtest.Release(t, next)
+	defer backendtest.Release(t, frozen)
+	if next.Token() <= frozen.Token() || took < 2900*time.Millisecond || took > 4500*time.Millisecond {
+		t.Errorf("the next waiter took the lock %v after the frozen holder's grant (token %d after %d), want just after the 3s lease",
+			took, next.Token(), frozen.Token())
+	}
+	t.Logf("taken %v after the frozen holder's grant (lease 3s)", took.Round(time.Millisecond))
 }
 
 // testDocumentsBounded: a document larger than a document may be, made
