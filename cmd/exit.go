@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/command"
 	"github.com/leaderrun/leaderrun/runner"
 	"github.com/leaderrun/leaderrun/signals"
 )
@@ -89,9 +90,9 @@ func exitCode(err error, c codes) int {
 		return ExitLost
 	case errors.Is(err, runner.ErrStalled):
 		return ExitStalled
-	case errors.Is(err, signals.ErrNotFound):
+	case errors.Is(err, command.ErrNotFound):
 		return ExitNotFound
-	case errors.Is(err, signals.ErrNotExecutable):
+	case errors.Is(err, command.ErrNotExecutable):
 		return ExitNotExec
 	case errors.As(err, &interrupted):
 		return 128 + int(interrupted.Signal)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/command"
 	"github.com/leaderrun/leaderrun/runner"
 	"github.com/leaderrun/leaderrun/signals"
 )
@@ -27,8 +28,8 @@ func TestExitCode(t *testing.T) {
 		{name: "not acquired", err: fmt.Errorf("%w: held", runner.ErrNotAcquired), want: 75},
 		{name: "leadership lost", err: &runner.LostError{Reason: backends.ErrLeaseLost}, want: 76},
 		{name: "lost wins over unavailable", err: &runner.LostError{Reason: fmt.Errorf("renew: %w", backends.ErrUnavailable)}, want: 76},
-		{name: "not executable", err: fmt.Errorf("x: %w", signals.ErrNotExecutable), want: 126},
-		{name: "not found", err: fmt.Errorf("x: %w", signals.ErrNotFound), want: 127},
+		{name: "not executable", err: fmt.Errorf("x: %w", command.ErrNotExecutable), want: 126},
+		{name: "not found", err: fmt.Errorf("x: %w", command.ErrNotFound), want: 127},
 		{name: "interrupted by SIGTERM while waiting", err: &runner.InterruptedError{Signal: syscall.SIGTERM}, want: 143},
 		{name: "no leader", err: errNoLeader, want: 3},
 		{name: "not leader (check)", err: errNotLeader, want: 1},

@@ -10,8 +10,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/leaderrun/leaderrun/command"
 	"github.com/leaderrun/leaderrun/observers/control"
-	"github.com/leaderrun/leaderrun/signals"
 )
 
 // misreadLine says how a run's command line was read when what was taken
@@ -96,7 +96,7 @@ func resembles(app *cli.App, word string) string {
 }
 
 func onPath(word string) bool {
-	_, err := signals.Resolve(word)
+	_, err := command.Resolve(word)
 	return err == nil
 }
 

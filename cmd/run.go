@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/leaderrun/leaderrun/backends"
+	"github.com/leaderrun/leaderrun/command"
 	"github.com/leaderrun/leaderrun/runner"
 	"github.com/leaderrun/leaderrun/signals"
 )
@@ -146,7 +147,7 @@ func readRun(c *cli.Context, st *state) (*slog.Logger, runner.Config, store, err
 	if !c.Bool("pass-credentials") {
 		cfg.Unset = chosen.credentials
 	}
-	if cfg.Child.Path, err = signals.Resolve(cfg.Child.Args[0]); err != nil {
+	if cfg.Child.Path, err = command.Resolve(cfg.Child.Args[0]); err != nil {
 		return nil, cfg, store{}, err
 	}
 	cfg.Log = log

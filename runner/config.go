@@ -42,7 +42,7 @@ type Config struct {
 	MinHold time.Duration
 
 	// Child is the command and how it is stopped: Path (resolved, see
-	// signals.Resolve) and Args (Args[0] included) are required;
+	// command.Resolve) and Args (Args[0] included) are required;
 	// KillSignal starts the stop sequence (zero: SIGTERM); KillGrace is
 	// Timings.KillGrace (New sets it). Log zero: Log with the lock and
 	// identity.

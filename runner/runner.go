@@ -47,7 +47,7 @@ func New(cfg Config) (*Runner, error) {
 // *LostError, *StalledError (no progress for ProgressTimeout; the child
 // was stopped), *DoneError, *ConfigError (the store granted a lease too
 // short for the timings), an error from starting the command
-// (signals.ErrNotFound, signals.ErrNotExecutable) or a store's error
+// (command.ErrNotFound, command.ErrNotExecutable) or a store's error
 // (backends.ErrUnavailable).
 //
 // Every error Run returns has been logged, once, by the time it returns;

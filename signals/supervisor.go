@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leaderrun/leaderrun/command"
 	"github.com/leaderrun/leaderrun/signals/watchdog"
 	"golang.org/x/sys/unix"
 )
@@ -96,8 +97,8 @@ func (s *Supervisor) Abort() {
 
 // Start has the watchdog fork and exec the command with env, as the
 // leader of a new process group, and returns once the command runs or has
-// failed to start (an exec failure wraps ErrNotFound or
-// ErrNotExecutable). deadline is when the command must have had the kill
+// failed to start (an exec failure wraps command.ErrNotFound or
+// command.ErrNotExecutable). deadline is when the command must have had the kill
 // signal unless SetDeadline moves it (zero: none); hold, if not nil, is a
 // descriptor the watchdog (and its keeper) keep open until the tree is
 // gone: the local backend's lock file, whose flock then outlives leaderrun
@@ -115,7 +116,7 @@ func (s *Supervisor) Start(env []string, deadline time.Time, hold *os.File) (*Ch
 	if err := s.link.send(watchdog.Order{Start: st}, hold, readyTimeout); err != nil {
 		s.link.dismiss()
 		if errors.Is(err, syscall.E2BIG) {
-			return nil, execError(s.spec.Path, err)
+			return nil, command.StartError(s.spec.Path, err)
 		}
 		return nil, fmt.Errorf("start %s: tell the watchdog: %w", s.spec.Path, err)
 	}
@@ -129,7 +130,7 @@ func (s *Supervisor) Start(env []string, deadline time.Time, hold *os.File) (*Ch
 		return newChild(s.spec, s.link, r.Started, deadline), nil
 	case r.Failed != 0:
 		s.link.dismiss()
-		return nil, execError(s.spec.Path, r.Failed)
+		return nil, command.StartError(s.spec.Path, r.Failed)
 	}
 	// The watchdog died, or hangs, while forking: what it forked dies of
 	// its parent-death signal.

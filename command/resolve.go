@@ -1,4 +1,8 @@
-package signals
+// Package command finds the command leaderrun is to run, as a shell would,
+// and checks that it can be started, as the kernel would, before anything
+// campaigns: a command that cannot start never takes the lock. Its errors
+// say what a shell would say, and cmd maps them to exit 127 and 126.
+package command
 
 import (
 	"errors"
@@ -12,12 +16,12 @@ import (
 // Errors for a command that cannot be started. cmd maps them to 127 and 126
 // as shells do.
 var (
-	ErrNotFound      = errors.New("signals: command not found")
-	ErrNotExecutable = errors.New("signals: command not executable")
+	ErrNotFound      = errors.New("command not found")
+	ErrNotExecutable = errors.New("command not executable")
 )
 
-// execError turns a failed fork and exec into what a shell would say.
-func execError(path string, err error) error {
+// StartError turns a failed fork and exec of path into what a shell would say.
+func StartError(path string, err error) error {
 	switch {
 	case errors.Is(err, syscall.ENOENT):
 		return &ExecError{Command: path, Reason: err.Error(), Err: ErrNotFound}
