@@ -162,6 +162,8 @@ func mysqlStatement(q string) (k reqKey, wait time.Duration) {
 		return reqKey{"SET (connection set-up)", classOther}, 0
 	case strings.HasPrefix(up, "SELECT HOLDER, OWNER, TOKEN"):
 		return reqKey{"read the row", classOther}, 0
+	case strings.HasPrefix(up, "SET SESSION WAIT_TIMEOUT") && has("GET_LOCK("):
+		return reqKey{"grant: take the holder's named lock", classOther}, 0
 	case strings.HasPrefix(up, "SET SESSION WAIT_TIMEOUT"):
 		return reqKey{"join the queue: idle timeout (SET)", classOther}, 0
 	case strings.HasPrefix(up, "INSERT INTO") && has("LAST_INSERT_ID"):
@@ -170,10 +172,10 @@ func mysqlStatement(q string) (k reqKey, wait time.Duration) {
 		return reqKey{"release", classOther}, 0
 	case strings.HasPrefix(up, "UPDATE") && has("SET HOLDER"), strings.HasPrefix(up, "INSERT INTO") && has("(NAME, HOLDER"):
 		return reqKey{"grant: write the row", classOther}, 0
-	case strings.HasPrefix(up, "DO GET_LOCK("):
-		return reqKey{"grant: take the holder's named lock", classOther}, 0
-	case strings.HasPrefix(up, "DO RELEASE_LOCK("):
-		return reqKey{"release: give up the holder's named lock", classOther}, 0
+	case strings.HasPrefix(up, "DO GET_LOCK("), strings.HasPrefix(up, "DO RELEASE_LOCK("):
+		return reqKey{"grant: the winner's queue session takes the holder's named lock", classOther}, 0
+	case strings.HasPrefix(up, "DO RELEASE_ALL_LOCKS("):
+		return reqKey{"release: give up the named locks", classOther}, 0
 	}
 	word, _, _ := strings.Cut(up, " ")
 	return reqKey{word, classOther}, 0

@@ -106,9 +106,9 @@ func (l *lock) take(ctx context.Context, prev backends.Record, c backends.Claim)
 	if err != nil {
 		return rec, err
 	}
-	// Named locks are not transactional: a grant that does not commit
-	// gives it back above. Where the server refuses them, none is held.
-	_, _ = tx.ExecContext(ctx, "DO GET_LOCK(?, 0)", l.held)
+	// Named locks are not transactional: a grant that does not commit gives it
+	// back above. Where the server refuses them, none is held. See idle.
+	_, _ = tx.ExecContext(ctx, "SET SESSION wait_timeout = ?, @held = GET_LOCK(?, 0)", idle(c.Timings), l.held)
 	d := time.Duration(ttl) * time.Microsecond
 	rec = backends.Record{Holder: c.Identity, Owner: c.Owner, Token: uint64(token), Holders: c.Holders, TTL: d, Left: d,
 		Acquired: time.Now(), Waiting: -1, Node: l.s.addr, Version: strconv.FormatInt(token, 10), Handle: h}
@@ -282,9 +282,15 @@ func (h *hold) adopt(ctx context.Context, q *sql.Conn) bool {
 	if _, err := q.ExecContext(ctx, "DO GET_LOCK(?, 0)", h.name); err != nil {
 		return false
 	}
-	h.conn.Close()
+	discard(h.conn)
 	h.conn = q
 	return true
+}
+
+// idle is a lease in whole seconds, at least 1: how long a session with a named
+// lock may idle before the server ends it (wait_timeout), and GET_LOCK's wait.
+func idle(t backends.Timings) int64 {
+	return max(int64(t.LeaseDuration.Round(time.Second)/time.Second), 1)
 }
 
 // discard closes c, its session and its named locks, not to be reused.
@@ -301,22 +307,19 @@ func (l *lock) Follow(ctx context.Context, c backends.Claim, held *backends.Reco
 	if held != nil {
 		return backends.Poll(min(c.Timings.RetryPeriod, 500*time.Millisecond), nil), nil
 	}
-	fctx, cancel := context.WithCancel(context.Background())
-	f := &follower{l: l, c: c, Wake: backends.NewWake(), cancel: cancel, done: make(chan struct{}),
-		lease: max(c.Timings.LeaseDuration.Round(time.Second), time.Second)}
-	if err := f.join(ctx); err != nil {
-		cancel()
-		if isServerError(err, errUnsupported) {
-			return nil, nil
-		}
+	f := &follower{l: l, c: c, Wake: backends.NewWake(), done: make(chan struct{})}
+	if err := f.join(ctx); isServerError(err, errUnsupported) {
+		return nil, nil
+	} else if err != nil {
 		return nil, l.s.fail("queue for", l.key, err)
 	}
+	fctx, cancel := context.WithCancel(context.Background())
+	f.cancel = cancel
 	go f.waiting(fctx)
 	return f, nil
 }
 
-// follower is a waiter's place in the queue. Its goroutine owns conn, id
-// and first. Its GET_LOCKs wait whole seconds: lease, rounded.
+// follower is a waiter's place in the queue; its goroutine owns conn, id, first.
 type follower struct {
 	l *lock
 	c backends.Claim
@@ -327,7 +330,6 @@ type follower struct {
 	conn   *sql.Conn // nil after a failure
 	id     int64     // its CONNECTION_ID()
 	first  bool      // it holds the queue's named lock
-	lease  time.Duration
 }
 
 // Close implements backends.Follower. The first in line that won hands
@@ -358,7 +360,7 @@ func (f *follower) join(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err = conn.ExecContext(ctx, "SET SESSION wait_timeout = ?", int64(f.lease/time.Second)); err == nil {
+	if _, err = conn.ExecContext(ctx, "SET SESSION wait_timeout = ?", idle(f.c.Timings)); err == nil {
 		err = conn.QueryRowContext(ctx, "SELECT CONNECTION_ID(), GET_LOCK(?, 0)", f.l.queue).Scan(&f.id, &f.first)
 	}
 	if err != nil {
@@ -374,15 +376,16 @@ func (f *follower) join(ctx context.Context) error {
 // driver learns of it), and the waiter joins again a retry period later.
 func (f *follower) waiting(ctx context.Context) {
 	defer close(f.done)
+	lease := time.Duration(idle(f.c.Timings)) * time.Second
 	for ctx.Err() == nil {
 		var err error
 		switch {
 		case f.conn == nil:
 			err = f.join(ctx)
 		case f.first:
-			err = f.lead(ctx, f.lease)
+			err = f.lead(ctx, lease)
 		default:
-			err = f.inLine(ctx, 2*f.lease)
+			err = f.inLine(ctx, 2*lease)
 		}
 		if err != nil && ctx.Err() == nil {
 			if f.conn != nil {
@@ -409,9 +412,8 @@ func (f *follower) poke() {
 	f.Poke()
 }
 
-// inLine waits for the queue's named lock, held by the waiter ahead or
-// the holder. Either gives it up when it leaves; the server takes it from
-// one that is frozen or cut off (join).
+// inLine waits for the queue's named lock, held by the waiter ahead or the
+// holder until it leaves, or the server ends its session (frozen: idle).
 func (f *follower) inLine(ctx context.Context, wait time.Duration) error {
 	var got sql.NullBool
 	err := f.conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", f.l.queue, int64(wait/time.Second)).Scan(&got)

@@ -124,9 +124,7 @@ func tune(mc *mysql.Config, s *Store) {
 	mc.ClientFoundRows, mc.InterpolateParams, mc.MultiStatements = true, true, false
 	_ = mc.Apply(mysql.Charset("utf8mb4", ""))
 	mc.ReadTimeout, mc.WriteTimeout, mc.Logger = 0, 0, &mysql.NopLogger{}
-	if mc.Timeout == 0 {
-		mc.Timeout = 5 * time.Second
-	}
+	mc.Timeout = cmp.Or(mc.Timeout, 5*time.Second)
 	mc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := (&net.Dialer{KeepAlive: 15 * time.Second}).DialContext(ctx, network, addr)
 		if err != nil {
