@@ -158,14 +158,14 @@ func mysqlStatement(q string) (k reqKey, wait time.Duration) {
 		return reqKey{"write a document (history)", classOther}, 0
 	case strings.HasPrefix(up, "START TRANSACTION"), up == "COMMIT", up == "ROLLBACK":
 		return reqKey{"transaction: " + strings.ToLower(strings.Fields(up)[0]), classOther}, 0
-	case strings.HasPrefix(up, "SET "):
-		return reqKey{"SET (connection set-up)", classOther}, 0
-	case strings.HasPrefix(up, "SELECT HOLDER, OWNER, TOKEN"):
-		return reqKey{"read the row", classOther}, 0
 	case strings.HasPrefix(up, "SET SESSION WAIT_TIMEOUT") && has("GET_LOCK("):
 		return reqKey{"grant: take the holder's named lock", classOther}, 0
 	case strings.HasPrefix(up, "SET SESSION WAIT_TIMEOUT"):
 		return reqKey{"join the queue: idle timeout (SET)", classOther}, 0
+	case strings.HasPrefix(up, "SET "):
+		return reqKey{"SET (connection set-up)", classOther}, 0
+	case strings.HasPrefix(up, "SELECT HOLDER, OWNER, TOKEN"):
+		return reqKey{"read the row", classOther}, 0
 	case strings.HasPrefix(up, "INSERT INTO") && has("LAST_INSERT_ID"):
 		return reqKey{"grant: draw a token", classOther}, 0
 	case strings.HasPrefix(up, "UPDATE") && has("SET HOLDER = ''"):
@@ -283,5 +283,22 @@ func TestMySQLInspector(t *testing.T) {
 	}
 	if n := p.woken(0, sec(10)); n != 1 {
 		t.Errorf("%d wake-ups, want 1", n)
+	}
+}
+
+// TestMySQLStatements: the statements of backends/mysql that set a
+// session up or move a named lock are told apart.
+func TestMySQLStatements(t *testing.T) {
+	for q, want := range map[string]string{
+		"SET SESSION wait_timeout = 5, @held = GET_LOCK('leaderrun:ab:h', 0)": "grant: take the holder's named lock",
+		"SET SESSION wait_timeout = 5":                                        "join the queue: idle timeout (SET)",
+		"SET NAMES utf8mb4":                                                   "SET (connection set-up)",
+		"DO GET_LOCK('leaderrun:ab:h', 0)":                                    "grant: the winner's queue session takes the holder's named lock",
+		"DO RELEASE_ALL_LOCKS()":                                              "release: give up the named locks",
+		"SELECT GET_LOCK('leaderrun:ab:q', 10)":                               "wait in line (GET_LOCK)",
+	} {
+		if k, _ := mysqlStatement(q); k.name != want {
+			t.Errorf("%q: %q, want %q", q, k.name, want)
+		}
 	}
 }
