@@ -236,6 +236,27 @@ func TestLossSeenAfterFailedRead(t *testing.T) {
 	}
 }
 
+// TestRenewalSaysWhatBecameOfTheRecord (S3): a renewal refused because
+// an operator took the record over reports who took it, as the holder's
+// own read would, not only that the record is no longer as held: the
+// renewal may come before that read, and its reason is the one logged.
+func TestRenewalSaysWhatBecameOfTheRecord(t *testing.T) {
+	ms := &memStore{}
+	l, err := backends.Campaign(context.Background(), ms, "lock", candidate("me"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(context.Background(), nil)
+	ms.hold("operator", time.Hour)
+	err = l.Renew(context.Background())
+	if !errors.Is(err, backends.ErrLeaseLost) || !strings.Contains(err.Error(), `was taken by "operator"`) {
+		t.Fatalf("renewal after a takeover: %v, want a lost lease taken by %q", err, "operator")
+	}
+	if l.Err() == nil || l.Err().Error() != err.Error() {
+		t.Errorf("the loss recorded is %v, want the renewal's %v", l.Err(), err)
+	}
+}
+
 // conflictStore answers every Take with ErrConflict while Get shows the
 // record free: a store whose Get and Take disagree (a porting mistake, a
 // file system where the local store's /proc/locks check and its flock do

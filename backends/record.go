@@ -370,6 +370,12 @@ func (g *recordGrant) Renew(ctx context.Context) error {
 	rec, err := g.lock.Keep(ctx, g.current())
 	if err != nil {
 		if errors.Is(err, ErrLeaseLost) {
+			// A refused conditional write says only that the record is no
+			// longer as held; one read says what became of it (deleted,
+			// taken, released), where the store still answers.
+			if why := g.look(ctx); errors.Is(why, ErrLeaseLost) {
+				err = why
+			}
 			g.Set(err)
 		}
 		return err
