@@ -289,9 +289,10 @@ func TestConsulReleaseMeetsNoLockDelay(t *testing.T) {
 		gap := next.At.Sub(exit.At)
 		gaps = append(gaps, gap)
 		// A release that met the lock-delay would take 15 s: one trial
-		// slowed by a busy machine must not read as one.
-		if gap > time.Second {
-			t.Errorf("trial %d: follower's child started %v after the leader's child exited, want within 1s (a release meets no lock-delay)", i, gap)
+		// slowed by a busy machine (a child's start has taken 3 s under
+		// CI's load) must not read as one.
+		if gap > 5*time.Second {
+			t.Errorf("trial %d: follower's child started %v after the leader's child exited, want within 5s (a release meets no lock-delay of 15s)", i, gap)
 		}
 		if i == 0 {
 			st, code := statusOf(t, nil, "--consul-addr", agent.Addr(), "--lock", lock)

@@ -66,7 +66,8 @@ func progressRecipe(t *testing.T) (cronFile, string) {
 // namespace when the test may, else with the paths replaced), on the local
 // store, with a stand-in for /opt/reindex/shard. All shards run and
 // report, and nothing is printed; with a shard that hangs (the timeout
-// made 1s), the job is stopped, leaderrun exits 124, what cron would mail
+// made 5s: each shard before it, and its report, must come within it on a
+// busy machine), the job is stopped, leaderrun exits 124, what cron would mail
 // says why, and the history records the term as stalled.
 func TestCronProgressRecipe(t *testing.T) {
 	t.Parallel()
@@ -93,7 +94,7 @@ func TestCronProgressRecipe(t *testing.T) {
 			line := cf.cmd
 			if tc.hang {
 				shard = "#!/bin/sh\nif [ \"$1\" = 3 ]; then exec sleep 3600; fi\n" + strings.TrimPrefix(shard, "#!/bin/sh\n")
-				line = strings.Replace(line, "--progress-timeout 5m", "--progress-timeout 1s", 1)
+				line = strings.Replace(line, "--progress-timeout 5m", "--progress-timeout 5s", 1)
 			}
 			run, shardPath := filepath.Join(dir, "run"), filepath.Join(dir, "shard")
 			job := script

@@ -156,11 +156,15 @@ current-context: c
 		t.Fatal(err)
 	}
 	events := etcdEvents(t)
-	p := e.runWith(t, kc, events, "forever", "rotated", "leader")
+	// A lease of 10 s and a renew deadline of 6 s: each rotation runs the
+	// plugin (this test binary, built with -race) and dials anew, which a
+	// busy machine has slowed past the usual 2 s deadline; a certificate
+	// refused for good still fails every renewal and loses the lease.
+	p := e.runWith(t, kc, events, "forever", "rotated", "leader", "--lease-duration", "10s", "--renew-deadline", "6s")
 	evs := waitEvents(t, events, 15*time.Second, "the child", etcdHas("start", "leader"))
 	started, _ := etcdFind(evs, "start", "leader")
-	// Hold for 90 s: the lease is 3 s, so a renewal refused for longer
-	// than the 2 s deadline would stop the child and end leaderrun.
+	// Hold for 90 s: a renewal refused for longer than the 6 s deadline
+	// would stop the child and end leaderrun.
 	deadline := time.After(hold)
 	select {
 	case <-p.done:
