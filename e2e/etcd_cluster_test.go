@@ -58,8 +58,8 @@ func holdFor(t *testing.T, p *proc, events, id string, d time.Duration) {
 // TestEtcdClusterMembers: on a 3-member cluster with a learner, members
 // that cannot serve do not cost a start: with the learner listed first in
 // --etcd-endpoints (it refuses what a leader does), or a member that
-// accepts connections and never answers, the child starts within 500 ms
-// of exec, every time, and a leader on such endpoints keeps its lease.
+// accepts connections and never answers, the child starts within 1 s of
+// exec (half the dial timeout it would cost to wait on it), every time, and a leader on such endpoints keeps its lease.
 // Then members are removed from under a leader (a follower, then the
 // raft leader): it keeps its lease and its child through two renew
 // deadlines after each.
@@ -88,8 +88,11 @@ func TestEtcdClusterMembers(t *testing.T) {
 				took = append(took, startToChild(t, "--etcd-endpoints", strings.Join(eps, ","), "--lock", fmt.Sprintf("%s-%d", tc.name, i)))
 			}
 			t.Logf("start-to-child with %s listed first: %v", tc.first, took)
-			if worst := slices.Max(took); worst > 500*time.Millisecond {
-				t.Errorf("start-to-child up to %v, want every start under 500ms", worst)
+			// A start that waited on the first endpoint would take the
+			// dial timeout (2 s); a loaded machine's start alone has
+			// taken over 500 ms.
+			if worst := slices.Max(took); worst > time.Second {
+				t.Errorf("start-to-child up to %v, want every start under 1s (half the dial timeout)", worst)
 			}
 			events := etcdEvents(t)
 			p := etcdRun(t, events, "forever", eps, tc.name+"-lead", "leader")
