@@ -59,7 +59,8 @@ func holdFor(t *testing.T, p *proc, events, id string, d time.Duration) {
 // that cannot serve do not cost a start: with the learner listed first in
 // --etcd-endpoints (it refuses what a leader does), or a member that
 // accepts connections and never answers, the child starts within 1 s of
-// exec (half the dial timeout it would cost to wait on it), every time, and a leader on such endpoints keeps its lease.
+// exec (half the dial timeout it would cost to wait on it), every time,
+// and a leader on such endpoints keeps its lease.
 // Then members are removed from under a leader (a follower, then the
 // raft leader): it keeps its lease and its child through two renew
 // deadlines after each.
