@@ -339,6 +339,12 @@ func (g *recordGrant) look(ctx context.Context) error {
 	if c, ok := g.lock.(HeldChecker); ok {
 		return c.Check(ctx, g.current())
 	}
+	return g.read(ctx)
+}
+
+// read reads the record and says whether, and how, it stopped being the
+// grant's: deleted, released by someone else, taken, or run out.
+func (g *recordGrant) read(ctx context.Context) error {
 	rec, err := g.lock.Get(ctx)
 	held := g.current()
 	switch {
@@ -369,13 +375,16 @@ func (g *recordGrant) Renew(ctx context.Context) error {
 	}
 	rec, err := g.lock.Keep(ctx, g.current())
 	if err != nil {
-		if errors.Is(err, ErrLeaseLost) {
+		if _, checks := g.lock.(HeldChecker); !checks && errors.Is(err, ErrLeaseLost) {
 			// A refused conditional write says only that the record is no
 			// longer as held; one read says what became of it (deleted,
-			// taken, released), where the store still answers.
-			if why := g.look(ctx); errors.Is(why, ErrLeaseLost) {
+			// taken, released), where the store still answers. (A store
+			// with a check of its own says why in the refusal itself.)
+			if why := g.read(ctx); errors.Is(why, ErrLeaseLost) {
 				err = why
 			}
+		}
+		if errors.Is(err, ErrLeaseLost) {
 			g.Set(err)
 		}
 		return err

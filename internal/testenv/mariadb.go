@@ -94,8 +94,12 @@ func StartMariaDB(t testing.TB, opts MariaDBOptions) *MariaDB {
 	if m.opts.MaxConnections <= 0 {
 		m.opts.MaxConnections = 1000
 	}
+	if err := os.Mkdir(m.tmp(), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	install := exec.Command(mariadbInstallDB(t, m.bin), append([]string{"--no-defaults", "--datadir=" + m.data(),
-		"--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve"}, asRoot()...)...)
+		"--tmpdir=" + m.tmp(), "--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve"},
+		asRoot()...)...)
 	if out, err := install.CombinedOutput(); err != nil {
 		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
 	}
@@ -150,10 +154,17 @@ func mariadbSecret() string {
 
 func (m *MariaDB) data() string { return filepath.Join(m.dir, "data") }
 
+// tmp is the server's tmpdir, its own: a server that starts removes
+// every temporary table's file (#sql*) in its tmpdir, so in a shared /tmp
+// it removed those of another test's installer, whose bootstrap then
+// failed ("Could not remove temporary table", "Unknown table
+// 'mysql.tmp_user_sys'").
+func (m *MariaDB) tmp() string { return filepath.Join(m.dir, "tmp") }
+
 // args are the server's settings, on its command line.
 func (m *MariaDB) args() []string {
 	a := []string{"--no-defaults", "--datadir=" + m.data(), "--port=" + strconv.Itoa(m.port), "--bind-address=127.0.0.1",
-		"--socket=" + m.SocketPath(), "--pid-file=" + filepath.Join(m.dir, "mariadb.pid"),
+		"--socket=" + m.SocketPath(), "--pid-file=" + filepath.Join(m.dir, "mariadb.pid"), "--tmpdir=" + m.tmp(),
 		"--log-error=" + filepath.Join(m.dir, "mariadb.log"), "--skip-name-resolve", "--skip-log-bin",
 		"--max-connections=" + strconv.Itoa(m.opts.MaxConnections), "--innodb-buffer-pool-size=32M",
 		"--performance-schema=OFF", "--character-set-server=utf8mb4"}
