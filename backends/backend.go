@@ -212,7 +212,9 @@ type RecordLock interface {
 	// Keep renews held, the record this candidate holds, and returns it
 	// with what the renewal changed (its Version, its Renewed time), its
 	// Handle kept. An error wrapping ErrLeaseLost if the record is no
-	// longer held's (by owner or version, as the store can tell).
+	// longer held's (by owner or version, as the store can tell); the
+	// driver then reads the record once to say what became of it, unless
+	// the store is a HeldChecker (its refusal says why).
 	Keep(ctx context.Context, held Record) (Record, error)
 	// Free gives held up; nil if it is no longer held's. The record may
 	// stay, freed, as proof of the last token granted. held may be a
